@@ -1,0 +1,73 @@
+#pragma once
+/// \file
+/// The state behind `multidev::backend`: the actor system, the driver, the
+/// memoized devices with their actors, and the device records' bookkeeping.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include "actors/device_core.hpp"
+#include "messages/protocol.hpp"
+#include "multidev/backend.hpp"
+
+namespace multidev::detail {
+
+/// OCANNL's device record: identity plus the transfer bookkeeping, guarded by
+/// `mu`. Holds no actor handle, so a user keeping a `device` past the
+/// backend's life cannot keep the actor system from stopping.
+struct device_record {
+  multidev::dev dv;
+  int ordinal = 0;
+  int device_id = 0;
+  multidev::runner r;
+  std::string name;
+
+  mutable std::mutex mu;
+  /// Last scheduled writer of each node on this device.
+  std::map<tnode, event> updating_for;
+  /// Copies running on other devices that read this device's buffer of a
+  /// node: a later writer of the node here waits for them.
+  std::map<tnode, std::vector<event>> readers;
+  std::optional<std::pair<tnode, event>> updating_for_merge_buffer;
+  std::map<tnode, buffer_loc> constant_buffer_cache;
+  std::size_t merge_buffer_capacity = 0;
+  int next_pool_id = 1;
+
+  device_core& core() const { return *r.core(); }
+};
+
+struct backend_impl {
+  backend_options opts;
+  std::unique_ptr<caf::actor_system_config> own_cfg;
+  std::unique_ptr<caf::actor_system> own_sys;
+  caf::actor_system* sys = nullptr;
+  std::shared_ptr<driver> drv;
+  std::shared_ptr<result_board> results = std::make_shared<result_board>();
+
+  mutable std::mutex mu;
+  std::vector<device> devices;            // by ordinal; empty until first use
+  std::vector<device_actor> actors;       // by ordinal
+  std::map<const device_core*, device_actor> actor_of; // every device made here
+  std::vector<device> made;               // make_device results, for shutdown
+
+  /// The actor that owns `core`; throws `std::invalid_argument` when the
+  /// device does not belong to this backend.
+  device_actor actor_for(const device& d) const;
+
+  /// Sends a request to `d`'s actor and waits for the reply; errors become
+  /// the public-edge exceptions.
+  template <class R, class... Ts>
+  R ask(const device& d, Ts... xs) const;
+
+  void shutdown();
+};
+
+/// `d`'s record; throws `std::invalid_argument` for a default-constructed device.
+device_record& record_of(const device& d);
+
+} // namespace multidev::detail

@@ -1,0 +1,475 @@
+#include "actors/device_core.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace multidev::detail {
+
+namespace {
+/// The device whose runner this thread is, if any.
+thread_local const device_core* current_runner = nullptr;
+} // namespace
+
+void result_board::publish(const std::string& name, kernel_result r) {
+  std::lock_guard guard{mu_};
+  results_[name] = r;
+}
+
+std::optional<kernel_result> result_board::get(const std::string& name) const {
+  std::lock_guard guard{mu_};
+  if (auto i = results_.find(name); i != results_.end())
+    return i->second;
+  return std::nullopt;
+}
+
+pool::pool(int id, std::size_t size, std::size_t alignment,
+           std::optional<memory_mode> mode, std::unique_ptr<allocation> mem,
+           std::shared_ptr<std::atomic<std::size_t>> used)
+  : id(id), size(size), alignment(alignment), mode(mode), mem(std::move(mem)),
+    used(std::move(used)) {
+  *this->used += size;
+}
+
+pool::~pool() {
+  *used -= size;
+}
+
+device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
+                         std::size_t queue_capacity,
+                         std::shared_ptr<result_board> results)
+  : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
+    capacity_(queue_capacity == 0 ? 1 : queue_capacity),
+    results_(std::move(results)),
+    used_(std::make_shared<std::atomic<std::size_t>>(0)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+device_core::~device_core() {
+  shutdown();
+}
+
+// -- queue --------------------------------------------------------------------
+
+uint64_t device_core::enqueue(item it) {
+  bool wake;
+  uint64_t seq;
+  {
+    std::unique_lock lk{mu_};
+    if (current_runner != this) {
+      // Backpressure: wait for room, never drop. The runner itself may exceed
+      // the capacity, or it would wait for itself.
+      while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
+        ++producers_waiting_;
+        room_.wait(lk);
+        --producers_waiting_;
+      }
+    }
+    if (failed_)
+      throw device_error(name_, error_);
+    if (stopping_)
+      throw device_error(name_, "device is shut down; no new work is accepted");
+    queue_.push_back(std::move(it));
+    seq = scheduled_.load(std::memory_order_relaxed) + 1;
+    scheduled_.store(seq, std::memory_order_release);
+    wake = sleeping_.exchange(false);
+  }
+  if (wake) {
+    bell_.fetch_add(1);
+    bell_.notify_one();
+  }
+  return seq;
+}
+
+uint64_t device_core::push(task t) {
+  return enqueue(item{std::move(t), nullptr});
+}
+
+bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
+  if (owner.get() == this || owner->is_done(seq))
+    return false;
+  auto g = push_gate(fmt::format("{} seq {}", owner->name(), seq));
+  // The callback may run at once, on this thread, or later on owner's runner.
+  std::weak_ptr<device_core> self = weak_from_this();
+  owner->when_done(seq, [self, g](const std::string* error) {
+    if (auto me = self.lock())
+      me->resolve_gate(*g, error);
+  });
+  return true;
+}
+
+std::shared_ptr<gate> device_core::push_gate(std::string what) {
+  auto g = std::make_shared<gate>();
+  g->what = std::move(what);
+  gates_pending_.fetch_add(1);
+  try {
+    g->seq = enqueue(item{task{"wait for " + g->what, {}, {}}, g});
+  } catch (...) {
+    gates_pending_.fetch_sub(1);
+    throw;
+  }
+  return g;
+}
+
+void device_core::resolve_gate(gate& g, const std::string* error) {
+  if (error) {
+    g.error = *error;
+    g.state.store(gate::failed, std::memory_order_seq_cst);
+  } else {
+    g.state.store(gate::open, std::memory_order_seq_cst);
+  }
+  ring();
+}
+
+void device_core::ring() {
+  if (sleeping_.exchange(false, std::memory_order_seq_cst)) {
+    bell_.fetch_add(1);
+    bell_.notify_one();
+  }
+}
+
+void device_core::run() {
+  current_runner = this;
+  std::vector<item> batch;
+  for (;;) {
+    {
+      std::unique_lock lk{mu_};
+      while (queue_.empty()) {
+        if (stopping_)
+          return;
+        auto b = bell_.load();
+        sleeping_.store(true, std::memory_order_seq_cst);
+        lk.unlock();
+        bell_.wait(b);
+        sleeping_.store(false, std::memory_order_relaxed);
+        lk.lock();
+      }
+      batch.swap(queue_);
+      if (producers_waiting_ > 0)
+        room_.notify_all();
+    }
+    for (auto& it : batch) {
+      if (!failed_now())
+        execute(it);
+      else if (it.g)
+        gates_pending_.fetch_sub(1);
+      it = item{};
+    }
+    batch.clear();
+  }
+}
+
+void device_core::execute(item& it) {
+  auto seq = finished() + 1;
+  if (it.g) {
+    auto& g = *it.g;
+    {
+      std::lock_guard guard{waiters_mu_};
+      parked_on_ = g.what;
+    }
+    for (;;) {
+      auto b = bell_.load();
+      sleeping_.store(true, std::memory_order_seq_cst);
+      if (g.state.load(std::memory_order_seq_cst) != gate::pending)
+        break;
+      bell_.wait(b);
+    }
+    sleeping_.store(false, std::memory_order_relaxed);
+    {
+      std::lock_guard guard{waiters_mu_};
+      parked_on_.clear();
+    }
+    gates_pending_.fetch_sub(1);
+    if (g.state.load() == gate::failed) {
+      poison(fmt::format("waited for {}, which failed: {}", g.what, g.error));
+      return;
+    }
+  } else if (it.t.work) {
+    try {
+      it.t.work();
+    } catch (const std::exception& e) {
+      poison(fmt::format("task '{}' failed: {}", it.t.description, e.what()));
+      return;
+    } catch (...) {
+      poison(fmt::format("task '{}' failed: unknown exception", it.t.description));
+      return;
+    }
+  }
+  complete(seq);
+}
+
+void device_core::complete(uint64_t seq) {
+  progress_.store(seq, std::memory_order_seq_cst);
+  if (seq >= min_waiter_.load(std::memory_order_seq_cst))
+    fire(seq, nullptr);
+}
+
+void device_core::poison(const std::string& message) {
+  std::vector<item> dropped;
+  {
+    std::lock_guard guard{mu_};
+    if (failed_)
+      return;
+    failed_ = true;
+    error_ = message;
+    dropped.swap(queue_);
+    room_.notify_all();
+  }
+  progress_.fetch_or(fail_bit, std::memory_order_seq_cst);
+  auto err = fmt::format("{}: {}", name_, message);
+  fire(UINT64_MAX, &err);
+  for (auto& it : dropped)
+    if (it.g)
+      gates_pending_.fetch_sub(1);
+}
+
+// -- events -------------------------------------------------------------------
+
+uint64_t device_core::finished() const noexcept {
+  return progress_.load(std::memory_order_acquire) & ~fail_bit;
+}
+
+bool device_core::failed_now() const noexcept {
+  return (progress_.load(std::memory_order_acquire) & fail_bit) != 0;
+}
+
+bool device_core::is_done(uint64_t seq) const noexcept {
+  return (progress_.load(std::memory_order_acquire) & ~fail_bit) >= seq;
+}
+
+bool device_core::is_failed(uint64_t seq) const noexcept {
+  auto p = progress_.load(std::memory_order_acquire);
+  return (p & fail_bit) != 0 && (p & ~fail_bit) < seq;
+}
+
+void device_core::fire(uint64_t upto, const std::string* error) {
+  std::vector<waiter> ready;
+  {
+    std::lock_guard guard{waiters_mu_};
+    auto end = upto == UINT64_MAX ? waiters_.end() : waiters_.upper_bound(upto);
+    for (auto i = waiters_.begin(); i != end; ++i)
+      ready.push_back(std::move(i->second));
+    waiters_.erase(waiters_.begin(), end);
+    min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
+                      std::memory_order_seq_cst);
+  }
+  for (auto& w : ready)
+    w(error);
+}
+
+void device_core::when_done(uint64_t seq, waiter w) {
+  {
+    std::unique_lock guard{waiters_mu_};
+    auto p = progress_.load(std::memory_order_seq_cst);
+    if ((p & ~fail_bit) < seq && (p & fail_bit) == 0) {
+      waiters_.emplace(seq, std::move(w));
+      min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
+      // Re-check: the runner may have advanced between our load and store
+      // without seeing the new minimum. Either it fires us, or we fire here.
+      p = progress_.load(std::memory_order_seq_cst);
+      guard.unlock();
+      if (p & fail_bit) {
+        auto err = fmt::format("{}: {}", name_, error().value_or("failed"));
+        fire(UINT64_MAX, &err);
+      } else if (p >= seq) {
+        fire(p, nullptr);
+      }
+      return;
+    }
+  }
+  if ((progress_.load() & ~fail_bit) >= seq) {
+    w(nullptr);
+  } else {
+    auto err = fmt::format("{}: {}", name_, error().value_or("failed"));
+    w(&err);
+  }
+}
+
+void device_core::sync(uint64_t seq) {
+  if (is_done(seq))
+    return;
+  if (current_runner == this && !is_failed(seq))
+    throw deadlock_error(fmt::format(
+      "sync on {} seq {} from a task of the same device, which has finished "
+      "only up to seq {}: waiting would deadlock",
+      name_, seq, finished()));
+  if (!is_failed(seq)) {
+    // Shared: the waiter may still be notifying after we saw the value.
+    struct signal {
+      std::atomic<uint32_t> flag{0};
+    };
+    auto sig = std::make_shared<signal>();
+    when_done(seq, [sig](const std::string* error) {
+      sig->flag.store(error ? 2 : 1);
+      sig->flag.notify_one();
+    });
+    uint32_t v;
+    while ((v = sig->flag.load()) == 0)
+      sig->flag.wait(0);
+    if (v == 1)
+      return;
+  }
+  if (is_done(seq))
+    return;
+  throw device_error(name_, error().value_or("failed"));
+}
+
+std::optional<std::string> device_core::error() const {
+  std::lock_guard guard{mu_};
+  if (failed_)
+    return error_;
+  return std::nullopt;
+}
+
+void device_core::check() const {
+  if (auto e = error())
+    throw device_error(name_, *e);
+}
+
+void device_core::shutdown() {
+  {
+    std::lock_guard guard{mu_};
+    if (stopping_ && !thread_.joinable())
+      return;
+    stopping_ = true;
+    room_.notify_all();
+  }
+  if (sleeping_.exchange(false)) {
+    bell_.fetch_add(1);
+    bell_.notify_one();
+  }
+  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id())
+    thread_.join();
+  // Anything still awaited can never complete now.
+  auto err = fmt::format("{}: device is shut down", name_);
+  if (finished() < scheduled()) {
+    progress_.fetch_or(fail_bit);
+    std::lock_guard guard{mu_};
+    if (!failed_) {
+      failed_ = true;
+      error_ = "device is shut down";
+    }
+  }
+  fire(UINT64_MAX, &err);
+  std::lock_guard guard{pools_mu_};
+  pools_.clear();
+  runner_merge_.reset();
+}
+
+// -- pools --------------------------------------------------------------------
+
+void device_core::alloc_pool(int id, std::size_t size, std::size_t alignment,
+                             std::optional<memory_mode> mode) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    throw std::invalid_argument(fmt::format(
+      "alloc_pool on {}: pool {}: alignment {} is not a power of two", name_, id,
+      alignment));
+  if (id < 0)
+    throw std::invalid_argument(
+      fmt::format("alloc_pool on {}: pool id {} is negative", name_, id));
+  check();
+  std::unique_ptr<allocation> mem;
+  try {
+    mem = driver_->allocate(ordinal_, size, alignment, mode);
+  } catch (const std::bad_alloc&) {
+    throw std::invalid_argument(fmt::format(
+      "alloc_pool on {}: pool {}: cannot allocate {} bytes aligned to {}", name_,
+      id, size, alignment));
+  }
+  auto p = std::make_shared<pool>(id, size, alignment, mode, std::move(mem), used_);
+  std::shared_ptr<pool> old;
+  {
+    std::lock_guard guard{pools_mu_};
+    auto& slot = pools_[id];
+    old = std::move(slot);
+    slot = std::move(p);
+  }
+  // A replaced pool lives until the work scheduled before now is done.
+  if (old && !failed_now())
+    push(task{fmt::format("release replaced pool {}", id), {}, std::move(old)});
+}
+
+void device_core::free_pool(int id) {
+  std::shared_ptr<pool> old;
+  {
+    std::lock_guard guard{pools_mu_};
+    auto i = pools_.find(id);
+    if (i == pools_.end())
+      throw std::invalid_argument(fmt::format(
+        "free_pool on {}: unknown pool {} (never allocated or already freed)",
+        name_, id));
+    old = std::move(i->second);
+    pools_.erase(i);
+  }
+  // Ordered with the device's work, like cudaFreeAsync; a failed device
+  // runs nothing more, so its memory goes at once.
+  if (!failed_now()) {
+    try {
+      push(task{fmt::format("free_pool {}", id), {}, std::move(old)});
+    } catch (const device_error&) {
+    }
+  }
+}
+
+uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) {
+  auto p = try_pool(id);
+  if (!p)
+    throw std::invalid_argument(
+      fmt::format("memset_zero on {}: unknown pool {}", name_, id));
+  if (offset > p->size || size > p->size - offset)
+    throw std::invalid_argument(fmt::format(
+      "memset_zero on {}: pool {}: range [{}, {}) is outside the pool's {} bytes",
+      name_, id, offset, offset + size, p->size));
+  auto* d = driver_.get();
+  return push(task{fmt::format("memset_zero pool {} [{}, {})", id, offset, offset + size),
+                   [d, p, offset, size] { d->zero(p->base() + offset, size); },
+                   {}});
+}
+
+std::shared_ptr<pool> device_core::try_pool(int id) const {
+  std::lock_guard guard{pools_mu_};
+  auto i = pools_.find(id);
+  return i == pools_.end() ? nullptr : i->second;
+}
+
+std::shared_ptr<pool> device_core::find_pool(int id) const {
+  if (auto p = try_pool(id))
+    return p;
+  throw std::invalid_argument(fmt::format("{}: unknown pool {}", name_, id));
+}
+
+sexp device_core::debug_info() const {
+  auto s = scheduled();
+  auto f = finished();
+  std::size_t waiting;
+  std::string parked;
+  {
+    std::lock_guard guard{waiters_mu_};
+    waiting = waiters_.size();
+    parked = parked_on_;
+  }
+  auto pools = sexp::list({sexp::atom("pools")});
+  {
+    std::lock_guard guard{pools_mu_};
+    for (const auto& [id, p] : pools_)
+      pools.push_back(sexp::list(
+        {sexp::atom("pool"), sexp::field("id", std::to_string(id)),
+         sexp::field("size", std::to_string(p->size)),
+         sexp::field("alignment", std::to_string(p->alignment)),
+         sexp::field("mode", p->mode ? to_string(*p->mode) : std::string{"none"})}));
+  }
+  auto err = error();
+  return sexp::list({sexp::atom("device"), sexp::field("name", name_),
+                     sexp::field("queue_length", std::to_string(s - f)),
+                     sexp::field("scheduled", std::to_string(s)),
+                     sexp::field("finished", std::to_string(f)),
+                     sexp::field("pending_waits", std::to_string(gates_pending_.load())),
+                     sexp::field("waiters", std::to_string(waiting)),
+                     sexp::field("parked_on", parked.empty() ? "none" : parked),
+                     sexp::field("error", err ? *err : std::string{"none"}),
+                     sexp::field("used_memory", std::to_string(used_memory())),
+                     pools});
+}
+
+} // namespace multidev::detail

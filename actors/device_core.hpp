@@ -1,0 +1,196 @@
+#pragma once
+/// \file
+/// The state a device actor owns: its runner (FIFO queue + thread), its event
+/// bookkeeping and its pool table. The hot path (scheduling, finishing tasks,
+/// resolving local waits) runs here without CAF messages, as SPEC §1 asks:
+/// a producer appends under a short lock and rings the runner only when it
+/// sleeps; a finished item advances an atomic progress word and fires the
+/// waiters registered for it. The device actor (`device_actor.cpp`) drives
+/// the control plane and cross-process waits through the same object.
+///
+/// Threads: `push*`, `when_done`, `sync` and the readers are safe from any
+/// thread; the runner thread is the only one that executes items.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "devices/driver.hpp"
+#include "multidev/backend.hpp"
+#include "multidev/task.hpp"
+
+namespace multidev::detail {
+
+/// Kernel results published by tasks, by name (one board per backend).
+class result_board {
+public:
+  void publish(const std::string& name, kernel_result r);
+  std::optional<kernel_result> get(const std::string& name) const;
+
+private:
+  mutable std::mutex mu_;
+  std::map<std::string, kernel_result> results_;
+};
+
+/// One pool: its memory and what it was allocated as. Shared by the table and
+/// by every queued item that uses it, so memory outlives the work using it.
+struct pool {
+  pool(int id, std::size_t size, std::size_t alignment,
+       std::optional<memory_mode> mode, std::unique_ptr<allocation> mem,
+       std::shared_ptr<std::atomic<std::size_t>> used);
+  ~pool();
+  std::byte* base() const noexcept { return mem->base(); }
+  std::span<std::byte> bytes() const noexcept { return {mem->base(), size}; }
+
+  int id;
+  std::size_t size;
+  std::size_t alignment;
+  std::optional<memory_mode> mode;
+  std::unique_ptr<allocation> mem;
+  std::shared_ptr<std::atomic<std::size_t>> used;
+};
+
+/// A point in a device's queue that opens when another device's event is done
+/// (or fails, which poisons the device when the runner reaches it).
+struct gate {
+  enum state_t : int { pending = 0, open = 1, failed = 2 };
+  std::atomic<int> state{pending};
+  uint64_t seq = 0;  ///< Its place in the device's schedule.
+  std::string what;  ///< The awaited event, for debug info and errors.
+  std::string error; ///< Written before `state` becomes `failed`.
+};
+
+class device_core : public std::enable_shared_from_this<device_core> {
+public:
+  /// Called once an awaited seq is done (`error == nullptr`) or can never be
+  /// (`*error` says why). Runs on whichever thread resolves it; must not block.
+  using waiter = std::function<void(const std::string* error)>;
+
+  device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
+              std::size_t queue_capacity, std::shared_ptr<result_board> results);
+  /// Drains and joins (see `shutdown`).
+  ~device_core();
+
+  const std::string& name() const noexcept { return name_; }
+  int ordinal() const noexcept { return ordinal_; }
+  driver& drv() const noexcept { return *driver_; }
+  result_board& results() const noexcept { return *results_; }
+
+  // -- Work ------------------------------------------------------------------
+
+  /// Appends a task; returns its seq. Waits for room when full (except on
+  /// this device's own runner). Throws `device_error` when failed or shut down.
+  uint64_t push(task t);
+  /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
+  /// event is done or `owner` is this device; returns whether a gate was added.
+  bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
+  /// Appends a gate that someone else opens or fails (a remote wait).
+  std::shared_ptr<gate> push_gate(std::string what);
+  /// Opens or fails a gate pushed here, and wakes the runner.
+  void resolve_gate(gate& g, const std::string* error);
+
+  /// Seq of the last item scheduled / finished.
+  uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
+  uint64_t finished() const noexcept;
+  bool is_done(uint64_t seq) const noexcept;
+  bool is_failed(uint64_t seq) const noexcept;
+  bool is_idle() const noexcept { return finished() == scheduled() && !failed_now(); }
+  /// Blocks until `seq` is done; throws `device_error` if it failed,
+  /// `deadlock_error` when called from this runner on a seq ahead of it.
+  void sync(uint64_t seq);
+  /// Calls `w` once `seq` is done or failed (at once if it already is).
+  void when_done(uint64_t seq, waiter w);
+
+  /// The failure message, if the device failed.
+  std::optional<std::string> error() const;
+  /// Throws `device_error` if the device failed.
+  void check() const;
+  /// Stops accepting work, finishes what was accepted, joins the runner.
+  /// Waits still pending afterwards resolve as failed. Idempotent.
+  void shutdown();
+
+  // -- Pools (called by the device actor) -------------------------------------
+
+  void alloc_pool(int id, std::size_t size, std::size_t alignment,
+                  std::optional<memory_mode> mode);
+  void free_pool(int id);
+  uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
+  /// The pool now in the table; throws `std::invalid_argument` when absent.
+  std::shared_ptr<pool> find_pool(int id) const;
+  /// The pool now in the table, or nullptr.
+  std::shared_ptr<pool> try_pool(int id) const;
+  std::size_t used_memory() const noexcept { return used_->load(); }
+
+  /// The merge buffer as this runner sees it at this point of its queue.
+  /// Runner thread only.
+  std::shared_ptr<pool> runner_merge_buffer() const { return runner_merge_; }
+  void set_runner_merge_buffer(std::shared_ptr<pool> p) { runner_merge_ = std::move(p); }
+
+  /// Queue, progress, waits, error and pools.
+  sexp debug_info() const;
+
+private:
+  struct item {
+    task t;
+    std::shared_ptr<gate> g;
+  };
+  static constexpr uint64_t fail_bit = uint64_t{1} << 63;
+
+  uint64_t enqueue(item it);
+  void run();
+  void execute(item& it);
+  void complete(uint64_t seq);
+  void poison(const std::string& message);
+  void fire(uint64_t upto, const std::string* error);
+  void ring();
+  bool failed_now() const noexcept;
+
+  std::string name_;
+  int ordinal_;
+  std::shared_ptr<driver> driver_;
+  std::size_t capacity_;
+  std::shared_ptr<result_board> results_;
+
+  // Queue: producers append under mu_; the runner swaps the whole vector out.
+  mutable std::mutex mu_;
+  std::condition_variable room_;
+  std::vector<item> queue_;
+  int producers_waiting_ = 0;
+  bool stopping_ = false;
+  bool failed_ = false;
+  std::string error_;
+  std::atomic<uint64_t> scheduled_{0};
+
+  // The runner sleeps on bell_ when sleeping_ is set; whoever clears it rings.
+  std::atomic<uint32_t> bell_{0};
+  std::atomic<bool> sleeping_{false};
+
+  // finished seq, with fail_bit once the device failed.
+  std::atomic<uint64_t> progress_{0};
+
+  // Waiters for seqs not yet done; min_waiter_ lets the runner skip the lock.
+  mutable std::mutex waiters_mu_;
+  std::multimap<uint64_t, waiter> waiters_;
+  std::atomic<uint64_t> min_waiter_{UINT64_MAX};
+  std::atomic<int> gates_pending_{0};
+  std::string parked_on_; // runner only; guarded by waiters_mu_ for readers
+
+  // Pools: the table as of the end of the queue.
+  mutable std::mutex pools_mu_;
+  std::map<int, std::shared_ptr<pool>> pools_;
+  std::shared_ptr<std::atomic<std::size_t>> used_;
+  std::shared_ptr<pool> runner_merge_;
+
+  std::thread thread_;
+};
+
+} // namespace multidev::detail

@@ -1,0 +1,334 @@
+// Nodes, linking and transfers: SPEC §5.7 on top of the device cores.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "actors/backend_impl.hpp"
+#include "actors/binding.hpp"
+#include "multidev/backend.hpp"
+#include "multidev/kernels.hpp"
+
+namespace multidev {
+
+using detail::record_of;
+
+namespace {
+
+constexpr std::size_t node_alignment = 64;
+
+std::string node_name(const tnode& t) {
+  return t.label.empty() ? fmt::format("#{}", t.id) : fmt::format("'{}' (#{})", t.label, t.id);
+}
+
+/// The pool behind `loc` on `core`, checked to hold `size` bytes at the offset.
+std::shared_ptr<detail::pool> pool_for(detail::device_core& core, const tnode& t,
+                                       const buffer_loc& loc, const char* what) {
+  auto p = core.try_pool(loc.pool_id);
+  if (!p)
+    throw std::invalid_argument(fmt::format(
+      "{}: node {} lives in pool {}, which is not allocated on {} (freed?)", what,
+      node_name(t), loc.pool_id, core.name()));
+  if (loc.offset > p->size || t.size_in_bytes > p->size - loc.offset)
+    throw std::invalid_argument(fmt::format(
+      "{}: node {} needs bytes [{}, {}) of pool {} on {}, which has {} bytes", what,
+      node_name(t), loc.offset, loc.offset + t.size_in_bytes, loc.pool_id,
+      core.name(), p->size));
+  return p;
+}
+
+void check_size(const tnode& t, std::size_t n, const char* what) {
+  if (n != t.size_in_bytes)
+    throw std::invalid_argument(
+      fmt::format("{}: node {} has {} bytes but the host buffer has {}", what,
+                  node_name(t), t.size_in_bytes, n));
+}
+
+/// Drops done events, so the lists stay short.
+void prune(std::vector<event>& evs) {
+  std::erase_if(evs, [](const event& e) { return e.is_done(); });
+}
+
+} // namespace
+
+context backend::alloc_node(const context& ctx, const tnode& t) {
+  auto& rec = record_of(ctx.device);
+  if (auto i = ctx.buffers.find(t); i != ctx.buffers.end())
+    return ctx;
+  ctx_buffers bufs = ctx.buffers;
+  if (t.mode == memory_mode::effectively_constant) {
+    if (auto loc = ctx.device.constant_buffer(t)) {
+      bufs[t] = *loc;
+      return make_child(ctx, std::move(bufs));
+    }
+  }
+  int id;
+  {
+    std::lock_guard guard{rec.mu};
+    id = rec.next_pool_id++;
+  }
+  alloc_pool(ctx.device, id, t.size_in_bytes, node_alignment, t.mode);
+  bufs[t] = buffer_loc{id, 0};
+  if (t.mode == memory_mode::effectively_constant) {
+    std::lock_guard guard{rec.mu};
+    rec.constant_buffer_cache.emplace(t, buffer_loc{id, 0});
+  }
+  return make_child(ctx, std::move(bufs));
+}
+
+routine backend::link(const context& ctx, const std::string& kernel,
+                      const std::vector<link_arg>& args) {
+  auto& rec = record_of(ctx.device);
+  auto def = find_kernel(kernel);
+  if (!def)
+    throw std::invalid_argument(fmt::format("link: unknown kernel '{}' (known: {})", kernel,
+                                            fmt::join(kernel_names(), ", ")));
+  if (args.size() != def->params.size())
+    throw std::invalid_argument(fmt::format("link: kernel '{}' takes {} arguments, got {}",
+                                            kernel, def->params.size(), args.size()));
+  routine r;
+  r.context = ctx;
+  r.name = kernel;
+  task_spec spec{kernel, {}};
+  std::vector<const tnode*> nodes(args.size(), nullptr);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (auto* t = std::get_if<tnode>(&a)) {
+      nodes[i] = t;
+      if (def->params[i] != arg_kind::buffer)
+        throw std::invalid_argument(fmt::format(
+          "link: kernel '{}' argument {}: expected {}, got node {}", kernel, i,
+          to_string(def->params[i]), node_name(*t)));
+      if (static_cast<int>(i) == def->merge_buffer_param) {
+        if (!ctx.merge_buffer_node || !(*ctx.merge_buffer_node == *t))
+          throw std::invalid_argument(fmt::format(
+            "link: kernel '{}' reads node {} from the merge buffer, but the context's "
+            "merge_buffer_node is {}",
+            kernel, node_name(*t),
+            ctx.merge_buffer_node ? node_name(*ctx.merge_buffer_node) : "none"));
+        r.merge_buffer_input = *t;
+        spec.args.emplace_back(buffer_arg{buffer_loc{0, 0}, t->size_in_bytes});
+        continue;
+      }
+      auto loc = ctx.buffers.find(*t);
+      if (loc == ctx.buffers.end())
+        throw std::invalid_argument(fmt::format(
+          "link: kernel '{}' argument {}: node {} is not in the context of {}", kernel,
+          i, node_name(*t), rec.name));
+      spec.args.emplace_back(buffer_arg{loc->second, t->size_in_bytes});
+    } else {
+      std::visit(
+        [&spec](const auto& v) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(v)>, tnode>)
+            spec.args.emplace_back(v);
+        },
+        a);
+    }
+  }
+  auto bound = detail::bind_spec(rec.r.core(), spec); // checks kinds, pools, ranges
+  for (int i : def->reads)
+    if (nodes[static_cast<std::size_t>(i)] && i != def->merge_buffer_param)
+      r.inputs.insert(*nodes[static_cast<std::size_t>(i)]);
+  for (int i : def->writes)
+    if (nodes[static_cast<std::size_t>(i)])
+      r.outputs.insert(*nodes[static_cast<std::size_t>(i)]);
+  r.schedule = std::move(bound.work);
+  for (auto& [id, p] : bound.pools)
+    r.pinned_pools.push_back({rec.r.core(), id, p});
+  return r;
+}
+
+event backend::run(const routine& r) {
+  auto& rec = record_of(r.context.device);
+  auto& core = rec.r.core();
+  for (const auto& pin : r.pinned_pools) {
+    if (pin.core->try_pool(pin.pool_id) != pin.pool)
+      throw std::invalid_argument(fmt::format(
+        "run: routine '{}' uses pool {} of {}, which was freed or replaced after "
+        "linking; link it again",
+        r.name, pin.pool_id, pin.core->name()));
+  }
+  if (r.merge_buffer_input) {
+    auto held = r.context.device.updating_for_merge_buffer();
+    if (!held || !(held->first == *r.merge_buffer_input))
+      throw std::invalid_argument(fmt::format(
+        "run: routine '{}' reads node {} from the merge buffer of {}, which holds {}",
+        r.name, node_name(*r.merge_buffer_input), rec.name,
+        held ? node_name(held->first) : "nothing"));
+  }
+  // Order after the last writers of what we read on the source device, and
+  // after other devices' copies still reading what we are about to overwrite.
+  std::vector<event> waits;
+  if (r.copy_source) {
+    for (const auto& t : r.inputs)
+      if (auto w = r.copy_source->device.updating_for(t))
+        waits.push_back(*w);
+  }
+  {
+    std::lock_guard guard{rec.mu};
+    for (const auto& t : r.outputs)
+      if (auto i = rec.readers.find(t); i != rec.readers.end()) {
+        for (auto& e : i->second)
+          waits.push_back(e);
+        rec.readers.erase(i);
+      }
+  }
+  for (const auto& e : waits)
+    will_wait_for(r.context, e);
+  event done{core, core->push(r.schedule)};
+  {
+    std::lock_guard guard{rec.mu};
+    for (const auto& t : r.outputs)
+      rec.updating_for[t] = done;
+    if (r.copy_source && r.context.merge_buffer_node && r.outputs.empty())
+      rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, done);
+  }
+  if (r.copy_source && r.copy_source->device != r.context.device) {
+    auto& src = record_of(r.copy_source->device);
+    std::lock_guard guard{src.mu};
+    for (const auto& t : r.inputs) {
+      auto& readers = src.readers[t];
+      prune(readers);
+      readers.push_back(done);
+    }
+  }
+  return done;
+}
+
+bool backend::from_host(const context& ctx, const tnode& t, std::span<const std::byte> host) {
+  auto loc = ctx.buffers.find(t);
+  if (loc == ctx.buffers.end())
+    return false;
+  check_size(t, host.size(), "from_host");
+  auto& rec = record_of(ctx.device);
+  auto& core = rec.r.core();
+  auto p = pool_for(*core, t, loc->second, "from_host");
+  auto* drv = &core->drv();
+  routine r;
+  r.context = ctx;
+  r.name = "from_host";
+  r.outputs.insert(t);
+  r.pinned_pools.push_back({core, loc->second.pool_id, p});
+  auto dst = p->base() + loc->second.offset;
+  r.schedule = task{fmt::format("from_host {}", node_name(t)),
+                    [drv, dst, host] { drv->copy(dst, host.data(), host.size()); }, p};
+  run(r);
+  return true;
+}
+
+context backend::init_from_host(const context& ctx, const tnode& t,
+                                std::span<const std::byte> host) {
+  check_size(t, host.size(), "init_from_host");
+  bool cached = t.mode == memory_mode::effectively_constant
+                && !ctx.buffers.contains(t) && ctx.device.constant_buffer(t);
+  auto c = alloc_node(ctx, t);
+  // A cached constant already holds the data on this device.
+  if (!cached)
+    from_host(c, t, host);
+  return c;
+}
+
+bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> host) {
+  auto loc = ctx.buffers.find(t);
+  if (loc == ctx.buffers.end())
+    return false;
+  check_size(t, host.size(), "to_host");
+  auto& rec = record_of(ctx.device);
+  auto& core = rec.r.core();
+  auto p = pool_for(*core, t, loc->second, "to_host");
+  auto* drv = &core->drv();
+  routine r;
+  r.context = ctx;
+  r.name = "to_host";
+  r.inputs.insert(t);
+  r.pinned_pools.push_back({core, loc->second.pool_id, p});
+  const auto* src = p->base() + loc->second.offset;
+  r.schedule = task{fmt::format("to_host {}", node_name(t)),
+                    [drv, src, host] { drv->copy(host.data(), src, host.size()); }, p};
+  run(r);
+  return true;
+}
+
+std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,
+                                                 const context& dst, const context& src) {
+  auto sloc = src.buffers.find(t);
+  if (sloc == src.buffers.end())
+    return std::nullopt;
+  auto dloc = dst.buffers.find(t);
+  if (into == merge_buffer_use::no && dloc == dst.buffers.end())
+    return std::nullopt;
+  auto& srec = record_of(src.device);
+  auto& drec = record_of(dst.device);
+  auto sp = pool_for(srec.core(), t, sloc->second, "device_to_device (source)");
+  const std::byte* from = sp->base() + sloc->second.offset;
+  auto n = t.size_in_bytes;
+  auto& dcore = drec.r.core();
+  auto* drv = &dcore->drv();
+  routine r;
+  r.name = fmt::format("device_to_device {} {} -> {}{}", node_name(t), srec.name,
+                       drec.name, into == merge_buffer_use::copy ? " (merge buffer)" : "");
+  r.copy_source = std::make_shared<const context>(src);
+  r.inputs.insert(t);
+  r.pinned_pools.push_back({srec.r.core(), sloc->second.pool_id, sp});
+  if (into == merge_buffer_use::no) {
+    auto dp = pool_for(*dcore, t, dloc->second, "device_to_device (destination)");
+    std::byte* to = dp->base() + dloc->second.offset;
+    r.context = dst;
+    r.outputs.insert(t);
+    r.pinned_pools.push_back({dcore, dloc->second.pool_id, dp});
+    r.schedule = task{r.name, [drv, to, from, n] { drv->copy(to, from, n); },
+                      std::make_shared<std::pair<std::shared_ptr<detail::pool>,
+                                                 std::shared_ptr<detail::pool>>>(sp, dp)};
+  } else {
+    // Grow the merge buffer in place (a replaced pool 0 lives until the work
+    // before it is done); the copy takes whatever pool 0 is when it runs,
+    // which is at least this big, and makes it the runner's merge buffer.
+    bool grow;
+    {
+      std::lock_guard guard{drec.mu};
+      grow = drec.merge_buffer_capacity < n || !dcore->try_pool(0);
+    }
+    if (grow) {
+      alloc_pool(dst.device, 0, n, node_alignment, memory_mode::device_only);
+      std::lock_guard guard{drec.mu};
+      drec.merge_buffer_capacity = n;
+    }
+    r.context = make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
+    auto* c = dcore.get();
+    r.schedule = task{r.name,
+                      [drv, c, from, n] {
+                        auto mb = c->try_pool(0);
+                        if (!mb || mb->size < n)
+                          throw std::invalid_argument(fmt::format(
+                            "merge buffer of {} was freed or shrunk before a copy "
+                            "into it ran",
+                            c->name()));
+                        c->set_runner_merge_buffer(mb);
+                        drv->copy(mb->base(), from, n);
+                      },
+                      sp};
+  }
+  run(r);
+  return r;
+}
+
+context backend::init_from_device(const tnode& t, const context& dst, const context& src) {
+  if (!src.buffers.contains(t))
+    throw std::invalid_argument(fmt::format("init_from_device: node {} is not in the source context of {}",
+                                            node_name(t), src.device.name()));
+  auto c = alloc_node(dst, t);
+  device_to_device(t, merge_buffer_use::no, c, src);
+  return c;
+}
+
+void backend::sync_device(const device& d) {
+  await(d);
+  auto& rec = record_of(d);
+  std::lock_guard guard{rec.mu};
+  std::erase_if(rec.updating_for, [](const auto& kv) { return kv.second.is_done(); });
+  for (auto& [t, evs] : rec.readers)
+    prune(evs);
+  std::erase_if(rec.readers, [](const auto& kv) { return kv.second.empty(); });
+}
+
+} // namespace multidev

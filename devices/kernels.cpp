@@ -1,0 +1,201 @@
+// The kernel registry and the built-in kernels (float32 buffers).
+#include "multidev/kernels.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace multidev {
+
+std::string to_string(arg_kind k) {
+  switch (k) {
+    case arg_kind::integer: return "int";
+    case arg_kind::real: return "float";
+    case arg_kind::string: return "string";
+    case arg_kind::buffer: return "buffer";
+  }
+  return "?";
+}
+
+std::span<float> kernel_call::floats(int i) const {
+  auto b = buffer(i);
+  if (b.size() % sizeof(float) != 0)
+    throw std::invalid_argument(
+      fmt::format("buffer argument {} has {} bytes, not a multiple of 4", i, b.size()));
+  return {reinterpret_cast<float*>(b.data()), b.size() / sizeof(float)};
+}
+
+namespace {
+
+
+uint64_t fnv1a(std::span<const std::byte> bytes) {
+  uint64_t h = 14695981039346656037ull;
+  for (auto b : bytes) {
+    h ^= static_cast<uint8_t>(b);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
+  using k = arg_kind;
+  std::map<std::string, std::shared_ptr<const kernel_def>> r;
+  auto add = [&r](std::string name, kernel_def d) {
+    r.emplace(std::move(name), std::make_shared<const kernel_def>(std::move(d)));
+  };
+  add("fill", {{k::buffer, k::real}, {}, {0}, -1,
+               [](kernel_call& c) {
+                 auto v = static_cast<float>(c.real(1));
+                 for (auto& x : c.floats(0))
+                   x = v;
+               },
+               "fill DST VALUE: every element of DST becomes VALUE"});
+  add("iota", {{k::buffer, k::real}, {}, {0}, -1,
+               [](kernel_call& c) {
+                 auto start = c.real(1);
+                 auto xs = c.floats(0);
+                 for (std::size_t i = 0; i < xs.size(); ++i)
+                   xs[i] = static_cast<float>(start + static_cast<double>(i));
+               },
+               "iota DST START: DST[i] = START + i"});
+  add("scale", {{k::buffer, k::real}, {0}, {0}, -1,
+                [](kernel_call& c) {
+                  auto f = static_cast<float>(c.real(1));
+                  for (auto& x : c.floats(0))
+                    x *= f;
+                },
+                "scale DST FACTOR: DST[i] *= FACTOR"});
+  add("axpy", {{k::buffer, k::real, k::buffer}, {0, 2}, {0}, -1,
+               [](kernel_call& c) {
+                 auto y = c.floats(0);
+                 auto x = c.floats(2);
+                 if (x.size() != y.size())
+                   throw std::invalid_argument(fmt::format(
+                     "axpy: Y has {} elements but X has {}", y.size(), x.size()));
+                 auto a = static_cast<float>(c.real(1));
+                 for (std::size_t i = 0; i < y.size(); ++i)
+                   y[i] += a * x[i];
+               },
+               "axpy Y A X: Y[i] += A * X[i]"});
+  add("add_from_merge", {{k::buffer, k::buffer}, {0, 1}, {0}, 1,
+                         [](kernel_call& c) {
+                           auto dst = c.floats(0);
+                           auto expected = c.buffer(1).size();
+                           auto mb = c.merge_buffer();
+                           if (expected != dst.size_bytes() || mb.size() < expected)
+                             throw std::invalid_argument(fmt::format(
+                               "add_from_merge: DST has {} bytes, the merge node {} "
+                               "and the merge buffer {}",
+                               dst.size_bytes(), expected, mb.size()));
+                           auto* m = reinterpret_cast<const float*>(mb.data());
+                           for (std::size_t i = 0; i < dst.size(); ++i)
+                             dst[i] += m[i];
+                         },
+                         "add_from_merge DST NODE: DST[i] += merge buffer[i], "
+                         "where the merge buffer holds NODE"});
+  add("checksum", {{k::buffer, k::string}, {0}, {}, -1,
+                   [](kernel_call& c) {
+                     auto xs = c.floats(0);
+                     double sum = 0;
+                     for (auto x : xs)
+                       sum += x;
+                     c.publish(c.string(1), sum, fnv1a(c.buffer(0)), xs.size());
+                   },
+                   "checksum SRC NAME: publishes the sum and FNV-1a hash of SRC as "
+                   "result NAME"});
+  add("spin_ns", {{k::integer}, {}, {}, -1,
+                  [](kernel_call& c) {
+                    auto until = std::chrono::steady_clock::now()
+                                 + std::chrono::nanoseconds(c.integer(0));
+                    while (std::chrono::steady_clock::now() < until) {
+                    }
+                  },
+                  "spin_ns NS: busy work for NS nanoseconds"});
+  add("fail", {{k::string}, {}, {}, -1,
+               [](kernel_call& c) -> void { throw std::runtime_error(c.string(0)); },
+               "fail MESSAGE: throws MESSAGE (fails the device)"});
+  return r;
+}
+
+struct registry {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const kernel_def>> kernels = builtins();
+};
+
+registry& the_registry() {
+  static registry r;
+  return r;
+}
+
+} // namespace
+
+void register_kernel(const std::string& name, kernel_def def) {
+  if (name.empty())
+    throw std::invalid_argument("register_kernel: empty kernel name");
+  if (!def.body)
+    throw std::invalid_argument(
+      fmt::format("register_kernel: kernel '{}' has no body", name));
+  auto check_index = [&](int i, const char* what) {
+    if (i < 0 || i >= static_cast<int>(def.params.size())
+        || def.params[static_cast<std::size_t>(i)] != arg_kind::buffer)
+      throw std::invalid_argument(fmt::format(
+        "register_kernel: kernel '{}': {} index {} is not a buffer parameter", name,
+        what, i));
+  };
+  for (int i : def.reads)
+    check_index(i, "reads");
+  for (int i : def.writes)
+    check_index(i, "writes");
+  if (def.merge_buffer_param != -1)
+    check_index(def.merge_buffer_param, "merge_buffer_param");
+  auto& reg = the_registry();
+  std::lock_guard guard{reg.mu};
+  reg.kernels[name] = std::make_shared<const kernel_def>(std::move(def));
+}
+
+std::shared_ptr<const kernel_def> find_kernel(const std::string& name) {
+  auto& reg = the_registry();
+  std::lock_guard guard{reg.mu};
+  auto i = reg.kernels.find(name);
+  return i == reg.kernels.end() ? nullptr : i->second;
+}
+
+std::vector<std::string> kernel_names() {
+  auto& reg = the_registry();
+  std::lock_guard guard{reg.mu};
+  std::vector<std::string> result;
+  for (const auto& [name, def] : reg.kernels)
+    result.push_back(name);
+  return result;
+}
+
+std::shared_ptr<const kernel_def> check_task_spec(const task_spec& spec) {
+  auto def = find_kernel(spec.kernel);
+  if (!def)
+    throw std::invalid_argument(fmt::format("unknown kernel '{}' (known: {})",
+                                            spec.kernel,
+                                            fmt::join(kernel_names(), ", ")));
+  if (spec.args.size() != def->params.size())
+    throw std::invalid_argument(
+      fmt::format("kernel '{}' takes {} arguments, got {}", spec.kernel,
+                  def->params.size(), spec.args.size()));
+  for (std::size_t i = 0; i < spec.args.size(); ++i) {
+    auto want = def->params[i];
+    auto got = spec.args[i].index();
+    bool ok = (want == arg_kind::integer && got == 1)
+              || (want == arg_kind::real && (got == 2 || got == 1))
+              || (want == arg_kind::string && got == 3)
+              || (want == arg_kind::buffer && got == 4);
+    if (!ok)
+      throw std::invalid_argument(fmt::format(
+        "kernel '{}' argument {}: expected {}, got {} {}", spec.kernel, i,
+        to_string(want), kind_name(spec.args[i]), to_sexp(spec.args[i]).to_string()));
+  }
+  return def;
+}
+
+} // namespace multidev

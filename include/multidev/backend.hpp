@@ -1,0 +1,351 @@
+#pragma once
+/// \file
+/// The multi-device scheduler interface (OCANNL's `Schedulers.Multidev`), value
+/// for value, as one C++ class: `backend` is one instance of the signature, a set
+/// of devices of one driver kind. Each device is a CAF actor that owns its runner
+/// (one FIFO work queue and thread), its pool table and its event bookkeeping;
+/// this header keeps CAF out (see `multidev/protocol.hpp` for the actor side).
+///
+/// Threads: every `backend` member may be called from any thread, including
+/// from tasks running on a runner. Tasks run on their device's runner thread.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "multidev/sexp.hpp"
+#include "multidev/task.hpp"
+#include "multidev/types.hpp"
+
+namespace caf {
+class actor_system;
+} // namespace caf
+
+namespace multidev {
+
+namespace detail {
+class device_core;
+struct device_record;
+struct backend_impl;
+} // namespace detail
+
+/// The driver's handle of one device (OCANNL's `dev`): which driver, which
+/// ordinal. Cheap to copy.
+struct dev {
+  std::string driver;
+  int ordinal = 0;
+  friend bool operator==(const dev&, const dev&) = default;
+};
+
+sexp to_sexp(const dev& d);
+
+/// A device's stream (OCANNL's `runner`): its FIFO work queue and the thread
+/// that drains it. A handle; copies refer to the same runner.
+class runner {
+public:
+  runner() = default;
+  explicit runner(std::shared_ptr<detail::device_core> core);
+  /// Tasks scheduled and not yet finished (including a parked wait).
+  std::size_t queue_length() const;
+  const std::shared_ptr<detail::device_core>& core() const noexcept { return core_; }
+  friend bool operator==(const runner& x, const runner& y) { return x.core_ == y.core_; }
+
+private:
+  std::shared_ptr<detail::device_core> core_;
+};
+
+sexp to_sexp(const runner& r);
+
+/// A point in one device's schedule: done once that device's runner has
+/// finished everything scheduled up to and including `seq()`. Copyable handle
+/// (like a Realm event); waiting on it never spins.
+class event {
+public:
+  /// An event that is already done (seq 0 of no device).
+  event() = default;
+  event(std::shared_ptr<detail::device_core> core, uint64_t seq);
+
+  /// Never blocks. A failed event is not done.
+  bool is_done() const;
+  /// Whether the event can never complete because its device failed or shut
+  /// down before reaching it.
+  bool is_failed() const;
+  /// Blocks the calling thread until done. Throws `device_error` when the event
+  /// failed, `deadlock_error` when called from a task of the same device on an
+  /// event still ahead of it.
+  void sync() const;
+
+  uint64_t seq() const noexcept { return seq_; }
+  /// The owning device's name; empty for the default (done) event.
+  std::string device_name() const;
+  const std::shared_ptr<detail::device_core>& core() const noexcept { return core_; }
+
+private:
+  std::shared_ptr<detail::device_core> core_;
+  uint64_t seq_ = 0;
+};
+
+sexp to_sexp(const event& e);
+
+/// The start of a pool's memory as the runner sees it. CPU devices use host
+/// memory, so this is a plain pointer.
+using buffer_ptr = std::byte*;
+
+sexp to_sexp(const buffer_ptr& p);
+
+/// OCANNL's `device` record: a runner plus the bookkeeping that transfers use
+/// (writers of nodes, merge buffer, constant cache, pool ids). A handle; copies
+/// refer to the same record. The mutable fields are guarded inside.
+class device {
+public:
+  device() = default;
+  explicit device(std::shared_ptr<detail::device_record> rec);
+
+  const multidev::dev& dev() const;
+  int ordinal() const;
+  /// Unique across every backend of the process.
+  int device_id() const;
+  const multidev::runner& get_runner() const;
+  /// `"<backend name>:<ordinal>:<device_id>"`.
+  const std::string& name() const;
+
+  /// Pool 0's base, once a merge buffer was allocated.
+  std::optional<buffer_ptr> merge_buffer() const;
+  std::size_t merge_buffer_capacity() const;
+  /// The event of the last scheduled work on this device that writes `t`.
+  std::optional<event> updating_for(const tnode& t) const;
+  /// The node last copied into the merge buffer and that copy's event.
+  std::optional<std::pair<tnode, event>> updating_for_merge_buffer() const;
+  /// Where this device keeps its read-only copy of `t`, if it has one.
+  std::optional<buffer_loc> constant_buffer(const tnode& t) const;
+  /// The pool id the next node allocation takes (starts at 1; 0 is the merge buffer).
+  int next_pool_id() const;
+
+  explicit operator bool() const noexcept { return rec_ != nullptr; }
+  friend bool operator==(const device& x, const device& y) { return x.rec_ == y.rec_; }
+  const std::shared_ptr<detail::device_record>& record() const noexcept { return rec_; }
+
+private:
+  std::shared_ptr<detail::device_record> rec_;
+};
+
+sexp to_sexp(const device& d);
+
+/// OCANNL's `context`: a device plus the buffers of the nodes linked against
+/// it. Immutable value; `parent` links to the context it was derived from.
+struct context {
+  multidev::device device;
+  std::shared_ptr<const context> parent;
+  ctx_buffers buffers;
+  bool finalized = false;
+  multidev::optimize_ctx optimize;
+  std::optional<tnode> merge_buffer_node;
+};
+
+sexp to_sexp(const context& c);
+
+/// A kernel linked against a context (see `backend::link`): ready to run on
+/// the context's device. `schedule` holds the kernel's pools, resolved when
+/// linking; `backend::run` checks they are still the device's pools, orders the
+/// work after the writers of `inputs` and records it as the writer of `outputs`.
+struct routine {
+  multidev::context context;
+  multidev::task schedule;
+  std::string name;
+  std::set<tnode> inputs;
+  std::set<tnode> outputs;
+  std::optional<tnode> merge_buffer_input;
+  /// For a copy made by `device_to_device`: the context copied from.
+  std::shared_ptr<const multidev::context> copy_source;
+  /// A pool `schedule` holds, which `backend::run` checks is still current.
+  struct pinned_pool {
+    std::shared_ptr<detail::device_core> core;
+    int pool_id = 0;
+    std::shared_ptr<const void> pool;
+  };
+  /// The pools `schedule` holds.
+  std::vector<pinned_pool> pinned_pools;
+};
+
+sexp to_sexp(const routine& r);
+
+/// Whether `device_to_device` writes into the destination node (`no`) or into
+/// the destination's merge buffer (`copy`).
+enum class merge_buffer_use { no, copy };
+
+/// A value `link` binds to a kernel parameter: a number, a string, or a node
+/// whose buffer the context holds.
+using link_arg = std::variant<int64_t, double, std::string, tnode>;
+
+/// How a backend is built.
+struct backend_options {
+  /// Driver kind; `"cpu"` is the one built in.
+  std::string driver = "cpu";
+  /// Number of devices; default: the machine's hardware threads.
+  std::optional<int> num_devices;
+  /// Tasks a device's queue holds before `schedule_task` waits for room.
+  std::size_t queue_capacity = std::size_t{1} << 16;
+  /// CAF scheduler threads when the backend owns its actor system; 0: the
+  /// machine's hardware threads.
+  int scheduler_threads = 0;
+};
+
+/// Host-visible results written by kernels (e.g. `checksum`), by name.
+struct kernel_result {
+  double sum = 0;
+  uint64_t hash = 0;
+  std::size_t count = 0;
+  friend bool operator==(const kernel_result&, const kernel_result&) = default;
+};
+
+/// One instance of the Multidev signature: devices of one driver kind.
+///
+/// Constructing a backend enumerates no device and touches no driver; devices
+/// come to life on `get_device`. Destroying it finishes the work already
+/// accepted, joins the runners, frees the pools and stops the actors.
+class backend {
+public:
+  /// A backend with its own CAF actor system.
+  explicit backend(backend_options opts = {});
+  /// A backend on an actor system the caller owns (and must outlive it).
+  /// Call `register_types(cfg)` (protocol.hpp) on its config first to use the
+  /// actor protocol across processes.
+  explicit backend(caf::actor_system& sys, backend_options opts = {});
+  ~backend();
+  backend(const backend&) = delete;
+  backend& operator=(const backend&) = delete;
+
+  /// `"multidev_cpu"`.
+  const std::string& name() const;
+
+  // -- Slab_alloc ------------------------------------------------------------
+
+  /// Allocates `size_in_bytes` for `pool_id` on `d`, aligned to `alignment` (a
+  /// power of two). Returns with the pool allocated. An existing pool is
+  /// replaced; its memory is released once the work scheduled so far is done.
+  /// Throws `std::invalid_argument` on a bad alignment or size.
+  void alloc_pool(const device& d, int pool_id, std::size_t size_in_bytes,
+                  std::size_t alignment,
+                  std::optional<memory_mode> mode = std::nullopt);
+  /// CPU and CUDA both free pools: always true here.
+  bool has_free_pool() const noexcept { return true; }
+  /// Drops `pool_id` now; frees it once the work scheduled so far is done.
+  /// Throws `std::invalid_argument` when the pool does not exist.
+  void free_pool(const device& d, int pool_id);
+  /// Zeroes `[offset, offset + size)` of a pool, ordered with `d`'s tasks.
+  /// Throws `std::invalid_argument` on an unknown pool or an out-of-range span.
+  void memset_zero(const device& d, int pool_id, std::size_t offset,
+                   std::size_t size_in_bytes);
+
+  // -- Devices and contexts --------------------------------------------------
+
+  /// A new device record for `dv` driven by `r`, with a fresh device id and
+  /// empty bookkeeping. `get_device` uses it once per ordinal.
+  device make_device(const multidev::dev& dv, const runner& r, int ordinal);
+  context make_context(const device& d, ctx_buffers buffers = {},
+                       optimize_ctx opt = {});
+  /// A context with `parent` = `ctx`; omitted fields are inherited.
+  context make_child(const context& ctx,
+                     std::optional<ctx_buffers> buffers = std::nullopt,
+                     std::optional<optimize_ctx> opt = std::nullopt,
+                     std::optional<std::optional<tnode>> merge_buffer_node = std::nullopt);
+  std::string get_name(const device& d) const;
+
+  // -- Events ----------------------------------------------------------------
+
+  void sync(const event& e) const;
+  bool is_done(const event& e) const;
+  /// Everything scheduled on `ctx.device` after this call starts only after
+  /// `e` is done. Returns at once; a no-op for events of the same device or
+  /// events already done. If `e` fails, `ctx.device` fails too.
+  void will_wait_for(const context& ctx, const event& e);
+
+  // -- Properties and debug info ---------------------------------------------
+
+  /// Computed on first call.
+  sexp static_properties() const;
+  /// Computed on first call; all empty for CPU.
+  multidev::hardware_limits hardware_limits() const;
+  /// Bytes held by `d`'s pools, including pools freed or replaced whose
+  /// release still waits for earlier work.
+  std::size_t get_used_memory(const device& d) const;
+  sexp get_global_debug_info() const;
+  sexp get_debug_info(const device& d) const;
+
+  // -- Work ------------------------------------------------------------------
+
+  /// Blocks until `d` has finished everything scheduled on it.
+  void await(const device& d) const;
+  /// Done exactly when everything scheduled on `d` before the call finished.
+  event all_work(const device& d) const;
+  /// Whether `d`'s runner is waiting for work.
+  bool is_idle(const device& d) const;
+  /// Memoized; throws `std::invalid_argument` naming the ordinal and the count.
+  device get_device(int ordinal);
+  int num_devices() const;
+  /// Appends `t` to `d`'s queue and returns; waits for room when the queue is
+  /// full. Throws `device_error` when `d` failed or was shut down.
+  void schedule_task(const device& d, task t);
+  /// Schedules a named kernel call, resolved through the kernel registry now
+  /// (errors: `std::invalid_argument`); returns its event.
+  event schedule_named(const device& d, const task_spec& spec);
+
+  // -- Nodes, linking and transfers (SPEC §5.7) -------------------------------
+
+  /// Allocates `t`'s own pool on `ctx.device` (pool id from `next_pool_id`)
+  /// and returns the child context that holds it. An effectively-constant node
+  /// already cached on the device reuses that buffer.
+  context alloc_node(const context& ctx, const tnode& t);
+  /// Links a registered kernel against `ctx`: nodes become their buffers.
+  /// Throws `std::invalid_argument` for an unknown kernel, a wrong argument
+  /// count or type, a node absent from `ctx`, or a merge-buffer kernel whose
+  /// merge node is not `ctx.merge_buffer_node`.
+  routine link(const context& ctx, const std::string& kernel,
+               const std::vector<link_arg>& args);
+  /// Schedules `r` on its device after the writers of its inputs; records it
+  /// as the writer of its outputs. Returns the event of its completion.
+  /// Throws `std::invalid_argument` when a pool it uses was freed or replaced,
+  /// or the merge buffer holds another node than `r.merge_buffer_input`.
+  event run(const routine& r);
+  /// Copies host bytes into `t`'s buffer as ordered work on `ctx.device`. The
+  /// bytes must stay valid until that work is done (like cudaMemcpyAsync).
+  /// False when `ctx` does not hold `t`; `std::invalid_argument` when the
+  /// size differs from `t.size_in_bytes`.
+  bool from_host(const context& ctx, const tnode& t, std::span<const std::byte> host);
+  /// `alloc_node` (when needed) then `from_host`; returns the context holding `t`.
+  context init_from_host(const context& ctx, const tnode& t, std::span<const std::byte> host);
+  /// Copies `t`'s buffer into host bytes, ordered after `t`'s last writer;
+  /// the bytes are filled once `all_work(ctx.device)` is done.
+  bool to_host(const context& ctx, const tnode& t, std::span<std::byte> host);
+  /// Copies `t` from `src` to `dst` (into `dst`'s buffer of `t`, or into its
+  /// merge buffer), on `dst`'s runner after `t`'s last writer on `src`; the
+  /// copy becomes `t`'s writer on `dst`. Returns the copy as a routine (run it
+  /// again with `run`); for `merge_buffer_use::copy` its context has
+  /// `merge_buffer_node = t`. `std::nullopt` when a context lacks `t`.
+  std::optional<routine> device_to_device(const tnode& t, merge_buffer_use into,
+                                          const context& dst, const context& src);
+  /// Allocates `t` on `dst` when absent and copies it from `src`; returns the
+  /// context that holds it on `dst`.
+  context init_from_device(const tnode& t, const context& dst, const context& src);
+  /// Waits until `d` is idle and forgets the writer events that are done.
+  void sync_device(const device& d);
+
+  /// The last result a kernel wrote under `name` (e.g. `checksum`).
+  std::optional<kernel_result> result(const std::string& name) const;
+
+  /// The actor system the devices live in.
+  caf::actor_system& system() const;
+  /// Internal state, for `protocol.hpp` and the tools.
+  detail::backend_impl& impl() const noexcept { return *impl_; }
+
+private:
+  std::unique_ptr<detail::backend_impl> impl_;
+};
+
+} // namespace multidev

@@ -1,0 +1,11 @@
+#pragma once
+/// \file
+/// The one public entry header: the Multidev interface on CPU devices, named
+/// kernels and transfers. CAF stays out; see `multidev/protocol.hpp` for the
+/// actor protocol.
+
+#include "multidev/backend.hpp"
+#include "multidev/kernels.hpp"
+#include "multidev/sexp.hpp"
+#include "multidev/task.hpp"
+#include "multidev/types.hpp"

@@ -1,0 +1,58 @@
+#pragma once
+/// \file
+/// Work for a device: `task` (a closure, local only) and `task_spec` (a named
+/// kernel with serializable arguments, resolved through the kernel registry on
+/// the device's side; the only kind of work that can cross a process). No CAF.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "multidev/sexp.hpp"
+#include "multidev/types.hpp"
+
+namespace multidev {
+
+/// A unit of work for one device's runner (OCANNL's `Task.t`): a description
+/// plus the work, and optionally a value kept alive while the task lives.
+/// The work runs on the device's runner thread; if it throws, the device fails.
+struct task {
+  std::string description;
+  std::function<void()> work;
+  std::shared_ptr<const void> keep_alive;
+};
+
+sexp to_sexp(const task& t);
+
+/// A buffer argument of a named kernel: `size_in_bytes` bytes at `loc` in the
+/// executing device's pool table.
+struct buffer_arg {
+  buffer_loc loc;
+  std::size_t size_in_bytes = 0;
+  friend bool operator==(const buffer_arg&, const buffer_arg&) = default;
+};
+
+/// One argument of a named kernel. `std::monostate` is never valid; it only
+/// keeps the type default-constructible for serialization.
+using kernel_arg =
+  std::variant<std::monostate, int64_t, double, std::string, buffer_arg>;
+
+/// The argument's kind, as printed in errors: `"int"`, `"float"`,
+/// `"string"`, `"buffer"`.
+std::string kind_name(const kernel_arg& a);
+
+sexp to_sexp(const kernel_arg& a);
+
+/// A named kernel call: what scenarios and remote nodes schedule.
+struct task_spec {
+  std::string kernel;
+  std::vector<kernel_arg> args;
+  friend bool operator==(const task_spec&, const task_spec&) = default;
+};
+
+sexp to_sexp(const task_spec& t);
+
+} // namespace multidev

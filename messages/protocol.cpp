@@ -1,0 +1,59 @@
+#include "messages/protocol.hpp"
+
+#include <caf/message.hpp>
+
+namespace multidev {
+
+caf::error make_error(errc code, std::string device, std::string message) {
+  return caf::error{static_cast<uint8_t>(code), error_category,
+                    caf::make_message(std::move(device), std::move(message))};
+}
+
+void throw_error(const caf::error& err, const std::string& device) {
+  if (err.category() == error_category) {
+    std::string dev = device;
+    std::string msg = "unknown error";
+    const auto& ctx = err.context();
+    if (ctx.match_elements<std::string, std::string>()) {
+      if (!ctx.get_as<std::string>(0).empty())
+        dev = ctx.get_as<std::string>(0);
+      msg = ctx.get_as<std::string>(1);
+    }
+    if (err.code() == static_cast<uint8_t>(errc::invalid_argument))
+      throw std::invalid_argument(msg);
+    throw device_error(dev, msg);
+  }
+  throw device_error(device, caf::to_string(err));
+}
+
+void register_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<task_spec>("multidev::task_spec");
+  cfg.add_message_type<wire_arg>("multidev::wire_arg");
+  cfg.add_message_type<buffer_arg>("multidev::buffer_arg");
+  cfg.add_message_type<buffer_loc>("multidev::buffer_loc");
+}
+
+wire_arg to_wire(const kernel_arg& x) {
+  wire_arg w;
+  w.kind = static_cast<uint8_t>(x.index());
+  switch (x.index()) {
+    case 1: w.integer = std::get<int64_t>(x); break;
+    case 2: w.real = std::get<double>(x); break;
+    case 3: w.text = std::get<std::string>(x); break;
+    case 4: w.buffer = std::get<buffer_arg>(x); break;
+    default: break;
+  }
+  return w;
+}
+
+kernel_arg from_wire(const wire_arg& w) {
+  switch (w.kind) {
+    case 1: return w.integer;
+    case 2: return w.real;
+    case 3: return w.text;
+    case 4: return w.buffer;
+    default: return std::monostate{};
+  }
+}
+
+} // namespace multidev
