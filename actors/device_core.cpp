@@ -10,7 +10,42 @@ namespace multidev::detail {
 namespace {
 /// The device whose runner this thread is, if any.
 thread_local const device_core* current_runner = nullptr;
+
+/// How long a runner polls before it sleeps: a producer in a burst or a
+/// device about to resolve a wait usually comes back within microseconds, and
+/// a poll is far cheaper for both sides than a futex sleep and wake-up.
+constexpr int spin_iterations = 2000;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+/// Polls `ready` for a while; true as soon as it holds.
+template <class Pred>
+bool spin_until(Pred ready) {
+  for (int i = 0; i < spin_iterations; ++i) {
+    if (ready())
+      return true;
+    cpu_relax();
+  }
+  return ready();
+}
 } // namespace
+
+void spin_mutex::lock() noexcept {
+  for (int i = 0;; ++i) {
+    if (!locked_.load(std::memory_order_relaxed) && try_lock())
+      return;
+    if (i < 64)
+      cpu_relax();
+    else
+      std::this_thread::yield(); // the holder may have been preempted
+  }
+}
 
 void result_board::publish(const std::string& name, kernel_result r) {
   std::lock_guard guard{mu_};
@@ -52,12 +87,12 @@ device_core::~device_core() {
 
 // -- queue --------------------------------------------------------------------
 
-uint64_t device_core::enqueue(item it) {
+uint64_t device_core::enqueue(item&& it) {
   bool wake;
   uint64_t seq;
   {
     std::unique_lock lk{mu_};
-    if (current_runner != this) {
+    if (queue_.size() >= capacity_ && current_runner != this) {
       // Backpressure: wait for room, never drop. The runner itself may exceed
       // the capacity, or it would wait for itself.
       while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
@@ -73,7 +108,9 @@ uint64_t device_core::enqueue(item it) {
     queue_.push_back(std::move(it));
     seq = scheduled_.load(std::memory_order_relaxed) + 1;
     scheduled_.store(seq, std::memory_order_release);
-    wake = sleeping_.exchange(false);
+    // The runner sets sleeping_ for an empty queue under mu_, so a plain
+    // load suffices to skip the read-modify-write on the common path.
+    wake = sleeping_.load(std::memory_order_relaxed) && sleeping_.exchange(false);
   }
   if (wake) {
     bell_.fetch_add(1);
@@ -82,7 +119,7 @@ uint64_t device_core::enqueue(item it) {
   return seq;
 }
 
-uint64_t device_core::push(task t) {
+uint64_t device_core::push(task&& t) {
   return enqueue(item{std::move(t), nullptr});
 }
 
@@ -132,12 +169,18 @@ void device_core::ring() {
 void device_core::run() {
   current_runner = this;
   std::vector<item> batch;
+  uint64_t taken = 0; // seq of the last item moved out of queue_
   for (;;) {
     {
       std::unique_lock lk{mu_};
       while (queue_.empty()) {
         if (stopping_)
           return;
+        lk.unlock();
+        spin_until([&] { return scheduled_.load(std::memory_order_acquire) != taken; });
+        lk.lock();
+        if (!queue_.empty() || stopping_)
+          continue;
         auto b = bell_.load();
         sleeping_.store(true, std::memory_order_seq_cst);
         lk.unlock();
@@ -146,6 +189,7 @@ void device_core::run() {
         lk.lock();
       }
       batch.swap(queue_);
+      taken += batch.size();
       if (producers_waiting_ > 0)
         room_.notify_all();
     }
@@ -154,9 +198,9 @@ void device_core::run() {
         execute(it);
       else if (it.g)
         gates_pending_.fetch_sub(1);
-      it = item{};
     }
     batch.clear();
+    settle();
   }
 }
 
@@ -168,6 +212,8 @@ void device_core::execute(item& it) {
       std::lock_guard guard{waiters_mu_};
       parked_on_ = g.what;
     }
+    settle();
+    spin_until([&] { return g.state.load(std::memory_order_acquire) != gate::pending; });
     for (;;) {
       auto b = bell_.load();
       sleeping_.store(true, std::memory_order_seq_cst);
@@ -196,13 +242,28 @@ void device_core::execute(item& it) {
       return;
     }
   }
+  // Release what the task held (a freed pool's memory, captured buffers)
+  // before its event is done, so whoever syncs on it sees the memory gone.
+  it.t.work = nullptr;
+  it.t.keep_alive.reset();
   complete(seq);
 }
 
 void device_core::complete(uint64_t seq) {
-  progress_.store(seq, std::memory_order_seq_cst);
-  if (seq >= min_waiter_.load(std::memory_order_seq_cst))
+  // A release store keeps the per-item cost low. A waiter registering at
+  // this very moment may miss it and this check may miss the waiter (no
+  // StoreLoad order here); `settle` closes that gap at the end of each batch
+  // and before the runner parks or sleeps.
+  progress_.store(seq, std::memory_order_release);
+  if (seq >= min_waiter_.load(std::memory_order_relaxed))
     fire(seq, nullptr);
+}
+
+void device_core::settle() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  auto p = progress_.load(std::memory_order_relaxed);
+  if ((p & fail_bit) == 0 && p >= min_waiter_.load(std::memory_order_relaxed))
+    fire(p, nullptr);
 }
 
 void device_core::poison(const std::string& message) {

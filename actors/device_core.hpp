@@ -30,6 +30,19 @@
 
 namespace multidev::detail {
 
+/// A test-and-test-and-set lock for the queue's few-instruction critical
+/// sections: under contention a std::mutex sleeps in the kernel at once,
+/// which costs more than the whole push it protects.
+class spin_mutex {
+public:
+  void lock() noexcept;
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+  std::atomic<bool> locked_{false};
+};
+
 /// Kernel results published by tasks, by name (one board per backend).
 class result_board {
 public:
@@ -89,7 +102,7 @@ public:
 
   /// Appends a task; returns its seq. Waits for room when full (except on
   /// this device's own runner). Throws `device_error` when failed or shut down.
-  uint64_t push(task t);
+  uint64_t push(task&& t);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
   /// event is done or `owner` is this device; returns whether a gate was added.
   bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
@@ -145,10 +158,11 @@ private:
   };
   static constexpr uint64_t fail_bit = uint64_t{1} << 63;
 
-  uint64_t enqueue(item it);
+  uint64_t enqueue(item&& it);
   void run();
   void execute(item& it);
   void complete(uint64_t seq);
+  void settle();
   void poison(const std::string& message);
   void fire(uint64_t upto, const std::string* error);
   void ring();
@@ -161,8 +175,8 @@ private:
   std::shared_ptr<result_board> results_;
 
   // Queue: producers append under mu_; the runner swaps the whole vector out.
-  mutable std::mutex mu_;
-  std::condition_variable room_;
+  mutable spin_mutex mu_;
+  std::condition_variable_any room_; // producers waiting for room (rare)
   std::vector<item> queue_;
   int producers_waiting_ = 0;
   bool stopping_ = false;

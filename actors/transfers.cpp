@@ -175,7 +175,7 @@ event backend::run(const routine& r) {
   }
   for (const auto& e : waits)
     will_wait_for(r.context, e);
-  event done{core, core->push(r.schedule)};
+  event done{core, core->push(task{r.schedule})};
   {
     std::lock_guard guard{rec.mu};
     for (const auto& t : r.outputs)

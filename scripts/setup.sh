@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages multidev needs (when missing), then configures
+# and builds it with the default preset. Sourced by run-main.sh and run-tests.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+packages=(cmake g++ make ccache libcaf-dev libboost-test-dev libcli11-dev libfmt-dev
+          nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  if [ "$(id -u)" -eq 0 ]; then
+    sudo=""
+  elif command -v sudo >/dev/null; then
+    sudo="sudo"
+  else
+    echo "setup: missing packages (${missing[*]}) and not root; install them as root" >&2
+    exit 1
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+cmake --preset default >/dev/null
+cmake --build --preset default

@@ -1,0 +1,58 @@
+#define BOOST_TEST_MODULE bench
+#include <boost/test/unit_test.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.hpp"
+
+using namespace multidev;
+
+// Only the shape of the results is tested; the figures themselves belong to
+// `multidev bench`, never to pass/fail tests.
+
+BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
+  tools::bench_options o;
+  o.quick = true;
+  o.repeats = 1;
+  auto rs = tools::run_benchmarks(backend_options{.num_devices = 2}, o);
+  std::vector<std::string> names;
+  for (const auto& r : rs)
+    names.push_back(r.name);
+  std::vector<std::string> expected{"independent_tasks",          "will_wait_for_chain",
+                                    "copy_host_to_device_8MiB",   "copy_device_to_device_8MiB",
+                                    "gradient_merge_1dev",        "gradient_merge_2dev",
+                                    "gradient_merge_4dev"};
+  BOOST_TEST(names == expected, boost::test_tools::per_element());
+  for (const auto& r : rs) {
+    BOOST_TEST_CONTEXT(r.name) {
+      BOOST_TEST(r.value > 0);
+      BOOST_TEST(r.baseline_value > 0);
+      BOOST_TEST(!r.baseline.empty());
+      BOOST_TEST(r.ratio == r.value / r.baseline_value, boost::test_tools::tolerance(1e-12));
+      BOOST_TEST((r.better == "lower" || r.better == "higher"));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_bench_json_has_the_documented_fields) {
+  tools::bench_options o;
+  o.quick = true;
+  o.repeats = 1;
+  o.filter = "independent";
+  auto rs = tools::run_benchmarks(backend_options{.num_devices = 2}, o);
+  BOOST_TEST_REQUIRE(rs.size() == 1u);
+  auto j = nlohmann::json::parse(tools::to_json(rs));
+  BOOST_TEST_REQUIRE(j.is_array());
+  BOOST_TEST_REQUIRE(j.size() == 1u);
+  for (const char* key : {"name", "unit", "value", "baseline", "baseline_value", "ratio",
+                          "better", "target", "meets_target"})
+    BOOST_TEST(j[0].contains(key), key);
+  BOOST_TEST(j[0]["name"] == "independent_tasks");
+  BOOST_TEST(j[0]["target"] == 1.0);
+  BOOST_TEST(j[0]["ratio"].get<double>()
+               == j[0]["value"].get<double>() / j[0]["baseline_value"].get<double>(),
+             boost::test_tools::tolerance(1e-9));
+  auto table = tools::format_table(rs);
+  BOOST_TEST(table.find("independent_tasks") != std::string::npos);
+  BOOST_TEST(table.find("mutex+cv queue") != std::string::npos);
+}

@@ -1,0 +1,304 @@
+#include "bench.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "gradient_merge.hpp"
+
+namespace multidev::tools {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
+/// Runs `base` and `ours` alternately `repeats` times, so drift on a shared
+/// machine hits both alike; the medians of what they return.
+template <class Base, class Ours>
+std::pair<double, double> medians(int repeats, Base base, Ours ours) {
+  std::vector<double> xs, ys;
+  for (int i = 0; i < repeats; ++i) {
+    xs.push_back(base());
+    ys.push_back(ours());
+  }
+  return {median(std::move(xs)), median(std::move(ys))};
+}
+
+bench_result make(std::string name, std::string unit, double value, std::string baseline,
+                  double baseline_value, std::string better, std::optional<double> target) {
+  bench_result r{std::move(name), std::move(unit), value, std::move(baseline),
+                 baseline_value, value / baseline_value, std::move(better), target};
+  return r;
+}
+
+// -- baselines ------------------------------------------------------------------
+
+/// The textbook queue: std::function under a mutex, a condition variable
+/// notified on every push, one consumer thread.
+class cv_queue {
+public:
+  cv_queue() : worker_([this] { loop(); }) {}
+  ~cv_queue() {
+    {
+      std::lock_guard g{mu_};
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();
+  }
+  void push(std::function<void()> f) {
+    {
+      std::lock_guard g{mu_};
+      q_.push_back(std::move(f));
+    }
+    cv_.notify_one();
+  }
+
+private:
+  void loop() {
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock lk{mu_};
+        cv_.wait(lk, [this] { return stop_ || !q_.empty(); });
+        if (q_.empty())
+          return;
+        f = std::move(q_.front());
+        q_.pop_front();
+      }
+      f();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+/// ns per task: push n tasks, wait until the last one ran.
+double cv_queue_ns_per_task(int n) {
+  cv_queue q;
+  std::atomic<int> done{0};
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i)
+    q.push([&done] { done.fetch_add(1, std::memory_order_relaxed); });
+  std::promise<void> all;
+  q.push([&all] { all.set_value(); });
+  all.get_future().wait();
+  return seconds_since(t0) * 1e9 / n;
+}
+
+/// ns per hop: two threads hand a token back and forth with atomic wait/notify.
+double atomic_ping_pong_ns_per_hop(int hops) {
+  std::atomic<int> turn{0};
+  auto player = [&turn, hops](int me) {
+    for (int i = me; i < hops; i += 2) {
+      int v;
+      while ((v = turn.load(std::memory_order_acquire)) != i)
+        turn.wait(v);
+      turn.store(i + 1, std::memory_order_release);
+      turn.notify_one();
+    }
+  };
+  auto t0 = clock_type::now();
+  std::thread other(player, 1);
+  player(0);
+  other.join();
+  return seconds_since(t0) * 1e9 / hops;
+}
+
+/// GB/s of memcpy between two warm buffers.
+double memcpy_gbps(std::vector<std::byte>& dst, const std::vector<std::byte>& src) {
+  auto t0 = clock_type::now();
+  std::memcpy(dst.data(), src.data(), src.size());
+  return static_cast<double>(src.size()) / seconds_since(t0) / 1e9;
+}
+
+std::vector<std::byte> random_bytes(std::size_t n) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng{42};
+  for (std::size_t i = 0; i + 8 <= n; i += 8) {
+    auto x = rng();
+    std::memcpy(v.data() + i, &x, 8);
+  }
+  return v;
+}
+
+// -- multidev figures ----------------------------------------------------------
+
+double multidev_ns_per_task(backend& b, const device& d, int n) {
+  std::atomic<int> done{0};
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i)
+    b.schedule_task(d, task{{}, [&done] { done.fetch_add(1, std::memory_order_relaxed); }, {}});
+  b.sync(b.all_work(d));
+  return seconds_since(t0) * 1e9 / n;
+}
+
+double multidev_ns_per_hop(backend& b, const device& d0, const device& d1, int hops) {
+  context ctx[2] = {b.make_context(d0), b.make_context(d1)};
+  auto t0 = clock_type::now();
+  event last;
+  for (int i = 0; i < hops; ++i) {
+    auto& c = ctx[i % 2];
+    b.will_wait_for(c, last);
+    b.schedule_task(c.device, task{{}, [] {}, {}});
+    last = b.all_work(c.device);
+  }
+  b.sync(last);
+  return seconds_since(t0) * 1e9 / hops;
+}
+
+} // namespace
+
+bool bench_result::meets_target() const {
+  if (!target)
+    return true;
+  return better == "lower" ? ratio <= *target : ratio >= *target;
+}
+
+std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& o) {
+  std::vector<bench_result> out;
+  auto wanted = [&o](const std::string& name) {
+    return o.filter.empty() || name.find(o.filter) != std::string::npos;
+  };
+  auto bopts = opts;
+  bopts.num_devices = std::max(4, opts.num_devices.value_or(4));
+  backend b{bopts};
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  int reps = std::max(1, o.repeats);
+
+  if (wanted("independent_tasks")) {
+    int n = o.quick ? 20'000 : 200'000;
+    multidev_ns_per_task(b, d0, n / 10); // warm up
+    cv_queue_ns_per_task(n / 10);
+    auto [base, ours] = medians(reps, [&] { return cv_queue_ns_per_task(n); },
+                                [&] { return multidev_ns_per_task(b, d0, n); });
+    out.push_back(make("independent_tasks", "ns/task", ours, "mutex+cv queue", base,
+                       "lower", 1.0));
+  }
+  if (wanted("will_wait_for_chain")) {
+    int hops = o.quick ? 2'000 : 20'000;
+    multidev_ns_per_hop(b, d0, d1, hops / 10);
+    atomic_ping_pong_ns_per_hop(hops / 10);
+    auto [base, ours] = medians(reps, [&] { return atomic_ping_pong_ns_per_hop(hops); },
+                                [&] { return multidev_ns_per_hop(b, d0, d1, hops); });
+    out.push_back(make("will_wait_for_chain", "ns/hop", ours, "atomic wait/notify ping-pong",
+                       base, "lower", 3.0));
+  }
+  std::size_t mib = o.quick ? 8 : 64;
+  std::size_t bytes = mib << 20;
+  auto copy_name = [mib](const char* what) { return fmt::format("{}_{}MiB", what, mib); };
+  if (wanted("copy")) {
+    auto host = random_bytes(bytes);
+    std::vector<std::byte> scratch(bytes, std::byte{1});
+    tnode t{1, "copy", bytes, memory_mode::on_device};
+    auto c0 = b.init_from_host(b.make_context(d0), t, host); // allocates, warms pages
+    auto c1 = b.init_from_device(t, b.make_context(d1), c0);
+    b.sync(b.all_work(d1));
+    b.sync(b.all_work(d0));
+    auto memcpy_base = [&] { return memcpy_gbps(scratch, host); };
+    if (wanted(copy_name("copy_host_to_device"))) {
+      auto [base, ours] = medians(reps, memcpy_base, [&] {
+        auto t0 = clock_type::now();
+        b.from_host(c0, t, host);
+        b.sync(b.all_work(d0));
+        return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+      });
+      out.push_back(make(copy_name("copy_host_to_device"), "GB/s", ours, "memcpy", base,
+                         "higher", 0.9));
+    }
+    if (wanted(copy_name("copy_device_to_device"))) {
+      auto [base, ours] = medians(reps, memcpy_base, [&] {
+        auto t0 = clock_type::now();
+        b.device_to_device(t, merge_buffer_use::no, c1, c0);
+        b.sync(b.all_work(d1));
+        return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+      });
+      out.push_back(make(copy_name("copy_device_to_device"), "GB/s", ours, "memcpy", base,
+                         "higher", 0.9));
+    }
+    b.sync_device(d0);
+    b.sync_device(d1);
+  }
+  std::size_t n = o.quick ? (1u << 16) : (1u << 20);
+  for (int devices : {1, 2, 4}) {
+    auto name = fmt::format("gradient_merge_{}dev", devices);
+    if (!wanted(name))
+      continue;
+    auto p = gradient_merge::setup(b, devices, n);
+    std::vector<float> merged;
+    gradient_merge::step(b, p, merged); // warm up
+    auto [base, ours] = medians(
+      reps,
+      [&] {
+        auto t0 = clock_type::now();
+        auto sum = gradient_merge::host_sum(devices, n);
+        volatile float sink = sum[n - 1];
+        (void) sink;
+        return seconds_since(t0) * 1e3;
+      },
+      [&] {
+        auto t0 = clock_type::now();
+        gradient_merge::step(b, p, merged);
+        return seconds_since(t0) * 1e3;
+      });
+    out.push_back(make(name, "ms/step", ours, "host loop, one thread", base, "lower",
+                       std::nullopt));
+  }
+  return out;
+}
+
+std::string format_table(const std::vector<bench_result>& rs) {
+  std::string s = fmt::format("{:<28} {:>14} {:<30} {:>14} {:>8} {:>10}\n", "benchmark",
+                              "multidev", "baseline", "baseline", "ratio", "target");
+  for (const auto& r : rs) {
+    auto target = r.target ? fmt::format("{}{:.1f} {}", r.better == "lower" ? "<=" : ">=",
+                                         *r.target, r.meets_target() ? "ok" : "MISSED")
+                           : std::string{"-"};
+    s += fmt::format("{:<28} {:>9.1f} {:<4} {:<30} {:>9.1f} {:<4} {:>8.3f} {:>10}\n", r.name,
+                     r.value, r.unit, r.baseline, r.baseline_value, r.unit, r.ratio, target);
+  }
+  return s;
+}
+
+std::string to_json(const std::vector<bench_result>& rs) {
+  auto arr = nlohmann::json::array();
+  for (const auto& r : rs) {
+    nlohmann::json j{{"name", r.name},
+                     {"unit", r.unit},
+                     {"value", r.value},
+                     {"baseline", r.baseline},
+                     {"baseline_value", r.baseline_value},
+                     {"ratio", r.ratio},
+                     {"better", r.better}};
+    j["target"] = r.target ? nlohmann::json(*r.target) : nlohmann::json(nullptr);
+    j["meets_target"] = r.meets_target();
+    arr.push_back(std::move(j));
+  }
+  return arr.dump(2);
+}
+
+} // namespace multidev::tools
