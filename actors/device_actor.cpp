@@ -21,8 +21,13 @@ using namespace atoms;
 
 struct device_state {
   std::shared_ptr<device_core> core;
+  /// A reply owed to a `wait` request: the seq awaited and its promise.
+  struct pending_wait {
+    uint64_t seq;
+    caf::typed_response_promise<uint64_t> rp;
+  };
   /// Replies owed to `wait` requests, by token.
-  std::unordered_map<uint64_t, caf::typed_response_promise<uint64_t>> waits;
+  std::unordered_map<uint64_t, pending_wait> waits;
   uint64_t next_token = 0;
   static inline const char* name = "multidev_device";
 };
@@ -56,7 +61,7 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
         return seq;
       auto token = st.next_token++;
       auto rp = self->make_response_promise<uint64_t>();
-      st.waits.emplace(token, rp);
+      st.waits.emplace(token, device_state::pending_wait{seq, rp});
       // The resolution arrives as a message, so the promise is only ever
       // touched by this actor.
       caf::actor_addr addr = self->address();
@@ -72,16 +77,19 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
       auto i = st.waits.find(token);
       if (i == st.waits.end())
         return;
+      // The reply names the seq awaited, as when it was already done.
       if (error.empty())
-        i->second.deliver(st.core->finished());
+        i->second.rp.deliver(i->second.seq);
       else
-        i->second.deliver(make_error(errc::device_failed, st.core->name(), error));
+        i->second.rp.deliver(make_error(errc::device_failed, st.core->name(), error));
       st.waits.erase(i);
     },
     [self](depend_atom, const caf::actor& owner, uint64_t seq) -> caf::result<uint64_t> {
       auto& c = self->state.core;
       return guarded(*c, [&] {
-        auto g = c->push_gate(fmt::format("seq {} of actor {}", seq, owner.id()));
+        if (owner == caf::actor_cast<caf::actor>(self))
+          return c->scheduled(); // waiting on our own schedule: a no-op
+        auto g = c->push_gate(fmt::format("seq {} of actor {}", seq, owner.id()), true);
         std::weak_ptr<device_core> weak = c;
         self->request(owner, caf::infinite, wait_atom::value, seq)
           .then([weak, g](uint64_t) {

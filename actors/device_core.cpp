@@ -136,7 +136,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   return true;
 }
 
-std::shared_ptr<gate> device_core::push_gate(std::string what) {
+std::shared_ptr<gate> device_core::push_gate(std::string what, bool remote) {
   auto g = std::make_shared<gate>();
   g->what = std::move(what);
   gates_pending_.fetch_add(1);
@@ -146,10 +146,20 @@ std::shared_ptr<gate> device_core::push_gate(std::string what) {
     gates_pending_.fetch_sub(1);
     throw;
   }
+  if (remote) {
+    std::lock_guard guard{waiters_mu_};
+    std::erase_if(remote_gates_, [](const auto& w) { return w.expired(); });
+    remote_gates_.push_back(g);
+  }
   return g;
 }
 
 void device_core::resolve_gate(gate& g, const std::string* error) {
+  // `resolving` makes the first resolution win and publishes `error` before
+  // the final state; the runner only acts on open or failed.
+  int expected = gate::pending;
+  if (!g.state.compare_exchange_strong(expected, gate::resolving))
+    return;
   if (error) {
     g.error = *error;
     g.state.store(gate::failed, std::memory_order_seq_cst);
@@ -213,11 +223,15 @@ void device_core::execute(item& it) {
       parked_on_ = g.what;
     }
     settle();
-    spin_until([&] { return g.state.load(std::memory_order_acquire) != gate::pending; });
+    spin_until([&] {
+      auto st = g.state.load(std::memory_order_acquire);
+      return st == gate::open || st == gate::failed;
+    });
     for (;;) {
       auto b = bell_.load();
       sleeping_.store(true, std::memory_order_seq_cst);
-      if (g.state.load(std::memory_order_seq_cst) != gate::pending)
+      auto st = g.state.load(std::memory_order_seq_cst);
+      if (st == gate::open || st == gate::failed)
         break;
       bell_.wait(b);
     }
@@ -395,6 +409,20 @@ void device_core::shutdown() {
       return;
     stopping_ = true;
     room_.notify_all();
+  }
+  // Remote answers may never come once we stop: cancel those waits.
+  std::vector<std::shared_ptr<gate>> remote;
+  {
+    std::lock_guard guard{waiters_mu_};
+    for (auto& w : remote_gates_)
+      if (auto g = w.lock())
+        remote.push_back(std::move(g));
+    remote_gates_.clear();
+  }
+  for (auto& g : remote) {
+    auto err = fmt::format("{}: device is shut down; the wait for {} was cancelled",
+                           name_, g->what);
+    resolve_gate(*g, &err);
   }
   if (sleeping_.exchange(false)) {
     bell_.fetch_add(1);

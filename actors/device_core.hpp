@@ -75,7 +75,7 @@ struct pool {
 /// A point in a device's queue that opens when another device's event is done
 /// (or fails, which poisons the device when the runner reaches it).
 struct gate {
-  enum state_t : int { pending = 0, open = 1, failed = 2 };
+  enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
   std::atomic<int> state{pending};
   uint64_t seq = 0;  ///< Its place in the device's schedule.
   std::string what;  ///< The awaited event, for debug info and errors.
@@ -106,9 +106,12 @@ public:
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
   /// event is done or `owner` is this device; returns whether a gate was added.
   bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
-  /// Appends a gate that someone else opens or fails (a remote wait).
-  std::shared_ptr<gate> push_gate(std::string what);
-  /// Opens or fails a gate pushed here, and wakes the runner.
+  /// Appends a gate that someone else opens or fails. A `remote` gate (one a
+  /// CAF reply opens) is failed by `shutdown` if still pending, since its
+  /// answer may never come; local gates open as the other devices drain.
+  std::shared_ptr<gate> push_gate(std::string what, bool remote = false);
+  /// Opens or fails a gate pushed here (the first resolution wins), and
+  /// wakes the runner.
   void resolve_gate(gate& g, const std::string* error);
 
   /// Seq of the last item scheduled / finished.
@@ -197,6 +200,7 @@ private:
   std::atomic<uint64_t> min_waiter_{UINT64_MAX};
   std::atomic<int> gates_pending_{0};
   std::string parked_on_; // runner only; guarded by waiters_mu_ for readers
+  std::vector<std::weak_ptr<gate>> remote_gates_; // guarded by waiters_mu_
 
   // Pools: the table as of the end of the queue.
   mutable std::mutex pools_mu_;
