@@ -123,6 +123,8 @@ routine backend::link(const context& ctx, const std::string& kernel,
             spec.args.emplace_back(v);
         },
         a);
+      // Checked here, in argument order, so the first bad argument is named.
+      check_kernel_arg(kernel, i, def->params[i], spec.args.back());
     }
   }
   auto bound = detail::bind_spec(rec.r.core(), spec); // checks kinds, pools, ranges

@@ -183,19 +183,21 @@ std::shared_ptr<const kernel_def> check_task_spec(const task_spec& spec) {
     throw std::invalid_argument(
       fmt::format("kernel '{}' takes {} arguments, got {}", spec.kernel,
                   def->params.size(), spec.args.size()));
-  for (std::size_t i = 0; i < spec.args.size(); ++i) {
-    auto want = def->params[i];
-    auto got = spec.args[i].index();
-    bool ok = (want == arg_kind::integer && got == 1)
-              || (want == arg_kind::real && (got == 2 || got == 1))
-              || (want == arg_kind::string && got == 3)
-              || (want == arg_kind::buffer && got == 4);
-    if (!ok)
-      throw std::invalid_argument(fmt::format(
-        "kernel '{}' argument {}: expected {}, got {} {}", spec.kernel, i,
-        to_string(want), kind_name(spec.args[i]), to_sexp(spec.args[i]).to_string()));
-  }
+  for (std::size_t i = 0; i < spec.args.size(); ++i)
+    check_kernel_arg(spec.kernel, i, def->params[i], spec.args[i]);
   return def;
+}
+
+void check_kernel_arg(const std::string& kernel, std::size_t i, arg_kind want,
+                      const kernel_arg& got) {
+  auto k = got.index();
+  bool ok = (want == arg_kind::integer && k == 1)
+            || (want == arg_kind::real && (k == 2 || k == 1))
+            || (want == arg_kind::string && k == 3) || (want == arg_kind::buffer && k == 4);
+  if (!ok)
+    throw std::invalid_argument(fmt::format("kernel '{}' argument {}: expected {}, got {} {}",
+                                            kernel, i, to_string(want), kind_name(got),
+                                            to_sexp(got).to_string()));
 }
 
 } // namespace multidev

@@ -72,6 +72,11 @@ std::shared_ptr<const kernel_def> find_kernel(const std::string& name);
 /// Names of all registered kernels, sorted.
 std::vector<std::string> kernel_names();
 
+/// Throws `std::invalid_argument` unless argument `i` of `kernel` may be
+/// `got` where the kernel expects `want` (an int is accepted for a float).
+void check_kernel_arg(const std::string& kernel, std::size_t i, arg_kind want,
+                      const kernel_arg& got);
+
 /// Checks `spec` against the registered kernel's parameters; throws
 /// `std::invalid_argument` naming the kernel, the argument and the kinds.
 std::shared_ptr<const kernel_def> check_task_spec(const task_spec& spec);
