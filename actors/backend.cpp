@@ -5,11 +5,14 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/exit_reason.hpp>
+#include <caf/logger.hpp>
 
 #include <fmt/format.h>
 
 #include <atomic>
+#include <exception>
 #include <stdexcept>
+#include <thread>
 
 #include "actors/backend_impl.hpp"
 #include "actors/binding.hpp"
@@ -24,6 +27,27 @@ namespace {
 std::atomic<int> next_device_id{1};
 
 constexpr auto request_timeout = std::chrono::minutes(5);
+
+/// CAF ties a thread to an actor system's logger (a thread-local reference)
+/// whenever an actor (a scoped_actor too) or an actor_system is created on it,
+/// and ~actor_system waits until every such reference is gone. Without this, a
+/// host thread that once called `alloc_pool` (say) would keep the system from
+/// shutting down from any other thread for as long as it lives. Unties the
+/// thread again when it had no tie before.
+class logger_tie_guard {
+public:
+  logger_tie_guard() : prev_(caf::logger::current_logger()) {
+  }
+  ~logger_tie_guard() {
+    if (prev_ == nullptr && caf::logger::current_logger() != nullptr)
+      caf::logger::set_current_actor_system(nullptr);
+  }
+  logger_tie_guard(const logger_tie_guard&) = delete;
+  logger_tie_guard& operator=(const logger_tie_guard&) = delete;
+
+private:
+  caf::logger* prev_;
+};
 } // namespace
 
 device_record& record_of(const device& d) {
@@ -45,6 +69,7 @@ device_actor backend_impl::actor_for(const device& d) const {
 template <class R, class... Ts>
 R backend_impl::ask(const device& d, Ts... xs) const {
   auto a = actor_for(d);
+  logger_tie_guard untie;
   caf::scoped_actor self{*sys};
   std::optional<R> result;
   caf::error err;
@@ -242,7 +267,19 @@ backend::backend(backend_options opts) : impl_(make_impl(std::move(opts))) {
                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   impl_->own_cfg->set("scheduler.max-threads", static_cast<size_t>(threads));
   register_types(*impl_->own_cfg);
-  impl_->own_sys = std::make_unique<caf::actor_system>(*impl_->own_cfg);
+  // Built on a helper thread, so that no caller thread stays tied to the
+  // system's logger (see logger_tie_guard): the backend may be destroyed on
+  // any thread.
+  std::exception_ptr failure;
+  std::thread([this, &failure] {
+    try {
+      impl_->own_sys = std::make_unique<caf::actor_system>(*impl_->own_cfg);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }).join();
+  if (failure)
+    std::rethrow_exception(failure);
   impl_->sys = impl_->own_sys.get();
 }
 
@@ -330,6 +367,7 @@ device backend::get_device(int ordinal) {
   rec->r = runner{core};
   slot = device{rec};
   impl_->made.push_back(slot);
+  detail::logger_tie_guard untie; // spawning ties this thread to the system
   auto a = detail::spawn_device_actor(*impl_->sys, core);
   impl_->actors[static_cast<std::size_t>(ordinal)] = a;
   impl_->actor_of.emplace(core.get(), a);

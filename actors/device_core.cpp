@@ -264,12 +264,13 @@ void device_core::execute(item& it) {
 }
 
 void device_core::complete(uint64_t seq) {
-  // A release store keeps the per-item cost low. A waiter registering at
-  // this very moment may miss it and this check may miss the waiter (no
-  // StoreLoad order here); `settle` closes that gap at the end of each batch
-  // and before the runner parks or sleeps.
-  progress_.store(seq, std::memory_order_release);
-  if (seq >= min_waiter_.load(std::memory_order_relaxed))
+  // Store-then-load against `when_done`'s store-then-load of min_waiter_ and
+  // progress_ (Dekker): both sides need StoreLoad order, or a waiter that
+  // registers at this very moment and this check can both miss each other, and
+  // the event would stay unresolved until the end of the batch -- forever if a
+  // later task in the batch waits for whoever is waiting on this event.
+  progress_.store(seq, std::memory_order_seq_cst);
+  if (seq >= min_waiter_.load(std::memory_order_seq_cst))
     fire(seq, nullptr);
 }
 

@@ -1,0 +1,285 @@
+// Shutdown (SPEC §5.8): destroying a backend finishes the work it accepted,
+// joins its runners, frees its pools and stops its actors, whether it owns its
+// actor system or runs on one the program owns; handles that outlive it do not
+// keep anything alive that would stop the program from exiting.
+#define BOOST_TEST_MODULE shutdown
+#include <boost/test/unit_test.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
+
+#include "actors/device_core.hpp" // white box: pool memory after shutdown
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using multidev::backend;
+using multidev::backend_options;
+
+namespace {
+
+/// Runs `f` on another thread and requires it to finish within `limit`; a
+/// hang becomes a test failure (the stuck future is leaked so that its
+/// destructor does not block the test).
+template <class F>
+auto bounded(F&& f, std::chrono::seconds limit = 30s) {
+  auto fut = std::async(std::launch::async, std::forward<F>(f));
+  if (fut.wait_for(limit) != std::future_status::ready) {
+    new decltype(fut)(std::move(fut));
+    BOOST_FAIL("operation did not finish within " << limit.count() << " s");
+  }
+  return fut.get();
+}
+
+class latch_gate {
+public:
+  void open() {
+    std::lock_guard g{mu_};
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::seconds limit = 30s) {
+    std::unique_lock g{mu_};
+    return cv_.wait_for(g, limit, [this] { return open_; });
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+/// Threads of this process right now.
+std::size_t thread_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+
+/// Waits (bounded) until `pred` holds; false on timeout.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::seconds limit = 30s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_shutdown_destroying_backend_finishes_queued_work) {
+  constexpr int total = 10000;
+  auto baseline = thread_count();
+  std::atomic<int> counter{0};
+  std::vector<multidev::event> events;
+  multidev::device kept;
+  auto hold = std::make_shared<latch_gate>();
+  auto b = std::make_unique<backend>(backend_options{.num_devices = 2});
+  auto d0 = b->get_device(0), d1 = b->get_device(1);
+  kept = d0;
+  b->alloc_pool(d0, 1, 4096, 64);
+  // d0 is held until destruction has begun, so its work is still queued then.
+  b->schedule_task(d0, {"hold", [hold] { hold->wait(); }});
+  for (int i = 0; i < total; ++i) {
+    auto& d = i % 2 ? d1 : d0;
+    b->schedule_task(d, {"inc", [&counter] { ++counter; }});
+    if (i % 1000 == 999)
+      events.push_back(b->all_work(d));
+  }
+  // d1's tail also waits for all of d0's work.
+  b->will_wait_for(b->make_context(d1), b->all_work(d0));
+  std::atomic<int> tail_saw{-1};
+  b->schedule_task(d1, {"tail", [&] { tail_saw = counter.load(); }});
+  events.push_back(b->all_work(d1));
+  BOOST_TEST(!events.back().is_done()); // d0 is held: the tail cannot be done
+  auto opener = std::async(std::launch::async, [hold] {
+    std::this_thread::sleep_for(100ms);
+    hold->open();
+  });
+  bounded([&] { b.reset(); });
+  opener.get();
+  BOOST_TEST(counter.load() == total);
+  BOOST_TEST(tail_saw.load() == total); // the wait held through shutdown
+  for (auto& e : events) {
+    BOOST_TEST(e.is_done());
+    BOOST_TEST(!e.is_failed());
+  }
+  bounded([&] { kept.get_runner().core()->sync(kept.get_runner().core()->scheduled()); });
+  BOOST_TEST(kept.get_runner().queue_length() == 0u);
+  BOOST_TEST(kept.get_runner().core()->used_memory() == 0u); // pools freed
+  // Runners and the backend's own actor system threads are gone.
+  BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
+             "threads: " << thread_count() << ", before the backend: " << baseline);
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_events_obtained_earlier_are_done_after_destruction) {
+  std::vector<multidev::event> events;
+  std::vector<int> order;
+  std::mutex mu;
+  {
+    backend b{backend_options{.num_devices = 3}};
+    std::vector<multidev::device> devs{b.get_device(0), b.get_device(1), b.get_device(2)};
+    for (int round = 0; round < 20; ++round)
+      for (int k = 0; k < 3; ++k) {
+        auto& d = devs[static_cast<std::size_t>(k)];
+        // A chain: each device waits for the previous one's last event.
+        if (!events.empty())
+          b.will_wait_for(b.make_context(d), events.back());
+        int tag = round * 3 + k;
+        b.schedule_task(d, {"step", [&, tag] {
+                              std::this_thread::sleep_for(50us);
+                              std::lock_guard g{mu};
+                              order.push_back(tag);
+                            }});
+        events.push_back(b.all_work(d));
+      }
+  } // destroyed with the chain (most likely) still running
+  for (auto& e : events) {
+    BOOST_TEST(e.is_done());
+    BOOST_TEST(!e.is_failed());
+    e.sync(); // returns at once, no throw
+  }
+  BOOST_TEST_REQUIRE(order.size() == 60u);
+  for (int i = 0; i < 60; ++i)
+    BOOST_TEST(order[static_cast<std::size_t>(i)] == i);
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_backend_on_user_owned_actor_system) {
+  // The program's own thread owns the actor system and the backend; the test
+  // thread drives the devices (and stays alive throughout): destroying the
+  // backend and then the system on the owner thread must not hang.
+  auto baseline = thread_count();
+  std::atomic<int> counter{0};
+  multidev::device kept;
+  multidev::event last;
+  std::promise<backend*> ready;
+  auto drive_done = std::make_shared<latch_gate>();
+  std::atomic<std::size_t> actors_during{0}, actors_before{0}, actors_after{0};
+  auto owner = std::async(std::launch::async, [&] {
+    caf::actor_system_config cfg;
+    multidev::register_types(cfg);
+    cfg.set("scheduler.max-threads", std::size_t{2});
+    auto sys = std::make_unique<caf::actor_system>(cfg);
+    actors_before = sys->registry().running();
+    {
+      backend b{*sys, backend_options{.num_devices = 2}};
+      ready.set_value(&b);
+      if (!drive_done->wait())
+        return false;
+      actors_during = sys->registry().running();
+    } // the backend goes first ...
+    eventually([&] { return sys->registry().running() <= actors_before; });
+    actors_after = sys->registry().running();
+    sys.reset(); // ... then the system, which waits for every actor
+    return true;
+  });
+  auto ready_fut = ready.get_future();
+  BOOST_REQUIRE(ready_fut.wait_for(30s) == std::future_status::ready);
+  backend& b = *ready_fut.get();
+  auto d0 = b.get_device(0), d1 = b.get_device(1); // spawns the device actors
+  kept = d1;
+  b.alloc_pool(d0, 1, 1024, 64); // asks d0's actor
+  b.memset_zero(d0, 1, 0, 1024);
+  for (int i = 0; i < 1000; ++i)
+    b.schedule_task(i % 2 ? d1 : d0, {"inc", [&counter] { ++counter; }});
+  b.will_wait_for(b.make_context(d1), b.all_work(d0));
+  b.schedule_task(d1, {"tail", [] { std::this_thread::sleep_for(20ms); }});
+  last = b.all_work(d1);
+  drive_done->open();
+  auto finished = owner.wait_for(30s) == std::future_status::ready;
+  if (!finished)
+    new decltype(owner)(std::move(owner)); // leak the stuck owner thread
+  BOOST_REQUIRE_MESSAGE(finished, "the backend or its actor system did not shut down");
+  BOOST_TEST(owner.get());
+  BOOST_TEST(actors_during.load() > actors_before.load()); // device actors ran
+  BOOST_TEST(actors_after.load() <= actors_before.load()); // and terminated
+  BOOST_TEST(counter.load() == 1000);
+  BOOST_TEST(last.is_done());
+  // The kept handle is still readable, and holds nothing that runs.
+  BOOST_TEST(kept.ordinal() == 1);
+  BOOST_TEST(kept.name().rfind("multidev_cpu:1:", 0) == 0u);
+  BOOST_TEST(kept.get_runner().queue_length() == 0u);
+  BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
+             "threads: " << thread_count() << ", before: " << baseline);
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_backend_destroyed_on_another_thread) {
+  // Built and driven on this thread, destroyed on another one while this one
+  // lives on.
+  std::atomic<int> n{0};
+  auto b = std::make_unique<backend>(backend_options{.num_devices = 2});
+  auto d = b->get_device(0);
+  b->alloc_pool(d, 1, 64, 64);
+  b->free_pool(d, 1);
+  for (int i = 0; i < 100; ++i)
+    b->schedule_task(b->get_device(i % 2), {"inc", [&n] { ++n; }});
+  bounded([&] { b.reset(); });
+  BOOST_TEST(n.load() == 100);
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_kept_device_handle_does_not_block_exit) {
+  // Own actor system: its destructor waits for every actor, so a device handle
+  // that kept its actor alive would hang here.
+  multidev::device kept;
+  std::atomic<bool> ran{false};
+  bounded([&] {
+    backend b{backend_options{.num_devices = 1}};
+    kept = b.get_device(0);
+    b.alloc_pool(kept, 0, 256, 64);
+    b.schedule_task(kept, {"t", [&] { ran = true; }});
+  });
+  BOOST_TEST(ran.load());
+  BOOST_TEST(static_cast<bool>(kept));
+  BOOST_TEST(kept.get_runner().core()->used_memory() == 0u); // pools freed
+  BOOST_TEST(!kept.merge_buffer());
+  // Work offered to a device whose backend is gone is refused, not lost.
+  backend other{backend_options{.num_devices = 1}};
+  BOOST_CHECK_THROW(other.schedule_task(kept, {"late", [] {}}), multidev::device_error);
+  BOOST_CHECK_THROW(other.alloc_pool(kept, 1, 64, 64), std::invalid_argument);
+
+  // The same on a user-owned system: the system's destructor must return.
+  multidev::device kept2;
+  bounded([&] {
+    caf::actor_system_config cfg;
+    multidev::register_types(cfg);
+    cfg.set("scheduler.max-threads", std::size_t{2});
+    caf::actor_system sys{cfg};
+    {
+      backend b{sys, backend_options{.num_devices = 2}};
+      kept2 = b.get_device(1);
+      b.schedule_task(kept2, {"t", [] {}});
+    }
+  });
+  BOOST_TEST(kept2.get_runner().queue_length() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_many_backends_in_sequence_leak_no_threads) {
+  auto baseline = thread_count();
+  for (int i = 0; i < 20; ++i) {
+    std::atomic<int> n{0};
+    bounded([&] {
+      backend b{backend_options{.num_devices = 4}};
+      for (int k = 0; k < 4; ++k)
+        for (int j = 0; j < 50; ++j)
+          b.schedule_task(b.get_device(k), {"inc", [&n] { ++n; }});
+    });
+    BOOST_TEST_REQUIRE(n.load() == 200);
+  }
+  BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
+             "threads: " << thread_count() << ", before: " << baseline);
+}
