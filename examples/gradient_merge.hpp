@@ -43,9 +43,11 @@ inline pipeline setup(multidev::backend& b, int devices, std::size_t n) {
   return p;
 }
 
-/// Runs one step: partials, merges into device 0, checksum; copies the merged
-/// gradient to `out` (n floats). Returns when `out` is filled.
-inline void step(multidev::backend& b, pipeline& p, std::vector<float>& out) {
+/// Runs one step: partials, merges into device 0, a checksum (result "grad")
+/// unless `checksum` is false; copies the merged gradient to `out` (n floats).
+/// Returns when `out` is filled.
+inline void step(multidev::backend& b, pipeline& p, std::vector<float>& out,
+                 bool checksum = true) {
   int devices = static_cast<int>(p.ctx.size());
   for (int i = 0; i < devices; ++i) {
     b.run(b.link(p.ctx[i], "iota", {p.grad, static_cast<double>(i)}));
@@ -55,7 +57,8 @@ inline void step(multidev::backend& b, pipeline& p, std::vector<float>& out) {
     auto copy = b.device_to_device(p.grad, multidev::merge_buffer_use::copy, p.ctx[0], p.ctx[i]);
     b.run(b.link(copy->context, "add_from_merge", {p.grad, p.grad}));
   }
-  b.run(b.link(p.ctx[0], "checksum", {p.grad, std::string{"grad"}}));
+  if (checksum)
+    b.run(b.link(p.ctx[0], "checksum", {p.grad, std::string{"grad"}}));
   out.resize(p.grad.size_in_bytes / sizeof(float));
   b.to_host(p.ctx[0], p.grad, std::as_writable_bytes(std::span{out}));
   b.sync(b.all_work(p.ctx[0].device));
