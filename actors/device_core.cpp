@@ -11,10 +11,17 @@ namespace {
 /// The device whose runner this thread is, if any.
 thread_local const device_core* current_runner = nullptr;
 
-/// How long a runner polls before it sleeps: a producer in a burst or a
-/// device about to resolve a wait usually comes back within microseconds, and
-/// a poll is far cheaper for both sides than a futex sleep and wake-up.
-constexpr int spin_iterations = 2000;
+/// How a runner polls before it sleeps: a producer in a burst or a device
+/// about to resolve a wait usually comes back within microseconds, and a poll
+/// is far cheaper for both sides than a futex sleep and wake-up. The poll
+/// pauses first, then yields, so a producer sharing this CPU gets to run.
+constexpr int spin_pauses = 64;
+constexpr int spin_yields = 64;
+
+/// When fewer items than this are waiting, the runner pauses up to
+/// `coalesce_pauses` times (about a microsecond) to take them in one batch.
+constexpr uint64_t coalesce_items = 32;
+constexpr int coalesce_pauses = 64;
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,10 +34,13 @@ inline void cpu_relax() noexcept {
 /// Polls `ready` for a while; true as soon as it holds.
 template <class Pred>
 bool spin_until(Pred ready) {
-  for (int i = 0; i < spin_iterations; ++i) {
+  for (int i = 0; i < spin_pauses + spin_yields; ++i) {
     if (ready())
       return true;
-    cpu_relax();
+    if (i < spin_pauses)
+      cpu_relax();
+    else
+      std::this_thread::yield();
   }
   return ready();
 }
@@ -87,7 +97,11 @@ device_core::~device_core() {
 
 // -- queue --------------------------------------------------------------------
 
-uint64_t device_core::enqueue(item&& it) {
+uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g) {
+  item it{std::move(t.work), nullptr};
+  if (!t.description.empty() || t.keep_alive || g)
+    it.extra = std::make_unique<item_extra>(
+      item_extra{std::move(t.description), std::move(t.keep_alive), std::move(g)});
   bool wake;
   uint64_t seq;
   {
@@ -120,7 +134,7 @@ uint64_t device_core::enqueue(item&& it) {
 }
 
 uint64_t device_core::push(task&& t) {
-  return enqueue(item{std::move(t), nullptr});
+  return enqueue(std::move(t), nullptr);
 }
 
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
@@ -141,7 +155,7 @@ std::shared_ptr<gate> device_core::push_gate(std::string what, bool remote) {
   g->what = std::move(what);
   gates_pending_.fetch_add(1);
   try {
-    g->seq = enqueue(item{task{"wait for " + g->what, {}, {}}, g});
+    g->seq = enqueue(task{"wait for " + g->what, {}, {}}, g);
   } catch (...) {
     gates_pending_.fetch_sub(1);
     throw;
@@ -180,23 +194,32 @@ void device_core::run() {
   current_runner = this;
   std::vector<item> batch;
   uint64_t taken = 0; // seq of the last item moved out of queue_
+  auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken; };
   for (;;) {
-    {
+    if (pending() == 0 && !spin_until([&] { return pending() != 0; })) {
       std::unique_lock lk{mu_};
       while (queue_.empty()) {
         if (stopping_)
           return;
-        lk.unlock();
-        spin_until([&] { return scheduled_.load(std::memory_order_acquire) != taken; });
-        lk.lock();
-        if (!queue_.empty() || stopping_)
-          continue;
         auto b = bell_.load();
         sleeping_.store(true, std::memory_order_seq_cst);
         lk.unlock();
         bell_.wait(b);
         sleeping_.store(false, std::memory_order_relaxed);
         lk.lock();
+      }
+    } else if (pending() < coalesce_items) {
+      // A producer in a burst is appending right now: taking the lock for
+      // each item would move its cache line back and forth on every push.
+      for (int i = 0; i < coalesce_pauses && pending() < coalesce_items; ++i)
+        cpu_relax();
+    }
+    {
+      std::lock_guard guard{mu_};
+      if (queue_.empty()) {
+        if (stopping_)
+          return;
+        continue;
       }
       batch.swap(queue_);
       taken += batch.size();
@@ -206,7 +229,7 @@ void device_core::run() {
     for (auto& it : batch) {
       if (!failed_now())
         execute(it);
-      else if (it.g)
+      else if (it.as_gate())
         gates_pending_.fetch_sub(1);
     }
     batch.clear();
@@ -215,9 +238,9 @@ void device_core::run() {
 }
 
 void device_core::execute(item& it) {
-  auto seq = finished() + 1;
-  if (it.g) {
-    auto& g = *it.g;
+  auto seq = ++executed_; // runner-only count of items run or skipped
+  if (auto* gp = it.as_gate()) {
+    auto& g = *gp;
     {
       std::lock_guard guard{waiters_mu_};
       parked_on_ = g.what;
@@ -245,22 +268,29 @@ void device_core::execute(item& it) {
       poison(fmt::format("waited for {}, which failed: {}", g.what, g.error));
       return;
     }
-  } else if (it.t.work) {
+  } else if (it.work) {
     try {
-      it.t.work();
+      it.work();
     } catch (const std::exception& e) {
-      poison(fmt::format("task '{}' failed: {}", it.t.description, e.what()));
+      poison(fmt::format("task {} failed: {}", describe(it), e.what()));
       return;
     } catch (...) {
-      poison(fmt::format("task '{}' failed: unknown exception", it.t.description));
+      poison(fmt::format("task {} failed: unknown exception", describe(it)));
       return;
     }
   }
   // Release what the task held (a freed pool's memory, captured buffers)
   // before its event is done, so whoever syncs on it sees the memory gone.
-  it.t.work = nullptr;
-  it.t.keep_alive.reset();
+  it.work = nullptr;
+  if (it.extra)
+    it.extra->keep_alive.reset();
   complete(seq);
+}
+
+std::string device_core::describe(const item& it) {
+  if (!it.extra || it.extra->description.empty())
+    return "(no description)";
+  return "'" + it.extra->description + "'";
 }
 
 void device_core::complete(uint64_t seq) {
@@ -296,7 +326,7 @@ void device_core::poison(const std::string& message) {
   auto err = fmt::format("{}: {}", name_, message);
   fire(UINT64_MAX, &err);
   for (auto& it : dropped)
-    if (it.g)
+    if (it.as_gate())
       gates_pending_.fetch_sub(1);
 }
 

@@ -155,15 +155,25 @@ public:
   sexp debug_info() const;
 
 private:
-  struct item {
-    task t;
+  /// What a task carries besides its work; most bare closures have none.
+  struct item_extra {
+    std::string description;
+    std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
+  };
+  /// One queue entry: 40 bytes for a bare closure, so a burst of pushes
+  /// moves as few cache lines as possible from producer to runner.
+  struct item {
+    std::function<void()> work;
+    std::unique_ptr<item_extra> extra;
+    gate* as_gate() const noexcept { return extra ? extra->g.get() : nullptr; }
   };
   static constexpr uint64_t fail_bit = uint64_t{1} << 63;
 
-  uint64_t enqueue(item&& it);
+  uint64_t enqueue(task&& t, std::shared_ptr<gate> g);
   void run();
   void execute(item& it);
+  static std::string describe(const item& it);
   void complete(uint64_t seq);
   void settle();
   void poison(const std::string& message);
@@ -207,6 +217,7 @@ private:
   std::map<int, std::shared_ptr<pool>> pools_;
   std::shared_ptr<std::atomic<std::size_t>> used_;
   std::shared_ptr<pool> runner_merge_;
+  uint64_t executed_ = 0; // runner only: seq of the item it is running
 
   std::thread thread_;
 };

@@ -19,6 +19,7 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
   for (const auto& r : rs)
     names.push_back(r.name);
   std::vector<std::string> expected{"independent_tasks",          "will_wait_for_chain",
+                                    "will_wait_for_chain_scheduled",
                                     "copy_host_to_device_8MiB",   "copy_device_to_device_8MiB",
                                     "gradient_merge_1dev",        "gradient_merge_2dev",
                                     "gradient_merge_4dev"};
