@@ -197,25 +197,42 @@ event backend::run(const routine& r) {
   return done;
 }
 
-bool backend::from_host(const context& ctx, const tnode& t, std::span<const std::byte> host) {
+/// A copy between `t`'s buffer in `ctx` and host memory, as a routine on
+/// `ctx.device`: `to_device` writes the node, otherwise it reads it. Null when
+/// `ctx` does not hold `t`.
+static std::optional<routine> host_copy(const context& ctx, const tnode& t, std::byte* host,
+                                 std::size_t n, bool to_device) {
   auto loc = ctx.buffers.find(t);
   if (loc == ctx.buffers.end())
-    return false;
-  check_size(t, host.size(), "from_host");
-  auto& rec = record_of(ctx.device);
-  auto& core = rec.r.core();
-  auto p = pool_for(*core, t, loc->second, "from_host");
+    return std::nullopt;
+  const char* what = to_device ? "from_host" : "to_host";
+  check_size(t, n, what);
+  auto& core = record_of(ctx.device).r.core();
+  auto p = pool_for(*core, t, loc->second, what);
   auto* drv = &core->drv();
+  std::byte* dev = p->base() + loc->second.offset;
   routine r;
   r.context = ctx;
-  r.name = "from_host";
-  r.outputs.insert(t);
+  r.name = what;
+  (to_device ? r.outputs : r.inputs).insert(t);
   r.pinned_pools.push_back({core, loc->second.pool_id, p});
-  auto dst = p->base() + loc->second.offset;
-  r.schedule = task{fmt::format("from_host {}", node_name(t)),
-                    [drv, dst, host] { drv->copy(dst, host.data(), host.size()); }, p};
-  run(r);
-  return true;
+  r.schedule = task{fmt::format("{} {}", what, node_name(t)),
+                    [drv, dev, host, n, to_device] {
+                      if (to_device)
+                        drv->copy(dev, host, n);
+                      else
+                        drv->copy(host, dev, n);
+                    },
+                    p};
+  return r;
+}
+
+bool backend::from_host(const context& ctx, const tnode& t, std::span<const std::byte> host) {
+  // The routine only reads through this pointer.
+  auto r = host_copy(ctx, t, const_cast<std::byte*>(host.data()), host.size(), true);
+  if (r)
+    run(*r);
+  return r.has_value();
 }
 
 context backend::init_from_host(const context& ctx, const tnode& t,
@@ -231,24 +248,10 @@ context backend::init_from_host(const context& ctx, const tnode& t,
 }
 
 bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> host) {
-  auto loc = ctx.buffers.find(t);
-  if (loc == ctx.buffers.end())
-    return false;
-  check_size(t, host.size(), "to_host");
-  auto& rec = record_of(ctx.device);
-  auto& core = rec.r.core();
-  auto p = pool_for(*core, t, loc->second, "to_host");
-  auto* drv = &core->drv();
-  routine r;
-  r.context = ctx;
-  r.name = "to_host";
-  r.inputs.insert(t);
-  r.pinned_pools.push_back({core, loc->second.pool_id, p});
-  const auto* src = p->base() + loc->second.offset;
-  r.schedule = task{fmt::format("to_host {}", node_name(t)),
-                    [drv, src, host] { drv->copy(host.data(), src, host.size()); }, p};
-  run(r);
-  return true;
+  auto r = host_copy(ctx, t, host.data(), host.size(), false);
+  if (r)
+    run(*r);
+  return r.has_value();
 }
 
 std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,

@@ -23,8 +23,14 @@ int configure_caf(caf::actor_system_config& cfg, std::vector<std::string> extras
   for (auto& a : extras)
     if (a.rfind("--caf.", 0) == 0)
       a = "--" + a.substr(6);
+  std::string given;
+  for (const auto& a : extras)
+    given += (given.empty() ? "" : " ") + a;
   if (auto err = cfg.parse(std::move(extras))) {
-    std::cerr << "multidev: bad CAF option: " << caf::to_string(err) << "\n";
+    std::cerr << "multidev: unknown or malformed option among: " << given
+              << "\n  (multidev's options: see --help; CAF's look like "
+                 "--scheduler.max-threads=2)\n  CAF said: "
+              << caf::to_string(err) << "\n";
     return 2;
   }
   if (!cfg.remainder.empty()) {
