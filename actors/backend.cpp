@@ -93,6 +93,10 @@ void backend_impl::shutdown() {
   }
   // Finish accepted work first (waits between devices resolve through the
   // cores), then stop the actors.
+  // Every core stops accepting before any is joined: a runner finishing its
+  // queue may be waiting on another device's progress.
+  for (auto& d : all)
+    d.get_runner().core()->request_stop();
   for (auto& d : all)
     d.get_runner().core()->shutdown();
   for (auto& a : handles)

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <unordered_map>
 
 #include "actors/binding.hpp"
@@ -29,6 +30,8 @@ struct device_state {
   /// Replies owed to `wait` requests, by token.
   std::unordered_map<uint64_t, pending_wait> waits;
   uint64_t next_token = 0;
+  /// Gates waiting on remote owners, so a vanished owner fails them.
+  std::multimap<caf::actor_addr, std::weak_ptr<gate>> remote_gates;
   static inline const char* name = "multidev_device";
 };
 
@@ -50,10 +53,20 @@ auto guarded(const device_core& core, F f) -> caf::result<decltype(f())> {
 
 device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_core> core) {
   self->state.core = std::move(core);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto [first, last] = st.remote_gates.equal_range(dm.source);
+    auto msg = fmt::format("the actor owning the awaited event is down ({})",
+                           self->system().render(dm.reason));
+    for (auto i = first; i != last; ++i)
+      if (auto g = i->second.lock())
+        st.core->resolve_gate(*g, &msg); // no-op for gates already open
+    st.remote_gates.erase(first, last);
+  });
   return {
     [self](schedule_atom, const task_spec& spec) -> caf::result<uint64_t> {
       auto& c = self->state.core;
-      return guarded(*c, [&] { return c->push(bind_spec(c, spec).work); });
+      return guarded(*c, [&] { return c->push(bind_spec(c, spec).work, false); });
     },
     [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
       auto& st = self->state;
@@ -80,8 +93,9 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
       // The reply names the seq awaited, as when it was already done.
       if (error.empty())
         i->second.rp.deliver(i->second.seq);
-      else
-        i->second.rp.deliver(make_error(errc::device_failed, st.core->name(), error));
+      else // the bare message: the error carries the device name apart
+        i->second.rp.deliver(make_error(errc::device_failed, st.core->name(),
+                                        st.core->error().value_or(error)));
       st.waits.erase(i);
     },
     [self](depend_atom, const caf::actor& owner, uint64_t seq) -> caf::result<uint64_t> {
@@ -90,6 +104,10 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
         if (owner == caf::actor_cast<caf::actor>(self))
           return c->scheduled(); // waiting on our own schedule: a no-op
         auto g = c->push_gate(fmt::format("seq {} of actor {}", seq, owner.id()), true);
+        // A vanished owner (a node gone) may never answer: the monitor's
+        // down message fails the gate instead.
+        self->monitor(owner);
+        self->state.remote_gates.emplace(owner.address(), g);
         std::weak_ptr<device_core> weak = c;
         self->request(owner, caf::infinite, wait_atom::value, seq)
           .then([weak, g](uint64_t) {
@@ -98,7 +116,7 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
                 },
                 [self, weak, g](caf::error& err) {
                   if (auto me = weak.lock()) {
-                    auto msg = self->system().render(err);
+                    auto msg = describe_error(self->system(), err);
                     me->resolve_gate(*g, &msg);
                   }
                 });

@@ -97,7 +97,7 @@ device_core::~device_core() {
 
 // -- queue --------------------------------------------------------------------
 
-uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g) {
+uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) {
   item it{std::move(t.work), nullptr};
   if (!t.description.empty() || t.keep_alive || g)
     it.extra = std::make_unique<item_extra>(
@@ -106,9 +106,11 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g) {
   uint64_t seq;
   {
     std::unique_lock lk{mu_};
-    if (queue_.size() >= capacity_ && current_runner != this) {
-      // Backpressure: wait for room, never drop. The runner itself may exceed
-      // the capacity, or it would wait for itself.
+    if (queue_.size() >= capacity_ && may_wait && current_runner == nullptr) {
+      // Backpressure: wait for room, never drop. Runner threads (of any
+      // device) and actor handlers never wait: a runner waiting for room in a
+      // queue parked on its own next event, or an actor that must first
+      // process the reply opening that queue's gate, would wait forever.
       while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
         ++producers_waiting_;
         room_.wait(lk);
@@ -133,8 +135,8 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g) {
   return seq;
 }
 
-uint64_t device_core::push(task&& t) {
-  return enqueue(std::move(t), nullptr);
+uint64_t device_core::push(task&& t, bool may_wait) {
+  return enqueue(std::move(t), nullptr, may_wait);
 }
 
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
@@ -153,17 +155,19 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
 std::shared_ptr<gate> device_core::push_gate(std::string what, bool remote) {
   auto g = std::make_shared<gate>();
   g->what = std::move(what);
-  gates_pending_.fetch_add(1);
-  try {
-    g->seq = enqueue(task{"wait for " + g->what, {}, {}}, g);
-  } catch (...) {
-    gates_pending_.fetch_sub(1);
-    throw;
-  }
   if (remote) {
+    // Registered before the push: `shutdown` sets stopping_ before it collects
+    // these, so a gate is either collected (and cancelled) or refused.
     std::lock_guard guard{waiters_mu_};
     std::erase_if(remote_gates_, [](const auto& w) { return w.expired(); });
     remote_gates_.push_back(g);
+  }
+  gates_pending_.fetch_add(1);
+  try {
+    g->seq = enqueue(task{"wait for " + g->what, {}, {}}, g, !remote);
+  } catch (...) {
+    gates_pending_.fetch_sub(1);
+    throw;
   }
   return g;
 }
@@ -193,8 +197,7 @@ void device_core::ring() {
 void device_core::run() {
   current_runner = this;
   std::vector<item> batch;
-  uint64_t taken = 0; // seq of the last item moved out of queue_
-  auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken; };
+  auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
   for (;;) {
     if (pending() == 0 && !spin_until([&] { return pending() != 0; })) {
       std::unique_lock lk{mu_};
@@ -222,7 +225,7 @@ void device_core::run() {
         continue;
       }
       batch.swap(queue_);
-      taken += batch.size();
+      taken_ += batch.size();
       if (producers_waiting_ > 0)
         room_.notify_all();
     }
@@ -320,6 +323,7 @@ void device_core::poison(const std::string& message) {
     failed_ = true;
     error_ = message;
     dropped.swap(queue_);
+    taken_ += dropped.size(); // or the runner would see them as pending forever
     room_.notify_all();
   }
   progress_.fetch_or(fail_bit, std::memory_order_seq_cst);
@@ -368,7 +372,7 @@ void device_core::when_done(uint64_t seq, waiter w) {
   {
     std::unique_lock guard{waiters_mu_};
     auto p = progress_.load(std::memory_order_seq_cst);
-    if ((p & ~fail_bit) < seq && (p & fail_bit) == 0) {
+    if ((p & ~fail_bit) < seq && (p & fail_bit) == 0 && !closed_) {
       waiters_.emplace(seq, std::move(w));
       min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
       // Re-check: the runner may have advanced between our load and store
@@ -387,7 +391,7 @@ void device_core::when_done(uint64_t seq, waiter w) {
   if ((progress_.load() & ~fail_bit) >= seq) {
     w(nullptr);
   } else {
-    auto err = fmt::format("{}: {}", name_, error().value_or("failed"));
+    auto err = fmt::format("{}: {}", name_, error().value_or("device is shut down"));
     w(&err);
   }
 }
@@ -433,10 +437,10 @@ void device_core::check() const {
     throw device_error(name_, *e);
 }
 
-void device_core::shutdown() {
+void device_core::request_stop() {
   {
     std::lock_guard guard{mu_};
-    if (stopping_ && !thread_.joinable())
+    if (stopping_)
       return;
     stopping_ = true;
     room_.notify_all();
@@ -459,18 +463,29 @@ void device_core::shutdown() {
     bell_.fetch_add(1);
     bell_.notify_one();
   }
+}
+
+void device_core::shutdown() {
+  request_stop();
   if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id())
     thread_.join();
-  // Anything still awaited can never complete now.
-  auto err = fmt::format("{}: device is shut down", name_);
+  // Anything still awaited can never complete now: the message first, then
+  // the fail bit that makes waiters read it.
   if (finished() < scheduled()) {
-    progress_.fetch_or(fail_bit);
-    std::lock_guard guard{mu_};
-    if (!failed_) {
-      failed_ = true;
-      error_ = "device is shut down";
+    {
+      std::lock_guard guard{mu_};
+      if (!failed_) {
+        failed_ = true;
+        error_ = "device is shut down";
+      }
     }
+    progress_.fetch_or(fail_bit);
   }
+  {
+    std::lock_guard guard{waiters_mu_};
+    closed_ = true; // later waits for seqs not reached fail at once
+  }
+  auto err = fmt::format("{}: device is shut down", name_);
   fire(UINT64_MAX, &err);
   std::lock_guard guard{pools_mu_};
   pools_.clear();
@@ -506,8 +521,27 @@ void device_core::alloc_pool(int id, std::size_t size, std::size_t alignment,
     slot = std::move(p);
   }
   // A replaced pool lives until the work scheduled before now is done.
-  if (old && !failed_now())
-    push(task{fmt::format("release replaced pool {}", id), {}, std::move(old)});
+  if (old)
+    release_later(std::move(old), "release replaced pool");
+}
+
+void device_core::release_later(std::shared_ptr<pool> old, const char* what) {
+  // A failed or stopping device runs nothing more: the memory goes at once.
+  if (failed_now())
+    return;
+  auto id = old->id;
+  auto* raw = old.get();
+  try {
+    push(task{fmt::format("{} {}", what, id),
+              [this, raw] {
+                // The runner's merge buffer must not outlive its pool.
+                if (runner_merge_.get() == raw)
+                  runner_merge_.reset();
+              },
+              std::move(old)},
+         false);
+  } catch (const device_error&) {
+  }
 }
 
 void device_core::free_pool(int id) {
@@ -522,14 +556,8 @@ void device_core::free_pool(int id) {
     old = std::move(i->second);
     pools_.erase(i);
   }
-  // Ordered with the device's work, like cudaFreeAsync; a failed device
-  // runs nothing more, so its memory goes at once.
-  if (!failed_now()) {
-    try {
-      push(task{fmt::format("free_pool {}", id), {}, std::move(old)});
-    } catch (const device_error&) {
-    }
-  }
+  // Ordered with the device's work, like cudaFreeAsync.
+  release_later(std::move(old), "free_pool");
 }
 
 uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) {
@@ -544,7 +572,8 @@ uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) 
   auto* d = driver_.get();
   return push(task{fmt::format("memset_zero pool {} [{}, {})", id, offset, offset + size),
                    [d, p, offset, size] { d->zero(p->base() + offset, size); },
-                   {}});
+                   {}},
+              false);
 }
 
 std::shared_ptr<pool> device_core::try_pool(int id) const {
@@ -587,6 +616,7 @@ sexp device_core::debug_info() const {
                      sexp::field("pending_waits", std::to_string(gates_pending_.load())),
                      sexp::field("waiters", std::to_string(waiting)),
                      sexp::field("parked_on", parked.empty() ? "none" : parked),
+                     sexp::field("runner", sleeping_.load() ? "sleeping" : "awake"),
                      sexp::field("error", err ? *err : std::string{"none"}),
                      sexp::field("used_memory", std::to_string(used_memory())),
                      pools});

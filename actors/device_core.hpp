@@ -100,9 +100,11 @@ public:
 
   // -- Work ------------------------------------------------------------------
 
-  /// Appends a task; returns its seq. Waits for room when full (except on
-  /// this device's own runner). Throws `device_error` when failed or shut down.
-  uint64_t push(task&& t);
+  /// Appends a task; returns its seq. When the queue is full and `may_wait`,
+  /// waits for room, unless called from a runner thread (of any device).
+  /// Actor handlers pass false: a CAF worker must not block. Throws
+  /// `device_error` when failed or shut down.
+  uint64_t push(task&& t, bool may_wait = true);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
   /// event is done or `owner` is this device; returns whether a gate was added.
   bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
@@ -130,6 +132,8 @@ public:
   std::optional<std::string> error() const;
   /// Throws `device_error` if the device failed.
   void check() const;
+  /// Stops accepting work and cancels remote waits; does not wait.
+  void request_stop();
   /// Stops accepting work, finishes what was accepted, joins the runner.
   /// Waits still pending afterwards resolve as failed. Idempotent.
   void shutdown();
@@ -170,7 +174,8 @@ private:
   };
   static constexpr uint64_t fail_bit = uint64_t{1} << 63;
 
-  uint64_t enqueue(task&& t, std::shared_ptr<gate> g);
+  uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
+  void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   void execute(item& it);
   static std::string describe(const item& it);
@@ -211,6 +216,7 @@ private:
   std::atomic<int> gates_pending_{0};
   std::string parked_on_; // runner only; guarded by waiters_mu_ for readers
   std::vector<std::weak_ptr<gate>> remote_gates_; // guarded by waiters_mu_
+  bool closed_ = false; // shut down; guarded by waiters_mu_
 
   // Pools: the table as of the end of the queue.
   mutable std::mutex pools_mu_;
@@ -218,6 +224,7 @@ private:
   std::shared_ptr<std::atomic<std::size_t>> used_;
   std::shared_ptr<pool> runner_merge_;
   uint64_t executed_ = 0; // runner only: seq of the item it is running
+  uint64_t taken_ = 0;    // runner only (and poison, on the runner): items taken from queue_
 
   std::thread thread_;
 };

@@ -1,5 +1,6 @@
 #include "messages/protocol.hpp"
 
+#include <caf/actor_system.hpp>
 #include <caf/message.hpp>
 
 namespace multidev {
@@ -24,6 +25,16 @@ void throw_error(const caf::error& err, const std::string& device) {
     throw device_error(dev, msg);
   }
   throw device_error(device, caf::to_string(err));
+}
+
+std::string describe_error(caf::actor_system& sys, const caf::error& err) {
+  if (err.category() == error_category
+      && err.context().match_elements<std::string, std::string>()) {
+    const auto& dev = err.context().get_as<std::string>(0);
+    const auto& msg = err.context().get_as<std::string>(1);
+    return dev.empty() ? msg : dev + ": " + msg;
+  }
+  return sys.render(err);
 }
 
 void register_types(caf::actor_system_config& cfg) {

@@ -89,6 +89,9 @@ caf::error make_error(errc code, std::string device, std::string message);
 /// `device_error` (naming `device` when the error does not).
 [[noreturn]] void throw_error(const caf::error& err, const std::string& device);
 
+/// `"<device>: <message>"` for a multidev error, CAF's rendering otherwise.
+std::string describe_error(caf::actor_system& sys, const caf::error& err);
+
 /// Registers the protocol's message types on `cfg` (needed before the system
 /// starts when devices are driven across processes).
 void register_types(caf::actor_system_config& cfg);

@@ -1,0 +1,178 @@
+// Situations that once hung, spun or leaked (found in review): a failed
+// device's idle runner, backpressure met by runners and actors, the merge
+// buffer outliving its pool, and error replies that named the device twice.
+#define BOOST_TEST_MODULE robustness
+#include <boost/test/unit_test.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+using namespace std::chrono_literals;
+using namespace multidev;
+
+namespace {
+
+/// Runs `f` on another thread; a hang past 30 s fails the test run at once.
+template <class F>
+auto bounded(const char* what, F f) -> decltype(f()) {
+  auto fut = std::async(std::launch::async, std::move(f));
+  if (fut.wait_for(30s) != std::future_status::ready) {
+    BOOST_ERROR(what << ": still blocked after 30 s (hang)");
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
+  return fut.get();
+}
+
+template <class Pred>
+bool eventually(Pred pred) {
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until)
+      return false;
+    std::this_thread::sleep_for(200us);
+  }
+  return true;
+}
+
+std::string field(const sexp& info, const char* key) {
+  auto* f = info.find(key);
+  return f ? f->items().at(1).as_atom() : std::string{"<missing>"};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_robustness_failed_device_runner_goes_to_sleep) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  std::atomic<bool> go{false};
+  b.schedule_task(d, task{"hold", [&go] { go.wait(false); }, {}});
+  b.schedule_task(d, task{"boom", [] { throw std::runtime_error("boom"); }, {}});
+  for (int i = 0; i < 5; ++i) // queued behind the failure: dropped with it
+    b.schedule_task(d, task{"dropped", [] {}, {}});
+  go = true;
+  go.notify_one();
+  BOOST_CHECK_THROW(bounded("await", [&] { b.await(d); }), device_error);
+  // The dropped items must not look pending to the runner forever.
+  BOOST_TEST(eventually([&] { return field(b.get_debug_info(d), "runner") == "sleeping"; }));
+}
+
+BOOST_AUTO_TEST_CASE(test_robustness_runner_never_waits_for_room_in_another_queue) {
+  backend b{backend_options{.num_devices = 2, .queue_capacity = 2}};
+  auto a = b.get_device(0), bd = b.get_device(1);
+  std::atomic<bool> go{false};
+  std::atomic<int> ran{0};
+  b.schedule_task(a, task{"hold", [&go] { go.wait(false); }, {}});
+  // B parks on A's next event; that event's task floods B's (full) queue.
+  b.schedule_task(a, task{"flood b",
+                          [&] {
+                            for (int i = 0; i < 6; ++i)
+                              b.schedule_task(bd, task{"on b", [&ran] { ++ran; }, {}});
+                          },
+                          {}});
+  b.will_wait_for(b.make_context(bd), b.all_work(a));
+  b.schedule_task(bd, task{"after the wait", [&ran] { ++ran; }, {}});
+  b.schedule_task(bd, task{"fills b", [&ran] { ++ran; }, {}});
+  go = true;
+  go.notify_one();
+  bounded("await a", [&] { b.await(a); });
+  bounded("await b", [&] { b.await(bd); });
+  BOOST_TEST(ran.load() == 8);
+}
+
+BOOST_AUTO_TEST_CASE(test_robustness_actor_handlers_never_wait_for_room) {
+  backend b{backend_options{.num_devices = 2, .queue_capacity = 2}};
+  auto owner = b.get_device(0), waiter = b.get_device(1);
+  std::atomic<bool> go{false};
+  b.schedule_task(owner, task{"hold", [&go] { go.wait(false); }, {}});
+  auto owner_seq = b.all_work(owner).seq();
+  b.alloc_pool(waiter, 1, 64 * sizeof(float), 64);
+  auto wa = device_actor_of(b, waiter);
+  {
+    caf::scoped_actor self{b.system()};
+    bool ok = false;
+    self->request(wa, 30s, atoms::depend_atom::value,
+                  caf::actor_cast<caf::actor>(device_actor_of(b, owner)), owner_seq)
+      .receive([&](uint64_t) { ok = true; }, [&](caf::error&) {});
+    BOOST_TEST_REQUIRE(ok);
+    // More named tasks than the queue holds, by message, while the waiter is
+    // parked: the handler must not block the worker that will deliver the
+    // owner's reply.
+    for (int i = 0; i < 6; ++i) {
+      bool scheduled = false;
+      self->request(wa, 30s, atoms::schedule_atom::value,
+                    task_spec{"fill", {buffer_arg{{1, 0}, 64 * sizeof(float)}, 1.0 * i}})
+        .receive([&](uint64_t) { scheduled = true; }, [&](caf::error&) {});
+      BOOST_TEST(scheduled);
+    }
+  }
+  go = true;
+  go.notify_one();
+  bounded("await waiter", [&] { b.await(waiter); });
+  BOOST_TEST(b.is_idle(waiter));
+}
+
+BOOST_AUTO_TEST_CASE(test_robustness_freed_merge_buffer_is_released) {
+  backend b{backend_options{.num_devices = 2}};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  tnode t{7, "g", 1 << 20, memory_mode::on_device};
+  std::vector<float> host(t.size_in_bytes / sizeof(float), 2.0f);
+  auto src = b.init_from_host(b.make_context(d1), t, std::as_bytes(std::span{host}));
+  auto dst = b.make_context(d0);
+  auto copy = b.device_to_device(t, merge_buffer_use::copy, dst, src);
+  BOOST_TEST_REQUIRE(copy.has_value());
+  bounded("await", [&] { b.await(d0); });
+  BOOST_TEST(b.get_used_memory(d0) == t.size_in_bytes); // the merge buffer
+  b.free_pool(d0, 0);
+  bounded("await", [&] { b.await(d0); });
+  BOOST_TEST(b.get_used_memory(d0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(test_robustness_wait_error_names_the_device_once) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  std::atomic<bool> go{false};
+  b.schedule_task(d, task{"hold", [&go] { go.wait(false); }, {}});
+  b.schedule_task(d, task{"boom", [] { throw std::runtime_error("original"); }, {}});
+  auto seq = b.all_work(d).seq();
+  auto a = device_actor_of(b, d);
+  std::optional<caf::error> err;
+  {
+    caf::scoped_actor self{b.system()};
+    auto pending = self->request(a, 30s, atoms::wait_atom::value, seq);
+    go = true;
+    go.notify_one();
+    pending.receive([](uint64_t) {}, [&](caf::error& e) { err = e; });
+  }
+  BOOST_TEST_REQUIRE(err.has_value());
+  try {
+    throw_error(*err, "");
+  } catch (const device_error& e) {
+    BOOST_TEST(e.device_name() == d.name());
+    BOOST_TEST(e.message().find("original") != std::string::npos);
+    BOOST_TEST(e.message().find(d.name()) == std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_robustness_wait_after_shutdown_fails_at_once) {
+  auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
+  auto d = b->get_device(0);
+  b->schedule_task(d, task{"one", [] {}, {}});
+  auto core = d.get_runner().core();
+  b.reset();
+  // A seq that was never scheduled can never complete once the device is gone.
+  event never{core, 1000};
+  BOOST_CHECK_THROW(bounded("sync", [&] { never.sync(); }), device_error);
+  event done{core, 1};
+  BOOST_TEST(done.is_done());
+}
