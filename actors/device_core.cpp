@@ -616,7 +616,6 @@ sexp device_core::debug_info() const {
                      sexp::field("pending_waits", std::to_string(gates_pending_.load())),
                      sexp::field("waiters", std::to_string(waiting)),
                      sexp::field("parked_on", parked.empty() ? "none" : parked),
-                     sexp::field("runner", sleeping_.load() ? "sleeping" : "awake"),
                      sexp::field("error", err ? *err : std::string{"none"}),
                      sexp::field("used_memory", std::to_string(used_memory())),
                      pools});

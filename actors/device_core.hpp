@@ -122,6 +122,9 @@ public:
   bool is_done(uint64_t seq) const noexcept;
   bool is_failed(uint64_t seq) const noexcept;
   bool is_idle() const noexcept { return finished() == scheduled() && !failed_now(); }
+  /// Whether the runner thread is asleep on its doorbell (not polling, not
+  /// running); for tests and diagnostics.
+  bool runner_sleeping() const noexcept { return sleeping_.load(); }
   /// Blocks until `seq` is done; throws `device_error` if it failed,
   /// `deadlock_error` when called from this runner on a seq ahead of it.
   void sync(uint64_t seq);

@@ -7,6 +7,7 @@
 #include <multidev/multidev.hpp>
 
 #include "actors/device_core.hpp" // white box: the base of pools other than 0
+#include "test_support.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -26,45 +27,11 @@ using namespace std::chrono_literals;
 using multidev::backend;
 using multidev::backend_options;
 using multidev::sexp;
+using test_support::block_runner;
+using test_support::bounded;
+using test_support::latch_gate;
 
 namespace {
-
-/// Runs `f` on another thread and requires it to finish within `limit`; a
-/// hang becomes a test failure (the stuck future is leaked so that its
-/// destructor does not block the test).
-template <class F>
-auto bounded(F&& f, std::chrono::seconds limit = 30s) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(limit) != std::future_status::ready) {
-    new decltype(fut)(std::move(fut));
-    BOOST_FAIL("operation did not finish within " << limit.count() << " s");
-  }
-  return fut.get();
-}
-
-/// A one-shot gate a task can park on (bounded, so that a failing test never
-/// leaves a runner stuck forever).
-class latch_gate {
-public:
-  void open() {
-    std::lock_guard g{mu_};
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool wait(std::chrono::seconds limit = 30s) {
-    std::unique_lock g{mu_};
-    return cv_.wait_for(g, limit, [this] { return open_; });
-  }
-  bool is_open() {
-    std::lock_guard g{mu_};
-    return open_;
-  }
-
-private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 /// `(key value)` in `s`, the value as an atom.
 std::string field(const sexp& s, const std::string& key) {
@@ -76,19 +43,6 @@ std::string field(const sexp& s, const std::string& key) {
 
 std::size_t num_field(const sexp& s, const std::string& key) {
   return std::stoull(field(s, key));
-}
-
-/// Blocks the device's runner until the returned gate opens; returns once the
-/// blocking task is running.
-std::shared_ptr<latch_gate> block_runner(backend& b, const multidev::device& d) {
-  auto release = std::make_shared<latch_gate>();
-  auto started = std::make_shared<latch_gate>();
-  b.schedule_task(d, {"blocker", [release, started] {
-                        started->open();
-                        release->wait();
-                      }});
-  BOOST_REQUIRE(started->wait());
-  return release;
 }
 
 std::byte* pool_base(const multidev::device& d, int pool_id) {

@@ -7,6 +7,8 @@
 
 #include <multidev/multidev.hpp>
 
+#include "test_support.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -27,41 +29,16 @@ using multidev::device_error;
 using multidev::event;
 using multidev::task;
 using multidev::task_spec;
+using test_support::blocker;
+using test_support::bounded;
+using test_support::contains;
+using test_support::field_of;
+using test_support::hang_limit;
 
 namespace {
 
-constexpr auto hang_limit = 30s;
-
-/// Runs `f` on another thread and returns its result (or rethrows its
-/// exception). If it does not finish within `hang_limit` the test reports a
-/// hang and the process exits: a blocked future could not be abandoned.
-template <class F>
-auto bounded(const char* what, F f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(hang_limit) != std::future_status::ready) {
-    BOOST_ERROR(what << ": still blocked after " << hang_limit.count() << " s (hang)");
-    std::fflush(nullptr);
-    std::_Exit(3);
-  }
-  return fut.get();
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 backend_options two_devices(int n = 2) {
   return backend_options{.num_devices = n, .scheduler_threads = 2};
-}
-
-/// A task that blocks its runner until `open` is set (bounded, so a broken
-/// test cannot leave a runner stuck forever).
-task blocker(std::shared_future<void> open) {
-  return task{"blocker", [open] {
-                if (open.wait_for(60s) != std::future_status::ready)
-                  throw std::runtime_error("blocker was never released");
-              },
-              {}};
 }
 
 task set_flag(std::shared_ptr<std::atomic<bool>> flag, std::string description = "set flag") {
@@ -102,13 +79,6 @@ std::string expect_invalid(const char* what, F f) {
   return {};
 }
 
-std::string field_of(const multidev::sexp& info, const char* key) {
-  auto* f = info.find(key);
-  if (!f || f->items().size() < 2)
-    return "<missing " + std::string{key} + ">";
-  return f->items()[1].as_atom();
-}
-
 /// Runs a fill + checksum on pool `pool` of `d` (which must hold `n` floats)
 /// and returns the published sum: the device still works.
 double still_runs(backend& b, const device& d, int pool, std::size_t n,
@@ -116,7 +86,7 @@ double still_runs(backend& b, const device& d, int pool, std::size_t n,
   buffer_arg buf{buffer_loc{pool, 0}, n * sizeof(float)};
   b.schedule_named(d, task_spec{"fill", {buf, 2.0}});
   auto ev = b.schedule_named(d, task_spec{"checksum", {buf, name}});
-  bounded("sync on a checksum", [&] { b.sync(ev); });
+  bounded([&] { b.sync(ev); }, "sync on a checksum");
   auto r = b.result(name);
   return r ? r->sum : -1.0;
 }
@@ -134,7 +104,7 @@ BOOST_AUTO_TEST_CASE(test_errors_throwing_task_fails_its_device) {
   auto before_flag = std::make_shared<std::atomic<bool>>(false);
   b.schedule_task(d, set_flag(before_flag, "before"));
   event done_before = b.all_work(d);
-  bounded("sync before the failure", [&] { b.sync(done_before); });
+  bounded([&] { b.sync(done_before); }, "sync before the failure");
 
   std::promise<void> release;
   b.schedule_task(d, blocker(release.get_future().share()));
@@ -192,19 +162,18 @@ BOOST_AUTO_TEST_CASE(test_errors_throwing_task_fails_its_device) {
   check(expect_device_error("schedule_named",
                             [&] { b.schedule_named(d, task_spec{"spin_ns", {int64_t{1}}}); }),
         "schedule_named");
-  check(bounded("await", [&] { return expect_device_error("await", [&] { b.await(d); }); }),
+  check(bounded([&] { return expect_device_error("await", [&] { b.await(d); }); }, "await"),
         "await");
-  check(bounded("backend sync",
-                [&] { return expect_device_error("sync", [&] { b.sync(pending); }); }),
+  check(bounded([&] { return expect_device_error("sync", [&] { b.sync(pending); }); },
+                "backend sync"),
         "backend::sync");
-  check(bounded("event sync",
-                [&] { return expect_device_error("sync", [&] { failing.sync(); }); }),
+  check(bounded([&] { return expect_device_error("sync", [&] { failing.sync(); }); }, "event sync"),
         "event::sync");
   // An event taken after the failure is not done either, and fails too.
   auto later = b.all_work(d);
   BOOST_TEST(!later.is_done());
-  check(bounded("sync all_work after failure",
-                [&] { return expect_device_error("sync", [&] { later.sync(); }); }),
+  check(bounded([&] { return expect_device_error("sync", [&] { later.sync(); }); },
+                "sync all_work after failure"),
         "all_work after the failure");
 
   auto info = b.get_debug_info(d);
@@ -213,7 +182,7 @@ BOOST_AUTO_TEST_CASE(test_errors_throwing_task_fails_its_device) {
   // The other device is not affected.
   auto ok = std::make_shared<std::atomic<bool>>(false);
   b.schedule_task(other, set_flag(ok));
-  bounded("await on the healthy device", [&] { b.await(other); });
+  bounded([&] { b.await(other); }, "await on the healthy device");
   BOOST_TEST(ok->load());
   BOOST_TEST(field_of(b.get_debug_info(other), "error") == "none");
 }
@@ -222,8 +191,8 @@ BOOST_AUTO_TEST_CASE(test_errors_fail_kernel_message_reaches_host) {
   backend b{two_devices(1)};
   auto d = b.get_device(0);
   auto ev = b.schedule_named(d, task_spec{"fail", {std::string{"kernel said no"}}});
-  auto e = bounded("sync on a failing kernel",
-                   [&] { return expect_device_error("sync", [&] { b.sync(ev); }); });
+  auto e = bounded([&] { return expect_device_error("sync", [&] { b.sync(ev); }); },
+                   "sync on a failing kernel");
   BOOST_TEST(e.device_name() == b.get_name(d));
   BOOST_TEST(contains(e.message(), "kernel said no"), e.message());
   BOOST_TEST(ev.is_failed());
@@ -262,9 +231,12 @@ BOOST_AUTO_TEST_CASE(test_errors_poison_propagates_through_a_chain_of_devices) {
   BOOST_TEST(!c_end.is_done());
   release.set_value();
 
-  auto ec = bounded("await C", [&] { return expect_device_error("await C", [&] { b.await(c); }); });
-  auto eb = bounded("await B", [&] { return expect_device_error("await B", [&] { b.await(bd); }); });
-  auto ea = bounded("await A", [&] { return expect_device_error("await A", [&] { b.await(a); }); });
+  auto ec =
+    bounded([&] { return expect_device_error("await C", [&] { b.await(c); }); }, "await C");
+  auto eb =
+    bounded([&] { return expect_device_error("await B", [&] { b.await(bd); }); }, "await B");
+  auto ea =
+    bounded([&] { return expect_device_error("await A", [&] { b.await(a); }); }, "await A");
 
   BOOST_TEST(ea.device_name() == b.get_name(a));
   BOOST_TEST(eb.device_name() == b.get_name(bd));
@@ -302,13 +274,13 @@ BOOST_AUTO_TEST_CASE(test_errors_waiting_on_an_already_failed_device_does_not_ha
 
   auto x_ok = b.schedule_named(x, task_spec{"spin_ns", {int64_t{1}}});
   auto x_fail = b.schedule_named(x, task_spec{"fail", {original}});
-  bounded("await X", [&] { return expect_device_error("await X", [&] { b.await(x); }); });
+  bounded([&] { return expect_device_error("await X", [&] { b.await(x); }); }, "await X");
   BOOST_TEST_REQUIRE(x_fail.is_failed());
   BOOST_TEST_REQUIRE(x_ok.is_done());
 
   // Host sync on the failed event: an error, at once.
-  auto e = bounded("sync failed event",
-                   [&] { return expect_device_error("sync", [&] { b.sync(x_fail); }); });
+  auto e = bounded([&] { return expect_device_error("sync", [&] { b.sync(x_fail); }); },
+                   "sync failed event");
   BOOST_TEST(contains(e.message(), original), e.what());
 
   // Waiting on an event that finished before the failure is a no-op.
@@ -316,7 +288,7 @@ BOOST_AUTO_TEST_CASE(test_errors_waiting_on_an_already_failed_device_does_not_ha
   b.will_wait_for(ctx_z, x_ok);
   auto z_ran = std::make_shared<std::atomic<bool>>(false);
   b.schedule_task(z, set_flag(z_ran));
-  bounded("await Z", [&] { b.await(z); });
+  bounded([&] { b.await(z); }, "await Z");
   BOOST_TEST(z_ran->load());
 
   // A device waiting on the failed event fails instead of waiting forever.
@@ -330,7 +302,7 @@ BOOST_AUTO_TEST_CASE(test_errors_waiting_on_an_already_failed_device_does_not_ha
   } catch (const device_error& err) {
     BOOST_TEST(contains(err.message(), original), err.what());
   }
-  auto ey = bounded("await Y", [&] { return expect_device_error("await Y", [&] { b.await(y); }); });
+  auto ey = bounded([&] { return expect_device_error("await Y", [&] { b.await(y); }); }, "await Y");
   BOOST_TEST(ey.device_name() == b.get_name(y));
   BOOST_TEST(contains(ey.message(), original), ey.what());
   BOOST_TEST(!y_ran->load());
@@ -421,7 +393,7 @@ BOOST_AUTO_TEST_CASE(test_errors_task_syncing_on_its_own_future_gets_deadlock_er
   auto end = b.all_work(d);
   ahead_p.set_value(end);
 
-  bounded("sync after the deadlock attempt", [&] { b.sync(end); });
+  bounded([&] { b.sync(end); }, "sync after the deadlock attempt");
   BOOST_TEST(rec->past_ok.load());
   BOOST_TEST(rec->outcome.load() == 1, "outcome " << rec->outcome.load() << ": " << rec->what);
   BOOST_TEST(contains(rec->what, b.get_name(d)), rec->what);
@@ -454,7 +426,7 @@ BOOST_AUTO_TEST_CASE(test_errors_alloc_pool_rejects_bad_alignment) {
   backend b{two_devices(1)};
   auto d = b.get_device(0);
   b.alloc_pool(d, 1, 256, 64);
-  bounded("await", [&] { b.await(d); });
+  bounded([&] { b.await(d); }, "await");
   auto info = b.get_debug_info(d).to_string();
   auto used = b.get_used_memory(d);
 
@@ -476,7 +448,7 @@ BOOST_AUTO_TEST_CASE(test_errors_free_pool_rejects_unknown_pool_and_double_free)
   auto d = b.get_device(0);
   b.alloc_pool(d, 1, 256, 64);
   b.alloc_pool(d, 5, 512, 64);
-  bounded("await", [&] { b.await(d); });
+  bounded([&] { b.await(d); }, "await");
   BOOST_TEST(b.get_used_memory(d) == 768u);
   auto info = b.get_debug_info(d).to_string();
 
@@ -486,7 +458,7 @@ BOOST_AUTO_TEST_CASE(test_errors_free_pool_rejects_unknown_pool_and_double_free)
   BOOST_TEST(b.get_used_memory(d) == 768u);
 
   b.free_pool(d, 5);
-  bounded("await", [&] { b.await(d); });
+  bounded([&] { b.await(d); }, "await");
   BOOST_TEST(b.get_used_memory(d) == 256u);
   info = b.get_debug_info(d).to_string();
   auto twice = expect_invalid("second free_pool(5)", [&] { b.free_pool(d, 5); });
@@ -500,7 +472,7 @@ BOOST_AUTO_TEST_CASE(test_errors_memset_zero_rejects_unknown_pool_and_bad_ranges
   backend b{two_devices(1)};
   auto d = b.get_device(0);
   b.alloc_pool(d, 3, 256, 64);
-  bounded("await", [&] { b.await(d); });
+  bounded([&] { b.await(d); }, "await");
   auto info = b.get_debug_info(d).to_string();
   auto used = b.get_used_memory(d);
 
@@ -537,7 +509,7 @@ BOOST_AUTO_TEST_CASE(test_errors_schedule_named_rejects_bad_specs) {
   backend b{two_devices(1)};
   auto d = b.get_device(0);
   b.alloc_pool(d, 1, 256, 64);
-  bounded("await", [&] { b.await(d); });
+  bounded([&] { b.await(d); }, "await");
   auto info = b.get_debug_info(d).to_string();
   buffer_arg buf{buffer_loc{1, 0}, 256};
 

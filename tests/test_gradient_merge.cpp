@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "gradient_merge.hpp"
+#include "test_support.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -14,20 +15,9 @@
 
 namespace bdata = boost::unit_test::data;
 using namespace std::chrono_literals;
+using test_support::bounded;
 
 namespace {
-
-/// Runs `f` on another thread and waits at most 30 s; a hang ends the process.
-template <class F>
-auto bounded(F f) {
-  auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(30s) != std::future_status::ready) {
-    std::fprintf(stderr, "FATAL: the gradient-merge step did not return within 30 s\n");
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  return fut.get();
-}
 
 std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& want) {
   if (got.size() != want.size())
@@ -50,7 +40,7 @@ BOOST_DATA_TEST_CASE(test_gradient_merge_equals_host_sum,
   auto expected = gradient_merge::host_sum(devices, n);
 
   std::vector<float> merged;
-  bounded([&] { gradient_merge::step(b, p, merged); });
+  bounded([&] { gradient_merge::step(b, p, merged); }, "the gradient-merge step");
   BOOST_TEST_REQUIRE(merged.size() == n);
   BOOST_TEST(mismatches(merged, expected) == 0u,
              "merged gradient differs from the host sum (" << devices << " devices, " << n
@@ -81,7 +71,7 @@ BOOST_DATA_TEST_CASE(test_gradient_merge_equals_host_sum,
 
   // A second step gives the same result, bit for bit.
   std::vector<float> again(n, -1.0f);
-  bounded([&] { gradient_merge::step(b, p, again); });
+  bounded([&] { gradient_merge::step(b, p, again); }, "the second gradient-merge step");
   BOOST_TEST(mismatches(again, merged) == 0u, "second step differs from the first");
   auto r2 = b.result("grad");
   BOOST_TEST_REQUIRE(r2.has_value());

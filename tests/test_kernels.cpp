@@ -6,6 +6,8 @@
 
 #include <multidev/multidev.hpp>
 
+#include "test_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -25,51 +27,19 @@ using multidev::memory_mode;
 using multidev::merge_buffer_use;
 using multidev::task_spec;
 using multidev::tnode;
+using test_support::bounded;
+using test_support::contains;
+using test_support::make_backend;
+using test_support::node;
+using test_support::read_back;
+using test_support::scheduled_count;
+using test_support::sync;
 
 namespace {
-
-/// Runs `f` on another thread and waits at most 30 s for it; a hang ends the
-/// process. Exceptions reach the caller.
-template <class F>
-auto bounded(F f) {
-  auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(30s) != std::future_status::ready) {
-    std::fprintf(stderr, "FATAL: a blocking call did not return within 30 s\n");
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  return fut.get();
-}
-
-void sync(const backend& b, const event& e) {
-  bounded([&] { b.sync(e); });
-}
-
-backend make_backend(int devices) {
-  return backend{multidev::backend_options{.num_devices = devices, .scheduler_threads = 2}};
-}
-
-tnode node(int id, const std::string& label, std::size_t floats) {
-  return tnode{id, label, floats * sizeof(float), memory_mode::on_device};
-}
-
-std::vector<float> read_back(backend& b, const context& c, const tnode& t) {
-  std::vector<float> out(t.size_in_bytes / sizeof(float), -12345.0f);
-  BOOST_TEST_REQUIRE(b.to_host(c, t, std::as_writable_bytes(std::span{out})));
-  sync(b, b.all_work(c.device));
-  return out;
-}
 
 void upload(backend& b, const context& c, const tnode& t, const std::vector<float>& v) {
   BOOST_TEST_REQUIRE(b.from_host(c, t, std::as_bytes(std::span{v})));
   sync(b, b.all_work(c.device));
-}
-
-int64_t scheduled_count(const backend& b, const multidev::device& d) {
-  auto info = b.get_debug_info(d);
-  auto* f = info.find("scheduled");
-  BOOST_TEST_REQUIRE(f != nullptr);
-  return std::stoll(f->items().at(1).as_atom());
 }
 
 uint64_t fnv1a(std::span<const std::byte> bytes) {
@@ -79,10 +49,6 @@ uint64_t fnv1a(std::span<const std::byte> bytes) {
     h *= 1099511628211ull;
   }
   return h;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 /// A device with nodes `a`, `b` (n floats each) allocated.

@@ -8,6 +8,8 @@
 
 #include <multidev/multidev.hpp>
 
+#include "test_support.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,67 +26,11 @@
 using namespace std::chrono_literals;
 using multidev::backend;
 using multidev::backend_options;
+using test_support::block_runner;
+using test_support::bounded;
+using test_support::eventually;
+using test_support::latch_gate;
 namespace data = boost::unit_test::data;
-
-namespace {
-
-/// Runs `f` on another thread and requires it to finish within `limit`; a
-/// hang becomes a test failure (the stuck future is leaked so that its
-/// destructor does not block the test).
-template <class F>
-auto bounded(F&& f, std::chrono::seconds limit = 30s) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(limit) != std::future_status::ready) {
-    new decltype(fut)(std::move(fut));
-    BOOST_FAIL("operation did not finish within " << limit.count() << " s");
-  }
-  return fut.get();
-}
-
-/// A one-shot gate a task can park on (bounded, so that a failing test never
-/// leaves a runner stuck forever).
-class latch_gate {
-public:
-  void open() {
-    std::lock_guard g{mu_};
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool wait(std::chrono::seconds limit = 30s) {
-    std::unique_lock g{mu_};
-    return cv_.wait_for(g, limit, [this] { return open_; });
-  }
-
-private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
-std::shared_ptr<latch_gate> block_runner(backend& b, const multidev::device& d) {
-  auto release = std::make_shared<latch_gate>();
-  auto started = std::make_shared<latch_gate>();
-  b.schedule_task(d, {"blocker", [release, started] {
-                        started->open();
-                        release->wait();
-                      }});
-  BOOST_REQUIRE(started->wait());
-  return release;
-}
-
-/// Waits (bounded) until `pred` holds; false on timeout.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::seconds limit = 30s) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-} // namespace
 
 // -- FIFO ----------------------------------------------------------------------
 
@@ -245,7 +191,7 @@ BOOST_AUTO_TEST_CASE(test_ordering_sync_returns_while_the_next_task_blocks) {
       }
       b.await(d);
     },
-    120s);
+    "20000 schedule/sync rounds", 120s);
   BOOST_TEST(stuck.load() == 0);
 }
 

@@ -27,6 +27,8 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "test_support.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -52,89 +54,14 @@ using multidev::device_actor;
 using multidev::errc;
 using multidev::task;
 using multidev::task_spec;
+using test_support::blocker;
+using test_support::bounded;
+using test_support::contains;
+using test_support::eventually;
+using test_support::field_of;
+using test_support::watchdog;
 
 namespace {
-
-constexpr auto hang_limit = 30s;
-
-/// Runs `f` on another thread; reports a hang and exits if it does not finish
-/// within `hang_limit` (a blocked future could not be abandoned).
-template <class F>
-auto bounded(const char* what, F f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(hang_limit) != std::future_status::ready) {
-    BOOST_ERROR(what << ": still blocked after " << hang_limit.count() << " s (hang)");
-    std::fflush(nullptr);
-    std::_Exit(3);
-  }
-  return fut.get();
-}
-
-/// Bounds a blocking step that must run on this thread (destroying an actor
-/// system has to happen on the thread that used it: CAF 0.17 keeps a
-/// thread-local reference to the system's logger, and `~actor_system` waits
-/// for the logger to go). Reports a hang and exits after `hang_limit`.
-class watchdog {
-public:
-  explicit watchdog(std::string what) : what_(std::move(what)) {
-    thread_ = std::thread([this] {
-      std::unique_lock lk{mu_};
-      if (!cv_.wait_for(lk, hang_limit, [this] { return done_; })) {
-        std::fprintf(stderr, "%s: still blocked after %lld s (hang)\n", what_.c_str(),
-                     static_cast<long long>(hang_limit.count()));
-        std::fflush(nullptr);
-        std::_Exit(3);
-      }
-    });
-  }
-  ~watchdog() {
-    {
-      std::lock_guard lk{mu_};
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-
-private:
-  std::string what_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
-
-/// Polls `pred` in real time for up to `hang_limit`; returns whether it held.
-template <class Pred>
-bool eventually(Pred pred) {
-  auto until = std::chrono::steady_clock::now() + hang_limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(100us);
-  }
-  return true;
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-std::string field_of(const multidev::sexp& info, const char* key) {
-  auto* f = info.find(key);
-  if (!f || f->items().size() < 2)
-    return "<missing " + std::string{key} + ">";
-  return f->items()[1].as_atom();
-}
-
-/// A task that holds its runner until `open` is set (bounded).
-task blocker(std::shared_future<void> open) {
-  return task{"blocker", [open] {
-                if (open.wait_for(60s) != std::future_status::ready)
-                  throw std::runtime_error("blocker was never released");
-              },
-              {}};
-}
 
 /// One reply a probe received: a value or an error.
 struct reply {
@@ -268,7 +195,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_depend_holds_later_work_until_the_owner_resol
     b.schedule_task(bd, task{"marker", [] {}, {}});
     auto b_marker = b.all_work(bd);
     release.set_value();
-    bounded("sync on B's marker", [&] { b.sync(b_marker); });
+    bounded([&] { b.sync(b_marker); }, "sync on B's marker");
     BOOST_TEST_REQUIRE(eventually([&] { return sched.has_job(); }));
     BOOST_TEST((&sched.next_job<caf::resumable>() == job_of(act_b)));
 
@@ -284,7 +211,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_depend_holds_later_work_until_the_owner_resol
     BOOST_TEST(!a_later.is_done());
 
     sched.run_once(); // A handles the reply: the gate opens
-    bounded("sync on A's later task", [&] { b.sync(a_later); });
+    bounded([&] { b.sync(a_later); }, "sync on A's later task");
     BOOST_TEST(later_ran->load());
     BOOST_TEST(field_of(b.get_debug_info(a), "pending_waits") == "0");
     BOOST_TEST(field_of(b.get_debug_info(a), "error") == "none");
@@ -315,7 +242,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_wait_replies_at_once_when_done_and_errors_whe
 
     // A seq already done: probe -> device -> probe, three steps, no detour.
     auto done = b.schedule_named(d0, task_spec{"spin_ns", {int64_t{1}}});
-    bounded("sync", [&] { b.sync(done); });
+    bounded([&] { b.sync(done); }, "sync");
     caf::anon_send(probe0, wait_atom::value, done.seq());
     sched.run_once();
     BOOST_TEST((&sched.next_job<caf::resumable>() == job_of(act0)));
@@ -340,7 +267,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_wait_replies_at_once_when_done_and_errors_whe
     b.schedule_task(d0, task{"marker", [] {}, {}});
     auto marker = b.all_work(d0);
     release.set_value();
-    bounded("sync on the marker", [&] { b.sync(marker); });
+    bounded([&] { b.sync(marker); }, "sync on the marker");
     BOOST_TEST_REQUIRE(eventually([&] { return sched.has_job(); }));
     sched.run();
     BOOST_TEST_REQUIRE(log0->size() == 2u);
@@ -458,7 +385,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_pool_messages_reply_in_order) {
     auto after_free = value(8);
     BOOST_TEST((after_free == 256u || after_free == 1280u), after_free);
 
-    bounded("await", [&] { b.await(d); });
+    bounded([&] { b.await(d); }, "await");
     BOOST_TEST(b.all_work(d).seq() >= memset_seq);
     BOOST_TEST(field_of(b.get_debug_info(d), "error") == "none");
     BOOST_TEST(!contains(b.get_debug_info(d).to_string(), "(pool (id 1)"));
@@ -532,7 +459,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_user_actor_drives_a_device_in_an_embedding_sy
   BOOST_TEST(b->is_done(multidev::event{d.get_runner().core(), got->first}));
 
   drv = nullptr;
-  bounded("backend destruction", [&] { b.reset(); });
+  bounded([&] { b.reset(); }, "backend destruction");
   {
     watchdog guard{"actor system destruction"};
     sys.reset();
@@ -577,7 +504,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_shutdown_cancels_a_remote_wait_that_never_ans
   BOOST_TEST(eventually([&] { return held->asked.load() == 1; }));
   BOOST_TEST(!later.is_done());
   // Destroying the backend must not wait forever for the silent owner.
-  bounded("backend destruction with a pending remote wait", [&] { b.reset(); });
+  bounded([&] { b.reset(); }, "backend destruction with a pending remote wait");
   BOOST_TEST(later.is_failed());
   BOOST_TEST(!ran.load());
   caf::anon_send_exit(owner, caf::exit_reason::user_shutdown);

@@ -10,6 +10,10 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "actors/device_core.hpp" // runner_sleeping()
+
+#include "test_support.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -19,38 +23,8 @@
 
 using namespace std::chrono_literals;
 using namespace multidev;
-
-namespace {
-
-/// Runs `f` on another thread; a hang past 30 s fails the test run at once.
-template <class F>
-auto bounded(const char* what, F f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(30s) != std::future_status::ready) {
-    BOOST_ERROR(what << ": still blocked after 30 s (hang)");
-    std::fflush(nullptr);
-    std::_Exit(3);
-  }
-  return fut.get();
-}
-
-template <class Pred>
-bool eventually(Pred pred) {
-  auto until = std::chrono::steady_clock::now() + 30s;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(200us);
-  }
-  return true;
-}
-
-std::string field(const sexp& info, const char* key) {
-  auto* f = info.find(key);
-  return f ? f->items().at(1).as_atom() : std::string{"<missing>"};
-}
-
-} // namespace
+using test_support::bounded;
+using test_support::eventually;
 
 BOOST_AUTO_TEST_CASE(test_robustness_failed_device_runner_goes_to_sleep) {
   backend b{backend_options{.num_devices = 1}};
@@ -62,9 +36,10 @@ BOOST_AUTO_TEST_CASE(test_robustness_failed_device_runner_goes_to_sleep) {
     b.schedule_task(d, task{"dropped", [] {}, {}});
   go = true;
   go.notify_one();
-  BOOST_CHECK_THROW(bounded("await", [&] { b.await(d); }), device_error);
+  BOOST_CHECK_THROW(bounded([&] { b.await(d); }, "await"), device_error);
   // The dropped items must not look pending to the runner forever.
-  BOOST_TEST(eventually([&] { return field(b.get_debug_info(d), "runner") == "sleeping"; }));
+  auto core = d.get_runner().core();
+  BOOST_TEST(eventually([&] { return core->runner_sleeping(); }));
 }
 
 BOOST_AUTO_TEST_CASE(test_robustness_runner_never_waits_for_room_in_another_queue) {
@@ -85,8 +60,8 @@ BOOST_AUTO_TEST_CASE(test_robustness_runner_never_waits_for_room_in_another_queu
   b.schedule_task(bd, task{"fills b", [&ran] { ++ran; }, {}});
   go = true;
   go.notify_one();
-  bounded("await a", [&] { b.await(a); });
-  bounded("await b", [&] { b.await(bd); });
+  bounded([&] { b.await(a); }, "await a");
+  bounded([&] { b.await(bd); }, "await b");
   BOOST_TEST(ran.load() == 8);
 }
 
@@ -118,7 +93,7 @@ BOOST_AUTO_TEST_CASE(test_robustness_actor_handlers_never_wait_for_room) {
   }
   go = true;
   go.notify_one();
-  bounded("await waiter", [&] { b.await(waiter); });
+  bounded([&] { b.await(waiter); }, "await waiter");
   BOOST_TEST(b.is_idle(waiter));
 }
 
@@ -131,10 +106,10 @@ BOOST_AUTO_TEST_CASE(test_robustness_freed_merge_buffer_is_released) {
   auto dst = b.make_context(d0);
   auto copy = b.device_to_device(t, merge_buffer_use::copy, dst, src);
   BOOST_TEST_REQUIRE(copy.has_value());
-  bounded("await", [&] { b.await(d0); });
+  bounded([&] { b.await(d0); }, "await");
   BOOST_TEST(b.get_used_memory(d0) == t.size_in_bytes); // the merge buffer
   b.free_pool(d0, 0);
-  bounded("await", [&] { b.await(d0); });
+  bounded([&] { b.await(d0); }, "await");
   BOOST_TEST(b.get_used_memory(d0) == 0u);
 }
 
@@ -172,7 +147,7 @@ BOOST_AUTO_TEST_CASE(test_robustness_wait_after_shutdown_fails_at_once) {
   b.reset();
   // A seq that was never scheduled can never complete once the device is gone.
   event never{core, 1000};
-  BOOST_CHECK_THROW(bounded("sync", [&] { never.sync(); }), device_error);
+  BOOST_CHECK_THROW(bounded([&] { never.sync(); }, "sync"), device_error);
   event done{core, 1};
   BOOST_TEST(done.is_done());
 }

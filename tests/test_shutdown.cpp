@@ -12,6 +12,7 @@
 #include <multidev/protocol.hpp>
 
 #include "actors/device_core.hpp" // white box: pool memory after shutdown
+#include "test_support.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -26,39 +27,11 @@
 using namespace std::chrono_literals;
 using multidev::backend;
 using multidev::backend_options;
+using test_support::bounded;
+using test_support::eventually;
+using test_support::latch_gate;
 
 namespace {
-
-/// Runs `f` on another thread and requires it to finish within `limit`; a
-/// hang becomes a test failure (the stuck future is leaked so that its
-/// destructor does not block the test).
-template <class F>
-auto bounded(F&& f, std::chrono::seconds limit = 30s) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(limit) != std::future_status::ready) {
-    new decltype(fut)(std::move(fut));
-    BOOST_FAIL("operation did not finish within " << limit.count() << " s");
-  }
-  return fut.get();
-}
-
-class latch_gate {
-public:
-  void open() {
-    std::lock_guard g{mu_};
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool wait(std::chrono::seconds limit = 30s) {
-    std::unique_lock g{mu_};
-    return cv_.wait_for(g, limit, [this] { return open_; });
-  }
-
-private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 /// Threads of this process right now.
 std::size_t thread_count() {
@@ -66,18 +39,6 @@ std::size_t thread_count() {
   for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/task"))
     ++n;
   return n;
-}
-
-/// Waits (bounded) until `pred` holds; false on timeout.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::seconds limit = 30s) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
 }
 
 } // namespace

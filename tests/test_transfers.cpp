@@ -7,6 +7,8 @@
 
 #include <multidev/multidev.hpp>
 
+#include "test_support.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -29,35 +31,19 @@ using multidev::link_arg;
 using multidev::memory_mode;
 using multidev::merge_buffer_use;
 using multidev::tnode;
+using test_support::make_backend;
+using test_support::node;
+using test_support::read_back;
+using test_support::scheduled_count;
+using test_support::sync;
 
 namespace {
-
-/// Runs `f` on another thread and waits at most 30 s for it; a hang ends the
-/// process (nothing can cancel the stuck call). Exceptions reach the caller.
-template <class F>
-auto bounded(F f) {
-  auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(30s) != std::future_status::ready) {
-    std::fprintf(stderr, "FATAL: a blocking call did not return within 30 s\n");
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  return fut.get();
-}
-
-void sync(const backend& b, const event& e) {
-  bounded([&] { b.sync(e); });
-}
 
 void sync_all(backend& b, int n) {
   for (int i = 0; i < n; ++i) {
     auto d = b.get_device(i);
     sync(b, b.all_work(d));
   }
-}
-
-backend make_backend(int devices) {
-  return backend{multidev::backend_options{.num_devices = devices, .scheduler_threads = 2}};
 }
 
 std::vector<std::byte> random_bytes(std::size_t n, uint64_t seed) {
@@ -83,11 +69,6 @@ std::span<std::byte> wbytes(std::vector<float>& v) {
   return std::as_writable_bytes(std::span{v});
 }
 
-tnode node(int id, const std::string& label, std::size_t floats,
-           memory_mode m = memory_mode::on_device) {
-  return tnode{id, label, floats * sizeof(float), m};
-}
-
 /// A task that holds its runner until released (or 30 s pass), so a test can
 /// keep a device busy deterministically. Released at scope exit.
 struct latch {
@@ -107,13 +88,6 @@ struct latch {
   }
 };
 
-std::vector<float> read_back(backend& b, const context& c, const tnode& t) {
-  std::vector<float> out(t.size_in_bytes / sizeof(float), -12345.0f);
-  BOOST_TEST_REQUIRE(b.to_host(c, t, wbytes(out)));
-  sync(b, b.all_work(c.device));
-  return out;
-}
-
 bool all_equal(const std::vector<float>& v, float x) {
   for (float y : v)
     if (y != x)
@@ -123,13 +97,6 @@ bool all_equal(const std::vector<float>& v, float x) {
 
 bool same_event(const std::optional<event>& a, const event& b) {
   return a && a->core() == b.core() && a->seq() == b.seq();
-}
-
-int64_t scheduled_count(const backend& b, const multidev::device& d) {
-  auto info = b.get_debug_info(d);
-  auto* f = info.find("scheduled");
-  BOOST_TEST_REQUIRE(f != nullptr);
-  return std::stoll(f->items().at(1).as_atom());
 }
 
 const std::vector<std::size_t> round_trip_sizes = {

@@ -1,0 +1,211 @@
+// Helpers shared by the tests in tests/test_*.cpp: one copy of each, so that a
+// fix to how a test bounds a blocking call reaches every test at once.
+//
+// Every helper that waits is bounded (30 s unless told otherwise): a bug that
+// makes the backend hang must fail the run with a message naming what hung,
+// never stall it until CTest's own timeout kills it without one.
+//
+// Include after `#define BOOST_TEST_MODULE ...` and <boost/test/unit_test.hpp>.
+#pragma once
+
+#include <boost/test/unit_test.hpp>
+
+#include <multidev/multidev.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace test_support {
+
+/// How long any single blocking step of a test may take before it counts as
+/// a hang.
+inline constexpr std::chrono::seconds hang_limit{30};
+
+/// Runs `f` on another thread and returns its result (or rethrows its
+/// exception). Bounds the call to `limit`: if it has not finished by then the
+/// test reports `what` as hung (BOOST_ERROR, and on stderr) and the process
+/// exits with status 3. Exiting is the only safe way out: the stuck future
+/// cannot be abandoned (its destructor would block) nor cancelled.
+template <class F>
+decltype(auto) bounded(F&& f, std::string_view what = "operation",
+                       std::chrono::seconds limit = hang_limit) {
+  auto fut = std::async(std::launch::async, std::forward<F>(f));
+  if (fut.wait_for(limit) != std::future_status::ready) {
+    BOOST_ERROR(what << ": still blocked after " << limit.count() << " s (hang)");
+    std::fprintf(stderr, "FATAL: %.*s: still blocked after %lld s (hang)\n",
+                 static_cast<int>(what.size()), what.data(),
+                 static_cast<long long>(limit.count()));
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
+  return fut.get();
+}
+
+/// Bounds a blocking step that must run on the calling thread (destroying an
+/// actor system has to happen on the thread that used it: CAF 0.17 keeps a
+/// thread-local reference to the system's logger, and `~actor_system` waits
+/// for the logger to go), so `bounded` cannot be used. A helper thread reports
+/// `what` as hung and exits the process with status 3 if this object is not
+/// destroyed within `hang_limit`.
+class watchdog {
+public:
+  explicit watchdog(std::string what) : what_(std::move(what)) {
+    thread_ = std::thread([this] {
+      std::unique_lock lk{mu_};
+      if (!cv_.wait_for(lk, hang_limit, [this] { return done_; })) {
+        std::fprintf(stderr, "%s: still blocked after %lld s (hang)\n", what_.c_str(),
+                     static_cast<long long>(hang_limit.count()));
+        std::fflush(nullptr);
+        std::_Exit(3);
+      }
+    });
+  }
+  watchdog(const watchdog&) = delete;
+  watchdog& operator=(const watchdog&) = delete;
+  ~watchdog() {
+    {
+      std::lock_guard lk{mu_};
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+/// Polls `pred` in real time, every `poll`, for up to `limit`; returns whether
+/// it held. Bounded so that a state that never comes fails the check instead
+/// of hanging the test.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::seconds limit = hang_limit,
+                std::chrono::microseconds poll = std::chrono::milliseconds{1}) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(poll);
+  }
+  return true;
+}
+
+/// A one-shot gate a task can park on. `wait` is bounded (30 s by default) and
+/// returns whether the gate opened, so that a failing test never leaves a
+/// runner stuck forever.
+class latch_gate {
+public:
+  void open() {
+    std::lock_guard g{mu_};
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::seconds limit = hang_limit) {
+    std::unique_lock g{mu_};
+    return cv_.wait_for(g, limit, [this] { return open_; });
+  }
+  bool is_open() {
+    std::lock_guard g{mu_};
+    return open_;
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+/// Blocks the runner of `d` until the returned gate opens; returns once the
+/// blocking task is running. Both the start and the hold are bounded by
+/// `latch_gate::wait`: the runner is freed after 30 s even if the test never
+/// opens the gate.
+inline std::shared_ptr<latch_gate> block_runner(multidev::backend& b,
+                                                const multidev::device& d) {
+  auto release = std::make_shared<latch_gate>();
+  auto started = std::make_shared<latch_gate>();
+  b.schedule_task(d, {"blocker", [release, started] {
+                        started->open();
+                        release->wait();
+                      }});
+  BOOST_REQUIRE(started->wait());
+  return release;
+}
+
+/// A task that blocks its runner until `open` is set. Bounded to 60 s (then it
+/// throws, failing its device), so a broken test cannot leave a runner stuck.
+inline multidev::task blocker(std::shared_future<void> open) {
+  return multidev::task{"blocker", [open] {
+                          if (open.wait_for(std::chrono::seconds{60})
+                              != std::future_status::ready)
+                            throw std::runtime_error("blocker was never released");
+                        },
+                        {}};
+}
+
+/// Whether `needle` occurs in `haystack`.
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+/// The value of `(key value)` in `info` as an atom, or `<missing key>` (so a
+/// check on it fails with a readable message instead of crashing).
+inline std::string field_of(const multidev::sexp& info, const char* key) {
+  auto* f = info.find(key);
+  if (!f || f->items().size() < 2)
+    return "<missing " + std::string{key} + ">";
+  return f->items()[1].as_atom();
+}
+
+/// A CPU backend with `devices` devices and two scheduler threads.
+inline multidev::backend make_backend(int devices) {
+  return multidev::backend{
+    multidev::backend_options{.num_devices = devices, .scheduler_threads = 2}};
+}
+
+/// `b.sync(e)`, bounded by `bounded` (30 s, then the process exits).
+inline void sync(const multidev::backend& b, const multidev::event& e) {
+  bounded([&] { b.sync(e); });
+}
+
+/// A node of `floats` floats.
+inline multidev::tnode node(int id, const std::string& label, std::size_t floats,
+                            multidev::memory_mode m = multidev::memory_mode::on_device) {
+  return multidev::tnode{id, label, floats * sizeof(float), m};
+}
+
+/// The floats of node `t` in context `c`, copied to the host; waits (bounded)
+/// for all of the device's work. Elements not written read -12345.
+inline std::vector<float> read_back(multidev::backend& b, const multidev::context& c,
+                                    const multidev::tnode& t) {
+  std::vector<float> out(t.size_in_bytes / sizeof(float), -12345.0f);
+  BOOST_TEST_REQUIRE(b.to_host(c, t, std::as_writable_bytes(std::span{out})));
+  sync(b, b.all_work(c.device));
+  return out;
+}
+
+/// The `scheduled` counter of `d`'s debug info.
+inline int64_t scheduled_count(const multidev::backend& b, const multidev::device& d) {
+  auto info = b.get_debug_info(d);
+  auto* f = info.find("scheduled");
+  BOOST_TEST_REQUIRE(f != nullptr);
+  return std::stoll(f->items().at(1).as_atom());
+}
+
+} // namespace test_support
