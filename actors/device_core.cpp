@@ -214,8 +214,10 @@ void device_core::run() {
     } else if (pending() < coalesce_items) {
       // A producer in a burst is appending right now: taking the lock for
       // each item would move its cache line back and forth on every push.
-      for (int i = 0; i < coalesce_pauses && pending() < coalesce_items; ++i)
-        cpu_relax();
+      // Reading scheduled_ pulls the producer's cache line, so look rarely.
+      for (int i = 0; i < coalesce_pauses && pending() < coalesce_items; i += 16)
+        for (int j = 0; j < 16; ++j)
+          cpu_relax();
     }
     {
       std::lock_guard guard{mu_};
