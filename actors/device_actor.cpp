@@ -103,7 +103,10 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
       return guarded(*c, [&] {
         if (owner == caf::actor_cast<caf::actor>(self))
           return c->scheduled(); // waiting on our own schedule: a no-op
-        auto g = c->push_gate(fmt::format("seq {} of actor {}", seq, owner.id()), true);
+        auto g = std::make_shared<gate>();
+        g->owner_seq = seq;
+        g->label = fmt::format("seq {} of actor {}", seq, owner.id());
+        c->push_gate(g, true);
         // A vanished owner (a node gone) may never answer: the monitor's
         // down message fails the gate instead.
         self->monitor(owner);

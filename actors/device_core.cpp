@@ -142,7 +142,10 @@ uint64_t device_core::push(task&& t, bool may_wait) {
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
   if (owner.get() == this || owner->is_done(seq))
     return false;
-  auto g = push_gate(fmt::format("{} seq {}", owner->name(), seq));
+  auto g = std::make_shared<gate>();
+  g->owner = owner;
+  g->owner_seq = seq;
+  push_gate(g);
   // The callback may run at once, on this thread, or later on owner's runner.
   std::weak_ptr<device_core> self = weak_from_this();
   owner->when_done(seq, [self, g](const std::string* error) {
@@ -152,9 +155,13 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   return true;
 }
 
-std::shared_ptr<gate> device_core::push_gate(std::string what, bool remote) {
-  auto g = std::make_shared<gate>();
-  g->what = std::move(what);
+std::string gate::what() const {
+  if (auto o = owner.lock())
+    return fmt::format("{} seq {}", o->name(), owner_seq);
+  return label.empty() ? fmt::format("seq {} of a device gone", owner_seq) : label;
+}
+
+std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g, bool remote) {
   if (remote) {
     // Registered before the push: `shutdown` sets stopping_ before it collects
     // these, so a gate is either collected (and cancelled) or refused.
@@ -164,7 +171,7 @@ std::shared_ptr<gate> device_core::push_gate(std::string what, bool remote) {
   }
   gates_pending_.fetch_add(1);
   try {
-    g->seq = enqueue(task{"wait for " + g->what, {}, {}}, g, !remote);
+    g->seq = enqueue(task{}, g, !remote);
   } catch (...) {
     gates_pending_.fetch_sub(1);
     throw;
@@ -248,7 +255,7 @@ void device_core::execute(item& it) {
     auto& g = *gp;
     {
       std::lock_guard guard{waiters_mu_};
-      parked_on_ = g.what;
+      parked_on_ = &g;
     }
     settle();
     spin_until([&] {
@@ -266,11 +273,11 @@ void device_core::execute(item& it) {
     sleeping_.store(false, std::memory_order_relaxed);
     {
       std::lock_guard guard{waiters_mu_};
-      parked_on_.clear();
+      parked_on_ = nullptr;
     }
     gates_pending_.fetch_sub(1);
     if (g.state.load() == gate::failed) {
-      poison(fmt::format("waited for {}, which failed: {}", g.what, g.error));
+      poison(fmt::format("waited for {}, which failed: {}", g.what(), g.error));
       return;
     }
   } else if (it.work) {
@@ -293,6 +300,8 @@ void device_core::execute(item& it) {
 }
 
 std::string device_core::describe(const item& it) {
+  if (auto* g = it.as_gate())
+    return "'wait for " + g->what() + "'";
   if (!it.extra || it.extra->description.empty())
     return "(no description)";
   return "'" + it.extra->description + "'";
@@ -356,17 +365,25 @@ bool device_core::is_failed(uint64_t seq) const noexcept {
 }
 
 void device_core::fire(uint64_t upto, const std::string* error) {
-  std::vector<waiter> ready;
+  // Usually one waiter is due: keep it out of the heap.
+  waiter first;
+  std::vector<waiter> more;
   {
     std::lock_guard guard{waiters_mu_};
     auto end = upto == UINT64_MAX ? waiters_.end() : waiters_.upper_bound(upto);
-    for (auto i = waiters_.begin(); i != end; ++i)
-      ready.push_back(std::move(i->second));
+    for (auto i = waiters_.begin(); i != end; ++i) {
+      if (!first)
+        first = std::move(i->second);
+      else
+        more.push_back(std::move(i->second));
+    }
     waiters_.erase(waiters_.begin(), end);
     min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
                       std::memory_order_seq_cst);
   }
-  for (auto& w : ready)
+  if (first)
+    first(error);
+  for (auto& w : more)
     w(error);
 }
 
@@ -458,7 +475,7 @@ void device_core::request_stop() {
   }
   for (auto& g : remote) {
     auto err = fmt::format("{}: device is shut down; the wait for {} was cancelled",
-                           name_, g->what);
+                           name_, g->what());
     resolve_gate(*g, &err);
   }
   if (sleeping_.exchange(false)) {
@@ -598,7 +615,8 @@ sexp device_core::debug_info() const {
   {
     std::lock_guard guard{waiters_mu_};
     waiting = waiters_.size();
-    parked = parked_on_;
+    if (parked_on_)
+      parked = parked_on_->what();
   }
   auto pools = sexp::list({sexp::atom("pools")});
   {

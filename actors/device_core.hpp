@@ -78,7 +78,12 @@ struct gate {
   enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
   std::atomic<int> state{pending};
   uint64_t seq = 0;  ///< Its place in the device's schedule.
-  std::string what;  ///< The awaited event, for debug info and errors.
+  /// The awaited event: `owner` and `owner_seq` for a local wait (formatted
+  /// only when needed), `label` otherwise.
+  std::weak_ptr<device_core> owner;
+  uint64_t owner_seq = 0;
+  std::string label;
+  std::string what() const;
   std::string error; ///< Written before `state` becomes `failed`.
 };
 
@@ -111,7 +116,7 @@ public:
   /// Appends a gate that someone else opens or fails. A `remote` gate (one a
   /// CAF reply opens) is failed by `shutdown` if still pending, since its
   /// answer may never come; local gates open as the other devices drain.
-  std::shared_ptr<gate> push_gate(std::string what, bool remote = false);
+  std::shared_ptr<gate> push_gate(std::shared_ptr<gate> g, bool remote = false);
   /// Opens or fails a gate pushed here (the first resolution wins), and
   /// wakes the runner.
   void resolve_gate(gate& g, const std::string* error);
@@ -224,7 +229,7 @@ private:
   mutable std::mutex waiters_mu_;
   std::multimap<uint64_t, waiter> waiters_;
   std::atomic<int> gates_pending_{0};
-  std::string parked_on_; // runner only; guarded by waiters_mu_ for readers
+  const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
   std::vector<std::weak_ptr<gate>> remote_gates_; // guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_
 
