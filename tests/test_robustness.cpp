@@ -151,3 +151,36 @@ BOOST_AUTO_TEST_CASE(test_robustness_wait_after_shutdown_fails_at_once) {
   event done{core, 1};
   BOOST_TEST(done.is_done());
 }
+
+BOOST_AUTO_TEST_CASE(test_robustness_one_event_awaited_by_many_devices_and_threads) {
+  backend b{backend_options{.num_devices = 4}};
+  auto owner = b.get_device(0);
+  std::atomic<bool> go{false};
+  std::atomic<bool> owner_done{false};
+  b.schedule_task(owner, task{"hold", [&go] { go.wait(false); }, {}});
+  b.schedule_task(owner, task{"done", [&owner_done] { owner_done = true; }, {}});
+  auto e = b.all_work(owner);
+  std::atomic<int> after{0}, early{0};
+  for (int i = 1; i < 4; ++i) {
+    auto d = b.get_device(i);
+    b.will_wait_for(b.make_context(d), e);
+    b.schedule_task(d, task{"after e", [&] { (owner_done ? after : early)++; }, {}});
+  }
+  std::vector<std::future<bool>> hosts;
+  for (int i = 0; i < 4; ++i)
+    hosts.push_back(std::async(std::launch::async, [&] {
+      b.sync(e);
+      return owner_done.load();
+    }));
+  BOOST_TEST(!e.is_done());
+  go = true;
+  go.notify_one();
+  for (auto& h : hosts) {
+    BOOST_TEST_REQUIRE((h.wait_for(30s) == std::future_status::ready));
+    BOOST_TEST(h.get()); // no host thread returned before the event
+  }
+  for (int i = 1; i < 4; ++i)
+    bounded([&] { b.await(b.get_device(i)); }, "await waiter");
+  BOOST_TEST(after.load() == 3);
+  BOOST_TEST(early.load() == 0);
+}
