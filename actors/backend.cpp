@@ -89,12 +89,10 @@ void backend_impl::shutdown() {
     for (auto& [core, a] : actor_of)
       handles.push_back(a);
     actor_of.clear();
-    actors.clear();
   }
   // Finish accepted work first (waits between devices resolve through the
-  // cores), then stop the actors.
-  // Every core stops accepting before any is joined: a runner finishing its
-  // queue may be waiting on another device's progress.
+  // cores), then stop the actors. Every core stops accepting before any is
+  // joined: a runner finishing its queue may be waiting on another device.
   for (auto& d : all)
     d.get_runner().core()->request_stop();
   for (auto& d : all)
@@ -356,7 +354,6 @@ device backend::get_device(int ordinal) {
   std::lock_guard guard{impl_->mu};
   if (impl_->devices.empty()) {
     impl_->devices.resize(static_cast<std::size_t>(n));
-    impl_->actors.resize(static_cast<std::size_t>(n));
   }
   auto& slot = impl_->devices[static_cast<std::size_t>(ordinal)];
   if (slot)
@@ -373,7 +370,6 @@ device backend::get_device(int ordinal) {
   impl_->made.push_back(slot);
   detail::logger_tie_guard untie; // spawning ties this thread to the system
   auto a = detail::spawn_device_actor(*impl_->sys, core);
-  impl_->actors[static_cast<std::size_t>(ordinal)] = a;
   impl_->actor_of.emplace(core.get(), a);
   return slot;
 }

@@ -51,7 +51,6 @@ struct backend_impl {
 
   mutable std::mutex mu;
   std::vector<device> devices;            // by ordinal; empty until first use
-  std::vector<device_actor> actors;       // by ordinal
   std::map<const device_core*, device_actor> actor_of; // every device made here
   std::vector<device> made;               // make_device results, for shutdown
 

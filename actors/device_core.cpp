@@ -601,12 +601,6 @@ std::shared_ptr<pool> device_core::try_pool(int id) const {
   return i == pools_.end() ? nullptr : i->second;
 }
 
-std::shared_ptr<pool> device_core::find_pool(int id) const {
-  if (auto p = try_pool(id))
-    return p;
-  throw std::invalid_argument(fmt::format("{}: unknown pool {}", name_, id));
-}
-
 sexp device_core::debug_info() const {
   auto s = scheduled();
   auto f = finished();

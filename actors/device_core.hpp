@@ -152,8 +152,6 @@ public:
                   std::optional<memory_mode> mode);
   void free_pool(int id);
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
-  /// The pool now in the table; throws `std::invalid_argument` when absent.
-  std::shared_ptr<pool> find_pool(int id) const;
   /// The pool now in the table, or nullptr.
   std::shared_ptr<pool> try_pool(int id) const;
   std::size_t used_memory() const noexcept { return used_->load(); }
