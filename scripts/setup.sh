@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages multidev needs (when missing), then configures
-# and builds it with the default preset. Sourced by run-main.sh and run-tests.sh.
+# and builds it with the default preset: everything, or the targets given as
+# arguments. Used by run-main.sh and run-tests.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -25,4 +26,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 cmake --preset default >/dev/null
-cmake --build --preset default
+if [ $# -gt 0 ]; then
+  cmake --build --preset default --target "$@"
+else
+  cmake --build --preset default
+fi
