@@ -16,7 +16,7 @@ thread_local const device_core* current_runner = nullptr;
 /// is far cheaper for both sides than a futex sleep and wake-up. The poll
 /// pauses first, then yields, so a producer sharing this CPU gets to run.
 constexpr int spin_pauses = 64;
-constexpr int spin_yields = 64;
+constexpr int spin_yields = 8;
 
 /// When fewer items than this are waiting, the runner pauses up to
 /// `coalesce_pauses` times (about a microsecond) to take them in one batch.
@@ -245,7 +245,6 @@ void device_core::run() {
         gates_pending_.fetch_sub(1);
     }
     batch.clear();
-    settle();
   }
 }
 
@@ -257,7 +256,6 @@ void device_core::execute(item& it) {
       std::lock_guard guard{waiters_mu_};
       parked_on_ = &g;
     }
-    settle();
     spin_until([&] {
       auto st = g.state.load(std::memory_order_acquire);
       return st == gate::open || st == gate::failed;
@@ -291,11 +289,14 @@ void device_core::execute(item& it) {
       return;
     }
   }
-  // Release what the task held (a freed pool's memory, captured buffers)
-  // before its event is done, so whoever syncs on it sees the memory gone.
-  it.work = nullptr;
-  if (it.extra)
+  // Release what a described task held (a freed pool's memory, captured
+  // buffers) before its event is done, so whoever syncs on it sees the memory
+  // gone. A bare closure is left for batch.clear(): writing to the entry here
+  // would pull its cache line back from the producer on every item.
+  if (it.extra) {
+    it.work = nullptr;
     it.extra->keep_alive.reset();
+  }
   complete(seq);
 }
 
@@ -310,19 +311,12 @@ std::string device_core::describe(const item& it) {
 void device_core::complete(uint64_t seq) {
   // Store-then-load against `when_done`'s store-then-load of min_waiter_ and
   // progress_ (Dekker): both sides need StoreLoad order, or a waiter that
-  // registers at this very moment and this check can both miss each other, and
-  // the event would stay unresolved until the end of the batch -- forever if a
-  // later task in the batch waits for whoever is waiting on this event.
+  // registers at this very moment and this check could both miss each other,
+  // and the event would stay unresolved -- forever if the next task waits for
+  // whoever is waiting on this event.
   progress_.store(seq, std::memory_order_seq_cst);
   if (seq >= min_waiter_.load(std::memory_order_seq_cst))
     fire(seq, nullptr);
-}
-
-void device_core::settle() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  auto p = progress_.load(std::memory_order_relaxed);
-  if ((p & fail_bit) == 0 && p >= min_waiter_.load(std::memory_order_relaxed))
-    fire(p, nullptr);
 }
 
 void device_core::poison(const std::string& message) {

@@ -186,7 +186,6 @@ private:
   void execute(item& it);
   static std::string describe(const item& it);
   void complete(uint64_t seq);
-  void settle();
   void poison(const std::string& message);
   void fire(uint64_t upto, const std::string* error);
   void ring();
