@@ -31,11 +31,14 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-/// Polls `ready` for a while; true as soon as it holds.
+/// Polls `ready` for a while, every `stride` pauses; true as soon as it
+/// holds. A poll of a line another core keeps writing (the producer's
+/// counter) costs that core a cache miss on its next write, so such polls
+/// use a longer stride.
 template <class Pred>
-bool spin_until(Pred ready) {
+bool spin_until(Pred ready, int stride = 1) {
   for (int i = 0; i < spin_pauses + spin_yields; ++i) {
-    if (ready())
+    if ((i % stride == 0 || i >= spin_pauses) && ready())
       return true;
     if (i < spin_pauses)
       cpu_relax();
@@ -206,7 +209,7 @@ void device_core::run() {
   std::vector<item> batch;
   auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
   for (;;) {
-    if (pending() == 0 && !spin_until([&] { return pending() != 0; })) {
+    if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
       std::unique_lock lk{mu_};
       while (queue_.empty()) {
         if (stopping_)
