@@ -21,6 +21,9 @@ constexpr int spin_yields = 8;
 /// When fewer items than this are waiting, the runner pauses up to
 /// `coalesce_pauses` times (about a microsecond) to take them in one batch.
 constexpr uint64_t coalesce_items = 32;
+
+/// How many queue entries ahead a producer prefetches for writing.
+constexpr std::size_t prefetch_items = 6;
 constexpr int coalesce_pauses = 64;
 
 inline void cpu_relax() noexcept {
@@ -125,6 +128,10 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
     if (stopping_)
       throw device_error(name_, "device is shut down; no new work is accepted");
     queue_.push_back(std::move(it));
+    // The next entries' lines were last read by the runner (the buffers swap
+    // back and forth): ask for them now, so the transfer overlaps this push.
+    if (auto ahead = queue_.size() + prefetch_items; ahead < queue_.capacity())
+      __builtin_prefetch(queue_.data() + ahead, 1, 3);
     seq = scheduled_.load(std::memory_order_relaxed) + 1;
     scheduled_.store(seq, std::memory_order_release);
     // The runner sets sleeping_ for an empty queue under mu_, so a plain
