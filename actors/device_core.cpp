@@ -22,7 +22,8 @@ constexpr int spin_yields = 8;
 /// `coalesce_pauses` times (about a microsecond) to take them in one batch.
 constexpr uint64_t coalesce_items = 32;
 
-/// How many queue entries ahead a producer prefetches for writing.
+/// How many queue entries ahead a producer prefetches for writing, and the
+/// runner for reading.
 constexpr std::size_t prefetch_items = 6;
 constexpr int coalesce_pauses = 64;
 
@@ -248,7 +249,11 @@ void device_core::run() {
       if (producers_waiting_ > 0)
         room_.notify_all();
     }
-    for (auto& it : batch) {
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      // The entries were just written on the producer's core: fetch ahead.
+      if (i + prefetch_items < batch.size())
+        __builtin_prefetch(&batch[i + prefetch_items], 0, 3);
+      auto& it = batch[i];
       if (!failed_now())
         execute(it);
       else if (it.as_gate())
