@@ -108,9 +108,13 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
         g->label = fmt::format("seq {} of actor {}", seq, owner.id());
         c->push_gate(g, true);
         // A vanished owner (a node gone) may never answer: the monitor's
-        // down message fails the gate instead.
-        self->monitor(owner);
-        self->state.remote_gates.emplace(owner.address(), g);
+        // down message fails the gate instead. One monitor per owner; gates
+        // already resolved are dropped here.
+        auto& gates = self->state.remote_gates;
+        std::erase_if(gates, [](const auto& kv) { return kv.second.expired(); });
+        if (gates.find(owner.address()) == gates.end())
+          self->monitor(owner);
+        gates.emplace(owner.address(), g);
         std::weak_ptr<device_core> weak = c;
         self->request(owner, caf::infinite, wait_atom::value, seq)
           .then([weak, g](uint64_t) {

@@ -21,11 +21,11 @@ constexpr int spin_yields = 8;
 /// When fewer items than this are waiting, the runner pauses up to
 /// `coalesce_pauses` times (about a microsecond) to take them in one batch.
 constexpr uint64_t coalesce_items = 32;
+constexpr int coalesce_pauses = 64;
 
 /// How many queue entries ahead a producer prefetches for writing, and the
 /// runner for reading.
 constexpr std::size_t prefetch_items = 6;
-constexpr int coalesce_pauses = 64;
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -139,10 +139,8 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
     // load suffices to skip the read-modify-write on the common path.
     wake = sleeping_.load(std::memory_order_relaxed) && sleeping_.exchange(false);
   }
-  if (wake) {
-    bell_.fetch_add(1);
-    bell_.notify_one();
-  }
+  if (wake)
+    ring_bell();
   return seq;
 }
 
@@ -206,10 +204,13 @@ void device_core::resolve_gate(gate& g, const std::string* error) {
 }
 
 void device_core::ring() {
-  if (sleeping_.exchange(false, std::memory_order_seq_cst)) {
-    bell_.fetch_add(1);
-    bell_.notify_one();
-  }
+  if (sleeping_.exchange(false, std::memory_order_seq_cst))
+    ring_bell();
+}
+
+void device_core::ring_bell() {
+  bell_.fetch_add(1);
+  bell_.notify_one();
 }
 
 void device_core::run() {
@@ -487,10 +488,7 @@ void device_core::request_stop() {
                            name_, g->what());
     resolve_gate(*g, &err);
   }
-  if (sleeping_.exchange(false)) {
-    bell_.fetch_add(1);
-    bell_.notify_one();
-  }
+  ring();
 }
 
 void device_core::shutdown() {

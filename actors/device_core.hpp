@@ -188,7 +188,10 @@ private:
   void complete(uint64_t seq);
   void poison(const std::string& message);
   void fire(uint64_t upto, const std::string* error);
+  /// Wakes the runner if it sleeps.
   void ring();
+  /// Wakes the runner, whose sleeping_ the caller has just cleared.
+  void ring_bell();
   bool failed_now() const noexcept;
 
   std::string name_;

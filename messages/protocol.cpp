@@ -3,6 +3,9 @@
 #include <caf/actor_system.hpp>
 #include <caf/message.hpp>
 
+#include <optional>
+#include <utility>
+
 namespace multidev {
 
 caf::error make_error(errc code, std::string device, std::string message) {
@@ -10,30 +13,33 @@ caf::error make_error(errc code, std::string device, std::string message) {
                     caf::make_message(std::move(device), std::move(message))};
 }
 
+namespace {
+
+/// The (device, message) a multidev error carries, if it is one.
+std::optional<std::pair<std::string, std::string>> parts_of(const caf::error& err) {
+  if (err.category() != error_category
+      || !err.context().match_elements<std::string, std::string>())
+    return std::nullopt;
+  return std::pair{err.context().get_as<std::string>(0),
+                   err.context().get_as<std::string>(1)};
+}
+
+} // namespace
+
 void throw_error(const caf::error& err, const std::string& device) {
-  if (err.category() == error_category) {
-    std::string dev = device;
-    std::string msg = "unknown error";
-    const auto& ctx = err.context();
-    if (ctx.match_elements<std::string, std::string>()) {
-      if (!ctx.get_as<std::string>(0).empty())
-        dev = ctx.get_as<std::string>(0);
-      msg = ctx.get_as<std::string>(1);
-    }
-    if (err.code() == static_cast<uint8_t>(errc::invalid_argument))
-      throw std::invalid_argument(msg);
-    throw device_error(dev, msg);
-  }
-  throw device_error(device, caf::to_string(err));
+  if (err.category() != error_category)
+    throw device_error(device, caf::to_string(err));
+  auto parts = parts_of(err);
+  auto dev = parts && !parts->first.empty() ? parts->first : device;
+  auto msg = parts ? parts->second : std::string{"unknown error"};
+  if (err.code() == static_cast<uint8_t>(errc::invalid_argument))
+    throw std::invalid_argument(msg);
+  throw device_error(dev, msg);
 }
 
 std::string describe_error(caf::actor_system& sys, const caf::error& err) {
-  if (err.category() == error_category
-      && err.context().match_elements<std::string, std::string>()) {
-    const auto& dev = err.context().get_as<std::string>(0);
-    const auto& msg = err.context().get_as<std::string>(1);
-    return dev.empty() ? msg : dev + ": " + msg;
-  }
+  if (auto parts = parts_of(err))
+    return parts->first.empty() ? parts->second : parts->first + ": " + parts->second;
   return sys.render(err);
 }
 
