@@ -56,6 +56,15 @@ device_record& record_of(const device& d) {
   return *d.record();
 }
 
+device_core& backend_impl::core_of(const device& d) const {
+  auto& rec = record_of(d);
+  std::lock_guard guard{mu};
+  if (!actor_of.contains(rec.r.core().get()))
+    throw std::invalid_argument(
+      fmt::format("device {} does not belong to this backend", rec.name));
+  return rec.core();
+}
+
 device_actor backend_impl::actor_for(const device& d) const {
   auto& rec = record_of(d);
   std::lock_guard guard{mu};
@@ -268,6 +277,12 @@ backend::backend(backend_options opts) : impl_(make_impl(std::move(opts))) {
                    ? impl_->opts.scheduler_threads
                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   impl_->own_cfg->set("scheduler.max-threads", static_cast<size_t>(threads));
+  // The work-sharing scheduler sleeps on a condition variable when idle: an
+  // idle backend costs next to no CPU (the default work-stealing workers poll
+  // every few microseconds, ~1 % of a core for 8 devices here), and its
+  // remote hops are faster (NOTES.md). The local hot path does not go through
+  // CAF's scheduler at all.
+  impl_->own_cfg->set("scheduler.policy", caf::atom("sharing"));
   register_types(*impl_->own_cfg);
   // Built on a helper thread, so that no caller thread stays tied to the
   // system's logger (see logger_tie_guard): the backend may be destroyed on
@@ -308,28 +323,41 @@ caf::actor_system& backend::system() const {
   return *impl_->sys;
 }
 
+// Host pool calls go to the device's state directly, as schedule_task does:
+// no CAF round trip (~70 us). Actors keep the messages.
+
 void backend::alloc_pool(const device& d, int pool_id, std::size_t size_in_bytes,
                          std::size_t alignment, std::optional<memory_mode> mode) {
-  impl_->ask<uint64_t>(d, atoms::alloc_atom::value, static_cast<int32_t>(pool_id),
-                       static_cast<uint64_t>(size_in_bytes),
-                       static_cast<uint64_t>(alignment),
-                       static_cast<int32_t>(mode ? static_cast<int>(*mode) : -1));
+  impl_->core_of(d).alloc_pool(pool_id, size_in_bytes, alignment, mode);
 }
 
 void backend::free_pool(const device& d, int pool_id) {
-  impl_->ask<uint64_t>(d, atoms::free_atom::value, static_cast<int32_t>(pool_id));
+  impl_->core_of(d).free_pool(pool_id);
 }
 
 void backend::memset_zero(const device& d, int pool_id, std::size_t offset,
                           std::size_t size_in_bytes) {
-  impl_->ask<uint64_t>(d, atoms::memset_atom::value, static_cast<int32_t>(pool_id),
-                       static_cast<uint64_t>(offset),
-                       static_cast<uint64_t>(size_in_bytes));
+  impl_->core_of(d).memset_zero(pool_id, offset, size_in_bytes);
+}
+
+void backend::flush(const device& d) const {
+  impl_->ask<uint64_t>(d, atoms::all_work_atom::value);
 }
 
 device backend::make_device(const multidev::dev& dv, const runner& r, int ordinal) {
   if (!r.core())
     throw std::invalid_argument("make_device: empty runner");
+  {
+    // A runner lives and dies with the backend that made it: a device
+    // record here on another backend's runner would stop working when that
+    // backend goes.
+    std::lock_guard guard{impl_->mu};
+    if (!impl_->actor_of.contains(r.core().get()))
+      throw std::invalid_argument(fmt::format(
+        "make_device: the runner of {} belongs to another backend; a device can "
+        "only be made on a runner of this backend ({})",
+        r.core()->name(), name()));
+  }
   auto rec = std::make_shared<detail::device_record>();
   rec->dv = dv;
   rec->ordinal = ordinal;

@@ -12,7 +12,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include "actors/device_core.hpp"
-#include "messages/protocol.hpp"
+#include "multidev/protocol.hpp"
 #include "multidev/backend.hpp"
 
 namespace multidev::detail {
@@ -53,6 +53,10 @@ struct backend_impl {
   std::vector<device> devices;            // by ordinal; empty until first use
   std::map<const device_core*, device_actor> actor_of; // every device made here
   std::vector<device> made;               // make_device results, for shutdown
+
+  /// `d`'s core; throws `std::invalid_argument` when the device does not
+  /// belong to this backend.
+  device_core& core_of(const device& d) const;
 
   /// The actor that owns `core`; throws `std::invalid_argument` when the
   /// device does not belong to this backend.

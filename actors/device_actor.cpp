@@ -3,13 +3,17 @@
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
 #include <fmt/format.h>
 
+#include <deque>
+#include <functional>
 #include <map>
+#include <random>
 #include <unordered_map>
 
 #include "actors/binding.hpp"
@@ -19,9 +23,12 @@ namespace multidev::detail {
 namespace {
 
 using namespace atoms;
+using namespace internal_atoms;
 
 struct device_state {
   std::shared_ptr<device_core> core;
+  /// The key internal messages must carry (see `internal_atoms`).
+  uint64_t key = 0;
   /// A reply owed to a `wait` request: the seq awaited and its promise.
   struct pending_wait {
     uint64_t seq;
@@ -32,14 +39,22 @@ struct device_state {
   uint64_t next_token = 0;
   /// Gates waiting on remote owners, so a vanished owner fails them.
   std::multimap<caf::actor_addr, std::weak_ptr<gate>> remote_gates;
+  /// Ordered requests held back while the device's queue is full, oldest
+  /// first; each one replies when it runs.
+  std::deque<std::function<void()>> deferred;
   static inline const char* name = "multidev_device";
 };
 
-using self_ptr = device_actor::stateful_pointer<device_state>;
+using self_ptr = device_actor_full::stateful_pointer<device_state>;
+
+uint64_t random_key() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
 
 /// Runs `f`, turning the exceptions of the public edge into error values.
 template <class F>
-auto guarded(const device_core& core, F f) -> caf::result<decltype(f())> {
+auto attempt(const device_core& core, F& f) -> caf::expected<decltype(f())> {
   try {
     return f();
   } catch (const std::invalid_argument& e) {
@@ -51,8 +66,69 @@ auto guarded(const device_core& core, F f) -> caf::result<decltype(f())> {
   }
 }
 
-device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_core> core) {
+/// Runs the deferred requests while the queue has room; otherwise asks the
+/// runner for a `room` message when it has made some.
+void drain(self_ptr self) {
+  auto& st = self->state;
+  while (!st.deferred.empty()) {
+    caf::actor_addr addr = self->address();
+    auto key = st.key;
+    bool full = st.core->notify_when_room([addr, key] {
+      if (auto me = caf::actor_cast<device_actor_full>(addr))
+        caf::anon_send(me, room_atom::value, key);
+    });
+    if (full)
+      return;
+    auto next = std::move(st.deferred.front());
+    st.deferred.pop_front();
+    next();
+  }
+}
+
+/// Handles a request that adds to the device's schedule: now, when nothing is
+/// deferred and the queue has room; otherwise after the requests deferred
+/// before it, once the runner has made room. `f` must capture by value.
+template <class F>
+auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
+  using value = decltype(f());
+  auto& st = self->state;
+  if (st.deferred.empty() && st.core->has_room())
+    return attempt(*st.core, f);
+  auto rp = self->make_response_promise<value>();
+  st.deferred.emplace_back([self, rp, f]() mutable {
+    auto x = attempt(*self->state.core, f);
+    if (x)
+      rp.deliver(std::move(*x));
+    else
+      rp.deliver(std::move(x.error()));
+  });
+  drain(self);
+  return rp;
+}
+
+/// Before the actor stops: every request still owed a reply gets one.
+void answer_everything(self_ptr self) {
+  auto& st = self->state;
+  while (!st.deferred.empty()) { // the core refuses them once it is stopping
+    auto next = std::move(st.deferred.front());
+    st.deferred.pop_front();
+    next();
+  }
+  for (auto& [token, w] : st.waits) {
+    if (st.core->is_done(w.seq))
+      w.rp.deliver(w.seq);
+    else
+      w.rp.deliver(make_error(
+        errc::device_failed, st.core->name(),
+        fmt::format("the device actor stopped before seq {} finished", w.seq)));
+  }
+  st.waits.clear();
+}
+
+device_actor_full::behavior_type device_impl(self_ptr self,
+                                             std::shared_ptr<device_core> core) {
   self->state.core = std::move(core);
+  self->state.key = random_key();
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     auto [first, last] = st.remote_gates.equal_range(dm.source);
@@ -63,77 +139,113 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
         st.core->resolve_gate(*g, &msg); // no-op for gates already open
     st.remote_gates.erase(first, last);
   });
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    if (msg.reason == caf::exit_reason::normal)
+      return;
+    answer_everything(self);
+    self->quit(msg.reason);
+  });
   return {
     [self](schedule_atom, const task_spec& spec) -> caf::result<uint64_t> {
-      auto& c = self->state.core;
-      return guarded(*c, [&] { return c->push(bind_spec(c, spec).work, false); });
+      auto c = self->state.core;
+      return ordered(self, [c, spec] { return c->push(bind_spec(c, spec).work, false); });
     },
     [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
       auto& st = self->state;
       if (st.core->is_done(seq))
         return seq;
-      auto token = st.next_token++;
+      auto token = st.next_token;
+      caf::actor_addr addr = self->address();
+      auto key = st.key;
+      auto c = st.core;
+      auto registered = [&] {
+        c->check_scheduled(seq, "wait");
+        // The resolution arrives as a message, so the promise is only ever
+        // touched by this actor.
+        c->when_done(seq, [addr, key, token](const std::string* error) {
+          if (auto me = caf::actor_cast<device_actor_full>(addr))
+            caf::anon_send(me, resolved_atom::value, key, token,
+                           error ? *error : std::string{});
+        });
+        return true;
+      };
+      auto r = attempt(*c, registered);
+      if (!r)
+        return std::move(r.error());
+      ++st.next_token;
       auto rp = self->make_response_promise<uint64_t>();
       st.waits.emplace(token, device_state::pending_wait{seq, rp});
-      // The resolution arrives as a message, so the promise is only ever
-      // touched by this actor.
-      caf::actor_addr addr = self->address();
-      st.core->when_done(seq, [addr, token](const std::string* error) {
-        if (auto me = caf::actor_cast<device_actor>(addr))
-          caf::anon_send(me, resolved_atom::value, token,
-                         error ? *error : std::string{});
-      });
-      return caf::delegated<uint64_t>{};
+      return rp;
     },
-    [self](resolved_atom, uint64_t token, const std::string& error) {
+    [self](resolved_atom, uint64_t key, uint64_t token, const std::string& error) {
       auto& st = self->state;
+      if (key != st.key)
+        return; // not sent by this device's core
       auto i = st.waits.find(token);
       if (i == st.waits.end())
         return;
       // The reply names the seq awaited, as when it was already done.
-      if (error.empty())
-        i->second.rp.deliver(i->second.seq);
+      auto seq = i->second.seq;
+      if (error.empty() || st.core->is_done(seq))
+        i->second.rp.deliver(seq);
       else // the bare message: the error carries the device name apart
         i->second.rp.deliver(make_error(errc::device_failed, st.core->name(),
                                         st.core->error().value_or(error)));
       st.waits.erase(i);
     },
+    [self](room_atom, uint64_t key) {
+      if (key == self->state.key)
+        drain(self);
+    },
     [self](depend_atom, const caf::actor& owner, uint64_t seq) -> caf::result<uint64_t> {
-      auto& c = self->state.core;
-      return guarded(*c, [&] {
+      auto c = self->state.core;
+      return ordered(self, [self, c, owner, seq]() -> uint64_t {
+        if (!owner)
+          throw std::invalid_argument(
+            fmt::format("depend on {}: the owner is an invalid actor handle", c->name()));
         if (owner == caf::actor_cast<caf::actor>(self))
           return c->scheduled(); // waiting on our own schedule: a no-op
         auto g = std::make_shared<gate>();
         g->owner_seq = seq;
+        g->remote = true;
         g->label = fmt::format("seq {} of actor {}", seq, owner.id());
-        c->push_gate(g, true);
-        // A vanished owner (a node gone) may never answer: the monitor's
-        // down message fails the gate instead. One monitor per owner; gates
-        // already resolved are dropped here.
-        auto& gates = self->state.remote_gates;
-        std::erase_if(gates, [](const auto& kv) { return kv.second.expired(); });
-        if (gates.find(owner.address()) == gates.end())
-          self->monitor(owner);
-        gates.emplace(owner.address(), g);
-        std::weak_ptr<device_core> weak = c;
-        self->request(owner, caf::infinite, wait_atom::value, seq)
-          .then([weak, g](uint64_t) {
-                  if (auto me = weak.lock())
-                    me->resolve_gate(*g, nullptr);
-                },
-                [self, weak, g](caf::error& err) {
-                  if (auto me = weak.lock()) {
-                    auto msg = describe_error(self->system(), err);
-                    me->resolve_gate(*g, &msg);
-                  }
-                });
+        c->push_gate(g);
+        try {
+          // A vanished owner (a node gone) may never answer: the monitor's
+          // down message fails the gate instead. One monitor per owner; gates
+          // already resolved are dropped here.
+          auto& gates = self->state.remote_gates;
+          std::erase_if(gates, [](const auto& kv) { return kv.second.expired(); });
+          if (gates.find(owner.address()) == gates.end())
+            self->monitor(owner);
+          gates.emplace(owner.address(), g);
+          std::weak_ptr<device_core> weak = c;
+          self->request(owner, caf::infinite, wait_atom::value, seq)
+            .then(
+              [weak, g](uint64_t) {
+                if (auto me = weak.lock())
+                  me->resolve_gate(*g, nullptr);
+              },
+              [self, weak, g](caf::error& err) {
+                if (auto me = weak.lock()) {
+                  auto msg = describe_error(self->system(), err);
+                  me->resolve_gate(*g, &msg);
+                }
+              });
+        } catch (...) {
+          // Queued but never to be answered: fail it rather than hold the
+          // device forever.
+          static const std::string why = "could not send the wait request";
+          c->resolve_gate(*g, &why);
+          throw;
+        }
         return g->seq;
       });
     },
     [self](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
            int32_t mode) -> caf::result<uint64_t> {
-      auto& c = self->state.core;
-      return guarded(*c, [&] {
+      auto c = self->state.core;
+      return ordered(self, [c, id, size, alignment, mode] {
         std::optional<memory_mode> m;
         if (mode >= 0 && mode <= static_cast<int32_t>(memory_mode::materialized))
           m = static_cast<memory_mode>(mode);
@@ -142,18 +254,21 @@ device_actor::behavior_type device_impl(self_ptr self, std::shared_ptr<device_co
       });
     },
     [self](free_atom, int32_t id) -> caf::result<uint64_t> {
-      auto& c = self->state.core;
-      return guarded(*c, [&] {
+      auto c = self->state.core;
+      return ordered(self, [c, id] {
         c->free_pool(id);
         return static_cast<uint64_t>(c->used_memory());
       });
     },
     [self](memset_atom, int32_t id, uint64_t offset,
            uint64_t size) -> caf::result<uint64_t> {
-      auto& c = self->state.core;
-      return guarded(*c, [&] { return c->memset_zero(id, offset, size); });
+      auto c = self->state.core;
+      return ordered(self, [c, id, offset, size] { return c->memset_zero(id, offset, size); });
     },
-    [self](all_work_atom) -> uint64_t { return self->state.core->scheduled(); },
+    [self](all_work_atom) -> caf::result<uint64_t> {
+      auto c = self->state.core;
+      return ordered(self, [c] { return c->scheduled(); });
+    },
     [self](idle_atom) -> bool { return self->state.core->is_idle(); },
     [self](memory_atom) -> uint64_t { return self->state.core->used_memory(); },
     [self](debug_atom) -> std::string {

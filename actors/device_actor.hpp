@@ -1,17 +1,39 @@
 #pragma once
 /// \file
-/// Spawning the actor that owns a device core (its runner, events, pools).
+/// Spawning the actor that owns a device core (its runner, events, pools),
+/// and the actor's private messages, which stay off the public protocol.
 
 #include <memory>
 
+#include <caf/atom.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
 #include "actors/device_core.hpp"
-#include "messages/protocol.hpp"
+#include "multidev/protocol.hpp"
 
 namespace caf {
 class actor_system;
 }
 
 namespace multidev::detail {
+
+/// Internal messages a device actor sends itself from other threads. They
+/// carry the actor's key, a random number only the actor and its core know,
+/// so a message forged through `actor_cast` is dropped.
+namespace internal_atoms {
+/// `(key, token, error)`: a waited-for seq resolved (`error` empty: done).
+using resolved_atom = caf::atom_constant<caf::atom("resolved")>;
+/// `(key)`: the runner made room in a full queue.
+using room_atom = caf::atom_constant<caf::atom("room")>;
+} // namespace internal_atoms
+
+/// The device actor's full interface: the public protocol plus the internal
+/// messages. Only the backend and the actor itself hold this handle; users
+/// get the public `device_actor` it converts to.
+using device_actor_full = device_actor::extend<
+  caf::reacts_to<internal_atoms::resolved_atom, uint64_t, uint64_t, std::string>,
+  caf::reacts_to<internal_atoms::room_atom, uint64_t>>;
 
 /// Spawns the device actor of `core`. The actor answers the protocol of
 /// `device_actor`; it does not stop the core when it exits (the backend does).

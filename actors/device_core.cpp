@@ -151,36 +151,53 @@ uint64_t device_core::push(task&& t, bool may_wait) {
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
   if (owner.get() == this || owner->is_done(seq))
     return false;
+  owner->check_scheduled(seq, "will_wait_for");
   auto g = std::make_shared<gate>();
   g->owner = owner;
   g->owner_seq = seq;
   push_gate(g);
   // The callback may run at once, on this thread, or later on owner's runner.
   std::weak_ptr<device_core> self = weak_from_this();
-  owner->when_done(seq, [self, g](const std::string* error) {
-    if (auto me = self.lock())
-      me->resolve_gate(*g, error);
-  });
+  try {
+    owner->when_done(seq, [self, g](const std::string* error) {
+      if (auto me = self.lock())
+        me->resolve_gate(*g, error);
+    });
+  } catch (...) {
+    // The gate is queued: left pending, it would hold this device forever.
+    static const std::string reason = "could not register the wait (out of memory)";
+    resolve_gate(*g, &reason);
+    throw;
+  }
   return true;
 }
 
-std::string gate::what() const {
-  if (auto o = owner.lock())
-    return fmt::format("{} seq {}", o->name(), owner_seq);
-  return label.empty() ? fmt::format("seq {} of a device gone", owner_seq) : label;
+std::string gate::what() const noexcept {
+  try {
+    if (auto o = owner.lock())
+      return fmt::format("{} seq {}", o->name(), owner_seq);
+    return label.empty() ? fmt::format("seq {} of a device gone", owner_seq) : label;
+  } catch (...) {
+    return {};
+  }
 }
 
-std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g, bool remote) {
-  if (remote) {
+std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
+  {
     // Registered before the push: `shutdown` sets stopping_ before it collects
-    // these, so a gate is either collected (and cancelled) or refused.
+    // these, so a gate is either collected (and maybe cancelled) or refused.
     std::lock_guard guard{waiters_mu_};
-    std::erase_if(remote_gates_, [](const auto& w) { return w.expired(); });
-    remote_gates_.push_back(g);
+    std::erase_if(gates_, [](const auto& w) {
+      auto p = w.lock();
+      return !p || p->state.load() != gate::pending;
+    });
+    gates_.push_back(g);
   }
   gates_pending_.fetch_add(1);
   try {
-    g->seq = enqueue(task{}, g, !remote);
+    // A wait never waits for room: will_wait_for returns at once, and an
+    // actor handler must not block.
+    g->seq = enqueue(task{}, g, false);
   } catch (...) {
     gates_pending_.fetch_sub(1);
     throw;
@@ -188,19 +205,53 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g, bool remot
   return g;
 }
 
-void device_core::resolve_gate(gate& g, const std::string* error) {
+void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
   // `resolving` makes the first resolution win and publishes `error` before
-  // the final state; the runner only acts on open or failed.
+  // the final state; the runner only acts on open or failed. Nothing between
+  // the two may throw, or the gate would stay half-open forever.
   int expected = gate::pending;
   if (!g.state.compare_exchange_strong(expected, gate::resolving))
     return;
   if (error) {
-    g.error = *error;
+    try {
+      g.error = *error;
+    } catch (...) {
+      g.error.clear(); // the runner reports the failure without its reason
+    }
     g.state.store(gate::failed, std::memory_order_seq_cst);
   } else {
     g.state.store(gate::open, std::memory_order_seq_cst);
   }
   ring();
+}
+
+bool device_core::has_room() const noexcept {
+  std::lock_guard guard{mu_};
+  return queue_.size() < capacity_ || failed_ || stopping_;
+}
+
+bool device_core::notify_when_room(std::function<void()> cb) {
+  std::lock_guard guard{mu_};
+  if (queue_.size() < capacity_ || failed_ || stopping_)
+    return false;
+  room_cb_ = std::move(cb);
+  return true;
+}
+
+void device_core::call_room_callback() noexcept {
+  std::function<void()> cb;
+  {
+    std::lock_guard guard{mu_};
+    cb.swap(room_cb_);
+  }
+  if (cb) {
+    try {
+      cb();
+    } catch (...) {
+      // A producer that cannot be told keeps its work deferred; it asks again
+      // on its next message.
+    }
+  }
 }
 
 void device_core::ring() {
@@ -216,6 +267,7 @@ void device_core::ring_bell() {
 void device_core::run() {
   current_runner = this;
   std::vector<item> batch;
+  bool wants_room = false;
   auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
   for (;;) {
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
@@ -249,7 +301,10 @@ void device_core::run() {
       taken_ += batch.size();
       if (producers_waiting_ > 0)
         room_.notify_all();
+      wants_room = static_cast<bool>(room_cb_);
     }
+    if (wants_room)
+      call_room_callback();
     for (std::size_t i = 0; i < batch.size(); ++i) {
       // The entries were just written on the producer's core: fetch ahead.
       if (i + prefetch_items < batch.size())
@@ -291,17 +346,21 @@ void device_core::execute(item& it) {
     }
     gates_pending_.fetch_sub(1);
     if (g.state.load() == gate::failed) {
-      poison(fmt::format("waited for {}, which failed: {}", g.what(), g.error));
+      poison([&] {
+        return g.error.empty() ? fmt::format("waited for {}, which failed", g.what())
+                               : fmt::format("waited for {}, which failed: {}",
+                                             g.what(), g.error);
+      });
       return;
     }
   } else if (it.work) {
     try {
       it.work();
     } catch (const std::exception& e) {
-      poison(fmt::format("task {} failed: {}", describe(it), e.what()));
+      poison([&] { return fmt::format("task {} failed: {}", describe(it), e.what()); });
       return;
     } catch (...) {
-      poison(fmt::format("task {} failed: unknown exception", describe(it)));
+      poison([&] { return fmt::format("task {} failed: unknown exception", describe(it)); });
       return;
     }
   }
@@ -335,24 +394,47 @@ void device_core::complete(uint64_t seq) {
     fire(seq, nullptr);
 }
 
-void device_core::poison(const std::string& message) {
+template <class MakeMessage>
+void device_core::poison(MakeMessage make) noexcept {
+  // Runs on the runner, outside any handler: nothing here may throw. A
+  // message that cannot be formatted (out of memory) becomes a fixed text
+  // short enough to need no allocation.
+  std::string message;
+  try {
+    message = make();
+  } catch (...) {
+    message = "task failed"; // fits the small-string buffer
+  }
   std::vector<item> dropped;
   {
     std::lock_guard guard{mu_};
     if (failed_)
       return;
     failed_ = true;
-    error_ = message;
+    error_.swap(message);
     dropped.swap(queue_);
     taken_ += dropped.size(); // or the runner would see them as pending forever
     room_.notify_all();
   }
   progress_.fetch_or(fail_bit, std::memory_order_seq_cst);
-  auto err = fmt::format("{}: {}", name_, message);
-  fire(UINT64_MAX, &err);
+  fail_waiters("task failed");
   for (auto& it : dropped)
     if (it.as_gate())
       gates_pending_.fetch_sub(1);
+  call_room_callback();
+}
+
+void device_core::fail_waiters(const char* fallback) noexcept {
+  static const std::string unformatted =
+    "device failed (its reason could not be formatted: out of memory)";
+  std::string err;
+  try {
+    err = fmt::format("{}: {}", name_, error().value_or(fallback));
+  } catch (...) {
+    fire(UINT64_MAX, &unformatted);
+    return;
+  }
+  fire(UINT64_MAX, &err);
 }
 
 // -- events -------------------------------------------------------------------
@@ -374,27 +456,47 @@ bool device_core::is_failed(uint64_t seq) const noexcept {
   return (p & fail_bit) != 0 && (p & ~fail_bit) < seq;
 }
 
-void device_core::fire(uint64_t upto, const std::string* error) {
-  // Usually one waiter is due: keep it out of the heap.
-  waiter first;
-  std::vector<waiter> more;
+void device_core::check_scheduled(uint64_t seq, const char* what) const {
+  auto s = scheduled();
+  if (seq > s)
+    throw std::invalid_argument(fmt::format(
+      "{}: seq {} was never scheduled on {} (it has scheduled {} so far)", what, seq,
+      name_, s));
+}
+
+void device_core::invoke(waiter& w, const std::string* error) noexcept {
+  try {
+    w(error);
+  } catch (...) {
+    // A waiter's own failure is its business: the others still fire.
+  }
+}
+
+void device_core::fire(uint64_t upto, const std::string* error) noexcept {
+  // The due waiters' nodes move to a local map: no allocation, so nothing
+  // can throw half-way and strand a waiter.
+  std::multimap<uint64_t, waiter> due;
   {
     std::lock_guard guard{waiters_mu_};
     auto end = upto == UINT64_MAX ? waiters_.end() : waiters_.upper_bound(upto);
-    for (auto i = waiters_.begin(); i != end; ++i) {
-      if (!first)
-        first = std::move(i->second);
-      else
-        more.push_back(std::move(i->second));
-    }
-    waiters_.erase(waiters_.begin(), end);
+    while (waiters_.begin() != end)
+      due.insert(waiters_.extract(waiters_.begin()));
     min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
                       std::memory_order_seq_cst);
   }
-  if (first)
-    first(error);
-  for (auto& w : more)
-    w(error);
+  // A seq at or below progress is done, forever, for every observer: even
+  // when this fires because the device failed, the waiters of seqs that
+  // finished before the failure (a waiter that registered while `complete`
+  // was looking the other way) are told done.
+  auto finished_now = finished();
+  for (auto& [seq, w] : due)
+    invoke(w, seq <= finished_now ? nullptr : error);
+}
+
+void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
+  std::lock_guard guard{waiters_mu_};
+  waiters_.emplace(seq, std::move(w));
+  min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
 }
 
 void device_core::when_done(uint64_t seq, waiter w) {
@@ -408,26 +510,25 @@ void device_core::when_done(uint64_t seq, waiter w) {
       // without seeing the new minimum. Either it fires us, or we fire here.
       p = progress_.load(std::memory_order_seq_cst);
       guard.unlock();
-      if (p & fail_bit) {
-        auto err = fmt::format("{}: {}", name_, error().value_or("failed"));
-        fire(UINT64_MAX, &err);
-      } else if (p >= seq) {
+      if (p & fail_bit)
+        fail_waiters("failed");
+      else if (p >= seq)
         fire(p, nullptr);
-      }
       return;
     }
   }
   if ((progress_.load() & ~fail_bit) >= seq) {
-    w(nullptr);
+    invoke(w, nullptr);
   } else {
     auto err = fmt::format("{}: {}", name_, error().value_or("device is shut down"));
-    w(&err);
+    invoke(w, &err);
   }
 }
 
 void device_core::sync(uint64_t seq) {
   if (is_done(seq))
     return;
+  check_scheduled(seq, "sync");
   if (current_runner == this && !is_failed(seq))
     throw deadlock_error(fmt::format(
       "sync on {} seq {} from a task of the same device, which has finished "
@@ -475,24 +576,43 @@ void device_core::request_stop() {
     room_.notify_all();
   }
   // Remote answers may never come once we stop: cancel those waits.
-  std::vector<std::shared_ptr<gate>> remote;
+  cancel_gates([](const gate& g) { return g.remote; });
+  call_room_callback();
+  ring();
+}
+
+bool device_core::stopping() const {
+  std::lock_guard guard{mu_};
+  return stopping_;
+}
+
+template <class Pred>
+void device_core::cancel_gates(Pred which) {
+  std::vector<std::shared_ptr<gate>> chosen;
   {
     std::lock_guard guard{waiters_mu_};
-    for (auto& w : remote_gates_)
-      if (auto g = w.lock())
-        remote.push_back(std::move(g));
-    remote_gates_.clear();
+    for (auto& w : gates_)
+      if (auto g = w.lock(); g && g->state.load() == gate::pending && which(*g))
+        chosen.push_back(std::move(g));
   }
-  for (auto& g : remote) {
-    auto err = fmt::format("{}: device is shut down; the wait for {} was cancelled",
-                           name_, g->what());
-    resolve_gate(*g, &err);
+  for (auto& g : chosen) {
+    static const std::string why = "the wait was cancelled at shutdown";
+    resolve_gate(*g, &why);
   }
-  ring();
 }
 
 void device_core::shutdown() {
   request_stop();
+  // A local wait opens only if its owner drains too (devices of the same
+  // backend stop together, so every one of them is stopping by now). An
+  // owner in another backend, or one already gone, may never get there:
+  // joining behind it could block forever.
+  cancel_gates([](const gate& g) {
+    if (g.remote)
+      return true;
+    auto o = g.owner.lock();
+    return !o || !o->stopping();
+  });
   if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id())
     thread_.join();
   // Anything still awaited can never complete now: the message first, then
@@ -511,8 +631,7 @@ void device_core::shutdown() {
     std::lock_guard guard{waiters_mu_};
     closed_ = true; // later waits for seqs not reached fail at once
   }
-  auto err = fmt::format("{}: device is shut down", name_);
-  fire(UINT64_MAX, &err);
+  fail_waiters("device is shut down");
   std::lock_guard guard{pools_mu_};
   pools_.clear();
   runner_merge_.reset();

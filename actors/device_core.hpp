@@ -75,6 +75,8 @@ struct pool {
 /// A point in a device's queue that opens when another device's event is done
 /// (or fails, which poisons the device when the runner reaches it).
 struct gate {
+  /// `resolving` is held only between the compare-and-swap that makes one
+  /// resolution win and the store of its final state (no throwing in between).
   enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
   std::atomic<int> state{pending};
   uint64_t seq = 0;  ///< Its place in the device's schedule.
@@ -83,7 +85,11 @@ struct gate {
   std::weak_ptr<device_core> owner;
   uint64_t owner_seq = 0;
   std::string label;
-  std::string what() const;
+  /// Whether a CAF reply opens it (the owner lives behind an actor).
+  bool remote = false;
+  /// `"<owner> seq <n>"`, or the label. Never throws: falls back to a fixed
+  /// text when formatting fails.
+  std::string what() const noexcept;
   std::string error; ///< Written before `state` becomes `failed`.
 };
 
@@ -112,29 +118,53 @@ public:
   uint64_t push(task&& t, bool may_wait = true);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
   /// event is done or `owner` is this device; returns whether a gate was added.
+  /// Never waits for room (a wait is one small entry). Throws
+  /// `std::invalid_argument` when `owner` never scheduled `seq`.
   bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
-  /// Appends a gate that someone else opens or fails. A `remote` gate (one a
-  /// CAF reply opens) is failed by `shutdown` if still pending, since its
-  /// answer may never come; local gates open as the other devices drain.
-  std::shared_ptr<gate> push_gate(std::shared_ptr<gate> g, bool remote = false);
+  /// Appends a gate that someone else opens or fails (`g.remote`: a CAF reply
+  /// opens it); never waits for room. Gates still pending when this device
+  /// shuts down are failed if their owner is remote, gone, or not shutting
+  /// down itself, since their answer may never come; gates on owners that
+  /// are draining too open as those drain.
+  std::shared_ptr<gate> push_gate(std::shared_ptr<gate> g);
   /// Opens or fails a gate pushed here (the first resolution wins), and
-  /// wakes the runner.
-  void resolve_gate(gate& g, const std::string* error);
+  /// wakes the runner. Never throws.
+  void resolve_gate(gate& g, const std::string* error) noexcept;
+
+  /// Whether the queue has room for another entry without waiting (or the
+  /// device failed or is stopping, so that a push fails at once).
+  bool has_room() const noexcept;
+  /// Flow control for producers that must not block (the device actor):
+  /// returns false when `has_room()`; otherwise stores `cb` (replacing an
+  /// earlier one) and returns true, and the runner calls `cb` once, on its
+  /// thread, when it next makes room, fails or stops. `cb` must not block.
+  bool notify_when_room(std::function<void()> cb);
 
   /// Seq of the last item scheduled / finished.
   uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
   uint64_t finished() const noexcept;
+  /// A seq at or below the finished count is done, forever, for every
+  /// observer, even after the device failed.
   bool is_done(uint64_t seq) const noexcept;
   bool is_failed(uint64_t seq) const noexcept;
+  /// Throws `std::invalid_argument` when `seq` was never scheduled here.
+  void check_scheduled(uint64_t seq, const char* what) const;
   bool is_idle() const noexcept { return finished() == scheduled() && !failed_now(); }
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
   bool runner_sleeping() const noexcept { return sleeping_.load(); }
   /// Blocks until `seq` is done; throws `device_error` if it failed,
-  /// `deadlock_error` when called from this runner on a seq ahead of it.
+  /// `deadlock_error` when called from this runner on a seq ahead of it,
+  /// `std::invalid_argument` when `seq` was never scheduled.
   void sync(uint64_t seq);
-  /// Calls `w` once `seq` is done or failed (at once if it already is).
+  /// Calls `w` once `seq` is done or failed (at once if it already is): with
+  /// nullptr when done, with the reason (naming this device) when it never
+  /// will be. An exception thrown by `w` is swallowed.
   void when_done(uint64_t seq, waiter w);
+  /// For tests: registers `w` without looking at progress, as a waiter does
+  /// that loses the race with `complete` (it stores itself after the runner
+  /// read the waiter minimum, and before it re-checks progress).
+  void add_waiter_unchecked(uint64_t seq, waiter w);
 
   /// The failure message, if the device failed.
   std::optional<std::string> error() const;
@@ -142,8 +172,11 @@ public:
   void check() const;
   /// Stops accepting work and cancels remote waits; does not wait.
   void request_stop();
-  /// Stops accepting work, finishes what was accepted, joins the runner.
-  /// Waits still pending afterwards resolve as failed. Idempotent.
+  /// Whether `request_stop` or `shutdown` was called.
+  bool stopping() const;
+  /// Stops accepting work, cancels the waits that may never be answered (see
+  /// `push_gate`), finishes what was accepted, joins the runner. Waits still
+  /// pending afterwards resolve as failed. Idempotent.
   void shutdown();
 
   // -- Pools (called by the device actor) -------------------------------------
@@ -186,8 +219,21 @@ private:
   void execute(item& it);
   static std::string describe(const item& it);
   void complete(uint64_t seq);
-  void poison(const std::string& message);
-  void fire(uint64_t upto, const std::string* error);
+  /// Fails the device with the message `make()` returns (a fixed text when
+  /// that throws); drops the queue; fires every waiter. Never throws.
+  template <class MakeMessage>
+  void poison(MakeMessage make) noexcept;
+  /// Fires the waiters of seqs up to `upto`: seqs already finished as done,
+  /// the others with `error` (done when it is null). Never throws.
+  void fire(uint64_t upto, const std::string* error) noexcept;
+  /// Fires every waiter after a failure or shutdown: done for finished seqs,
+  /// `"<name>: <reason>"` for the rest.
+  void fail_waiters(const char* fallback) noexcept;
+  static void invoke(waiter& w, const std::string* error) noexcept;
+  void call_room_callback() noexcept;
+  /// Fails the pending gates `which` selects.
+  template <class Pred>
+  void cancel_gates(Pred which);
   /// Wakes the runner if it sleeps.
   void ring();
   /// Wakes the runner, whose sleeping_ the caller has just cleared.
@@ -226,11 +272,12 @@ private:
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) std::string error_; // guarded by mu_
   std::condition_variable_any room_; // producers waiting for room (rare)
+  std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
   mutable std::mutex waiters_mu_;
   std::multimap<uint64_t, waiter> waiters_;
   std::atomic<int> gates_pending_{0};
   const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
-  std::vector<std::weak_ptr<gate>> remote_gates_; // guarded by waiters_mu_
+  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_
 
   // Pools: the table as of the end of the queue.

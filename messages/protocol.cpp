@@ -1,4 +1,4 @@
-#include "messages/protocol.hpp"
+#include "multidev/protocol.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/message.hpp>

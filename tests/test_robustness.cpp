@@ -14,6 +14,7 @@
 
 #include "test_support.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +26,8 @@ using namespace std::chrono_literals;
 using namespace multidev;
 using test_support::bounded;
 using test_support::eventually;
+using test_support::contains;
+using test_support::scheduled_count;
 
 BOOST_AUTO_TEST_CASE(test_robustness_failed_device_runner_goes_to_sleep) {
   backend b{backend_options{.num_devices = 1}};
@@ -65,7 +68,7 @@ BOOST_AUTO_TEST_CASE(test_robustness_runner_never_waits_for_room_in_another_queu
   BOOST_TEST(ran.load() == 8);
 }
 
-BOOST_AUTO_TEST_CASE(test_robustness_actor_handlers_never_wait_for_room) {
+BOOST_AUTO_TEST_CASE(test_robustness_actor_schedule_is_flow_controlled_without_blocking) {
   backend b{backend_options{.num_devices = 2, .queue_capacity = 2}};
   auto owner = b.get_device(0), waiter = b.get_device(1);
   std::atomic<bool> go{false};
@@ -83,18 +86,31 @@ BOOST_AUTO_TEST_CASE(test_robustness_actor_handlers_never_wait_for_room) {
     // More named tasks than the queue holds, by message, while the waiter is
     // parked: the handler must not block the worker that will deliver the
     // owner's reply.
-    for (int i = 0; i < 6; ++i) {
-      bool scheduled = false;
-      self->request(wa, 30s, atoms::schedule_atom::value,
-                    task_spec{"fill", {buffer_arg{{1, 0}, 64 * sizeof(float)}, 1.0 * i}})
-        .receive([&](uint64_t) { scheduled = true; }, [&](caf::error&) {});
-      BOOST_TEST(scheduled);
-    }
+    // The queue holds 2: the actor defers the rest (flow control) instead of
+    // growing the queue, and stays responsive meanwhile.
+    std::vector<uint64_t> seqs;
+    std::vector<decltype(self->request(wa, 30s, atoms::schedule_atom::value, task_spec{}))>
+      pending;
+    for (int i = 0; i < 6; ++i)
+      pending.push_back(self->request(
+        wa, 30s, atoms::schedule_atom::value,
+        task_spec{"fill", {buffer_arg{{1, 0}, 64 * sizeof(float)}, 1.0 * i}}));
+    std::string info;
+    self->request(wa, 30s, atoms::debug_atom::value)
+      .receive([&](std::string s) { info = std::move(s); }, [&](caf::error&) {});
+    BOOST_TEST_REQUIRE(!info.empty()); // handled after the six schedules
+    auto queued = scheduled_count(b, waiter);
+    BOOST_TEST(queued <= 1 + 2, "waiter queue grew to " << queued << " entries");
+    go = true;
+    go.notify_one();
+    for (auto& p : pending)
+      p.receive([&](uint64_t seq) { seqs.push_back(seq); }, [&](caf::error&) {});
+    BOOST_TEST_REQUIRE(seqs.size() == 6u);
+    BOOST_TEST(std::is_sorted(seqs.begin(), seqs.end()));
   }
-  go = true;
-  go.notify_one();
   bounded([&] { b.await(waiter); }, "await waiter");
   BOOST_TEST(b.is_idle(waiter));
+  BOOST_TEST(scheduled_count(b, waiter) == 1 + 6);
 }
 
 BOOST_AUTO_TEST_CASE(test_robustness_freed_merge_buffer_is_released) {
@@ -145,9 +161,14 @@ BOOST_AUTO_TEST_CASE(test_robustness_wait_after_shutdown_fails_at_once) {
   b->schedule_task(d, task{"one", [] {}, {}});
   auto core = d.get_runner().core();
   b.reset();
-  // A seq that was never scheduled can never complete once the device is gone.
+  // A seq that was never scheduled can never complete: the wait fails at once.
   event never{core, 1000};
-  BOOST_CHECK_THROW(bounded([&] { never.sync(); }, "sync"), device_error);
+  try {
+    bounded([&] { never.sync(); }, "sync");
+    BOOST_ERROR("sync on a seq never scheduled returned");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "seq 1000 was never scheduled"), e.what());
+  }
   event done{core, 1};
   BOOST_TEST(done.is_done());
 }

@@ -295,6 +295,12 @@ public:
   /// Schedules a named kernel call, resolved through the kernel registry now
   /// (errors: `std::invalid_argument`); returns its event.
   event schedule_named(const device& d, const task_spec& spec);
+  /// Returns once every message sent to `d`'s actor before this call (from
+  /// this thread, or already in its mailbox) has been handled, so that host
+  /// calls made after it are ordered after those messages (see
+  /// `multidev/protocol.hpp`, "Order between the two paths"). A blocking CAF
+  /// round trip (~70 us): for mixing the two paths, not for the hot path.
+  void flush(const device& d) const;
 
   // -- Nodes, linking and transfers (SPEC §5.7) -------------------------------
 
