@@ -42,6 +42,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -321,6 +322,68 @@ BOOST_AUTO_TEST_CASE(test_protocol_wait_replies_at_once_when_done_and_errors_whe
 
     caf::anon_send_exit(probe0, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(probe1, caf::exit_reason::user_shutdown);
+    sched.run();
+    shutdown_guard.emplace("backend destruction");
+  }
+}
+
+// -- stepped: internal messages ------------------------------------------------------
+
+namespace {
+using forged_resolved = caf::atom_constant<caf::atom("resolved")>;
+} // namespace
+
+/// Whether a typed interface handles a message that starts with `Atom`.
+template <class Atom, class Signatures>
+struct handles_atom;
+template <class Atom, class... Sigs>
+struct handles_atom<Atom, caf::detail::type_list<Sigs...>> {
+  template <class Sig>
+  struct first_is : std::false_type {};
+  template <class... Is, class Out>
+  struct first_is<caf::typed_mpi<caf::detail::type_list<Atom, Is...>, Out>>
+    : std::true_type {};
+  static constexpr bool value = (first_is<Sigs>::value || ...);
+};
+
+// The public interface lists no internal message (issue 6, defect 8), and
+// still lists the public ones.
+static_assert(!handles_atom<forged_resolved, device_actor::signatures>::value);
+static_assert(handles_atom<wait_atom, device_actor::signatures>::value);
+
+BOOST_AUTO_TEST_CASE(test_protocol_forged_internal_messages_do_not_answer_a_wait) {
+  testing_system ts;
+  auto& sched = *ts.sched;
+  {
+    std::optional<watchdog> shutdown_guard; // destroyed last: bounds ~backend
+    backend b{*ts.sys, backend_options{.num_devices = 1}};
+    auto d = b.get_device(0);
+    auto act = multidev::device_actor_of(b, d);
+    auto log = std::make_shared<reply_log>();
+    auto p = ts.sys->spawn(probe, log, act);
+    sched.run();
+    std::promise<void> release;
+    b.schedule_task(d, blocker(release.get_future().share()));
+    auto held = b.all_work(d);
+    caf::anon_send(p, wait_atom::value, held.seq());
+    sched.run(); // the wait is registered, its reply owed
+    BOOST_TEST_REQUIRE(log->empty());
+    // Anyone holding the handle can send these; none may answer the wait.
+    auto untyped = caf::actor_cast<caf::actor>(act);
+    caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, std::string{});
+    caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, uint64_t{0}, std::string{});
+    caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, uint64_t{0},
+                   std::string{"forged failure"});
+    sched.run();
+    BOOST_TEST(log->empty(), "a forged message answered the wait");
+    release.set_value();
+    bounded([&] { b.sync(held); }, "sync");
+    BOOST_TEST_REQUIRE(eventually([&] { return sched.has_job(); }));
+    sched.run();
+    BOOST_TEST_REQUIRE(log->size() == 1u);
+    BOOST_TEST_REQUIRE(log->at(0).value.has_value(), ts.sys->render(log->at(0).err));
+    BOOST_TEST(*log->at(0).value == held.seq());
+    caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
     sched.run();
     shutdown_guard.emplace("backend destruction");
   }

@@ -1,0 +1,238 @@
+// Regressions for the defects found in review of the single-node runtime
+// (issue 6): each case fails on the code before its fix. Synchronization is
+// on state (debug info, the core's counters, latches), never on sleeps.
+#define BOOST_TEST_MODULE hardening
+#include <boost/test/unit_test.hpp>
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
+
+#include "actors/device_core.hpp" // add_waiter_unchecked: the lost race, made deterministic
+
+#include "test_support.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using namespace multidev;
+using test_support::block_runner;
+using test_support::bounded;
+using test_support::contains;
+using test_support::eventually;
+using test_support::field_of;
+using test_support::latch_gate;
+using test_support::scheduled_count;
+
+// -- defect 1: a seq at or below progress is done, forever ---------------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_finished_seq_is_done_for_a_waiter_that_lost_the_race) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  auto core = d.get_runner().core();
+  b.schedule_task(d, {"five", [] {}});
+  auto five = b.all_work(d);
+  auto release = block_runner(b, d); // the runner is past `five`, held here
+  b.schedule_task(d, {"boom", [] { throw std::runtime_error("later task failed"); }});
+  auto boom = b.all_work(d);
+  BOOST_TEST_REQUIRE(five.is_done());
+  // A waiter that stored itself after `complete(five)` read the waiter
+  // minimum, and before its own re-check: still registered, seq already done.
+  std::optional<std::string> told_five, told_boom;
+  core->add_waiter_unchecked(five.seq(), [&](const std::string* error) {
+    told_five = error ? *error : "done";
+  });
+  core->add_waiter_unchecked(boom.seq(), [&](const std::string* error) {
+    told_boom = error ? *error : "done";
+  });
+  release->open();
+  BOOST_TEST_REQUIRE(eventually([&] { return boom.is_failed(); }));
+  BOOST_TEST_REQUIRE(eventually([&] { return told_five && told_boom; }));
+  BOOST_TEST(*told_five == "done");
+  BOOST_TEST(contains(*told_boom, "later task failed"), *told_boom);
+  BOOST_TEST(five.is_done());
+  BOOST_TEST(!five.is_failed());
+  bounded([&] { b.sync(five); }, "sync on the done seq"); // does not throw
+  // The message path agrees: a wait for the done seq replies with the seq.
+  caf::scoped_actor self{b.system()};
+  std::optional<uint64_t> got;
+  self->request(device_actor_of(b, d), 30s, atoms::wait_atom::value, five.seq())
+    .receive([&](uint64_t s) { got = s; }, [&](caf::error&) {});
+  BOOST_TEST((got && *got == five.seq()));
+}
+
+// -- defect 3: a runner belongs to its backend --------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_make_device_refuses_another_backends_runner) {
+  backend b1{backend_options{.num_devices = 1}};
+  auto other = std::make_unique<backend>(backend_options{.num_devices = 1});
+  auto foreign = other->get_device(0);
+  try {
+    b1.make_device(dev{"cpu", 0}, foreign.get_runner(), 0);
+    BOOST_ERROR("make_device accepted another backend's runner");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), foreign.name()), e.what());
+    BOOST_TEST(contains(e.what(), "another backend"), e.what());
+  }
+  // Its own runners are fine, and the other backend goes without harm.
+  auto own = b1.get_device(0);
+  auto twin = b1.make_device(dev{"cpu", 0}, own.get_runner(), 0);
+  other.reset();
+  int ran = 0;
+  b1.schedule_task(twin, {"still alive", [&ran] { ran = 1; }});
+  bounded([&] { b1.await(own); }, "await");
+  BOOST_TEST(ran == 1);
+}
+
+// -- defect 5: nothing hangs at shutdown or on errors -------------------------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_shutdown_cancels_a_wait_on_another_backends_held_device) {
+  backend other{backend_options{.num_devices = 1}};
+  auto owner = other.get_device(0);
+  auto release = std::make_shared<latch_gate>();
+  auto started = std::make_shared<latch_gate>();
+  other.schedule_task(owner, {"held by the user", [release, started] {
+                                started->open();
+                                release->wait(std::chrono::seconds{120});
+                              }});
+  BOOST_TEST_REQUIRE(started->wait());
+  auto owner_done = other.all_work(owner);
+  auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
+  auto d = b->get_device(0);
+  b->will_wait_for(b->make_context(d), owner_done);
+  b->schedule_task(d, {"behind the wait", [] {}});
+  auto behind = b->all_work(d);
+  // Destroying the backend must not wait for the other backend's device.
+  bounded([&] { b.reset(); }, "~backend with a wait on a held foreign device",
+          std::chrono::seconds{20});
+  BOOST_TEST(behind.is_failed());
+  try {
+    behind.sync();
+    BOOST_ERROR("sync on cancelled work returned");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "cancelled at shutdown"), e.what());
+    BOOST_TEST(contains(e.what(), owner.name()), e.what());
+  }
+  release->open();
+  bounded([&] { other.sync(owner_done); }, "the owner finishes");
+}
+
+BOOST_AUTO_TEST_CASE(test_hardening_waits_for_a_seq_never_scheduled_fail_at_once) {
+  backend b{backend_options{.num_devices = 2}};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  b.schedule_task(d0, {"one", [] {}});
+  event bogus{d0.get_runner().core(), 1000};
+  try {
+    b.will_wait_for(b.make_context(d1), bogus);
+    BOOST_ERROR("will_wait_for accepted a seq never scheduled");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "seq 1000 was never scheduled"), e.what());
+    BOOST_TEST(contains(e.what(), d0.name()), e.what());
+  }
+  BOOST_CHECK_THROW(bounded([&] { b.sync(bogus); }, "sync"), std::invalid_argument);
+  caf::scoped_actor self{b.system()};
+  std::optional<caf::error> err;
+  self->request(device_actor_of(b, d0), 30s, atoms::wait_atom::value, uint64_t{1000})
+    .receive([](uint64_t) {}, [&](caf::error& e) { err = e; });
+  BOOST_TEST_REQUIRE(err.has_value());
+  BOOST_TEST(err->code() == static_cast<uint8_t>(errc::invalid_argument));
+  // d1 was left unchanged: nothing queued, not failed.
+  BOOST_TEST(scheduled_count(b, d1) == 0);
+  BOOST_TEST(b.is_idle(d1));
+}
+
+// -- defect 6: will_wait_for returns at once ---------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_will_wait_for_returns_at_once_on_a_full_queue) {
+  backend b{backend_options{.num_devices = 2, .queue_capacity = 2}};
+  auto owner = b.get_device(0), d = b.get_device(1);
+  auto hold_owner = block_runner(b, owner);
+  auto hold_d = block_runner(b, d);
+  int order = 0, first = 0, second = 0, after = 0;
+  b.schedule_task(d, {"first", [&] { first = ++order; }});
+  b.schedule_task(d, {"second", [&] { second = ++order; }}); // the queue is full now
+  bounded([&] { b.will_wait_for(b.make_context(d), b.all_work(owner)); },
+          "will_wait_for on a full queue", std::chrono::seconds{20});
+  hold_d->open();
+  hold_owner->open();
+  b.schedule_task(d, {"after", [&] { after = ++order; }});
+  bounded([&] { b.await(d); }, "await");
+  BOOST_TEST(first == 1);
+  BOOST_TEST(second == 2);
+  BOOST_TEST(after == 3);
+}
+
+// -- defect 9: host calls after messages -------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_flush_orders_a_host_call_after_an_earlier_message) {
+  backend b{backend_options{.num_devices = 2}};
+  auto owner = b.get_device(0), d = b.get_device(1);
+  auto release = block_runner(b, owner);
+  auto owner_seq = b.all_work(owner).seq();
+  std::atomic<bool> ran{false};
+  for (int round = 0; round < 20; ++round) {
+    // Without the flush, the task may be queued before the gate exists.
+    caf::anon_send(device_actor_of(b, d), atoms::depend_atom::value,
+                   caf::actor_cast<caf::actor>(device_actor_of(b, owner)), owner_seq);
+    b.flush(d);
+    b.schedule_task(d, {"after the dependency", [&ran] { ran = true; }});
+  }
+  BOOST_TEST_REQUIRE(eventually([&] {
+    return field_of(b.get_debug_info(d), "parked_on") != "none";
+  }));
+  BOOST_TEST(!ran.load());
+  BOOST_TEST(scheduled_count(b, d) == 40);
+  release->open();
+  bounded([&] { b.await(d); }, "await");
+  BOOST_TEST(ran.load());
+}
+
+// -- defect 12 and flow control: every request ends in a value or an error -------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_requests_deferred_by_flow_control_are_answered_at_shutdown) {
+  caf::actor_system_config cfg;
+  register_types(cfg);
+  cfg.set("scheduler.max-threads", size_t{2});
+  caf::actor_system sys{cfg};
+  {
+    auto b = std::make_unique<backend>(sys, backend_options{.num_devices = 1, .queue_capacity = 1});
+    auto d = b->get_device(0);
+    auto release = block_runner(*b, d);
+    b->schedule_task(d, {"fills the queue", [] {}});
+    auto a = device_actor_of(*b, d);
+    caf::scoped_actor self{sys};
+    std::vector<decltype(self->request(a, 30s, atoms::all_work_atom::value))> pending;
+    for (int i = 0; i < 3; ++i)
+      pending.push_back(self->request(a, 30s, atoms::schedule_atom::value,
+                                      task_spec{"spin_ns", {int64_t{1}}}));
+    pending.push_back(self->request(a, 30s, atoms::all_work_atom::value));
+    // Handled after the four (mailbox order): they are deferred by now.
+    self->request(a, 30s, atoms::idle_atom::value).receive([](bool) {}, [](caf::error&) {});
+    BOOST_TEST(scheduled_count(*b, d) == 2);
+    // The backend goes while they wait; the runner is freed so it can join.
+    std::thread opener([release] { release->open(); });
+    bounded([&] { b.reset(); }, "~backend with deferred requests");
+    opener.join();
+    int answered = 0, timed_out = 0;
+    for (auto& p : pending)
+      p.receive([&](uint64_t) { ++answered; },
+                [&](caf::error& e) {
+                  if (e == caf::sec::request_timeout)
+                    ++timed_out;
+                  else
+                    ++answered;
+                });
+    BOOST_TEST(answered == 4);
+    BOOST_TEST(timed_out == 0);
+  }
+}
