@@ -190,7 +190,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         i->second.rp.deliver(seq);
       else // the bare message: the error carries the device name apart
         i->second.rp.deliver(make_error(errc::device_failed, st.core->name(),
-                                        st.core->error().value_or(error)));
+                                        st.core->reason_of(error)));
       st.waits.erase(i);
     },
     [self](room_atom, uint64_t key) {

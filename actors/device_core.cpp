@@ -347,9 +347,14 @@ void device_core::execute(item& it) {
     gates_pending_.fetch_sub(1);
     if (g.state.load() == gate::failed) {
       poison([&] {
-        return g.error.empty() ? fmt::format("waited for {}, which failed", g.what())
-                               : fmt::format("waited for {}, which failed: {}",
-                                             g.what(), g.error);
+        if (g.error.empty())
+          return fmt::format("waited for {}, which failed", g.what());
+        // The owner's error starts with its name, which what() gives already.
+        std::string_view why = g.error;
+        if (auto o = g.owner.lock())
+          if (why.starts_with(o->name()) && why.substr(o->name().size()).starts_with(": "))
+            why.remove_prefix(o->name().size() + 2);
+        return fmt::format("waited for {}, which failed: {}", g.what(), why);
       });
       return;
     }
@@ -538,21 +543,31 @@ void device_core::sync(uint64_t seq) {
     // Shared: the waiter may still be notifying after we saw the value.
     struct signal {
       std::atomic<uint32_t> flag{0};
+      std::string reason; // written before flag becomes 2
     };
     auto sig = std::make_shared<signal>();
     when_done(seq, [sig](const std::string* error) {
+      if (error)
+        sig->reason = *error;
       sig->flag.store(error ? 2 : 1);
       sig->flag.notify_one();
     });
     uint32_t v;
     while ((v = sig->flag.load()) == 0)
       sig->flag.wait(0);
-    if (v == 1)
+    if (v == 1 || is_done(seq))
       return;
+    throw device_error(name_, reason_of(sig->reason));
   }
   if (is_done(seq))
     return;
-  throw device_error(name_, error().value_or("failed"));
+  throw device_error(name_, error().value_or("device is shut down"));
+}
+
+std::string device_core::reason_of(std::string_view error) const {
+  if (error.starts_with(name_) && error.substr(name_.size()).starts_with(": "))
+    error.remove_prefix(name_.size() + 2);
+  return std::string{error};
 }
 
 std::optional<std::string> device_core::error() const {

@@ -21,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -168,6 +169,9 @@ public:
 
   /// The failure message, if the device failed.
   std::optional<std::string> error() const;
+  /// A waiter's error without the leading `"<this device's name>: "`, so the
+  /// name is said once when the error is wrapped again.
+  std::string reason_of(std::string_view error) const;
   /// Throws `device_error` if the device failed.
   void check() const;
   /// Stops accepting work and cancels remote waits; does not wait.

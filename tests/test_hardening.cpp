@@ -236,3 +236,55 @@ BOOST_AUTO_TEST_CASE(test_hardening_requests_deferred_by_flow_control_are_answer
     BOOST_TEST(timed_out == 0);
   }
 }
+
+// -- errors say once which device, which event, and why ----------------------------
+
+namespace {
+std::size_t count_of(const std::string& haystack, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto i = haystack.find(needle); i != std::string::npos; i = haystack.find(needle, i + 1))
+    ++n;
+  return n;
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_hardening_errors_name_each_device_once) {
+  backend b{backend_options{.num_devices = 2}};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  b.schedule_task(d0, {"boom", [] { throw std::runtime_error("original"); }});
+  auto failed = b.all_work(d0);
+  b.will_wait_for(b.make_context(d1), failed);
+  b.schedule_task(d1, {"behind", [] {}});
+  std::vector<std::string> messages;
+  try {
+    bounded([&] { b.await(d1); }, "await");
+  } catch (const device_error& e) {
+    messages.push_back(e.what());
+    BOOST_TEST(e.device_name() == d1.name());
+    BOOST_TEST(count_of(e.what(), d0.name()) == 1u, e.what());
+    BOOST_TEST(contains(e.what(), "seq " + std::to_string(failed.seq())), e.what());
+  }
+  try {
+    bounded([&] { b.sync(failed); }, "sync");
+  } catch (const device_error& e) {
+    messages.push_back(e.what());
+  }
+  caf::scoped_actor self{b.system()};
+  for (auto* d : {&d0, &d1})
+    self->request(device_actor_of(b, *d), 30s, atoms::wait_atom::value,
+                  b.all_work(*d).seq())
+      .receive([](uint64_t) {},
+               [&](caf::error& err) {
+                 try {
+                   throw_error(err, d->name());
+                 } catch (const device_error& e) {
+                   messages.push_back(e.what());
+                 }
+               });
+  BOOST_TEST_REQUIRE(messages.size() == 4u);
+  for (const auto& m : messages) {
+    BOOST_TEST(count_of(m, d0.name()) == 1u, m);
+    BOOST_TEST(count_of(m, d1.name()) <= 1u, m);
+    BOOST_TEST(contains(m, "original"), m);
+  }
+}
