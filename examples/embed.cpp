@@ -8,7 +8,6 @@
 //
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <multidev/multidev.hpp>
@@ -16,27 +15,9 @@
 
 #include <cstdio>
 
-using namespace multidev;
+#include "embed_driver.hpp" // the driver actor: every step handles its error
 
-/// Fills pool 1 of `dev` with 7.0, sums it into result "embed", then reports.
-caf::behavior driver(caf::event_based_actor* self, device_actor dev, uint64_t n) {
-  return {[=](atoms::schedule_atom) {
-    auto rp = self->make_response_promise();
-    buffer_arg buf{buffer_loc{1, 0}, n * sizeof(float)};
-    self->request(dev, caf::infinite, atoms::schedule_atom::value,
-                  task_spec{"fill", {buf, 7.0}})
-      .then([=](uint64_t) {
-        self->request(dev, caf::infinite, atoms::schedule_atom::value,
-                      task_spec{"checksum", {buf, std::string{"embed"}}})
-          .then([=](uint64_t seq) mutable {
-            self->request(dev, caf::infinite, atoms::wait_atom::value, seq)
-              .then([=](uint64_t done) mutable { rp.deliver(done); },
-                    [=](caf::error& e) mutable { rp.deliver(e); });
-          });
-      });
-    return rp;
-  }};
-}
+using namespace multidev;
 
 int main(int argc, char** argv) {
   caf::actor_system_config cfg;
@@ -53,7 +34,7 @@ int main(int argc, char** argv) {
     auto d = b.get_device(0);
     constexpr uint64_t n = 1024;
     b.alloc_pool(d, 1, n * sizeof(float), 64);
-    auto drv = sys.spawn(driver, device_actor_of(b, d), n);
+    auto drv = sys.spawn(embed::driver, device_actor_of(b, d), n, "fill");
     caf::scoped_actor self{sys};
     self->request(drv, caf::infinite, atoms::schedule_atom::value)
       .receive(

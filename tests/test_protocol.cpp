@@ -27,6 +27,7 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "embed_driver.hpp"
 #include "test_support.hpp"
 
 #include <atomic>
@@ -653,4 +654,49 @@ BOOST_AUTO_TEST_CASE(test_protocol_task_spec_round_trips_through_the_binary_seri
     BOOST_TEST_REQUIRE(!source(empty_out));
   }
   BOOST_TEST((empty_out == empty_in));
+}
+
+// -- a user actor's message chain ends in a value or an error -----------------------
+
+BOOST_AUTO_TEST_CASE(test_protocol_embed_driver_reports_failures_instead_of_hanging) {
+  backend b{backend_options{.num_devices = 1, .scheduler_threads = 2}};
+  auto d = b.get_device(0);
+  constexpr uint64_t n = 256;
+  b.alloc_pool(d, 1, n * sizeof(float), 64);
+  caf::scoped_actor self{b.system()};
+  // An unknown kernel fails the first request; a kernel that throws fails the
+  // device, so the wait at the end of the chain fails, and so does any later
+  // chain on that device.
+  multidev::register_kernel("fill_but_throw",
+                            {.params = {multidev::arg_kind::buffer, multidev::arg_kind::real},
+                             .writes = {0},
+                             .body = [](multidev::kernel_call&) {
+                               throw std::runtime_error("fill_but_throw threw");
+                             }});
+  for (std::string kernel : {"no_such_kernel", "fill_but_throw", "fill"}) {
+    auto drv = b.system().spawn(embed::driver, multidev::device_actor_of(b, d), n, kernel);
+    std::optional<uint64_t> value;
+    std::optional<caf::error> err;
+    bounded(
+      [&] {
+        caf::scoped_actor asker{b.system()};
+        asker->request(drv, caf::infinite, schedule_atom::value)
+          .receive([&](uint64_t v) { value = v; }, [&](caf::error& e) { err = e; });
+      },
+      "the embed driver's reply for kernel " + kernel);
+    if (kernel == "fill") {
+      BOOST_TEST(!value.has_value(), "the device failed before: fill cannot succeed");
+      BOOST_TEST_REQUIRE(err.has_value());
+      BOOST_TEST(is_multidev_error(*err, errc::device_failed), b.system().render(*err));
+    } else if (kernel == "no_such_kernel") {
+      BOOST_TEST_REQUIRE(err.has_value());
+      BOOST_TEST(is_multidev_error(*err, errc::invalid_argument), b.system().render(*err));
+      BOOST_TEST(contains(error_strings(*err).second, "no_such_kernel"));
+    } else {
+      BOOST_TEST_REQUIRE(err.has_value());
+      BOOST_TEST(is_multidev_error(*err, errc::device_failed), b.system().render(*err));
+      BOOST_TEST(contains(error_strings(*err).second, "fill_but_throw threw"));
+    }
+    self->send_exit(drv, caf::exit_reason::user_shutdown);
+  }
 }
