@@ -1,11 +1,8 @@
+// `backend`: one instance of the Multidev signature.
 #include "multidev/backend.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/scoped_actor.hpp>
-#include <caf/send.hpp>
-#include <caf/exit_reason.hpp>
-#include <caf/logger.hpp>
 
 #include <fmt/format.h>
 
@@ -17,240 +14,16 @@
 #include "actors/backend_impl.hpp"
 #include "actors/binding.hpp"
 #include "actors/device_actor.hpp"
+#include "actors/logger_tie.hpp"
 #include "multidev/protocol.hpp"
 
 namespace multidev {
 
-namespace detail {
+using detail::record_of;
 
 namespace {
 std::atomic<int> next_device_id{1};
-
-constexpr auto request_timeout = std::chrono::minutes(5);
-
-/// CAF ties a thread to an actor system's logger (a thread-local reference)
-/// whenever an actor (a scoped_actor too) or an actor_system is created on it,
-/// and ~actor_system waits until every such reference is gone. Without this, a
-/// host thread that once called `alloc_pool` (say) would keep the system from
-/// shutting down from any other thread for as long as it lives. Unties the
-/// thread again when it had no tie before.
-class logger_tie_guard {
-public:
-  logger_tie_guard() : prev_(caf::logger::current_logger()) {
-  }
-  ~logger_tie_guard() {
-    if (prev_ == nullptr && caf::logger::current_logger() != nullptr)
-      caf::logger::set_current_actor_system(nullptr);
-  }
-  logger_tie_guard(const logger_tie_guard&) = delete;
-  logger_tie_guard& operator=(const logger_tie_guard&) = delete;
-
-private:
-  caf::logger* prev_;
-};
 } // namespace
-
-device_record& record_of(const device& d) {
-  if (!d.record())
-    throw std::invalid_argument("empty device handle (default-constructed device)");
-  return *d.record();
-}
-
-device_core& backend_impl::core_of(const device& d) const {
-  auto& rec = record_of(d);
-  std::lock_guard guard{mu};
-  if (!actor_of.contains(rec.r.core().get()))
-    throw std::invalid_argument(
-      fmt::format("device {} does not belong to this backend", rec.name));
-  return rec.core();
-}
-
-device_actor backend_impl::actor_for(const device& d) const {
-  auto& rec = record_of(d);
-  std::lock_guard guard{mu};
-  auto i = actor_of.find(rec.r.core().get());
-  if (i == actor_of.end())
-    throw std::invalid_argument(
-      fmt::format("device {} does not belong to this backend", rec.name));
-  return i->second;
-}
-
-template <class R, class... Ts>
-R backend_impl::ask(const device& d, Ts... xs) const {
-  auto a = actor_for(d);
-  logger_tie_guard untie;
-  caf::scoped_actor self{*sys};
-  std::optional<R> result;
-  caf::error err;
-  self->request(a, request_timeout, xs...)
-    .receive([&](R r) { result = std::move(r); }, [&](caf::error& e) { err = e; });
-  if (err || !result)
-    throw_error(err, record_of(d).name);
-  return *result;
-}
-
-void backend_impl::shutdown() {
-  std::vector<device> all;
-  std::vector<device_actor> handles;
-  {
-    std::lock_guard guard{mu};
-    all = made;
-    for (auto& [core, a] : actor_of)
-      handles.push_back(a);
-    actor_of.clear();
-  }
-  // Finish accepted work first (waits between devices resolve through the
-  // cores), then stop the actors. Every core stops accepting before any is
-  // joined: a runner finishing its queue may be waiting on another device.
-  for (auto& d : all)
-    d.get_runner().core()->request_stop();
-  for (auto& d : all)
-    d.get_runner().core()->shutdown();
-  for (auto& a : handles)
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  handles.clear();
-}
-
-} // namespace detail
-
-using detail::record_of;
-
-// -- small handle types ---------------------------------------------------------
-
-sexp to_sexp(const dev& d) {
-  return sexp::list({sexp::atom("dev"), sexp::field("driver", d.driver),
-                     sexp::field("ordinal", std::to_string(d.ordinal))});
-}
-
-runner::runner(std::shared_ptr<detail::device_core> core) : core_(std::move(core)) {
-}
-
-std::size_t runner::queue_length() const {
-  return core_ ? core_->scheduled() - core_->finished() : 0;
-}
-
-sexp to_sexp(const runner& r) {
-  if (!r.core())
-    return sexp::list({sexp::atom("runner"), sexp::atom("none")});
-  return sexp::list({sexp::atom("runner"), sexp::field("device", r.core()->name()),
-                     sexp::field("queue_length", std::to_string(r.queue_length()))});
-}
-
-event::event(std::shared_ptr<detail::device_core> core, uint64_t seq)
-  : core_(std::move(core)), seq_(seq) {
-}
-
-bool event::is_done() const {
-  return !core_ || core_->is_done(seq_);
-}
-
-bool event::is_failed() const {
-  return core_ && core_->is_failed(seq_);
-}
-
-void event::sync() const {
-  if (core_)
-    core_->sync(seq_);
-}
-
-std::string event::device_name() const {
-  return core_ ? core_->name() : std::string{};
-}
-
-sexp to_sexp(const event& e) {
-  std::string state = e.is_done() ? "done" : e.is_failed() ? "failed" : "pending";
-  return sexp::list({sexp::atom("event"),
-                     sexp::field("device", e.core() ? e.device_name() : "none"),
-                     sexp::field("seq", std::to_string(e.seq())),
-                     sexp::field("state", state)});
-}
-
-sexp to_sexp(const buffer_ptr& p) {
-  return sexp::atom(fmt::format("{}", static_cast<const void*>(p)));
-}
-
-device::device(std::shared_ptr<detail::device_record> rec) : rec_(std::move(rec)) {
-}
-
-const dev& device::dev() const { return record_of(*this).dv; }
-int device::ordinal() const { return record_of(*this).ordinal; }
-int device::device_id() const { return record_of(*this).device_id; }
-const runner& device::get_runner() const { return record_of(*this).r; }
-const std::string& device::name() const { return record_of(*this).name; }
-
-std::optional<buffer_ptr> device::merge_buffer() const {
-  auto p = record_of(*this).core().try_pool(0);
-  if (!p)
-    return std::nullopt;
-  return p->base();
-}
-
-std::size_t device::merge_buffer_capacity() const {
-  auto& rec = record_of(*this);
-  std::lock_guard guard{rec.mu};
-  return rec.merge_buffer_capacity;
-}
-
-std::optional<event> device::updating_for(const tnode& t) const {
-  auto& rec = record_of(*this);
-  std::lock_guard guard{rec.mu};
-  if (auto i = rec.updating_for.find(t); i != rec.updating_for.end())
-    return i->second;
-  return std::nullopt;
-}
-
-std::optional<std::pair<tnode, event>> device::updating_for_merge_buffer() const {
-  auto& rec = record_of(*this);
-  std::lock_guard guard{rec.mu};
-  return rec.updating_for_merge_buffer;
-}
-
-std::optional<buffer_loc> device::constant_buffer(const tnode& t) const {
-  auto& rec = record_of(*this);
-  std::lock_guard guard{rec.mu};
-  if (auto i = rec.constant_buffer_cache.find(t); i != rec.constant_buffer_cache.end())
-    return i->second;
-  return std::nullopt;
-}
-
-int device::next_pool_id() const {
-  auto& rec = record_of(*this);
-  std::lock_guard guard{rec.mu};
-  return rec.next_pool_id;
-}
-
-sexp to_sexp(const device& d) {
-  if (!d)
-    return sexp::list({sexp::atom("device"), sexp::atom("none")});
-  auto& rec = record_of(d);
-  std::lock_guard guard{rec.mu};
-  auto writers = sexp::list({sexp::atom("updating_for")});
-  for (const auto& [t, e] : rec.updating_for)
-    writers.push_back(sexp::list({sexp::atom(t.label), to_sexp(e)}));
-  auto cache = sexp::list({sexp::atom("constant_buffer_cache")});
-  for (const auto& [t, loc] : rec.constant_buffer_cache)
-    cache.push_back(sexp::list({sexp::atom(t.label), to_sexp(loc)}));
-  return sexp::list(
-    {sexp::atom("device"), sexp::field("name", rec.name), to_sexp(rec.dv),
-     sexp::field("ordinal", std::to_string(rec.ordinal)),
-     sexp::field("device_id", std::to_string(rec.device_id)), to_sexp(rec.r),
-     sexp::field("merge_buffer_capacity", std::to_string(rec.merge_buffer_capacity)),
-     sexp::field("updating_for_merge_buffer",
-                 rec.updating_for_merge_buffer
-                   ? sexp::list({sexp::atom(rec.updating_for_merge_buffer->first.label),
-                                 to_sexp(rec.updating_for_merge_buffer->second)})
-                   : sexp::atom("none")),
-     writers, cache, sexp::field("next_pool_id", std::to_string(rec.next_pool_id))});
-}
-
-sexp to_sexp(const context& c) {
-  return sexp::list(
-    {sexp::atom("context"), sexp::field("device", c.device ? c.device.name() : "none"),
-     sexp::field("parent", c.parent ? "some" : "none"), to_sexp(c.buffers),
-     sexp::field("finalized", c.finalized ? "true" : "false"), to_sexp(c.optimize),
-     sexp::field("merge_buffer_node",
-                 c.merge_buffer_node ? to_sexp(*c.merge_buffer_node) : sexp::atom("none"))});
-}
 
 // -- backend --------------------------------------------------------------------
 
@@ -341,7 +114,7 @@ void backend::memset_zero(const device& d, int pool_id, std::size_t offset,
 }
 
 void backend::flush(const device& d) const {
-  impl_->ask<uint64_t>(d, atoms::all_work_atom::value);
+  impl_->flush(d);
 }
 
 device backend::make_device(const multidev::dev& dv, const runner& r, int ordinal) {
@@ -361,7 +134,7 @@ device backend::make_device(const multidev::dev& dv, const runner& r, int ordina
   auto rec = std::make_shared<detail::device_record>();
   rec->dv = dv;
   rec->ordinal = ordinal;
-  rec->device_id = detail::next_device_id.fetch_add(1);
+  rec->device_id = next_device_id.fetch_add(1);
   rec->r = r;
   rec->name = fmt::format("{}:{}:{}", name(), ordinal, rec->device_id);
   device d{std::move(rec)};
@@ -389,7 +162,7 @@ device backend::get_device(int ordinal) {
   auto rec = std::make_shared<detail::device_record>();
   rec->dv = multidev::dev{impl_->opts.driver, ordinal};
   rec->ordinal = ordinal;
-  rec->device_id = detail::next_device_id.fetch_add(1);
+  rec->device_id = next_device_id.fetch_add(1);
   rec->name = fmt::format("{}:{}:{}", name(), ordinal, rec->device_id);
   auto core = std::make_shared<detail::device_core>(
     rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results);

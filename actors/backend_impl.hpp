@@ -62,10 +62,9 @@ struct backend_impl {
   /// device does not belong to this backend.
   device_actor actor_for(const device& d) const;
 
-  /// Sends a request to `d`'s actor and waits for the reply; errors become
-  /// the public-edge exceptions.
-  template <class R, class... Ts>
-  R ask(const device& d, Ts... xs) const;
+  /// Returns once `d`'s actor has handled every message sent to it before
+  /// (a blocking round trip); errors become the public-edge exceptions.
+  void flush(const device& d) const;
 
   void shutdown();
 };
