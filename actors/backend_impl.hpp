@@ -27,6 +27,10 @@ struct device_record {
   multidev::runner r;
   std::string name;
 
+  /// A transfer (`backend::run`) holds it, and the source record's for a
+  /// copy (both taken with `std::lock`), from computing its waits to
+  /// recording itself, so transfers of a node are serial; it never waits
+  /// for room in a queue while holding it. The public getters lock it.
   mutable std::mutex mu;
   /// Last scheduled writer of each node on this device.
   std::map<tnode, event> updating_for;

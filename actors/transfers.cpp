@@ -1,7 +1,9 @@
 // Nodes, linking and transfers: SPEC §5.7 on top of the device cores.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "actors/backend_impl.hpp"
@@ -49,17 +51,93 @@ void prune(std::vector<event>& evs) {
   std::erase_if(evs, [](const event& e) { return e.is_done(); });
 }
 
-} // namespace
+/// Locks one record, or two in a deadlock-free order (`b` may be null or `a`).
+class record_locks {
+public:
+  record_locks(detail::device_record& a, detail::device_record* b)
+    : a_{a.mu, std::defer_lock} {
+    if (b && b != &a) {
+      b_ = std::unique_lock{b->mu, std::defer_lock};
+      std::lock(a_, b_);
+    } else {
+      a_.lock();
+    }
+  }
+  void unlock() {
+    a_.unlock();
+    if (b_.owns_lock())
+      b_.unlock();
+  }
 
-context backend::alloc_node(const context& ctx, const tnode& t) {
+private:
+  std::unique_lock<std::mutex> a_, b_;
+};
+
+/// What `r` must wait for before it runs on `core` (`dst`'s): the last
+/// writers of its inputs on the source device, and copies on other devices
+/// still reading the nodes it overwrites; less what is done, what runs on
+/// `core` anyway (FIFO) and what `waited` holds. Call with both records locked.
+std::vector<event> unmet_waits(const routine& r, const detail::device_record& dst,
+                               const detail::device_record* src,
+                               const detail::device_core& core,
+                               const std::vector<event>& waited) {
+  std::vector<event> out;
+  auto add = [&](const event& e) {
+    auto same = [&e](const event& x) { return x.core() == e.core() && x.seq() == e.seq(); };
+    if (e.core().get() != &core && !e.is_done()
+        && std::none_of(waited.begin(), waited.end(), same)
+        && std::none_of(out.begin(), out.end(), same))
+      out.push_back(e);
+  };
+  if (src)
+    for (const auto& t : r.inputs)
+      if (auto i = src->updating_for.find(t); i != src->updating_for.end())
+        add(i->second);
+  for (const auto& t : r.outputs)
+    if (auto i = dst.readers.find(t); i != dst.readers.end())
+      for (const auto& e : i->second)
+        add(e);
+  return out;
+}
+
+/// Backpressure, taken before any record lock: when `core`'s queue looks
+/// full, a no-op pushed the ordinary way waits for room on host threads (and
+/// never on a runner, like any push). The pushes under the locks then use
+/// `may_wait = false`, so a queue can exceed its capacity by a few items per
+/// caller racing for the same room.
+/// TODO: replace by `device_core::wait_for_room()` once the core offers it.
+void wait_for_room(detail::device_core& core, std::size_t capacity) {
+  if (core.scheduled() - core.finished() >= std::max<std::size_t>(capacity, 1))
+    core.push(task{}, true);
+}
+
+/// Where a node was placed by `place_node`.
+struct placed_node {
+  context ctx;
+  enum { held, cached, allocated } how;
+};
+
+/// Enters a newly allocated constant in its device's cache; a constant that
+/// another thread entered first stays (ours remains a private copy).
+void publish_constant(detail::device_record& rec, const tnode& t, const buffer_loc& loc) {
+  if (t.mode != memory_mode::effectively_constant)
+    return;
+  std::lock_guard guard{rec.mu};
+  rec.constant_buffer_cache.emplace(t, loc);
+}
+
+/// `ctx` when it holds `t`; else a child holding the device's cached
+/// constant, or a new pool (`publish`: entered in the constant cache at once).
+/// Threads placing the same node race benignly: each new pool gets its own id.
+placed_node place_node(backend& b, const context& ctx, const tnode& t, bool publish) {
+  if (ctx.buffers.contains(t))
+    return {ctx, placed_node::held};
   auto& rec = record_of(ctx.device);
-  if (auto i = ctx.buffers.find(t); i != ctx.buffers.end())
-    return ctx;
   ctx_buffers bufs = ctx.buffers;
   if (t.mode == memory_mode::effectively_constant) {
     if (auto loc = ctx.device.constant_buffer(t)) {
       bufs[t] = *loc;
-      return make_child(ctx, std::move(bufs));
+      return {b.make_child(ctx, std::move(bufs)), placed_node::cached};
     }
   }
   int id;
@@ -67,13 +145,20 @@ context backend::alloc_node(const context& ctx, const tnode& t) {
     std::lock_guard guard{rec.mu};
     id = rec.next_pool_id++;
   }
-  alloc_pool(ctx.device, id, t.size_in_bytes, node_alignment, t.mode);
+  b.alloc_pool(ctx.device, id, t.size_in_bytes, node_alignment, t.mode);
   bufs[t] = buffer_loc{id, 0};
-  if (t.mode == memory_mode::effectively_constant) {
-    std::lock_guard guard{rec.mu};
-    rec.constant_buffer_cache.emplace(t, buffer_loc{id, 0});
-  }
-  return make_child(ctx, std::move(bufs));
+  if (publish)
+    publish_constant(rec, t, buffer_loc{id, 0});
+  return {b.make_child(ctx, std::move(bufs)), placed_node::allocated};
+}
+
+} // namespace
+
+// A constant placed here is cached before anything writes it: the caller
+// writes it before other threads may use it. The init_* functions below
+// enter it only once its write is scheduled.
+context backend::alloc_node(const context& ctx, const tnode& t) {
+  return place_node(*this, ctx, t, true).ctx;
 }
 
 routine backend::link(const context& ctx, const std::string& kernel,
@@ -158,43 +243,43 @@ event backend::run(const routine& r) {
         r.name, node_name(*r.merge_buffer_input), rec.name,
         held ? node_name(held->first) : "nothing"));
   }
-  // Order after the last writers of what we read on the source device, and
-  // after other devices' copies still reading what we are about to overwrite.
-  std::vector<event> waits;
-  if (r.copy_source) {
-    for (const auto& t : r.inputs)
-      if (auto w = r.copy_source->device.updating_for(t))
-        waits.push_back(*w);
-  }
-  {
-    std::lock_guard guard{rec.mu};
-    for (const auto& t : r.outputs)
-      if (auto i = rec.readers.find(t); i != rec.readers.end()) {
-        for (auto& e : i->second)
-          waits.push_back(e);
-        rec.readers.erase(i);
+  // One step per call, serial with every other transfer touching the same
+  // records: compute the waits, push the task, record the writer/readers, all
+  // under the records' locks (else a writer pushed between our push and our
+  // record is forgotten, and a later copy reads its half-written node).
+  // Nothing under the locks may wait for room in a queue: a task on a runner
+  // may call a transfer itself, and that runner would then never drain.
+  auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
+  wait_for_room(*core, impl_->opts.queue_capacity);
+  std::vector<event> waited;
+  for (;;) {
+    record_locks locks{rec, src};
+    auto missing = unmet_waits(r, rec, src, *core, waited);
+    if (missing.empty()) {
+      event done{core, core->push(task{r.schedule}, false)};
+      for (const auto& t : r.outputs) {
+        rec.readers.erase(t); // all waited for, or done
+        rec.updating_for[t] = done;
       }
-  }
-  for (const auto& e : waits)
-    will_wait_for(r.context, e);
-  event done{core, core->push(task{r.schedule})};
-  {
-    std::lock_guard guard{rec.mu};
-    for (const auto& t : r.outputs)
-      rec.updating_for[t] = done;
-    if (r.copy_source && r.context.merge_buffer_node && r.outputs.empty())
-      rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, done);
-  }
-  if (r.copy_source && r.copy_source->device != r.context.device) {
-    auto& src = record_of(r.copy_source->device);
-    std::lock_guard guard{src.mu};
-    for (const auto& t : r.inputs) {
-      auto& readers = src.readers[t];
-      prune(readers);
-      readers.push_back(done);
+      if (r.copy_source && r.context.merge_buffer_node && r.outputs.empty())
+        rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, done);
+      if (src && src != &rec)
+        for (const auto& t : r.inputs) {
+          auto& readers = src->readers[t];
+          prune(readers);
+          readers.push_back(done);
+        }
+      return done;
+    }
+    // Waits may block for room, so they go in without the locks; then look
+    // again, since another transfer may have recorded something meanwhile.
+    // A gate on an event scheduled earlier only adds order, never a cycle.
+    locks.unlock();
+    for (const auto& e : missing) {
+      will_wait_for(r.context, e);
+      waited.push_back(e);
     }
   }
-  return done;
 }
 
 /// A copy between `t`'s buffer in `ctx` and host memory, as a routine on
@@ -238,13 +323,13 @@ bool backend::from_host(const context& ctx, const tnode& t, std::span<const std:
 context backend::init_from_host(const context& ctx, const tnode& t,
                                 std::span<const std::byte> host) {
   check_size(t, host.size(), "init_from_host");
-  bool cached = t.mode == memory_mode::effectively_constant
-                && !ctx.buffers.contains(t) && ctx.device.constant_buffer(t);
-  auto c = alloc_node(ctx, t);
+  auto p = place_node(*this, ctx, t, false);
   // A cached constant already holds the data on this device.
-  if (!cached)
-    from_host(c, t, host);
-  return c;
+  if (p.how != placed_node::cached)
+    from_host(p.ctx, t, host);
+  if (p.how == placed_node::allocated)
+    publish_constant(record_of(p.ctx.device), t, p.ctx.buffers.at(t));
+  return p.ctx;
 }
 
 bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> host) {
@@ -321,9 +406,11 @@ context backend::init_from_device(const tnode& t, const context& dst, const cont
   if (!src.buffers.contains(t))
     throw std::invalid_argument(fmt::format("init_from_device: node {} is not in the source context of {}",
                                             node_name(t), src.device.name()));
-  auto c = alloc_node(dst, t);
-  device_to_device(t, merge_buffer_use::no, c, src);
-  return c;
+  auto p = place_node(*this, dst, t, false);
+  device_to_device(t, merge_buffer_use::no, p.ctx, src);
+  if (p.how == placed_node::allocated)
+    publish_constant(record_of(p.ctx.device), t, p.ctx.buffers.at(t));
+  return p.ctx;
 }
 
 void backend::sync_device(const device& d) {
