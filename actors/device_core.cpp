@@ -225,6 +225,17 @@ void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
   ring();
 }
 
+void device_core::wait_for_room() {
+  if (current_runner != nullptr)
+    return;
+  std::unique_lock lk{mu_};
+  while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
+    ++producers_waiting_;
+    room_.wait(lk);
+    --producers_waiting_;
+  }
+}
+
 bool device_core::has_room() const noexcept {
   std::lock_guard guard{mu_};
   return queue_.size() < capacity_ || failed_ || stopping_;

@@ -132,6 +132,9 @@ public:
   /// wakes the runner. Never throws.
   void resolve_gate(gate& g, const std::string* error) noexcept;
 
+  /// Waits until the queue has room (or the device failed or is stopping);
+  /// returns at once on any runner thread, like `push`. Reserves nothing.
+  void wait_for_room();
   /// Whether the queue has room for another entry without waiting (or the
   /// device failed or is stopping, so that a push fails at once).
   bool has_room() const noexcept;

@@ -75,18 +75,15 @@ private:
 
 /// What `r` must wait for before it runs on `core` (`dst`'s): the last
 /// writers of its inputs on the source device, and copies on other devices
-/// still reading the nodes it overwrites; less what is done, what runs on
-/// `core` anyway (FIFO) and what `waited` holds. Call with both records locked.
+/// still reading the nodes it overwrites; less what is done and what runs on
+/// `core` anyway (FIFO). Call with both records locked.
 std::vector<event> unmet_waits(const routine& r, const detail::device_record& dst,
                                const detail::device_record* src,
-                               const detail::device_core& core,
-                               const std::vector<event>& waited) {
+                               const detail::device_core& core) {
   std::vector<event> out;
   auto add = [&](const event& e) {
     auto same = [&e](const event& x) { return x.core() == e.core() && x.seq() == e.seq(); };
-    if (e.core().get() != &core && !e.is_done()
-        && std::none_of(waited.begin(), waited.end(), same)
-        && std::none_of(out.begin(), out.end(), same))
+    if (e.core().get() != &core && !e.is_done() && std::none_of(out.begin(), out.end(), same))
       out.push_back(e);
   };
   if (src)
@@ -98,17 +95,6 @@ std::vector<event> unmet_waits(const routine& r, const detail::device_record& ds
       for (const auto& e : i->second)
         add(e);
   return out;
-}
-
-/// Backpressure, taken before any record lock: when `core`'s queue looks
-/// full, a no-op pushed the ordinary way waits for room on host threads (and
-/// never on a runner, like any push). The pushes under the locks then use
-/// `may_wait = false`, so a queue can exceed its capacity by a few items per
-/// caller racing for the same room.
-/// TODO: replace by `device_core::wait_for_room()` once the core offers it.
-void wait_for_room(detail::device_core& core, std::size_t capacity) {
-  if (core.scheduled() - core.finished() >= std::max<std::size_t>(capacity, 1))
-    core.push(task{}, true);
 }
 
 /// Where a node was placed by `place_node`.
@@ -250,36 +236,27 @@ event backend::run(const routine& r) {
   // Nothing under the locks may wait for room in a queue: a task on a runner
   // may call a transfer itself, and that runner would then never drain.
   auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
-  wait_for_room(*core, impl_->opts.queue_capacity);
-  std::vector<event> waited;
-  for (;;) {
-    record_locks locks{rec, src};
-    auto missing = unmet_waits(r, rec, src, *core, waited);
-    if (missing.empty()) {
-      event done{core, core->push(task{r.schedule}, false)};
-      for (const auto& t : r.outputs) {
-        rec.readers.erase(t); // all waited for, or done
-        rec.updating_for[t] = done;
-      }
-      if (r.copy_source && r.context.merge_buffer_node && r.outputs.empty())
-        rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, done);
-      if (src && src != &rec)
-        for (const auto& t : r.inputs) {
-          auto& readers = src->readers[t];
-          prune(readers);
-          readers.push_back(done);
-        }
-      return done;
-    }
-    // Waits may block for room, so they go in without the locks; then look
-    // again, since another transfer may have recorded something meanwhile.
-    // A gate on an event scheduled earlier only adds order, never a cycle.
-    locks.unlock();
-    for (const auto& e : missing) {
-      will_wait_for(r.context, e);
-      waited.push_back(e);
-    }
+  // Backpressure first, outside the locks; the pushes below never wait, so a
+  // queue can exceed its capacity by a few entries per caller racing for the
+  // same room.
+  core->wait_for_room();
+  record_locks locks{rec, src};
+  for (const auto& e : unmet_waits(r, rec, src, *core))
+    core->push_wait(e.core(), e.seq()); // never waits for room
+  event done{core, core->push(task{r.schedule}, false)};
+  for (const auto& t : r.outputs) {
+    rec.readers.erase(t); // all waited for, or done
+    rec.updating_for[t] = done;
   }
+  if (r.copy_source && r.context.merge_buffer_node && r.outputs.empty())
+    rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, done);
+  if (src && src != &rec)
+    for (const auto& t : r.inputs) {
+      auto& readers = src->readers[t];
+      prune(readers);
+      readers.push_back(done);
+    }
+  return done;
 }
 
 /// A copy between `t`'s buffer in `ctx` and host memory, as a routine on
