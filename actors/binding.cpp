@@ -11,8 +11,11 @@ namespace {
 class bound_call final : public kernel_call {
 public:
   bound_call(std::shared_ptr<device_core> core, task_spec spec,
-             std::vector<std::span<std::byte>> spans)
-    : core_(std::move(core)), spec_(std::move(spec)), spans_(std::move(spans)) {}
+             std::vector<std::span<std::byte>> spans, std::shared_ptr<pool> merge)
+    : core_(std::move(core)),
+      spec_(std::move(spec)),
+      spans_(std::move(spans)),
+      merge_(std::move(merge)) {}
 
   int64_t integer(int i) const override { return std::get<int64_t>(arg(i)); }
 
@@ -32,14 +35,11 @@ public:
   }
 
   std::span<std::byte> merge_buffer() const override {
-    auto p = core_->runner_merge_buffer();
-    if (!p)
-      p = core_->try_pool(0);
-    if (!p)
+    if (!merge_)
       throw std::invalid_argument(fmt::format(
         "kernel '{}' reads the merge buffer, but {} has none", spec_.kernel,
         core_->name()));
-    return p->bytes();
+    return merge_->bytes();
   }
 
   void publish(const std::string& name, double sum, uint64_t hash,
@@ -55,12 +55,17 @@ private:
   std::shared_ptr<device_core> core_;
   task_spec spec_;
   std::vector<std::span<std::byte>> spans_;
+  std::shared_ptr<pool> merge_; // pool 0 as bound, for merge-buffer kernels
 };
 
 } // namespace
 
 bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& spec) {
   auto def = check_task_spec(spec);
+  // Pool 0 as of now: a merge-buffer kernel reads this one even if pool 0 is
+  // freed or replaced before it runs (pool changes are ordered like
+  // cudaFreeAsync).
+  auto merge = def->merge_buffer_param >= 0 ? core->try_pool(0) : nullptr;
   bound_task result;
   std::vector<std::span<std::byte>> spans(spec.args.size());
   for (std::size_t i = 0; i < spec.args.size(); ++i) {
@@ -68,8 +73,8 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
     if (!b)
       continue;
     if (static_cast<int>(i) == def->merge_buffer_param) {
-      // Read from the merge buffer when the task runs; only its size matters.
-      spans[i] = {static_cast<std::byte*>(nullptr), b->size_in_bytes};
+      // The node's bytes at the start of the merge buffer.
+      spans[i] = {merge ? merge->base() : nullptr, b->size_in_bytes};
       continue;
     }
     auto p = core->try_pool(b->loc.pool_id);
@@ -87,7 +92,9 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
     spans[i] = {p->base() + b->loc.offset, b->size_in_bytes};
     result.pools.emplace_back(b->loc.pool_id, p);
   }
-  auto call = std::make_shared<bound_call>(core, spec, std::move(spans));
+  if (merge)
+    result.pools.emplace_back(0, merge);
+  auto call = std::make_shared<bound_call>(core, spec, std::move(spans), merge);
   std::vector<std::shared_ptr<pool>> held;
   for (auto& [id, p] : result.pools)
     held.push_back(p);

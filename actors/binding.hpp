@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// Turning a `task_spec` into work on one device: the kernel is looked up,
-/// its arguments checked, its buffers resolved through the device's pool
-/// table now (at schedule time) and held until the task is gone.
+/// its arguments checked, its buffers (and, for a merge-buffer kernel, pool
+/// 0) resolved through the device's pool table now (at schedule time) and
+/// held until the task is gone.
 
 #include <memory>
 #include <vector>
