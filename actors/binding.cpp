@@ -14,21 +14,17 @@ public:
              std::vector<std::span<std::byte>> spans, std::shared_ptr<pool> merge)
     : core_(std::move(core)),
       spec_(std::move(spec)),
+      args_(spec_, merge ? std::optional{merge->size} : std::nullopt),
       spans_(std::move(spans)),
       merge_(std::move(merge)) {}
+  bound_call(const bound_call&) = delete; // args_ views spec_
+  bound_call& operator=(const bound_call&) = delete;
 
-  int64_t integer(int i) const override { return std::get<int64_t>(arg(i)); }
+  int64_t integer(int i) const override { return args_.integer(i); }
 
-  double real(int i) const override {
-    const auto& a = arg(i);
-    if (auto* p = std::get_if<int64_t>(&a))
-      return static_cast<double>(*p);
-    return std::get<double>(a);
-  }
+  double real(int i) const override { return args_.real(i); }
 
-  const std::string& string(int i) const override {
-    return std::get<std::string>(arg(i));
-  }
+  const std::string& string(int i) const override { return args_.string(i); }
 
   std::span<std::byte> buffer(int i) const override {
     return spans_.at(static_cast<std::size_t>(i));
@@ -36,9 +32,9 @@ public:
 
   std::span<std::byte> merge_buffer() const override {
     if (!merge_)
-      throw std::invalid_argument(fmt::format(
-        "kernel '{}' reads the merge buffer, but {} has none", spec_.kernel,
-        core_->name()));
+      throw std::logic_error(fmt::format(
+        "kernel '{}' reads the merge buffer but declares no merge_buffer_param",
+        spec_.kernel));
     return merge_->bytes();
   }
 
@@ -50,10 +46,9 @@ public:
   const std::string& device_name() const override { return core_->name(); }
 
 private:
-  const kernel_arg& arg(int i) const { return spec_.args.at(static_cast<std::size_t>(i)); }
-
   std::shared_ptr<device_core> core_;
   task_spec spec_;
+  kernel_args args_; // views spec_
   std::vector<std::span<std::byte>> spans_;
   std::shared_ptr<pool> merge_; // pool 0 as bound, for merge-buffer kernels
 };
@@ -65,7 +60,11 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
   // Pool 0 as of now: a merge-buffer kernel reads this one even if pool 0 is
   // freed or replaced before it runs (pool changes are ordered like
   // cudaFreeAsync).
-  auto merge = def->merge_buffer_param >= 0 ? core->try_pool(0) : nullptr;
+  auto merge = def->merge_buffer_param >= 0 || def->check ? core->try_pool(0) : nullptr;
+  check_preconditions(*def, kernel_args{spec, merge ? std::optional{merge->size}
+                                                    : std::nullopt});
+  if (def->merge_buffer_param < 0)
+    merge.reset();
   bound_task result;
   std::vector<std::span<std::byte>> spans(spec.args.size());
   for (std::size_t i = 0; i < spec.args.size(); ++i) {
@@ -73,8 +72,8 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
     if (!b)
       continue;
     if (static_cast<int>(i) == def->merge_buffer_param) {
-      // The node's bytes at the start of the merge buffer.
-      spans[i] = {merge ? merge->base() : nullptr, b->size_in_bytes};
+      // The node's bytes at the start of the merge buffer (checked above).
+      spans[i] = {merge->base(), b->size_in_bytes};
       continue;
     }
     auto p = core->try_pool(b->loc.pool_id);
