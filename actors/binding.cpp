@@ -11,35 +11,31 @@ namespace {
 class bound_call final : public kernel_call {
 public:
   bound_call(std::shared_ptr<device_core> core, task_spec spec,
-             std::vector<std::span<std::byte>> spans)
-    : core_(std::move(core)), spec_(std::move(spec)), spans_(std::move(spans)) {}
+             std::vector<std::span<std::byte>> spans, std::shared_ptr<pool> merge)
+    : core_(std::move(core)),
+      spec_(std::move(spec)),
+      args_(spec_, merge ? std::optional{merge->size} : std::nullopt),
+      spans_(std::move(spans)),
+      merge_(std::move(merge)) {}
+  bound_call(const bound_call&) = delete; // args_ views spec_
+  bound_call& operator=(const bound_call&) = delete;
 
-  int64_t integer(int i) const override { return std::get<int64_t>(arg(i)); }
+  int64_t integer(int i) const override { return args_.integer(i); }
 
-  double real(int i) const override {
-    const auto& a = arg(i);
-    if (auto* p = std::get_if<int64_t>(&a))
-      return static_cast<double>(*p);
-    return std::get<double>(a);
-  }
+  double real(int i) const override { return args_.real(i); }
 
-  const std::string& string(int i) const override {
-    return std::get<std::string>(arg(i));
-  }
+  const std::string& string(int i) const override { return args_.string(i); }
 
   std::span<std::byte> buffer(int i) const override {
     return spans_.at(static_cast<std::size_t>(i));
   }
 
   std::span<std::byte> merge_buffer() const override {
-    auto p = core_->runner_merge_buffer();
-    if (!p)
-      p = core_->try_pool(0);
-    if (!p)
-      throw std::invalid_argument(fmt::format(
-        "kernel '{}' reads the merge buffer, but {} has none", spec_.kernel,
-        core_->name()));
-    return p->bytes();
+    if (!merge_)
+      throw std::logic_error(fmt::format(
+        "kernel '{}' reads the merge buffer but declares no merge_buffer_param",
+        spec_.kernel));
+    return merge_->bytes();
   }
 
   void publish(const std::string& name, double sum, uint64_t hash,
@@ -50,17 +46,25 @@ public:
   const std::string& device_name() const override { return core_->name(); }
 
 private:
-  const kernel_arg& arg(int i) const { return spec_.args.at(static_cast<std::size_t>(i)); }
-
   std::shared_ptr<device_core> core_;
   task_spec spec_;
+  kernel_args args_; // views spec_
   std::vector<std::span<std::byte>> spans_;
+  std::shared_ptr<pool> merge_; // pool 0 as bound, for merge-buffer kernels
 };
 
 } // namespace
 
 bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& spec) {
   auto def = check_task_spec(spec);
+  // Pool 0 as of now: a merge-buffer kernel reads this one even if pool 0 is
+  // freed or replaced before it runs (pool changes are ordered like
+  // cudaFreeAsync).
+  auto merge = def->merge_buffer_param >= 0 || def->check ? core->try_pool(0) : nullptr;
+  check_preconditions(*def, kernel_args{spec, merge ? std::optional{merge->size}
+                                                    : std::nullopt});
+  if (def->merge_buffer_param < 0)
+    merge.reset();
   bound_task result;
   std::vector<std::span<std::byte>> spans(spec.args.size());
   for (std::size_t i = 0; i < spec.args.size(); ++i) {
@@ -68,8 +72,8 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
     if (!b)
       continue;
     if (static_cast<int>(i) == def->merge_buffer_param) {
-      // Read from the merge buffer when the task runs; only its size matters.
-      spans[i] = {static_cast<std::byte*>(nullptr), b->size_in_bytes};
+      // The node's bytes at the start of the merge buffer (checked above).
+      spans[i] = {merge->base(), b->size_in_bytes};
       continue;
     }
     auto p = core->try_pool(b->loc.pool_id);
@@ -87,7 +91,9 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
     spans[i] = {p->base() + b->loc.offset, b->size_in_bytes};
     result.pools.emplace_back(b->loc.pool_id, p);
   }
-  auto call = std::make_shared<bound_call>(core, spec, std::move(spans));
+  if (merge)
+    result.pools.emplace_back(0, merge);
+  auto call = std::make_shared<bound_call>(core, spec, std::move(spans), merge);
   std::vector<std::shared_ptr<pool>> held;
   for (auto& [id, p] : result.pools)
     held.push_back(p);

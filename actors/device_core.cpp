@@ -660,7 +660,6 @@ void device_core::shutdown() {
   fail_waiters("device is shut down");
   std::lock_guard guard{pools_mu_};
   pools_.clear();
-  runner_merge_.reset();
 }
 
 // -- pools --------------------------------------------------------------------
@@ -701,16 +700,8 @@ void device_core::release_later(std::shared_ptr<pool> old, const char* what) {
   if (failed_now())
     return;
   auto id = old->id;
-  auto* raw = old.get();
   try {
-    push(task{fmt::format("{} {}", what, id),
-              [this, raw] {
-                // The runner's merge buffer must not outlive its pool.
-                if (runner_merge_.get() == raw)
-                  runner_merge_.reset();
-              },
-              std::move(old)},
-         false);
+    push(task{fmt::format("{} {}", what, id), [] {}, std::move(old)}, false);
   } catch (const device_error&) {
   }
 }

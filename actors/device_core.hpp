@@ -196,11 +196,6 @@ public:
   std::shared_ptr<pool> try_pool(int id) const;
   std::size_t used_memory() const noexcept { return used_->load(); }
 
-  /// The merge buffer as this runner sees it at this point of its queue.
-  /// Runner thread only.
-  std::shared_ptr<pool> runner_merge_buffer() const { return runner_merge_; }
-  void set_runner_merge_buffer(std::shared_ptr<pool> p) { runner_merge_ = std::move(p); }
-
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
 
@@ -274,7 +269,6 @@ private:
   std::atomic<uint64_t> min_waiter_{UINT64_MAX};
   uint64_t executed_ = 0; // runner only: seq of the item it is running
   uint64_t taken_ = 0;    // runner only (and poison, on the runner): items taken from queue_
-  std::shared_ptr<pool> runner_merge_;
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) std::string error_; // guarded by mu_

@@ -347,33 +347,33 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
                       std::make_shared<std::pair<std::shared_ptr<detail::pool>,
                                                  std::shared_ptr<detail::pool>>>(sp, dp)};
   } else {
-    // Grow the merge buffer in place (a replaced pool 0 lives until the work
-    // before it is done); the copy takes whatever pool 0 is when it runs,
-    // which is at least this big, and makes it the runner's merge buffer.
+    // Grow the merge buffer when it is missing or too small (a replaced pool 0
+    // lives until the work before it is done), then resolve pool 0 now: the
+    // copy writes this pool even if pool 0 is freed or replaced before it
+    // runs, as every pool change is ordered like cudaFreeAsync.
+    auto mb = dcore->try_pool(0);
     bool grow;
     {
       std::lock_guard guard{drec.mu};
-      grow = drec.merge_buffer_capacity < n || !dcore->try_pool(0);
+      grow = drec.merge_buffer_capacity < n || !mb || mb->size < n;
     }
     if (grow) {
       alloc_pool(dst.device, 0, n, node_alignment, memory_mode::device_only);
+      mb = dcore->try_pool(0);
+      if (!mb || mb->size < n)
+        throw std::invalid_argument(fmt::format(
+          "device_to_device: the merge buffer of {} was freed or replaced while "
+          "growing it to {} bytes for node {}",
+          drec.name, n, node_name(t)));
       std::lock_guard guard{drec.mu};
       drec.merge_buffer_capacity = n;
     }
     r.context = make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
-    auto* c = dcore.get();
-    r.schedule = task{r.name,
-                      [drv, c, from, n] {
-                        auto mb = c->try_pool(0);
-                        if (!mb || mb->size < n)
-                          throw std::invalid_argument(fmt::format(
-                            "merge buffer of {} was freed or shrunk before a copy "
-                            "into it ran",
-                            c->name()));
-                        c->set_runner_merge_buffer(mb);
-                        drv->copy(mb->base(), from, n);
-                      },
-                      sp};
+    r.pinned_pools.push_back({dcore, 0, mb});
+    std::byte* to = mb->base();
+    r.schedule = task{r.name, [drv, to, from, n] { drv->copy(to, from, n); },
+                      std::make_shared<std::pair<std::shared_ptr<detail::pool>,
+                                                 std::shared_ptr<detail::pool>>>(sp, mb)};
   }
   run(r);
   return r;

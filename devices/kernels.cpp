@@ -29,8 +29,51 @@ std::span<float> kernel_call::floats(int i) const {
   return {reinterpret_cast<float*>(b.data()), b.size() / sizeof(float)};
 }
 
+const kernel_arg& kernel_args::arg(int i) const {
+  if (i < 0 || static_cast<std::size_t>(i) >= spec_->args.size())
+    throw std::invalid_argument(fmt::format("kernel '{}' has no argument {} (it has {})",
+                                            spec_->kernel, i, spec_->args.size()));
+  return spec_->args[static_cast<std::size_t>(i)];
+}
+
 namespace {
 
+[[noreturn]] void wrong_kind(const task_spec& spec, int i, arg_kind want) {
+  throw std::invalid_argument(
+    fmt::format("kernel '{}' argument {} is {}, not {}", spec.kernel, i,
+                kind_name(spec.args[static_cast<std::size_t>(i)]), to_string(want)));
+}
+
+} // namespace
+
+int64_t kernel_args::integer(int i) const {
+  if (auto* p = std::get_if<int64_t>(&arg(i)))
+    return *p;
+  wrong_kind(*spec_, i, arg_kind::integer);
+}
+
+double kernel_args::real(int i) const {
+  const auto& a = arg(i);
+  if (auto* p = std::get_if<double>(&a))
+    return *p;
+  if (auto* p = std::get_if<int64_t>(&a))
+    return static_cast<double>(*p);
+  wrong_kind(*spec_, i, arg_kind::real);
+}
+
+const std::string& kernel_args::string(int i) const {
+  if (auto* p = std::get_if<std::string>(&arg(i)))
+    return *p;
+  wrong_kind(*spec_, i, arg_kind::string);
+}
+
+std::size_t kernel_args::buffer_size(int i) const {
+  if (auto* p = std::get_if<buffer_arg>(&arg(i)))
+    return p->size_in_bytes;
+  wrong_kind(*spec_, i, arg_kind::buffer);
+}
+
+namespace {
 
 uint64_t fnv1a(std::span<const std::byte> bytes) {
   uint64_t h = 14695981039346656037ull;
@@ -47,77 +90,116 @@ std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
   auto add = [&r](std::string name, kernel_def d) {
     r.emplace(std::move(name), std::make_shared<const kernel_def>(std::move(d)));
   };
-  add("fill", {{k::buffer, k::real}, {}, {0}, -1,
-               [](kernel_call& c) {
-                 auto v = static_cast<float>(c.real(1));
-                 for (auto& x : c.floats(0))
-                   x = v;
-               },
-               "fill DST VALUE: every element of DST becomes VALUE"});
-  add("iota", {{k::buffer, k::real}, {}, {0}, -1,
-               [](kernel_call& c) {
-                 auto start = c.real(1);
-                 auto xs = c.floats(0);
-                 for (std::size_t i = 0; i < xs.size(); ++i)
-                   xs[i] = static_cast<float>(start + static_cast<double>(i));
-               },
-               "iota DST START: DST[i] = START + i"});
-  add("scale", {{k::buffer, k::real}, {0}, {0}, -1,
-                [](kernel_call& c) {
-                  auto f = static_cast<float>(c.real(1));
-                  for (auto& x : c.floats(0))
-                    x *= f;
-                },
-                "scale DST FACTOR: DST[i] *= FACTOR"});
-  add("axpy", {{k::buffer, k::real, k::buffer}, {0, 2}, {0}, -1,
-               [](kernel_call& c) {
-                 auto y = c.floats(0);
-                 auto x = c.floats(2);
-                 if (x.size() != y.size())
-                   throw std::invalid_argument(fmt::format(
-                     "axpy: Y has {} elements but X has {}", y.size(), x.size()));
-                 auto a = static_cast<float>(c.real(1));
-                 for (std::size_t i = 0; i < y.size(); ++i)
-                   y[i] += a * x[i];
-               },
-               "axpy Y A X: Y[i] += A * X[i]"});
-  add("add_from_merge", {{k::buffer, k::buffer}, {0, 1}, {0}, 1,
-                         [](kernel_call& c) {
-                           auto dst = c.floats(0);
-                           auto expected = c.buffer(1).size();
-                           auto mb = c.merge_buffer();
-                           if (expected != dst.size_bytes() || mb.size() < expected)
-                             throw std::invalid_argument(fmt::format(
-                               "add_from_merge: DST has {} bytes, the merge node {} "
-                               "and the merge buffer {}",
-                               dst.size_bytes(), expected, mb.size()));
-                           auto* m = reinterpret_cast<const float*>(mb.data());
-                           for (std::size_t i = 0; i < dst.size(); ++i)
-                             dst[i] += m[i];
-                         },
-                         "add_from_merge DST NODE: DST[i] += merge buffer[i], "
-                         "where the merge buffer holds NODE"});
-  add("checksum", {{k::buffer, k::string}, {0}, {}, -1,
-                   [](kernel_call& c) {
-                     auto xs = c.floats(0);
-                     double sum = 0;
-                     for (auto x : xs)
-                       sum += x;
-                     c.publish(c.string(1), sum, fnv1a(c.buffer(0)), xs.size());
-                   },
-                   "checksum SRC NAME: publishes the sum and FNV-1a hash of SRC as "
-                   "result NAME"});
-  add("spin_ns", {{k::integer}, {}, {}, -1,
+  add("fill", {.params = {k::buffer, k::real},
+               .writes = {0},
+               .body =
+                 [](kernel_call& c) {
+                   auto v = static_cast<float>(c.real(1));
+                   for (auto& x : c.floats(0))
+                     x = v;
+                 },
+               .doc = "fill DST VALUE: every element of DST becomes VALUE"});
+  add("iota", {.params = {k::buffer, k::real},
+               .writes = {0},
+               .body =
+                 [](kernel_call& c) {
+                   auto start = c.real(1);
+                   auto xs = c.floats(0);
+                   for (std::size_t i = 0; i < xs.size(); ++i)
+                     xs[i] = static_cast<float>(start + static_cast<double>(i));
+                 },
+               .doc = "iota DST START: DST[i] = START + i"});
+  add("scale", {.params = {k::buffer, k::real},
+                .reads = {0},
+                .writes = {0},
+                .body =
                   [](kernel_call& c) {
-                    auto until = std::chrono::steady_clock::now()
-                                 + std::chrono::nanoseconds(c.integer(0));
-                    while (std::chrono::steady_clock::now() < until) {
-                    }
+                    auto f = static_cast<float>(c.real(1));
+                    for (auto& x : c.floats(0))
+                      x *= f;
                   },
-                  "spin_ns NS: busy work for NS nanoseconds"});
-  add("fail", {{k::string}, {}, {}, -1,
-               [](kernel_call& c) -> void { throw std::runtime_error(c.string(0)); },
-               "fail MESSAGE: throws MESSAGE (fails the device)"});
+                .doc = "scale DST FACTOR: DST[i] *= FACTOR"});
+  add("axpy", {.params = {k::buffer, k::real, k::buffer},
+               .reads = {0, 2},
+               .writes = {0},
+               .body =
+                 [](kernel_call& c) {
+                   auto y = c.floats(0);
+                   auto x = c.floats(2);
+                   if (x.size() != y.size()) // refused by `check`; defensive
+                     throw std::invalid_argument(fmt::format(
+                       "axpy: Y has {} elements but X has {}", y.size(), x.size()));
+                   auto a = static_cast<float>(c.real(1));
+                   for (std::size_t i = 0; i < y.size(); ++i)
+                     y[i] += a * x[i];
+                 },
+               .doc = "axpy Y A X: Y[i] += A * X[i]",
+               .check =
+                 [](const kernel_args& a) {
+                   if (a.buffer_size(0) != a.buffer_size(2))
+                     throw std::invalid_argument(fmt::format(
+                       "Y (argument 0) has {} bytes but X (argument 2) has {}; "
+                       "expected the same size",
+                       a.buffer_size(0), a.buffer_size(2)));
+                 }});
+  add("add_from_merge",
+      {.params = {k::buffer, k::buffer},
+       .reads = {0, 1},
+       .writes = {0},
+       .merge_buffer_param = 1,
+       .body =
+         [](kernel_call& c) {
+           auto dst = c.floats(0);
+           auto mb = c.merge_buffer();
+           // Refused before scheduling (see `check`); defensive.
+           if (c.buffer(1).size() != dst.size_bytes() || mb.size() < dst.size_bytes())
+             throw std::invalid_argument(fmt::format(
+               "add_from_merge: DST has {} bytes, the merge node {} and the merge buffer {}",
+               dst.size_bytes(), c.buffer(1).size(), mb.size()));
+           auto* m = reinterpret_cast<const float*>(mb.data());
+           for (std::size_t i = 0; i < dst.size(); ++i)
+             dst[i] += m[i];
+         },
+       .doc = "add_from_merge DST NODE: DST[i] += merge buffer[i], where the merge buffer "
+              "holds NODE",
+       .check =
+         [](const kernel_args& a) {
+           if (a.buffer_size(0) != a.buffer_size(1))
+             throw std::invalid_argument(fmt::format(
+               "DST (argument 0) has {} bytes but NODE (argument 1) has {}; expected "
+               "the same size",
+               a.buffer_size(0), a.buffer_size(1)));
+         }});
+  add("checksum", {.params = {k::buffer, k::string},
+                   .reads = {0},
+                   .body =
+                     [](kernel_call& c) {
+                       auto xs = c.floats(0);
+                       double sum = 0;
+                       for (auto x : xs)
+                         sum += x;
+                       c.publish(c.string(1), sum, fnv1a(c.buffer(0)), xs.size());
+                     },
+                   .doc = "checksum SRC NAME: publishes the sum and FNV-1a hash of SRC as "
+                          "result NAME"});
+  add("spin_ns", {.params = {k::integer},
+                  .body =
+                    [](kernel_call& c) {
+                      auto until = std::chrono::steady_clock::now()
+                                   + std::chrono::nanoseconds(c.integer(0));
+                      while (std::chrono::steady_clock::now() < until) {
+                      }
+                    },
+                  .doc = "spin_ns NS: busy work for NS nanoseconds",
+                  .check =
+                    [](const kernel_args& a) {
+                      if (a.integer(0) < 0)
+                        throw std::invalid_argument(fmt::format(
+                          "NS (argument 0) is {}; expected a duration >= 0", a.integer(0)));
+                    }});
+  add("fail", {.params = {k::string},
+               .body = [](kernel_call& c) -> void { throw std::runtime_error(c.string(0)); },
+               .doc = "fail MESSAGE: throws MESSAGE (fails the device)"});
   return r;
 }
 
@@ -152,6 +234,9 @@ void register_kernel(const std::string& name, kernel_def def) {
     check_index(i, "writes");
   if (def.merge_buffer_param != -1)
     check_index(def.merge_buffer_param, "merge_buffer_param");
+  if (def.element_size == 0)
+    throw std::invalid_argument(
+      fmt::format("register_kernel: kernel '{}': element_size is 0", name));
   auto& reg = the_registry();
   std::lock_guard guard{reg.mu};
   reg.kernels[name] = std::make_shared<const kernel_def>(std::move(def));
@@ -186,6 +271,44 @@ std::shared_ptr<const kernel_def> check_task_spec(const task_spec& spec) {
   for (std::size_t i = 0; i < spec.args.size(); ++i)
     check_kernel_arg(spec.kernel, i, def->params[i], spec.args[i]);
   return def;
+}
+
+void check_preconditions(const kernel_def& def, const kernel_args& args) {
+  const auto& name = args.kernel();
+  for (std::size_t i = 0; i < def.params.size(); ++i) {
+    if (def.params[i] != arg_kind::buffer)
+      continue;
+    auto n = args.buffer_size(static_cast<int>(i));
+    if (n % def.element_size != 0)
+      throw std::invalid_argument(fmt::format(
+        "kernel '{}' argument {}: a buffer of {} bytes is not a whole number of "
+        "{}-byte elements",
+        name, i, n, def.element_size));
+  }
+  if (def.merge_buffer_param >= 0) {
+    auto need = args.buffer_size(def.merge_buffer_param);
+    auto have = args.merge_buffer_size();
+    if (!have)
+      throw std::invalid_argument(fmt::format(
+        "kernel '{}' argument {}: reads {} bytes from the merge buffer, but the device "
+        "has none (copy the node in with device_to_device and merge_buffer_use::copy "
+        "first)",
+        name, def.merge_buffer_param, need));
+    if (*have < need)
+      throw std::invalid_argument(fmt::format(
+        "kernel '{}' argument {}: reads {} bytes from the merge buffer, which holds "
+        "only {}",
+        name, def.merge_buffer_param, need, *have));
+  }
+  if (def.check) {
+    try {
+      def.check(args);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      auto prefix = fmt::format("kernel '{}'", name);
+      throw std::invalid_argument(msg.starts_with(prefix) ? msg : prefix + ": " + msg);
+    }
+  }
 }
 
 void check_kernel_arg(const std::string& kernel, std::size_t i, arg_kind want,

@@ -1,5 +1,8 @@
 // The example pipeline (examples/gradient_merge.hpp): partial gradients merged
 // through device 0's merge buffer equal the host sum exactly, over 1-4 devices.
+// And the merge buffer under pool changes: a copy into it, and a kernel reading
+// it, use pool 0 as it was when they were scheduled, so a later `free_pool` or
+// `alloc_pool` of pool 0 (ordered like cudaFreeAsync) cannot break them.
 #define BOOST_TEST_MODULE gradient_merge
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
@@ -10,12 +13,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <vector>
 
 namespace bdata = boost::unit_test::data;
 using namespace std::chrono_literals;
 using test_support::bounded;
+using test_support::block_runner;
+using test_support::field_of;
+using test_support::make_backend;
+using test_support::node;
+using test_support::read_back;
+using test_support::sync;
 
 namespace {
 
@@ -28,7 +38,55 @@ std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& 
   return bad;
 }
 
+/// Device 0's runner is held while a copy of `g` from device 1 into device 0's
+/// merge buffer and an `add_from_merge` into `acc` are scheduled; then
+/// `change` alters pool 0 and the runner goes on. Both must use the merge
+/// buffer they were scheduled with: `acc` = 1 + g, the device is fine, and a
+/// later merge works on whatever pool 0 now is.
+void merge_then_change_pool_0(const std::function<void(multidev::backend&,
+                                                       const multidev::device&)>& change) {
+  using multidev::merge_buffer_use;
+  auto b = make_backend(2);
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  auto g = node(1, "g", 256), acc = node(2, "acc", 256);
+  auto c0 = b.alloc_node(b.make_context(d0), acc);
+  auto c1 = b.alloc_node(b.make_context(d1), g);
+  b.run(b.link(c0, "fill", {acc, 1.0}));
+  b.run(b.link(c1, "iota", {g, 10.0}));
+
+  auto release = block_runner(b, d0);
+  auto copy = b.device_to_device(g, merge_buffer_use::copy, c0, c1);
+  BOOST_TEST_REQUIRE(copy.has_value());
+  auto added = b.run(b.link(copy->context, "add_from_merge", {acc, g}));
+  change(b, d0);
+  release->open();
+  sync(b, added);
+  BOOST_TEST(field_of(b.get_debug_info(d0), "error") == "none");
+  auto v = read_back(b, c0, acc);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    BOOST_TEST(v[i] == 11.0f + static_cast<float>(i), "acc[" << i << "]");
+
+  // The merge buffer is usable again: the next copy takes pool 0 as it is now.
+  auto again = b.device_to_device(g, merge_buffer_use::copy, c0, c1);
+  BOOST_TEST_REQUIRE(again.has_value());
+  b.run(b.link(again->context, "add_from_merge", {acc, g}));
+  v = read_back(b, c0, acc);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    BOOST_TEST(v[i] == 21.0f + 2.0f * static_cast<float>(i), "acc[" << i << "] again");
+}
+
 } // namespace
+
+BOOST_AUTO_TEST_CASE(test_gradient_merge_scheduled_merge_survives_free_pool_0) {
+  merge_then_change_pool_0(
+    [](multidev::backend& b, const multidev::device& d) { b.free_pool(d, 0); });
+}
+
+BOOST_AUTO_TEST_CASE(test_gradient_merge_scheduled_merge_survives_smaller_pool_0) {
+  merge_then_change_pool_0([](multidev::backend& b, const multidev::device& d) {
+    b.alloc_pool(d, 0, 16, 64);
+  });
+}
 
 BOOST_DATA_TEST_CASE(test_gradient_merge_equals_host_sum,
                      bdata::make({1, 2, 3, 4}) * bdata::make({std::size_t{1}, std::size_t{1000},
