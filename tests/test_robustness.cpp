@@ -99,8 +99,11 @@ BOOST_AUTO_TEST_CASE(test_robustness_actor_schedule_is_flow_controlled_without_b
     self->request(wa, 30s, atoms::debug_atom::value)
       .receive([&](std::string s) { info = std::move(s); }, [&](caf::error&) {});
     BOOST_TEST_REQUIRE(!info.empty()); // handled after the six schedules
+    // At most `capacity` entries wait in the queue, and at most as many more
+    // sit in the batch the parked runner took (the gate and what followed it).
     auto queued = scheduled_count(b, waiter);
-    BOOST_TEST(queued <= 1 + 2, "waiter queue grew to " << queued << " entries");
+    BOOST_TEST(queued <= 2 * 2, "waiter queue grew to " << queued << " entries");
+    BOOST_TEST(queued < 1 + 6);
     go = true;
     go.notify_one();
     for (auto& p : pending)
