@@ -76,18 +76,8 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
       spans[i] = {merge->base(), b->size_in_bytes};
       continue;
     }
-    auto p = core->try_pool(b->loc.pool_id);
-    if (!p)
-      throw std::invalid_argument(fmt::format(
-        "kernel '{}' argument {}: pool {} is not allocated on {} (never "
-        "allocated, or freed)",
-        spec.kernel, i, b->loc.pool_id, core->name()));
-    if (b->loc.offset > p->size || b->size_in_bytes > p->size - b->loc.offset)
-      throw std::invalid_argument(fmt::format(
-        "kernel '{}' argument {}: bytes [{}, {}) are outside pool {} of {} ({} "
-        "bytes)",
-        spec.kernel, i, b->loc.offset, b->loc.offset + b->size_in_bytes,
-        b->loc.pool_id, core->name(), p->size));
+    auto p = core->pool_span(b->loc.pool_id, b->loc.offset, b->size_in_bytes,
+                             fmt::format("kernel '{}' argument {}", spec.kernel, i));
     spans[i] = {p->base() + b->loc.offset, b->size_in_bytes};
     result.pools.emplace_back(b->loc.pool_id, p);
   }

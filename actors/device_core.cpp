@@ -706,15 +706,20 @@ void device_core::release_later(std::shared_ptr<pool> old, const char* what) {
   }
 }
 
+namespace {
+std::invalid_argument unknown_pool(std::string_view who, int id, const std::string& device) {
+  return std::invalid_argument(fmt::format(
+    "{}: pool {} is not allocated on {} (never allocated, or freed)", who, id, device));
+}
+} // namespace
+
 void device_core::free_pool(int id) {
   std::shared_ptr<pool> old;
   {
     std::lock_guard guard{pools_mu_};
     auto i = pools_.find(id);
     if (i == pools_.end())
-      throw std::invalid_argument(fmt::format(
-        "free_pool on {}: unknown pool {} (never allocated or already freed)",
-        name_, id));
+      throw unknown_pool("free_pool", id, name_);
     old = std::move(i->second);
     pools_.erase(i);
   }
@@ -722,15 +727,20 @@ void device_core::free_pool(int id) {
   release_later(std::move(old), "free_pool");
 }
 
-uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) {
+std::shared_ptr<pool> device_core::pool_span(int id, std::size_t offset, std::size_t size,
+                                             std::string_view who) const {
   auto p = try_pool(id);
   if (!p)
-    throw std::invalid_argument(
-      fmt::format("memset_zero on {}: unknown pool {}", name_, id));
+    throw unknown_pool(who, id, name_);
   if (offset > p->size || size > p->size - offset)
     throw std::invalid_argument(fmt::format(
-      "memset_zero on {}: pool {}: range [{}, {}) is outside the pool's {} bytes",
-      name_, id, offset, offset + size, p->size));
+      "{}: bytes [{}, {}) are outside pool {} of {} ({} bytes)", who, offset,
+      offset + size, id, name_, p->size));
+  return p;
+}
+
+uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) {
+  auto p = pool_span(id, offset, size, "memset_zero");
   auto* d = driver_.get();
   return push(task{fmt::format("memset_zero pool {} [{}, {})", id, offset, offset + size),
                    [d, p, offset, size] { d->zero(p->base() + offset, size); },

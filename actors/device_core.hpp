@@ -194,6 +194,11 @@ public:
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
   /// The pool now in the table, or nullptr.
   std::shared_ptr<pool> try_pool(int id) const;
+  /// The pool now in the table that holds bytes `[offset, offset + size)`.
+  /// The one check of a pool span: throws `std::invalid_argument` starting
+  /// with `who` when the pool is not allocated or the span is outside it.
+  std::shared_ptr<pool> pool_span(int id, std::size_t offset, std::size_t size,
+                                  std::string_view who) const;
   std::size_t used_memory() const noexcept { return used_->load(); }
 
   /// Queue, progress, waits, error and pools.

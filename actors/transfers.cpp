@@ -26,17 +26,8 @@ std::string node_name(const tnode& t) {
 /// The pool behind `loc` on `core`, checked to hold `size` bytes at the offset.
 std::shared_ptr<detail::pool> pool_for(detail::device_core& core, const tnode& t,
                                        const buffer_loc& loc, const char* what) {
-  auto p = core.try_pool(loc.pool_id);
-  if (!p)
-    throw std::invalid_argument(fmt::format(
-      "{}: node {} lives in pool {}, which is not allocated on {} (freed?)", what,
-      node_name(t), loc.pool_id, core.name()));
-  if (loc.offset > p->size || t.size_in_bytes > p->size - loc.offset)
-    throw std::invalid_argument(fmt::format(
-      "{}: node {} needs bytes [{}, {}) of pool {} on {}, which has {} bytes", what,
-      node_name(t), loc.offset, loc.offset + t.size_in_bytes, loc.pool_id,
-      core.name(), p->size));
-  return p;
+  return core.pool_span(loc.pool_id, loc.offset, t.size_in_bytes,
+                        fmt::format("{}: node {}", what, node_name(t)));
 }
 
 void check_size(const tnode& t, std::size_t n, const char* what) {

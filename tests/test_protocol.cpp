@@ -441,7 +441,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_pool_messages_reply_in_order) {
     invalid(1, "alignment 3");
     auto memset_seq = value(2);
     BOOST_TEST(memset_seq >= 1u);
-    invalid(3, "unknown pool 7");
+    invalid(3, "pool 7 is not allocated");
     invalid(4, "pool 7");
     invalid(5, "pool 1");
     BOOST_TEST(value(6) == 1280u);
