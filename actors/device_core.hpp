@@ -25,75 +25,26 @@
 #include <thread>
 #include <vector>
 
+#include "actors/gate.hpp"
+#include "actors/pool.hpp"
+#include "actors/result_board.hpp"
+#include "actors/spin.hpp"
 #include "devices/driver.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/task.hpp"
 
 namespace multidev::detail {
 
-/// A test-and-test-and-set lock for the queue's few-instruction critical
-/// sections: under contention a std::mutex sleeps in the kernel at once,
-/// which costs more than the whole push it protects.
-class spin_mutex {
-public:
-  void lock() noexcept;
-  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+class device_core;
 
-private:
-  std::atomic<bool> locked_{false};
-};
+/// The device whose runner this thread is, if any (set by the runner thread).
+inline thread_local const device_core* current_runner = nullptr;
 
-/// Kernel results published by tasks, by name (one board per backend).
-class result_board {
-public:
-  void publish(const std::string& name, kernel_result r);
-  std::optional<kernel_result> get(const std::string& name) const;
-
-private:
-  mutable std::mutex mu_;
-  std::map<std::string, kernel_result> results_;
-};
-
-/// One pool: its memory and what it was allocated as. Shared by the table and
-/// by every queued item that uses it, so memory outlives the work using it.
-struct pool {
-  pool(int id, std::size_t size, std::size_t alignment,
-       std::optional<memory_mode> mode, std::unique_ptr<allocation> mem,
-       std::shared_ptr<std::atomic<std::size_t>> used);
-  ~pool();
-  std::byte* base() const noexcept { return mem->base(); }
-  std::span<std::byte> bytes() const noexcept { return {mem->base(), size}; }
-
-  int id;
-  std::size_t size;
-  std::size_t alignment;
-  std::optional<memory_mode> mode;
-  std::unique_ptr<allocation> mem;
-  std::shared_ptr<std::atomic<std::size_t>> used;
-};
-
-/// A point in a device's queue that opens when another device's event is done
-/// (or fails, which poisons the device when the runner reaches it).
-struct gate {
-  /// `resolving` is held only between the compare-and-swap that makes one
-  /// resolution win and the store of its final state (no throwing in between).
-  enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
-  std::atomic<int> state{pending};
-  uint64_t seq = 0;  ///< Its place in the device's schedule.
-  /// The awaited event: `owner` and `owner_seq` for a local wait (formatted
-  /// only when needed), `label` otherwise.
-  std::weak_ptr<device_core> owner;
-  uint64_t owner_seq = 0;
-  std::string label;
-  /// Whether a CAF reply opens it (the owner lives behind an actor).
-  bool remote = false;
-  /// `"<owner> seq <n>"`, or the label. Never throws: falls back to a fixed
-  /// text when formatting fails.
-  std::string what() const noexcept;
-  std::string error; ///< Written before `state` becomes `failed`.
-};
-
+/// The state a device actor owns. Its members are defined by job:
+/// device_core.cpp (life: start, stop, shutdown), device_queue.cpp (the
+/// producer side and backpressure), device_runner.cpp (the runner thread),
+/// device_gates.cpp (waits for other devices), device_events.cpp (progress,
+/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp.
 class device_core : public std::enable_shared_from_this<device_core> {
 public:
   /// Called once an awaited seq is done (`error == nullptr`) or can never be
@@ -219,6 +170,9 @@ private:
     gate* as_gate() const noexcept { return extra ? extra->g.get() : nullptr; }
   };
   static constexpr uint64_t fail_bit = uint64_t{1} << 63;
+  /// How many queue entries ahead a producer prefetches for writing, and the
+  /// runner for reading.
+  static constexpr std::size_t prefetch_items = 6;
 
   uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
   void release_later(std::shared_ptr<pool> old, const char* what);
@@ -239,8 +193,7 @@ private:
   static void invoke(waiter& w, const std::string* error) noexcept;
   void call_room_callback() noexcept;
   /// Fails the pending gates `which` selects.
-  template <class Pred>
-  void cancel_gates(Pred which);
+  void cancel_gates(bool (*which)(const gate&));
   /// Wakes the runner if it sleeps.
   void ring();
   /// Wakes the runner, whose sleeping_ the caller has just cleared.

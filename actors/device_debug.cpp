@@ -1,0 +1,42 @@
+// A device core's debug info, as an s-expression.
+#include "actors/device_core.hpp"
+
+#include <fmt/format.h>
+
+namespace multidev::detail {
+
+sexp device_core::debug_info() const {
+  auto s = scheduled();
+  auto f = finished();
+  std::size_t waiting;
+  std::string parked;
+  {
+    std::lock_guard guard{waiters_mu_};
+    waiting = waiters_.size();
+    if (parked_on_)
+      parked = parked_on_->what();
+  }
+  auto pools = sexp::list({sexp::atom("pools")});
+  {
+    std::lock_guard guard{pools_mu_};
+    for (const auto& [id, p] : pools_)
+      pools.push_back(sexp::list(
+        {sexp::atom("pool"), sexp::field("id", std::to_string(id)),
+         sexp::field("size", std::to_string(p->size)),
+         sexp::field("alignment", std::to_string(p->alignment)),
+         sexp::field("mode", p->mode ? to_string(*p->mode) : std::string{"none"})}));
+  }
+  auto err = error();
+  return sexp::list({sexp::atom("device"), sexp::field("name", name_),
+                     sexp::field("queue_length", std::to_string(s - f)),
+                     sexp::field("scheduled", std::to_string(s)),
+                     sexp::field("finished", std::to_string(f)),
+                     sexp::field("pending_waits", std::to_string(gates_pending_.load())),
+                     sexp::field("waiters", std::to_string(waiting)),
+                     sexp::field("parked_on", parked.empty() ? "none" : parked),
+                     sexp::field("error", err ? *err : std::string{"none"}),
+                     sexp::field("used_memory", std::to_string(used_memory())),
+                     pools});
+}
+
+} // namespace multidev::detail

@@ -1,0 +1,99 @@
+// Waits for other devices' events: gates in the queue, how they are
+// pushed, resolved and cancelled.
+#include "actors/device_core.hpp"
+
+#include <fmt/format.h>
+
+namespace multidev::detail {
+
+bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
+  if (owner.get() == this || owner->is_done(seq))
+    return false;
+  owner->check_scheduled(seq, "will_wait_for");
+  auto g = std::make_shared<gate>();
+  g->owner = owner;
+  g->owner_seq = seq;
+  push_gate(g);
+  // The callback may run at once, on this thread, or later on owner's runner.
+  std::weak_ptr<device_core> self = weak_from_this();
+  try {
+    owner->when_done(seq, [self, g](const std::string* error) {
+      if (auto me = self.lock())
+        me->resolve_gate(*g, error);
+    });
+  } catch (...) {
+    // The gate is queued: left pending, it would hold this device forever.
+    static const std::string reason = "could not register the wait (out of memory)";
+    resolve_gate(*g, &reason);
+    throw;
+  }
+  return true;
+}
+
+std::string gate::what() const noexcept {
+  try {
+    if (auto o = owner.lock())
+      return fmt::format("{} seq {}", o->name(), owner_seq);
+    return label.empty() ? fmt::format("seq {} of a device gone", owner_seq) : label;
+  } catch (...) {
+    return {};
+  }
+}
+
+std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
+  {
+    // Registered before the push: `shutdown` sets stopping_ before it collects
+    // these, so a gate is either collected (and maybe cancelled) or refused.
+    std::lock_guard guard{waiters_mu_};
+    std::erase_if(gates_, [](const auto& w) {
+      auto p = w.lock();
+      return !p || p->state.load() != gate::pending;
+    });
+    gates_.push_back(g);
+  }
+  gates_pending_.fetch_add(1);
+  try {
+    // A wait never waits for room: will_wait_for returns at once, and an
+    // actor handler must not block.
+    g->seq = enqueue(task{}, g, false);
+  } catch (...) {
+    gates_pending_.fetch_sub(1);
+    throw;
+  }
+  return g;
+}
+
+void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
+  // `resolving` makes the first resolution win and publishes `error` before
+  // the final state; the runner only acts on open or failed. Nothing between
+  // the two may throw, or the gate would stay half-open forever.
+  int expected = gate::pending;
+  if (!g.state.compare_exchange_strong(expected, gate::resolving))
+    return;
+  if (error) {
+    try {
+      g.error = *error;
+    } catch (...) {
+      g.error.clear(); // the runner reports the failure without its reason
+    }
+    g.state.store(gate::failed, std::memory_order_seq_cst);
+  } else {
+    g.state.store(gate::open, std::memory_order_seq_cst);
+  }
+  ring();
+}
+
+void device_core::cancel_gates(bool (*which)(const gate&)) {  std::vector<std::shared_ptr<gate>> chosen;
+  {
+    std::lock_guard guard{waiters_mu_};
+    for (auto& w : gates_)
+      if (auto g = w.lock(); g && g->state.load() == gate::pending && which(*g))
+        chosen.push_back(std::move(g));
+  }
+  for (auto& g : chosen) {
+    static const std::string why = "the wait was cancelled at shutdown";
+    resolve_gate(*g, &why);
+  }
+}
+
+} // namespace multidev::detail

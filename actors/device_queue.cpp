@@ -1,0 +1,105 @@
+// The producer side of a device's queue: appending, backpressure, flow
+// control for producers that must not block, and waking the runner.
+#include "actors/device_core.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace multidev::detail {
+
+uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) {
+  item it{std::move(t.work), nullptr};
+  if (!t.description.empty() || t.keep_alive || g)
+    it.extra = std::make_unique<item_extra>(
+      item_extra{std::move(t.description), std::move(t.keep_alive), std::move(g)});
+  bool wake;
+  uint64_t seq;
+  {
+    std::unique_lock lk{mu_};
+    if (queue_.size() >= capacity_ && may_wait && current_runner == nullptr) {
+      // Backpressure: wait for room, never drop. Runner threads (of any
+      // device) and actor handlers never wait: a runner waiting for room in a
+      // queue parked on its own next event, or an actor that must first
+      // process the reply opening that queue's gate, would wait forever.
+      while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
+        ++producers_waiting_;
+        room_.wait(lk);
+        --producers_waiting_;
+      }
+    }
+    if (failed_)
+      throw device_error(name_, error_);
+    if (stopping_)
+      throw device_error(name_, "device is shut down; no new work is accepted");
+    queue_.push_back(std::move(it));
+    // The next entries' lines were last read by the runner (the buffers swap
+    // back and forth): ask for them now, so the transfer overlaps this push.
+    if (auto ahead = queue_.size() + prefetch_items; ahead < queue_.capacity())
+      __builtin_prefetch(queue_.data() + ahead, 1, 3);
+    seq = scheduled_.load(std::memory_order_relaxed) + 1;
+    scheduled_.store(seq, std::memory_order_release);
+    // The runner sets sleeping_ for an empty queue under mu_, so a plain
+    // load suffices to skip the read-modify-write on the common path.
+    wake = sleeping_.load(std::memory_order_relaxed) && sleeping_.exchange(false);
+  }
+  if (wake)
+    ring_bell();
+  return seq;
+}
+
+uint64_t device_core::push(task&& t, bool may_wait) {
+  return enqueue(std::move(t), nullptr, may_wait);
+}
+
+void device_core::wait_for_room() {
+  if (current_runner != nullptr)
+    return;
+  std::unique_lock lk{mu_};
+  while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
+    ++producers_waiting_;
+    room_.wait(lk);
+    --producers_waiting_;
+  }
+}
+
+bool device_core::has_room() const noexcept {
+  std::lock_guard guard{mu_};
+  return queue_.size() < capacity_ || failed_ || stopping_;
+}
+
+bool device_core::notify_when_room(std::function<void()> cb) {
+  std::lock_guard guard{mu_};
+  if (queue_.size() < capacity_ || failed_ || stopping_)
+    return false;
+  room_cb_ = std::move(cb);
+  return true;
+}
+
+void device_core::call_room_callback() noexcept {
+  std::function<void()> cb;
+  {
+    std::lock_guard guard{mu_};
+    cb.swap(room_cb_);
+  }
+  if (cb) {
+    try {
+      cb();
+    } catch (...) {
+      // A producer that cannot be told keeps its work deferred; it asks again
+      // on its next message.
+    }
+  }
+}
+
+void device_core::ring() {
+  if (sleeping_.exchange(false, std::memory_order_seq_cst))
+    ring_bell();
+}
+
+void device_core::ring_bell() {
+  bell_.fetch_add(1);
+  bell_.notify_one();
+}
+
+} // namespace multidev::detail

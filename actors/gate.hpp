@@ -1,0 +1,35 @@
+#pragma once
+/// \file
+/// A wait in a device's queue for another device's event.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace multidev::detail {
+
+class device_core;
+
+/// A point in a device's queue that opens when another device's event is done
+/// (or fails, which poisons the device when the runner reaches it).
+struct gate {
+  /// `resolving` is held only between the compare-and-swap that makes one
+  /// resolution win and the store of its final state (no throwing in between).
+  enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
+  std::atomic<int> state{pending};
+  uint64_t seq = 0;  ///< Its place in the device's schedule.
+  /// The awaited event: `owner` and `owner_seq` for a local wait (formatted
+  /// only when needed), `label` otherwise.
+  std::weak_ptr<device_core> owner;
+  uint64_t owner_seq = 0;
+  std::string label;
+  /// Whether a CAF reply opens it (the owner lives behind an actor).
+  bool remote = false;
+  /// `"<owner> seq <n>"`, or the label. Never throws: falls back to a fixed
+  /// text when formatting fails.
+  std::string what() const noexcept;
+  std::string error; ///< Written before `state` becomes `failed`.
+};
+
+} // namespace multidev::detail
