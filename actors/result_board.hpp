@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "multidev/backend.hpp"
+#include "multidev/kernels.hpp"
 
 namespace multidev::detail {
 

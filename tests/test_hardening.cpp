@@ -42,8 +42,16 @@ BOOST_AUTO_TEST_CASE(test_hardening_finished_seq_is_done_for_a_waiter_that_lost_
   auto core = d.get_runner().core();
   b.schedule_task(d, {"five", [] {}});
   auto five = b.all_work(d);
-  auto release = block_runner(b, d); // the runner is past `five`, held here
-  b.schedule_task(d, {"boom", [] { throw std::runtime_error("later task failed"); }});
+  // The runner is past `five`, held inside the task that will fail: no
+  // completion after `five` fires its waiter before the failure does.
+  auto release = std::make_shared<latch_gate>();
+  auto started = std::make_shared<latch_gate>();
+  b.schedule_task(d, {"boom", [release, started] {
+                        started->open();
+                        release->wait();
+                        throw std::runtime_error("later task failed");
+                      }});
+  BOOST_TEST_REQUIRE(started->wait());
   auto boom = b.all_work(d);
   BOOST_TEST_REQUIRE(five.is_done());
   // A waiter that stored itself after `complete(five)` read the waiter
@@ -287,4 +295,34 @@ BOOST_AUTO_TEST_CASE(test_hardening_errors_name_each_device_once) {
     BOOST_TEST(count_of(m, d1.name()) <= 1u, m);
     BOOST_TEST(contains(m, "original"), m);
   }
+}
+
+BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_actor_is_killed) {
+  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  b.schedule_task(d, {"fills the queue", [] {}});
+  auto a = device_actor_of(b, d);
+  caf::scoped_actor self{b.system()};
+  std::vector<decltype(self->request(a, 30s, atoms::all_work_atom::value))> pending;
+  for (int i = 0; i < 3; ++i)
+    pending.push_back(self->request(a, 10s, atoms::schedule_atom::value,
+                                    task_spec{"spin_ns", {int64_t{1}}}));
+  pending.push_back(self->request(a, 10s, atoms::all_work_atom::value));
+  self->request(a, 10s, atoms::idle_atom::value).receive([](bool) {}, [](caf::error&) {});
+  BOOST_TEST(scheduled_count(b, d) == 2);
+  // The actor is stopped while its core still runs: no room message comes.
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  int answered = 0, timed_out = 0;
+  for (auto& p : pending)
+    p.receive([&](uint64_t) { ++answered; },
+              [&](caf::error& e) {
+                if (e == caf::sec::request_timeout)
+                  ++timed_out;
+                else
+                  ++answered;
+              });
+  BOOST_TEST(answered == 4);
+  BOOST_TEST(timed_out == 0);
+  release->open();
 }

@@ -5,6 +5,8 @@
 /// of devices of one driver kind. Each device is a CAF actor that owns its runner
 /// (one FIFO work queue and thread), its pool table and its event bookkeeping;
 /// this header keeps CAF out (see `multidev/protocol.hpp` for the actor side).
+/// The handles it takes and returns live in `device.hpp`, `event.hpp` and
+/// `context.hpp`.
 ///
 /// Threads: every `backend` member may be called from any thread, including
 /// from tasks running on a runner. Tasks run on their device's runner thread.
@@ -19,6 +21,11 @@
 #include <utility>
 #include <vector>
 
+#include "multidev/context.hpp"
+#include "multidev/device.hpp"
+#include "multidev/event.hpp"
+#include "multidev/fwd.hpp"
+#include "multidev/kernels.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"
 #include "multidev/types.hpp"
@@ -28,160 +35,6 @@ class actor_system;
 } // namespace caf
 
 namespace multidev {
-
-namespace detail {
-class device_core;
-struct device_record;
-struct backend_impl;
-} // namespace detail
-
-/// The driver's handle of one device (OCANNL's `dev`): which driver, which
-/// ordinal. Cheap to copy.
-struct dev {
-  std::string driver;
-  int ordinal = 0;
-  friend bool operator==(const dev&, const dev&) = default;
-};
-
-sexp to_sexp(const dev& d);
-
-/// A device's stream (OCANNL's `runner`): its FIFO work queue and the thread
-/// that drains it. A handle; copies refer to the same runner.
-class runner {
-public:
-  runner() = default;
-  explicit runner(std::shared_ptr<detail::device_core> core);
-  /// Tasks scheduled and not yet finished (including a parked wait).
-  std::size_t queue_length() const;
-  const std::shared_ptr<detail::device_core>& core() const noexcept { return core_; }
-  friend bool operator==(const runner& x, const runner& y) { return x.core_ == y.core_; }
-
-private:
-  std::shared_ptr<detail::device_core> core_;
-};
-
-sexp to_sexp(const runner& r);
-
-/// A point in one device's schedule: done once that device's runner has
-/// finished everything scheduled up to and including `seq()`. Copyable handle
-/// (like a Realm event); waiting on it never spins.
-class event {
-public:
-  /// An event that is already done (seq 0 of no device).
-  event() = default;
-  event(std::shared_ptr<detail::device_core> core, uint64_t seq);
-
-  /// Never blocks. A failed event is not done.
-  bool is_done() const;
-  /// Whether the event can never complete because its device failed or shut
-  /// down before reaching it.
-  bool is_failed() const;
-  /// Blocks the calling thread until done. Throws `device_error` when the event
-  /// failed, `deadlock_error` when called from a task of the same device on an
-  /// event still ahead of it.
-  void sync() const;
-
-  uint64_t seq() const noexcept { return seq_; }
-  /// The owning device's name; empty for the default (done) event.
-  std::string device_name() const;
-  const std::shared_ptr<detail::device_core>& core() const noexcept { return core_; }
-
-private:
-  std::shared_ptr<detail::device_core> core_;
-  uint64_t seq_ = 0;
-};
-
-sexp to_sexp(const event& e);
-
-/// The start of a pool's memory as the runner sees it. CPU devices use host
-/// memory, so this is a plain pointer.
-using buffer_ptr = std::byte*;
-
-sexp to_sexp(const buffer_ptr& p);
-
-/// OCANNL's `device` record: a runner plus the bookkeeping that transfers use
-/// (writers of nodes, merge buffer, constant cache, pool ids). A handle; copies
-/// refer to the same record. The mutable fields are guarded inside.
-class device {
-public:
-  device() = default;
-  explicit device(std::shared_ptr<detail::device_record> rec);
-
-  const multidev::dev& dev() const;
-  int ordinal() const;
-  /// Unique across every backend of the process.
-  int device_id() const;
-  const multidev::runner& get_runner() const;
-  /// `"<backend name>:<ordinal>:<device_id>"`.
-  const std::string& name() const;
-
-  /// Pool 0's base, once a merge buffer was allocated.
-  std::optional<buffer_ptr> merge_buffer() const;
-  std::size_t merge_buffer_capacity() const;
-  /// The event of the last scheduled work on this device that writes `t`.
-  std::optional<event> updating_for(const tnode& t) const;
-  /// The node last copied into the merge buffer and that copy's event.
-  std::optional<std::pair<tnode, event>> updating_for_merge_buffer() const;
-  /// Where this device keeps its read-only copy of `t`, if it has one.
-  std::optional<buffer_loc> constant_buffer(const tnode& t) const;
-  /// The pool id the next node allocation takes (starts at 1; 0 is the merge buffer).
-  int next_pool_id() const;
-
-  explicit operator bool() const noexcept { return rec_ != nullptr; }
-  friend bool operator==(const device& x, const device& y) { return x.rec_ == y.rec_; }
-  const std::shared_ptr<detail::device_record>& record() const noexcept { return rec_; }
-
-private:
-  std::shared_ptr<detail::device_record> rec_;
-};
-
-sexp to_sexp(const device& d);
-
-/// OCANNL's `context`: a device plus the buffers of the nodes linked against
-/// it. Immutable value; `parent` links to the context it was derived from.
-struct context {
-  multidev::device device;
-  std::shared_ptr<const context> parent;
-  ctx_buffers buffers;
-  bool finalized = false;
-  multidev::optimize_ctx optimize;
-  std::optional<tnode> merge_buffer_node;
-};
-
-sexp to_sexp(const context& c);
-
-/// A kernel linked against a context (see `backend::link`): ready to run on
-/// the context's device. `schedule` holds the kernel's pools, resolved when
-/// linking; `backend::run` checks they are still the device's pools, orders the
-/// work after the writers of `inputs` and records it as the writer of `outputs`.
-struct routine {
-  multidev::context context;
-  multidev::task schedule;
-  std::string name;
-  std::set<tnode> inputs;
-  std::set<tnode> outputs;
-  std::optional<tnode> merge_buffer_input;
-  /// For a copy made by `device_to_device`: the context copied from.
-  std::shared_ptr<const multidev::context> copy_source;
-  /// A pool `schedule` holds, which `backend::run` checks is still current.
-  struct pinned_pool {
-    std::shared_ptr<detail::device_core> core;
-    int pool_id = 0;
-    std::shared_ptr<const void> pool;
-  };
-  /// The pools `schedule` holds.
-  std::vector<pinned_pool> pinned_pools;
-};
-
-sexp to_sexp(const routine& r);
-
-/// Whether `device_to_device` writes into the destination node (`no`) or into
-/// the destination's merge buffer (`copy`).
-enum class merge_buffer_use { no, copy };
-
-/// A value `link` binds to a kernel parameter: a number, a string, or a node
-/// whose buffer the context holds.
-using link_arg = std::variant<int64_t, double, std::string, tnode>;
 
 /// How a backend is built.
 struct backend_options {
@@ -194,14 +47,6 @@ struct backend_options {
   /// CAF scheduler threads when the backend owns its actor system; 0: the
   /// machine's hardware threads.
   int scheduler_threads = 0;
-};
-
-/// Host-visible results written by kernels (e.g. `checksum`), by name.
-struct kernel_result {
-  double sum = 0;
-  uint64_t hash = 0;
-  std::size_t count = 0;
-  friend bool operator==(const kernel_result&, const kernel_result&) = default;
 };
 
 /// One instance of the Multidev signature: devices of one driver kind.

@@ -25,6 +25,14 @@
 
 namespace multidev {
 
+/// Host-visible results written by kernels (e.g. `checksum`), by name.
+struct kernel_result {
+  double sum = 0;
+  uint64_t hash = 0;
+  std::size_t count = 0;
+  friend bool operator==(const kernel_result&, const kernel_result&) = default;
+};
+
 /// The kind of one kernel parameter.
 enum class arg_kind { integer, real, string, buffer };
 

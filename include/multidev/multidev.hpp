@@ -5,6 +5,10 @@
 /// actor protocol.
 
 #include "multidev/backend.hpp"
+#include "multidev/context.hpp"
+#include "multidev/device.hpp"
+#include "multidev/event.hpp"
+#include "multidev/fwd.hpp"
 #include "multidev/kernels.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"

@@ -1,0 +1,90 @@
+#pragma once
+/// \file
+/// A device and its parts: `dev` (the driver's handle), `runner` (its
+/// stream), `device` (OCANNL's device record), `buffer_ptr`.
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "multidev/event.hpp"
+#include "multidev/fwd.hpp"
+#include "multidev/sexp.hpp"
+#include "multidev/types.hpp"
+
+namespace multidev {
+
+/// The driver's handle of one device (OCANNL's `dev`): which driver, which
+/// ordinal. Cheap to copy.
+struct dev {
+  std::string driver;
+  int ordinal = 0;
+  friend bool operator==(const dev&, const dev&) = default;
+};
+
+sexp to_sexp(const dev& d);
+
+/// A device's stream (OCANNL's `runner`): its FIFO work queue and the thread
+/// that drains it. A handle; copies refer to the same runner.
+class runner {
+public:
+  runner() = default;
+  explicit runner(std::shared_ptr<detail::device_core> core);
+  /// Tasks scheduled and not yet finished (including a parked wait).
+  std::size_t queue_length() const;
+  const std::shared_ptr<detail::device_core>& core() const noexcept { return core_; }
+  friend bool operator==(const runner& x, const runner& y) { return x.core_ == y.core_; }
+
+private:
+  std::shared_ptr<detail::device_core> core_;
+};
+
+sexp to_sexp(const runner& r);
+
+/// The start of a pool's memory as the runner sees it. CPU devices use host
+/// memory, so this is a plain pointer.
+using buffer_ptr = std::byte*;
+
+sexp to_sexp(const buffer_ptr& p);
+
+/// OCANNL's `device` record: a runner plus the bookkeeping that transfers use
+/// (writers of nodes, merge buffer, constant cache, pool ids). A handle; copies
+/// refer to the same record. The mutable fields are guarded inside.
+class device {
+public:
+  device() = default;
+  explicit device(std::shared_ptr<detail::device_record> rec);
+
+  const multidev::dev& dev() const;
+  int ordinal() const;
+  /// Unique across every backend of the process.
+  int device_id() const;
+  const multidev::runner& get_runner() const;
+  /// `"<backend name>:<ordinal>:<device_id>"`.
+  const std::string& name() const;
+
+  /// Pool 0's base, once a merge buffer was allocated.
+  std::optional<buffer_ptr> merge_buffer() const;
+  std::size_t merge_buffer_capacity() const;
+  /// The event of the last scheduled work on this device that writes `t`.
+  std::optional<event> updating_for(const tnode& t) const;
+  /// The node last copied into the merge buffer and that copy's event.
+  std::optional<std::pair<tnode, event>> updating_for_merge_buffer() const;
+  /// Where this device keeps its read-only copy of `t`, if it has one.
+  std::optional<buffer_loc> constant_buffer(const tnode& t) const;
+  /// The pool id the next node allocation takes (starts at 1; 0 is the merge buffer).
+  int next_pool_id() const;
+
+  explicit operator bool() const noexcept { return rec_ != nullptr; }
+  friend bool operator==(const device& x, const device& y) { return x.rec_ == y.rec_; }
+  const std::shared_ptr<detail::device_record>& record() const noexcept { return rec_; }
+
+private:
+  std::shared_ptr<detail::device_record> rec_;
+};
+
+sexp to_sexp(const device& d);
+
+} // namespace multidev
