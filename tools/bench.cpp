@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -15,7 +16,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/device_core.hpp" // runner-side addresses for the memcpy baselines
+#include <multidev/kernels.hpp>
+
 #include "gradient_merge.hpp"
 
 namespace multidev::tools {
@@ -155,10 +157,19 @@ double memcpy_gbps(backend& b, const device& d, std::byte* dst, const std::byte*
   return static_cast<double>(n) * copies_per_sample / secs / 1e9;
 }
 
-/// Where `ctx` keeps `t`: the runner-side address, for the memcpy baselines.
-std::byte* node_bytes(const context& ctx, const tnode& t) {
-  const auto& loc = ctx.buffers.at(t);
-  return ctx.device.get_runner().core()->try_pool(loc.pool_id)->base() + loc.offset;
+/// Where `ctx` keeps `t`, as `ctx.device`'s runner sees it (for the memcpy
+/// baselines): a kernel linked against `ctx` reports its buffer's address,
+/// through the public kernel API only.
+std::byte* node_bytes(backend& b, const context& ctx, const tnode& t) {
+  auto address = std::make_shared<std::atomic<std::byte*>>(nullptr);
+  kernel_def def;
+  def.params = {arg_kind::buffer};
+  def.reads = {0};
+  def.body = [address](kernel_call& call) { address->store(call.buffer(0).data()); };
+  def.doc = "bench_node_address NODE: reports NODE's address to `multidev bench`";
+  register_kernel("bench_node_address", std::move(def));
+  b.sync(b.run(b.link(ctx, "bench_node_address", {t})));
+  return address->load();
 }
 
 std::vector<std::byte> random_bytes(std::size_t n) {
@@ -261,7 +272,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
     b.sync(b.all_work(d0));
     int copy_reps = reps;
     if (wanted(copy_name("copy_host_to_device"))) {
-      auto memcpy_base = [&] { return memcpy_gbps(b, d0, node_bytes(c0, t), host.data(), bytes); };
+      auto* dst = node_bytes(b, c0, t);
+      auto memcpy_base = [&] { return memcpy_gbps(b, d0, dst, host.data(), bytes); };
       auto [base, ours] = medians(copy_reps, memcpy_base, [&] {
         auto t0 = clock_type::now();
         for (int i = 0; i < copies_per_sample; ++i)
@@ -273,9 +285,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
                          "higher", 0.9));
     }
     if (wanted(copy_name("copy_device_to_device"))) {
-      auto memcpy_base = [&] {
-        return memcpy_gbps(b, d1, node_bytes(c1, t), node_bytes(c0, t), bytes);
-      };
+      auto *dst = node_bytes(b, c1, t), *src = node_bytes(b, c0, t);
+      auto memcpy_base = [&] { return memcpy_gbps(b, d1, dst, src, bytes); };
       auto [base, ours] = medians(copy_reps, memcpy_base, [&] {
         auto t0 = clock_type::now();
         for (int i = 0; i < copies_per_sample; ++i)
