@@ -8,14 +8,21 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/device_core.hpp" // runner-side addresses for the memcpy baselines
+#include <time.h>
+
+#include <multidev/kernels.hpp>
+
 #include "gradient_merge.hpp"
 
 namespace multidev::tools {
@@ -155,10 +162,63 @@ double memcpy_gbps(backend& b, const device& d, std::byte* dst, const std::byte*
   return static_cast<double>(n) * copies_per_sample / secs / 1e9;
 }
 
-/// Where `ctx` keeps `t`: the runner-side address, for the memcpy baselines.
-std::byte* node_bytes(const context& ctx, const tnode& t) {
-  const auto& loc = ctx.buffers.at(t);
-  return ctx.device.get_runner().core()->try_pool(loc.pool_id)->base() + loc.offset;
+/// Where `ctx` keeps `t`, as `ctx.device`'s runner sees it (for the memcpy
+/// baselines): a kernel linked against `ctx` reports its buffer's address,
+/// through the public kernel API only.
+std::byte* node_bytes(backend& b, const context& ctx, const tnode& t) {
+  auto address = std::make_shared<std::atomic<std::byte*>>(nullptr);
+  kernel_def def;
+  def.params = {arg_kind::buffer};
+  def.reads = {0};
+  def.body = [address](kernel_call& call) { address->store(call.buffer(0).data()); };
+  def.doc = "bench_node_address NODE: reports NODE's address to `multidev bench`";
+  register_kernel("bench_node_address", std::move(def));
+  b.sync(b.run(b.link(ctx, "bench_node_address", {t})));
+  return address->load();
+}
+
+/// Bytes of the pool `pool_calls` allocates, zeroes and frees.
+constexpr std::size_t pool_call_bytes = 4096;
+
+/// ns per `std::aligned_alloc` + `memset` + `free` of 4 KiB on this thread.
+double aligned_alloc_ns_per_iteration(int n) {
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i) {
+    void* p = std::aligned_alloc(64, pool_call_bytes);
+    std::memset(p, 0, pool_call_bytes);
+    asm volatile("" : : "r"(p) : "memory"); // keep the allocation and the memset
+    std::free(p);
+  }
+  return seconds_since(t0) * 1e9 / n;
+}
+
+/// CPU time of the whole process (every thread), in seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// CPU ms per second of wall time the process spends over `window_s` while
+/// this thread sleeps: with nothing else running, what the idle backend costs.
+double idle_cpu_ms_per_s(double window_s) {
+  auto w0 = clock_type::now();
+  double c0 = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
+  double c1 = process_cpu_seconds();
+  return (c1 - c0) * 1e3 / seconds_since(w0);
+}
+
+/// Devices, settling time and window of `idle_cpu_8dev`.
+constexpr int idle_devices = 8;
+constexpr auto idle_settle = std::chrono::milliseconds(100);
+
+/// `idle_cpu_ms_per_s` of `b` once all its devices exist and have settled.
+double idle_backend_cpu(backend& b, double window_s) {
+  for (int i = 0; i < idle_devices; ++i)
+    b.get_device(i);
+  std::this_thread::sleep_for(idle_settle);
+  return idle_cpu_ms_per_s(window_s);
 }
 
 std::vector<std::byte> random_bytes(std::size_t n) {
@@ -178,6 +238,20 @@ double multidev_ns_per_task(backend& b, const device& d, int n) {
   auto t0 = clock_type::now();
   for (int i = 0; i < n; ++i)
     b.schedule_task(d, task{{}, [&done] { done.fetch_add(1, std::memory_order_relaxed); }, {}});
+  b.sync(b.all_work(d));
+  return seconds_since(t0) * 1e9 / n;
+}
+
+/// ns per alloc_pool + memset_zero + free_pool of 4 KiB from this host
+/// thread on `d`, `n` times, then waiting for `d`.
+double multidev_pool_calls_ns(backend& b, const device& d, int n) {
+  constexpr int pool_id = 1'000'000; // far from the ids alloc_node hands out
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i) {
+    b.alloc_pool(d, pool_id, pool_call_bytes, 64);
+    b.memset_zero(d, pool_id, 0, pool_call_bytes);
+    b.free_pool(d, pool_id);
+  }
   b.sync(b.all_work(d));
   return seconds_since(t0) * 1e9 / n;
 }
@@ -211,16 +285,22 @@ double multidev_ns_per_hop(backend& b, const device& d0, const device& d1, int h
 } // namespace
 
 bool bench_result::meets_target() const {
-  if (!target)
-    return true;
-  return better == "lower" ? ratio <= *target : ratio >= *target;
+  auto meets = [this](double x, std::optional<double> bound) {
+    return !bound || (better == "lower" ? x <= *bound : x >= *bound);
+  };
+  return meets(ratio, target) && meets(value, value_target);
 }
 
-std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& o) {
-  std::vector<bench_result> out;
-  auto wanted = [&o](const std::string& name) {
-    return o.filter.empty() || name.find(o.filter) != std::string::npos;
-  };
+namespace {
+
+bool is_wanted(const bench_options& o, const std::string& name) {
+  return o.filter.empty() || name.find(o.filter) != std::string::npos;
+}
+
+/// The figures measured on one backend of at least 4 devices, shared by all.
+void shared_backend_figures(std::vector<bench_result>& out, const backend_options& opts,
+                            const bench_options& o) {
+  auto wanted = [&o](const std::string& name) { return is_wanted(o, name); };
   auto bopts = opts;
   bopts.num_devices = std::max(4, opts.num_devices.value_or(4));
   backend b{bopts};
@@ -261,7 +341,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
     b.sync(b.all_work(d0));
     int copy_reps = reps;
     if (wanted(copy_name("copy_host_to_device"))) {
-      auto memcpy_base = [&] { return memcpy_gbps(b, d0, node_bytes(c0, t), host.data(), bytes); };
+      auto* dst = node_bytes(b, c0, t);
+      auto memcpy_base = [&] { return memcpy_gbps(b, d0, dst, host.data(), bytes); };
       auto [base, ours] = medians(copy_reps, memcpy_base, [&] {
         auto t0 = clock_type::now();
         for (int i = 0; i < copies_per_sample; ++i)
@@ -273,9 +354,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
                          "higher", 0.9));
     }
     if (wanted(copy_name("copy_device_to_device"))) {
-      auto memcpy_base = [&] {
-        return memcpy_gbps(b, d1, node_bytes(c1, t), node_bytes(c0, t), bytes);
-      };
+      auto *dst = node_bytes(b, c1, t), *src = node_bytes(b, c0, t);
+      auto memcpy_base = [&] { return memcpy_gbps(b, d1, dst, src, bytes); };
       auto [base, ours] = medians(copy_reps, memcpy_base, [&] {
         auto t0 = clock_type::now();
         for (int i = 0; i < copies_per_sample; ++i)
@@ -314,17 +394,71 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
     out.push_back(make(name, "ms/step", ours, "same sum, host loop", base, "lower",
                        std::nullopt));
   }
+  if (wanted("pool_calls")) {
+    int n = o.quick ? 200 : 2'000;
+    auto [base, ours] = medians(reps, [&] { return aligned_alloc_ns_per_iteration(100 * n); },
+                                [&] { return multidev_pool_calls_ns(b, d0, n); });
+    out.push_back(make("pool_calls", "ns/iter", ours, "aligned_alloc+memset+free 4KiB", base,
+                       "lower", 20.0));
+  }
+}
+
+/// CPU ms per idle second of a backend that owns its actor system, beside
+/// the same backend on a caller-owned system left at CAF's defaults (only
+/// `scheduler.max-threads` set, as the tool does). Each sample builds its
+/// backend, so nothing else runs in the process while it is measured.
+bench_result idle_cpu_figure(const backend_options& opts, const bench_options& o) {
+  auto iopts = opts;
+  iopts.num_devices = idle_devices;
+  double window_s = o.quick ? 0.25 : 1.5;
+  int reps = o.quick ? 1 : std::clamp(o.repeats, 1, 3);
+  auto ours = [&] {
+    backend b{iopts};
+    return idle_backend_cpu(b, window_s);
+  };
+  auto base = [&] {
+    caf::actor_system_config cfg;
+    cfg.set("scheduler.max-threads",
+            static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())));
+    caf::actor_system sys{cfg};
+    backend b{sys, iopts};
+    return idle_backend_cpu(b, window_s);
+  };
+  std::vector<double> xs, ys;
+  for (int i = 0; i < reps; ++i) {
+    xs.push_back(base());
+    ys.push_back(ours());
+  }
+  auto r = make("idle_cpu_8dev", "ms/s", median(ys), "8 devices, CAF defaults", median(xs),
+                "lower", std::nullopt);
+  r.value_target = 2.0; // 0.2 % of a core
+  return r;
+}
+
+} // namespace
+
+std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& o) {
+  std::vector<bench_result> out;
+  shared_backend_figures(out, opts, o);
+  // Last, once the shared backend is gone: nothing else may run meanwhile.
+  if (is_wanted(o, "idle_cpu_8dev"))
+    out.push_back(idle_cpu_figure(opts, o));
   return out;
 }
 
 std::string format_table(const std::vector<bench_result>& rs) {
-  std::string s = fmt::format("{:<28} {:>14} {:<30} {:>14} {:>8} {:>10}\n", "benchmark",
+  std::string s = fmt::format("{:<30} {:>14} {:<31} {:>14} {:>8}  {}\n", "benchmark",
                               "multidev", "baseline", "baseline", "ratio", "target");
   for (const auto& r : rs) {
-    auto target = r.target ? fmt::format("{}{:.1f} {}", r.better == "lower" ? "<=" : ">=",
-                                         *r.target, r.meets_target() ? "ok" : "MISSED")
-                           : std::string{"-"};
-    s += fmt::format("{:<28} {:>9.1f} {:<4} {:<30} {:>9.1f} {:<4} {:>8.3f} {:>10}\n", r.name,
+    auto op = r.better == "lower" ? "<=" : ">=";
+    std::string target;
+    if (r.target)
+      target = fmt::format("{}{:.1f}", op, *r.target);
+    if (r.value_target) // an absolute bound on the value, shown with its unit
+      target += fmt::format("{}{}{:.1f} {}", target.empty() ? "" : ", ", op, *r.value_target,
+                            r.unit);
+    target = target.empty() ? "-" : target + (r.meets_target() ? " ok" : " MISSED");
+    s += fmt::format("{:<30} {:>9.1f} {:<4} {:<31} {:>9.1f} {:<4} {:>8.3f}  {}\n", r.name,
                      r.value, r.unit, r.baseline, r.baseline_value, r.unit, r.ratio, target);
   }
   return s;
@@ -341,6 +475,8 @@ std::string to_json(const std::vector<bench_result>& rs) {
                      {"ratio", r.ratio},
                      {"better", r.better}};
     j["target"] = r.target ? nlohmann::json(*r.target) : nlohmann::json(nullptr);
+    j["value_target"] =
+      r.value_target ? nlohmann::json(*r.value_target) : nlohmann::json(nullptr);
     j["meets_target"] = r.meets_target();
     arr.push_back(std::move(j));
   }

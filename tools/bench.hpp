@@ -32,6 +32,10 @@ struct bench_result {
   /// The bound the ratio must meet (e.g. 1.0 for <= 1.0 when lower is
   /// better, 0.9 for >= 0.9 when higher is better); none when informative.
   std::optional<double> target;
+  /// An absolute bound `value` must meet, in `unit`, in the same direction
+  /// (e.g. 2.0 for idle CPU <= 2.0 ms/s); none when only the ratio counts.
+  std::optional<double> value_target;
+  /// Whether both bounds that are set are met.
   bool meets_target() const;
 };
 

@@ -3,9 +3,18 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/config_option_set.hpp>
 
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
 
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
@@ -14,79 +23,159 @@
 
 namespace {
 
+/// The exit status of every usage error (README: "exit status 2").
+constexpr int usage_error = 2;
+
+/// The most CPU devices `-n` asks for (each device that runs work has a thread).
+constexpr int64_t max_devices = 4096;
+
+/// Prints one line about a usage error to stderr; returns `usage_error`.
+int usage(const std::string& what) {
+  std::cerr << "multidev: " << what << " (see multidev --help)\n";
+  return usage_error;
+}
+
+/// A CAF config that can tell whether CAF knows a command-line option.
+class tool_config final : public caf::actor_system_config {
+public:
+  /// Whether `--name` or `--name=value` is one of CAF's options.
+  bool knows(const std::string& arg) const {
+    auto name = std::string_view{arg}.substr(2);
+    name = name.substr(0, name.find('='));
+    return custom_options_.cli_long_name_lookup(caf::string_view{name.data(), name.size()})
+           != nullptr;
+  }
+};
+
 /// CAF's own options (`--scheduler.max-threads=2`, also spelled
 /// `--caf.scheduler.max-threads=2`; `--config-file=F`) go to CAF's config.
-int configure_caf(caf::actor_system_config& cfg, std::vector<std::string> extras) {
+/// What is left after multidev's options must be one of those: returns what
+/// is wrong with them in one line, or nothing.
+std::optional<std::string> configure_caf(tool_config& cfg, std::vector<std::string> extras,
+                                         bool have_command) {
   multidev::register_types(cfg);
   cfg.set("scheduler.max-threads",
           static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())));
-  for (auto& a : extras)
+  for (auto& a : extras) {
     if (a.rfind("--caf.", 0) == 0)
       a = "--" + a.substr(6);
+    if (a.rfind("--", 0) != 0 || a.size() == 2) {
+      if (a.rfind('-', 0) == 0)
+        return "unknown option '" + a + "'";
+      if (!have_command)
+        return "unknown command '" + a + "'; the commands are devices, kernels, bench";
+      return "unexpected argument '" + a + "'";
+    }
+    if (!cfg.knows(a))
+      return "unknown option '" + a + "', neither multidev's nor CAF's";
+  }
   std::string given;
   for (const auto& a : extras)
     given += (given.empty() ? "" : " ") + a;
-  if (auto err = cfg.parse(std::move(extras))) {
-    std::cerr << "multidev: unknown or malformed option among: " << given
-              << "\n  (multidev's options: see --help; CAF's look like "
-                 "--scheduler.max-threads=2)\n  CAF said: "
-              << caf::to_string(err) << "\n";
-    return 2;
-  }
-  if (!cfg.remainder.empty()) {
-    std::cerr << "multidev: unknown option '" << cfg.remainder.front()
-              << "' (see multidev --help)\n";
-    return 2;
-  }
-  return 0;
+  if (auto err = cfg.parse(std::move(extras)))
+    return "CAF rejected '" + given + "': " + caf::to_string(err);
+  if (!cfg.remainder.empty())
+    return "unexpected argument '" + cfg.remainder.front() + "'";
+  return std::nullopt;
+}
+
+/// Reads a count given as `text` for `option`; refuses anything but a whole
+/// number in `[min, max]` in one line that names the option and repeats what
+/// was given.
+std::optional<std::string> read_count(const char* option, const std::string& text,
+                                      int64_t min, int64_t max, int64_t& out) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  bool whole = ec != std::errc::invalid_argument && end == text.data() + text.size();
+  if (!whole)
+    return std::string{option} + " must be a whole number, got '" + text + "'";
+  bool negative = !text.empty() && text[0] == '-';
+  if (ec == std::errc::result_out_of_range ? negative : v < min)
+    return std::string{option} + " must be at least " + std::to_string(min) + ", got " + text;
+  if (ec == std::errc::result_out_of_range || v > max)
+    return std::string{option} + " must be at most " + std::to_string(max) + ", got " + text;
+  out = v;
+  return std::nullopt;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"multidev: a task runtime for many devices (OCANNL's Multidev interface "
-               "on CAF actors).\nCAF options pass through, e.g. "
-               "--scheduler.max-threads=2 or --caf.scheduler.max-threads=2."};
-  app.require_subcommand(1);
+               "on CAF actors).\nOptions go before or after the command. CAF options pass "
+               "through, e.g.\n--scheduler.max-threads=2 or --caf.scheduler.max-threads=2. "
+               "Usage errors exit with status 2."};
+  app.require_subcommand(0, 1);
   app.allow_extras();
-  multidev::backend_options opts;
-  int num_devices = 0;
-  app.add_option("-n,--num-devices", num_devices,
-                 "number of CPU devices (default: hardware threads)")
-    ->check(CLI::NonNegativeNumber);
-  app.add_option("--queue-capacity", opts.queue_capacity,
-                 "tasks a device queues before schedule_task waits for room")
-    ->check(CLI::PositiveNumber);
+  // Counts are read as text and checked by read_count, so a bad value gets
+  // one plain line instead of CLI11's range of the type.
+  std::string num_devices;
+  auto* num_devices_opt = app.add_option("-n,--num-devices", num_devices,
+                                         "number of CPU devices, 1 to 4096 "
+                                         "(default: hardware threads)")
+                            ->type_name("N");
+  std::string queue_capacity;
+  auto* queue_capacity_opt = app.add_option(
+    "--queue-capacity", queue_capacity,
+    "tasks a device queues before schedule_task waits for room (at least 1)")->type_name("N");
 
+  // Each command hands the options it does not know to the top level
+  // (fallthrough), so `-n 3` works after the command too.
   auto* devices = app.add_subcommand("devices", "print the devices' static properties as an s-expression");
-  devices->allow_extras();
+  devices->fallthrough();
   bool limits = false;
   devices->add_flag("--limits", limits, "also print hardware_limits");
 
   auto* kernels = app.add_subcommand("kernels", "list the named kernels");
-  kernels->allow_extras();
+  kernels->fallthrough();
 
   auto* bench = app.add_subcommand(
     "bench", "run the benchmark suite; each figure beside a baseline measured in the same run");
-  bench->allow_extras();
+  bench->fallthrough();
   multidev::tools::bench_options bopts;
   std::string json_file;
   bench->add_option("--json", json_file,
                     "write the results as a JSON array of {name, unit, value, baseline, "
-                    "baseline_value, ratio, better, target, meets_target}");
+                    "baseline_value, ratio, better, target, value_target, meets_target}");
   bench->add_flag("--quick", bopts.quick, "fewer iterations (noisier)");
   bench->add_option("--filter", bopts.filter, "only benchmarks whose name contains this");
-  bench->add_option("--repeats", bopts.repeats, "repetitions per figure (median reported)")
-    ->check(CLI::PositiveNumber);
+  std::string repeats;
+  auto* repeats_opt = bench->add_option("--repeats", repeats,
+                                        "repetitions per figure, at least 1 (median reported)")
+                        ->type_name("N");
 
-  CLI11_PARSE(app, argc, argv);
-  if (num_devices > 0)
-    opts.num_devices = num_devices;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e); // help on stdout, status 0
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return usage(e.what());
+  }
+  multidev::backend_options opts;
+  int64_t count = 0;
+  if (num_devices_opt->count() > 0) {
+    if (auto bad = read_count("--num-devices", num_devices, 1, max_devices, count))
+      return usage(*bad);
+    opts.num_devices = static_cast<int>(count);
+  }
+  if (queue_capacity_opt->count() > 0) {
+    if (auto bad = read_count("--queue-capacity", queue_capacity, 1, int64_t{1} << 40, count))
+      return usage(*bad);
+    opts.queue_capacity = static_cast<std::size_t>(count);
+  }
+  if (repeats_opt->count() > 0) {
+    if (auto bad = read_count("--repeats", repeats, 1, 1'000'000, count))
+      return usage(*bad);
+    bopts.repeats = static_cast<int>(count);
+  }
 
-  std::vector<std::string> extras = app.remaining(true);
-  caf::actor_system_config cfg;
-  if (int rc = configure_caf(cfg, extras); rc != 0)
-    return rc;
+  tool_config cfg;
+  if (auto err = configure_caf(cfg, app.remaining(true), app.get_subcommands().size() > 0))
+    return usage(*err);
+  if (app.get_subcommands().empty())
+    return usage("a command is required: devices, kernels or bench");
 
   try {
     if (*devices) {

@@ -79,10 +79,16 @@ public:
     return std::make_unique<host_allocation>(size, alignment);
   }
 
-  void zero(std::byte* p, std::size_t n) override { std::memset(p, 0, n); }
+  // memset/memcpy want valid pointers even for zero bytes, and an empty host
+  // span (a 0-byte from_host/to_host) has a null data(): nothing to do then.
+  void zero(std::byte* p, std::size_t n) override {
+    if (n > 0)
+      std::memset(p, 0, n);
+  }
 
   void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
-    std::memcpy(dst, src, n);
+    if (n > 0)
+      std::memcpy(dst, src, n);
   }
 
 private:

@@ -1,0 +1,62 @@
+# The package test (cmake -P): installs the build tree into a prefix, then
+# builds tests/package against it twice, with find_package and with
+# pkg-config, and runs both programs. Inputs: BUILD_DIR, SOURCE_DIR, WORK_DIR,
+# LIBDIR (lib, as installed), CXX (the compiler), CXX_FLAGS and LINK_FLAGS
+# (the build's, e.g. sanitizers).
+cmake_minimum_required(VERSION 3.25)
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    list(JOIN ARGN " " cmd)
+    message(FATAL_ERROR "package test: '${cmd}' failed (${rc})")
+  endif()
+endfunction()
+
+set(prefix "${WORK_DIR}/prefix")
+file(REMOVE_RECURSE "${WORK_DIR}")
+run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
+
+foreach(f IN ITEMS ${LIBDIR}/libmultidev.a include/multidev/multidev.hpp
+                   ${LIBDIR}/cmake/multidev/multidevConfig.cmake
+                   ${LIBDIR}/cmake/multidev/multidevConfigVersion.cmake
+                   ${LIBDIR}/cmake/multidev/multidevTargets.cmake
+                   ${LIBDIR}/cmake/multidev/FindCAF.cmake ${LIBDIR}/pkgconfig/multidev.pc)
+  if(NOT EXISTS "${prefix}/${f}")
+    message(FATAL_ERROR "package test: the install lacks ${f}")
+  endif()
+endforeach()
+file(GLOB_RECURSE private_headers RELATIVE "${prefix}" "${prefix}/include/actors/*"
+     "${prefix}/include/messages/*" "${prefix}/include/devices/*")
+if(private_headers)
+  message(FATAL_ERROR "package test: internal headers installed: ${private_headers}")
+endif()
+
+# find_package, from a directory outside the source tree.
+run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
+    "-DCMAKE_PREFIX_PATH=${prefix}" "-DCMAKE_CXX_COMPILER=${CXX}"
+    "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}")
+run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
+execute_process(COMMAND "${WORK_DIR}/build/package_user" RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out)
+message("find_package: ${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "package test: the find_package program failed (${rc})")
+endif()
+
+# pkg-config.
+set(ENV{PKG_CONFIG_PATH} "${prefix}/${LIBDIR}/pkgconfig")
+execute_process(COMMAND pkg-config --cflags --libs multidev RESULT_VARIABLE rc
+                OUTPUT_VARIABLE pc_flags OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "package test: pkg-config --cflags --libs multidev failed (${rc})")
+endif()
+message("pkg-config --cflags --libs multidev: ${pc_flags}")
+separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+separate_arguments(extra UNIX_COMMAND "${CXX_FLAGS} ${LINK_FLAGS}")
+run("${CXX}" -std=c++20 ${extra} "${SOURCE_DIR}/main.cpp" -o "${WORK_DIR}/pc_user" ${pc_flags})
+execute_process(COMMAND "${WORK_DIR}/pc_user" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+message("pkg-config: ${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "package test: the pkg-config program failed (${rc})")
+endif()
