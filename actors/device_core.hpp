@@ -237,6 +237,7 @@ private:
   std::atomic<int> gates_pending_{0};
   const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
+  std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_
 
   // Pools: the table as of the end of the queue.

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace multidev::detail {
 
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
@@ -45,10 +47,16 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
     // Registered before the push: `shutdown` sets stopping_ before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
     std::lock_guard guard{waiters_mu_};
-    std::erase_if(gates_, [](const auto& w) {
-      auto p = w.lock();
-      return !p || p->state.load() != gate::pending;
-    });
+    // Resolved gates are pruned only when the list has doubled since the last
+    // pruning: a host running far ahead of a chain keeps thousands pending,
+    // and a scan per push would make scheduling the chain quadratic.
+    if (gates_.size() >= gates_prune_at_) {
+      std::erase_if(gates_, [](const auto& w) {
+        auto p = w.lock();
+        return !p || p->state.load() != gate::pending;
+      });
+      gates_prune_at_ = std::max<std::size_t>(64, 2 * gates_.size());
+    }
     gates_.push_back(g);
   }
   gates_pending_.fetch_add(1);
