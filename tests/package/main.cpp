@@ -1,6 +1,8 @@
 // Uses the installed multidev package: two devices, a task on each, the
-// second after the first (will_wait_for), and a copy between them.
+// second after the first (will_wait_for), a copy between them, and the
+// actor protocol header (a device's actor, and a flush through it).
 #include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
 
 #include <cstdio>
 #include <vector>
@@ -22,8 +24,12 @@ int main() {
   b.to_host(c1, t, std::as_writable_bytes(std::span{out}));
   b.sync(b.all_work(d1));
 
-  bool ok = value == 42 && out == in;
-  std::printf("multidev package: %s on %d devices: value %d, copy %s\n", b.name().c_str(),
-              b.num_devices(), value, out == in ? "ok" : "wrong");
+  multidev::device_actor actor = multidev::device_actor_of(b, d0);
+  b.flush(d0); // a round trip through that actor
+
+  bool ok = value == 42 && out == in && actor;
+  std::printf("multidev package: %s on %d devices: value %d, copy %s, actor %s\n",
+              b.name().c_str(), b.num_devices(), value, out == in ? "ok" : "wrong",
+              actor ? "ok" : "missing");
   return ok ? 0 : 1;
 }
