@@ -22,6 +22,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -207,6 +209,37 @@ BOOST_AUTO_TEST_CASE(test_hardening_flush_orders_a_host_call_after_an_earlier_me
 
 // -- defect 12 and flow control: every request ends in a value or an error -------------
 
+namespace {
+
+using pending_reply =
+  decltype(std::declval<caf::scoped_actor&>()->request(std::declval<device_actor&>(), 30s,
+                                                         atoms::all_work_atom::value));
+
+/// Three schedules and an all_work to `a`, whose device's queue is full:
+/// all four are deferred once this returns (an idle query, handled after them
+/// in mailbox order, has been answered).
+std::vector<pending_reply> defer_four_requests(caf::scoped_actor& self, const device_actor& a) {
+  std::vector<pending_reply> pending;
+  for (int i = 0; i < 3; ++i)
+    pending.push_back(self->request(a, 10s, atoms::schedule_atom::value,
+                                    task_spec{"spin_ns", {int64_t{1}}}));
+  pending.push_back(self->request(a, 10s, atoms::all_work_atom::value));
+  self->request(a, 10s, atoms::idle_atom::value).receive([](bool) {}, [](caf::error&) {});
+  return pending;
+}
+
+/// How many of `pending` got a reply (a value or an error other than a
+/// timeout), and how many timed out.
+std::pair<int, int> count_answers(std::vector<pending_reply>& pending) {
+  int answered = 0, timed_out = 0;
+  for (auto& p : pending)
+    p.receive([&](uint64_t) { ++answered; },
+              [&](caf::error& e) { ++(e == caf::sec::request_timeout ? timed_out : answered); });
+  return {answered, timed_out};
+}
+
+} // namespace
+
 BOOST_AUTO_TEST_CASE(test_hardening_requests_deferred_by_flow_control_are_answered_at_shutdown) {
   caf::actor_system_config cfg;
   register_types(cfg);
@@ -219,27 +252,13 @@ BOOST_AUTO_TEST_CASE(test_hardening_requests_deferred_by_flow_control_are_answer
     b->schedule_task(d, {"fills the queue", [] {}});
     auto a = device_actor_of(*b, d);
     caf::scoped_actor self{sys};
-    std::vector<decltype(self->request(a, 30s, atoms::all_work_atom::value))> pending;
-    for (int i = 0; i < 3; ++i)
-      pending.push_back(self->request(a, 30s, atoms::schedule_atom::value,
-                                      task_spec{"spin_ns", {int64_t{1}}}));
-    pending.push_back(self->request(a, 30s, atoms::all_work_atom::value));
-    // Handled after the four (mailbox order): they are deferred by now.
-    self->request(a, 30s, atoms::idle_atom::value).receive([](bool) {}, [](caf::error&) {});
+    auto pending = defer_four_requests(self, a);
     BOOST_TEST(scheduled_count(*b, d) == 2);
     // The backend goes while they wait; the runner is freed so it can join.
     std::thread opener([release] { release->open(); });
     bounded([&] { b.reset(); }, "~backend with deferred requests");
     opener.join();
-    int answered = 0, timed_out = 0;
-    for (auto& p : pending)
-      p.receive([&](uint64_t) { ++answered; },
-                [&](caf::error& e) {
-                  if (e == caf::sec::request_timeout)
-                    ++timed_out;
-                  else
-                    ++answered;
-                });
+    auto [answered, timed_out] = count_answers(pending);
     BOOST_TEST(answered == 4);
     BOOST_TEST(timed_out == 0);
   }
@@ -304,24 +323,11 @@ BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_acto
   b.schedule_task(d, {"fills the queue", [] {}});
   auto a = device_actor_of(b, d);
   caf::scoped_actor self{b.system()};
-  std::vector<decltype(self->request(a, 30s, atoms::all_work_atom::value))> pending;
-  for (int i = 0; i < 3; ++i)
-    pending.push_back(self->request(a, 10s, atoms::schedule_atom::value,
-                                    task_spec{"spin_ns", {int64_t{1}}}));
-  pending.push_back(self->request(a, 10s, atoms::all_work_atom::value));
-  self->request(a, 10s, atoms::idle_atom::value).receive([](bool) {}, [](caf::error&) {});
+  auto pending = defer_four_requests(self, a);
   BOOST_TEST(scheduled_count(b, d) == 2);
   // The actor is stopped while its core still runs: no room message comes.
   caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  int answered = 0, timed_out = 0;
-  for (auto& p : pending)
-    p.receive([&](uint64_t) { ++answered; },
-              [&](caf::error& e) {
-                if (e == caf::sec::request_timeout)
-                  ++timed_out;
-                else
-                  ++answered;
-              });
+  auto [answered, timed_out] = count_answers(pending);
   BOOST_TEST(answered == 4);
   BOOST_TEST(timed_out == 0);
   release->open();

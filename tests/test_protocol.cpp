@@ -127,6 +127,46 @@ struct testing_system {
   }
 };
 
+/// One device of a backend on the testing system, and a probe that forwards
+/// to its actor and logs the replies. On destruction the probe exits first,
+/// then the backend goes under a watchdog.
+class one_stepped_device {
+public:
+  explicit one_stepped_device(testing_system& ts)
+    : ts_(ts),
+      b_{*ts.sys, backend_options{.num_devices = 1}},
+      d_{b_.get_device(0)},
+      act_{multidev::device_actor_of(b_, d_)},
+      log_{std::make_shared<reply_log>()},
+      probe_{ts.sys->spawn(probe, log_, act_)},
+      parts_{b_, d_, act_, log_, probe_} {
+    ts.sched->run();
+  }
+  ~one_stepped_device() {
+    caf::anon_send_exit(probe_, caf::exit_reason::user_shutdown);
+    ts_.sched->run();
+    shutdown_guard_.emplace("backend destruction");
+  }
+  struct refs {
+    backend& b;
+    multidev::device& d;
+    device_actor& act;
+    std::shared_ptr<reply_log>& log;
+    caf::actor& p;
+  };
+  refs& parts() { return parts_; }
+
+private:
+  testing_system& ts_;
+  std::optional<watchdog> shutdown_guard_; // destroyed last: bounds ~backend
+  backend b_;
+  multidev::device d_;
+  device_actor act_;
+  std::shared_ptr<reply_log> log_;
+  caf::actor probe_;
+  refs parts_;
+};
+
 template <class Handle>
 caf::resumable* job_of(const Handle& h) {
   return dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(h));
@@ -356,13 +396,8 @@ BOOST_AUTO_TEST_CASE(test_protocol_forged_internal_messages_do_not_answer_a_wait
   testing_system ts;
   auto& sched = *ts.sched;
   {
-    std::optional<watchdog> shutdown_guard; // destroyed last: bounds ~backend
-    backend b{*ts.sys, backend_options{.num_devices = 1}};
-    auto d = b.get_device(0);
-    auto act = multidev::device_actor_of(b, d);
-    auto log = std::make_shared<reply_log>();
-    auto p = ts.sys->spawn(probe, log, act);
-    sched.run();
+    one_stepped_device f{ts};
+    auto& [b, d, act, log, p] = f.parts();
     std::promise<void> release;
     b.schedule_task(d, blocker(release.get_future().share()));
     auto held = b.all_work(d);
@@ -384,9 +419,6 @@ BOOST_AUTO_TEST_CASE(test_protocol_forged_internal_messages_do_not_answer_a_wait
     BOOST_TEST_REQUIRE(log->size() == 1u);
     BOOST_TEST_REQUIRE(log->at(0).value.has_value(), ts.sys->render(log->at(0).err));
     BOOST_TEST(*log->at(0).value == held.seq());
-    caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
-    sched.run();
-    shutdown_guard.emplace("backend destruction");
   }
 }
 
@@ -396,13 +428,8 @@ BOOST_AUTO_TEST_CASE(test_protocol_pool_messages_reply_in_order) {
   testing_system ts;
   auto& sched = *ts.sched;
   {
-    std::optional<watchdog> shutdown_guard; // destroyed last: bounds ~backend
-    backend b{*ts.sys, backend_options{.num_devices = 1}};
-    auto d = b.get_device(0);
-    auto act = multidev::device_actor_of(b, d);
-    auto log = std::make_shared<reply_log>();
-    auto p = ts.sys->spawn(probe, log, act);
-    sched.run();
+    one_stepped_device f{ts};
+    auto& [b, d, act, log, p] = f.parts();
     const auto materialized = static_cast<int32_t>(multidev::memory_mode::materialized);
 
     caf::anon_send(p, alloc_atom::value, int32_t{1}, uint64_t{1024}, uint64_t{64}, int32_t{-1});
@@ -461,9 +488,6 @@ BOOST_AUTO_TEST_CASE(test_protocol_pool_messages_reply_in_order) {
     BOOST_TEST(field_of(b.get_debug_info(d), "error") == "none");
     BOOST_TEST(!contains(b.get_debug_info(d).to_string(), "(pool (id 1)"));
 
-    caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
-    sched.run();
-    shutdown_guard.emplace("backend destruction");
   }
 }
 
