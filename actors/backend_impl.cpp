@@ -46,6 +46,11 @@ device_actor backend_impl::actor_for(const device& d) const {
 }
 
 void backend_impl::flush(const device& d) const {
+  if (current_runner != nullptr)
+    throw deadlock_error(fmt::format(
+      "flush({}) from a task: the round trip may wait behind a full queue that "
+      "only this runner drains",
+      record_of(d).name));
   auto a = actor_for(d);
   logger_tie_guard untie;
   caf::scoped_actor self{*sys};
@@ -72,6 +77,8 @@ void backend_impl::shutdown() {
   // joined: a runner finishing its queue may be waiting on another device.
   for (auto& d : all)
     d.get_runner().core()->request_stop();
+  for (auto& d : all) // every device stops: cut what leaves the backend
+    d.get_runner().core()->cancel_unanswerable_waits();
   for (auto& d : all)
     d.get_runner().core()->shutdown();
   for (auto& a : handles)

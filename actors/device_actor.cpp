@@ -40,8 +40,8 @@ struct device_state {
   /// Gates waiting on remote owners, so a vanished owner fails them.
   std::multimap<caf::actor_addr, std::weak_ptr<gate>> remote_gates;
   /// Ordered requests held back while the device's queue is full, oldest
-  /// first; each one replies when it runs.
-  std::deque<std::function<void()>> deferred;
+  /// first; each one replies when it runs (`refuse`: with an error instead).
+  std::deque<std::function<void(bool refuse)>> deferred;
   static inline const char* name = "multidev_device";
 };
 
@@ -66,6 +66,13 @@ auto attempt(const device_core& core, F& f) -> caf::expected<decltype(f())> {
   }
 }
 
+/// Runs the oldest deferred request.
+void run_next(self_ptr self) {
+  auto next = std::move(self->state.deferred.front());
+  self->state.deferred.pop_front();
+  next(false);
+}
+
 /// Runs the deferred requests while the queue has room; otherwise asks the
 /// runner for a `room` message when it has made some.
 void drain(self_ptr self) {
@@ -79,9 +86,7 @@ void drain(self_ptr self) {
     });
     if (full)
       return;
-    auto next = std::move(st.deferred.front());
-    st.deferred.pop_front();
-    next();
+    run_next(self);
   }
 }
 
@@ -95,7 +100,12 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   if (st.deferred.empty() && st.core->has_room())
     return attempt(*st.core, f);
   auto rp = self->make_response_promise<value>();
-  st.deferred.emplace_back([self, rp, f]() mutable {
+  st.deferred.emplace_back([self, rp, f](bool refuse) mutable {
+    if (refuse) {
+      rp.deliver(make_error(errc::device_failed, self->state.core->name(),
+                            "the device actor stopped before this request was handled"));
+      return;
+    }
     auto x = attempt(*self->state.core, f);
     if (x)
       rp.deliver(std::move(*x));
@@ -106,13 +116,14 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   return rp;
 }
 
-/// Before the actor stops: every request still owed a reply gets one.
+/// Before the actor stops: every request still owed a reply gets one, an
+/// error unless its answer is already known; nothing new is scheduled.
 void answer_everything(self_ptr self) {
   auto& st = self->state;
-  while (!st.deferred.empty()) { // the core refuses them once it is stopping
+  while (!st.deferred.empty()) {
     auto next = std::move(st.deferred.front());
     st.deferred.pop_front();
-    next();
+    next(true);
   }
   for (auto& [token, w] : st.waits) {
     if (st.core->is_done(w.seq))
@@ -144,6 +155,16 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       return;
     answer_everything(self);
     self->quit(msg.reason);
+  });
+  // However the actor ends (an exit, a kill, an exception), the replies that
+  // would open its remote gates can no longer arrive: fail those gates, or
+  // the device would wait on them until its backend goes.
+  std::weak_ptr<device_core> weak = self->state.core;
+  self->attach_functor([weak](const caf::error&) {
+    if (auto c = weak.lock()) {
+      static const std::string why = "the device's actor stopped before the answer came";
+      c->cancel_remote_waits(why);
+    }
   });
   return {
     [self](schedule_atom, const task_spec& spec) -> caf::result<uint64_t> {
@@ -194,8 +215,15 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       st.waits.erase(i);
     },
     [self](room_atom, uint64_t key) {
-      if (key == self->state.key)
-        drain(self);
+      if (key != self->state.key)
+        return;
+      // The oldest deferred request goes in now, room or not (its push never
+      // waits): host producers are woken at once when the runner makes room
+      // and may fill it again before this message arrives, which would
+      // otherwise starve the message path.
+      if (!self->state.deferred.empty())
+        run_next(self);
+      drain(self);
     },
     [self](depend_atom, const caf::actor& owner, uint64_t seq) -> caf::result<uint64_t> {
       auto c = self->state.core;
@@ -269,7 +297,9 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto c = self->state.core;
       return ordered(self, [c] { return c->scheduled(); });
     },
-    [self](idle_atom) -> bool { return self->state.core->is_idle(); },
+    [self](idle_atom) -> bool {
+      return self->state.deferred.empty() && self->state.core->is_idle();
+    },
     [self](memory_atom) -> uint64_t { return self->state.core->used_memory(); },
     [self](debug_atom) -> std::string {
       return self->state.core->debug_info().to_string();

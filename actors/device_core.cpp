@@ -29,7 +29,8 @@ void device_core::request_stop() {
     room_.notify_all();
   }
   // Remote answers may never come once we stop: cancel those waits.
-  cancel_gates([](const gate& g) { return g.remote; });
+  static const std::string why = "the wait was cancelled at shutdown";
+  cancel_remote_waits(why);
   call_room_callback();
   ring();
 }
@@ -41,16 +42,7 @@ bool device_core::stopping() const {
 
 void device_core::shutdown() {
   request_stop();
-  // A local wait opens only if its owner drains too (devices of the same
-  // backend stop together, so every one of them is stopping by now). An
-  // owner in another backend, or one already gone, may never get there:
-  // joining behind it could block forever.
-  cancel_gates([](const gate& g) {
-    if (g.remote)
-      return true;
-    auto o = g.owner.lock();
-    return !o || !o->stopping();
-  });
+  cancel_unanswerable_waits();
   if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id())
     thread_.join();
   // Anything still awaited can never complete now: the message first, then

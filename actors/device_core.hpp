@@ -132,6 +132,15 @@ public:
   void request_stop();
   /// Whether `request_stop` or `shutdown` was called.
   bool stopping() const;
+  /// Fails the pending waits that may never be answered once this device
+  /// stops: remote ones, and local ones whose owner is gone or not stopping.
+  /// `shutdown` calls it; a backend calls it on all its devices, after asking
+  /// them all to stop and before joining any, so a chain of waits that leaves
+  /// the backend anywhere is cut.
+  void cancel_unanswerable_waits();
+  /// Fails the pending remote waits (the actor that would have opened them
+  /// is gone) with `why`.
+  void cancel_remote_waits(const std::string& why);
   /// Stops accepting work, cancels the waits that may never be answered (see
   /// `push_gate`), finishes what was accepted, joins the runner. Waits still
   /// pending afterwards resolve as failed. Idempotent.
@@ -192,8 +201,8 @@ private:
   void fail_waiters(const char* fallback) noexcept;
   static void invoke(waiter& w, const std::string* error) noexcept;
   void call_room_callback() noexcept;
-  /// Fails the pending gates `which` selects.
-  void cancel_gates(bool (*which)(const gate&));
+  /// Fails the pending gates `which` selects, with `why`.
+  void cancel_gates(bool (*which)(const gate&), const std::string& why);
   /// Wakes the runner if it sleeps.
   void ring();
   /// Wakes the runner, whose sleeping_ the caller has just cleared.

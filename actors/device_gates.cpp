@@ -91,17 +91,40 @@ void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
   ring();
 }
 
-void device_core::cancel_gates(bool (*which)(const gate&)) {  std::vector<std::shared_ptr<gate>> chosen;
+void device_core::cancel_gates(bool (*which)(const gate&), const std::string& why) {
+  // Candidates are copied out first and judged without the lock: judging may
+  // take the last reference to an owner core, whose destructor joins its
+  // runner, which may be inside our when_done, waiting for this very lock.
+  std::vector<std::shared_ptr<gate>> pending;
   {
     std::lock_guard guard{waiters_mu_};
     for (auto& w : gates_)
-      if (auto g = w.lock(); g && g->state.load() == gate::pending && which(*g))
-        chosen.push_back(std::move(g));
+      if (auto g = w.lock(); g && g->state.load() == gate::pending)
+        pending.push_back(std::move(g));
   }
-  for (auto& g : chosen) {
-    static const std::string why = "the wait was cancelled at shutdown";
-    resolve_gate(*g, &why);
-  }
+  for (auto& g : pending)
+    if (which(*g))
+      resolve_gate(*g, &why);
+}
+
+void device_core::cancel_unanswerable_waits() {
+  // A local wait opens only if its owner drains too. An owner in another
+  // backend, or one already gone, may never get there: joining behind it
+  // could block forever. Owners that are stopping too drain (the backend
+  // asks every device to stop before it cancels anything).
+  static const std::string why = "the wait was cancelled at shutdown";
+  cancel_gates(
+    [](const gate& g) {
+      if (g.remote)
+        return true;
+      auto o = g.owner.lock();
+      return !o || !o->stopping();
+    },
+    why);
+}
+
+void device_core::cancel_remote_waits(const std::string& why) {
+  cancel_gates([](const gate& g) { return g.remote; }, why);
 }
 
 } // namespace multidev::detail

@@ -30,6 +30,8 @@ void device_core::alloc_pool(int id, std::size_t size, std::size_t alignment,
     throw std::invalid_argument(
       fmt::format("alloc_pool on {}: pool id {} is negative", name_, id));
   check();
+  if (stopping())
+    throw device_error(name_, "device is shut down; no new pool is accepted");
   std::unique_ptr<allocation> mem;
   try {
     mem = driver_->allocate(ordinal_, size, alignment, mode);

@@ -332,3 +332,80 @@ BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_acto
   BOOST_TEST(timed_out == 0);
   release->open();
 }
+
+// -- from review: waits that leave with the actor, chains across backends -------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_a_stopped_device_actor_fails_its_remote_waits) {
+  backend b{backend_options{.num_devices = 2}};
+  auto owner = b.get_device(0), d = b.get_device(1);
+  auto release = block_runner(b, owner);
+  auto owner_seq = b.all_work(owner).seq();
+  auto a = device_actor_of(b, d);
+  {
+    caf::scoped_actor self{b.system()};
+    bool queued = false;
+    self->request(a, 30s, atoms::depend_atom::value,
+                  caf::actor_cast<caf::actor>(device_actor_of(b, owner)), owner_seq)
+      .receive([&](uint64_t) { queued = true; }, [](caf::error&) {});
+    BOOST_TEST_REQUIRE(queued);
+  }
+  b.schedule_task(d, {"behind the remote wait", [] {}});
+  auto behind = b.all_work(d);
+  // The actor that would receive the owner's answer goes away first.
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  BOOST_TEST_REQUIRE(eventually([&] { return behind.is_failed(); }));
+  release->open();
+  try {
+    bounded([&] { b.sync(behind); }, "sync behind a wait whose actor stopped");
+    BOOST_ERROR("sync returned");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "actor stopped"), e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_hardening_shutdown_cuts_a_chain_that_leaves_the_backend_two_hops_away) {
+  backend other{backend_options{.num_devices = 1}};
+  auto z = other.get_device(0);
+  auto release = std::make_shared<latch_gate>();
+  auto started = std::make_shared<latch_gate>();
+  other.schedule_task(z, {"held by the user", [release, started] {
+                            started->open();
+                            release->wait(std::chrono::seconds{120});
+                          }});
+  BOOST_TEST_REQUIRE(started->wait());
+  auto b = std::make_unique<backend>(backend_options{.num_devices = 2});
+  auto x = b->get_device(0), y = b->get_device(1); // x is shut down first
+  b->will_wait_for(b->make_context(y), other.all_work(z));
+  b->schedule_task(y, {"y", [] {}});
+  b->will_wait_for(b->make_context(x), b->all_work(y));
+  b->schedule_task(x, {"x", [] {}});
+  auto behind = b->all_work(x);
+  bounded([&] { b.reset(); }, "~backend: x waits on y, which waits on a held foreign device",
+          std::chrono::seconds{20});
+  BOOST_TEST(behind.is_failed());
+  release->open();
+}
+
+BOOST_AUTO_TEST_CASE(test_hardening_no_pool_is_allocated_on_a_shut_down_device) {
+  auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
+  auto core = b->get_device(0).get_runner().core();
+  b.reset();
+  BOOST_CHECK_THROW(core->alloc_pool(1, 64, 64, std::nullopt), device_error);
+  BOOST_TEST(core->used_memory() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(test_hardening_flush_from_a_task_is_refused) {
+  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
+  auto d = b.get_device(0);
+  std::optional<std::string> refused;
+  b.schedule_task(d, {"flushes", [&] {
+                        try {
+                          b.flush(d);
+                        } catch (const deadlock_error& e) {
+                          refused = e.what();
+                        }
+                      }});
+  bounded([&] { b.await(d); }, "await");
+  BOOST_TEST_REQUIRE(refused.has_value());
+  BOOST_TEST(contains(*refused, d.name()), *refused);
+}
