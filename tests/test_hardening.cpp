@@ -104,18 +104,28 @@ BOOST_AUTO_TEST_CASE(test_hardening_make_device_refuses_another_backends_runner)
   BOOST_TEST(ran == 1);
 }
 
+namespace {
+/// Holds `d`'s runner in a user task until the returned latch opens, for at
+/// most 120 s: longer than any bounded step here, so that a hang behind it is
+/// reported rather than outlasted.
+std::shared_ptr<latch_gate> hold_long(backend& b, const device& d) {
+  auto release = std::make_shared<latch_gate>();
+  auto started = std::make_shared<latch_gate>();
+  b.schedule_task(d, {"held by the user", [release, started] {
+                        started->open();
+                        release->wait(std::chrono::seconds{120});
+                      }});
+  BOOST_TEST_REQUIRE(started->wait());
+  return release;
+}
+} // namespace
+
 // -- defect 5: nothing hangs at shutdown or on errors -------------------------------
 
 BOOST_AUTO_TEST_CASE(test_hardening_shutdown_cancels_a_wait_on_another_backends_held_device) {
   backend other{backend_options{.num_devices = 1}};
   auto owner = other.get_device(0);
-  auto release = std::make_shared<latch_gate>();
-  auto started = std::make_shared<latch_gate>();
-  other.schedule_task(owner, {"held by the user", [release, started] {
-                                started->open();
-                                release->wait(std::chrono::seconds{120});
-                              }});
-  BOOST_TEST_REQUIRE(started->wait());
+  auto release = hold_long(other, owner);
   auto owner_done = other.all_work(owner);
   auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
   auto d = b->get_device(0);
@@ -366,13 +376,7 @@ BOOST_AUTO_TEST_CASE(test_hardening_a_stopped_device_actor_fails_its_remote_wait
 BOOST_AUTO_TEST_CASE(test_hardening_shutdown_cuts_a_chain_that_leaves_the_backend_two_hops_away) {
   backend other{backend_options{.num_devices = 1}};
   auto z = other.get_device(0);
-  auto release = std::make_shared<latch_gate>();
-  auto started = std::make_shared<latch_gate>();
-  other.schedule_task(z, {"held by the user", [release, started] {
-                            started->open();
-                            release->wait(std::chrono::seconds{120});
-                          }});
-  BOOST_TEST_REQUIRE(started->wait());
+  auto release = hold_long(other, z);
   auto b = std::make_unique<backend>(backend_options{.num_devices = 2});
   auto x = b->get_device(0), y = b->get_device(1); // x is shut down first
   b->will_wait_for(b->make_context(y), other.all_work(z));
