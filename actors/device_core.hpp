@@ -184,6 +184,14 @@ private:
   static constexpr std::size_t prefetch_items = 6;
 
   uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
+  /// Room for another entry, or a failed or stopping device (a push then
+  /// fails at once). Call with mu_ held.
+  bool has_room_locked() const noexcept {
+    return queue_.size() < capacity_ || failed_ || stopping_;
+  }
+  /// Waits on room_ until `has_room_locked()`; returns at once on a runner
+  /// thread. Call with mu_ held in `lk`.
+  void wait_for_room_locked(std::unique_lock<spin_mutex>& lk);
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   void execute(item& it);

@@ -17,17 +17,8 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
   uint64_t seq;
   {
     std::unique_lock lk{mu_};
-    if (queue_.size() >= capacity_ && may_wait && current_runner == nullptr) {
-      // Backpressure: wait for room, never drop. Runner threads (of any
-      // device) and actor handlers never wait: a runner waiting for room in a
-      // queue parked on its own next event, or an actor that must first
-      // process the reply opening that queue's gate, would wait forever.
-      while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
-        ++producers_waiting_;
-        room_.wait(lk);
-        --producers_waiting_;
-      }
-    }
+    if (may_wait)
+      wait_for_room_locked(lk);
     if (failed_)
       throw device_error(name_, error_);
     if (stopping_)
@@ -52,25 +43,33 @@ uint64_t device_core::push(task&& t, bool may_wait) {
   return enqueue(std::move(t), nullptr, may_wait);
 }
 
-void device_core::wait_for_room() {
-  if (current_runner != nullptr)
+void device_core::wait_for_room_locked(std::unique_lock<spin_mutex>& lk) {
+  // Backpressure: wait for room, never drop. Runner threads (of any device)
+  // and actor handlers never wait: a runner waiting for room in a queue
+  // parked on its own next event, or an actor that must first process the
+  // reply opening that queue's gate, would wait forever.
+  if (has_room_locked() || current_runner != nullptr) // the common case first
     return;
-  std::unique_lock lk{mu_};
-  while (queue_.size() >= capacity_ && !failed_ && !stopping_) {
+  while (!has_room_locked()) {
     ++producers_waiting_;
     room_.wait(lk);
     --producers_waiting_;
   }
 }
 
+void device_core::wait_for_room() {
+  std::unique_lock lk{mu_};
+  wait_for_room_locked(lk);
+}
+
 bool device_core::has_room() const noexcept {
   std::lock_guard guard{mu_};
-  return queue_.size() < capacity_ || failed_ || stopping_;
+  return has_room_locked();
 }
 
 bool device_core::notify_when_room(std::function<void()> cb) {
   std::lock_guard guard{mu_};
-  if (queue_.size() < capacity_ || failed_ || stopping_)
+  if (has_room_locked())
     return false;
   room_cb_ = std::move(cb);
   return true;

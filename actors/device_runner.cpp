@@ -99,11 +99,9 @@ void device_core::execute(item& it) {
         if (g.error.empty())
           return fmt::format("waited for {}, which failed", g.what());
         // The owner's error starts with its name, which what() gives already.
-        std::string_view why = g.error;
-        if (auto o = g.owner.lock())
-          if (why.starts_with(o->name()) && why.substr(o->name().size()).starts_with(": "))
-            why.remove_prefix(o->name().size() + 2);
-        return fmt::format("waited for {}, which failed: {}", g.what(), why);
+        auto o = g.owner.lock();
+        return fmt::format("waited for {}, which failed: {}", g.what(),
+                           o ? o->reason_of(g.error) : g.error);
       });
       return;
     }

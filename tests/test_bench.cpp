@@ -10,11 +10,19 @@ using namespace multidev;
 // Only the shape of the results is tested; the figures themselves belong to
 // `multidev bench`, never to pass/fail tests.
 
-BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
+namespace {
+/// The suite in quick mode, one repetition, on 2 devices; `filter` as `--filter`.
+std::vector<tools::bench_result> quick_run(const std::string& filter) {
   tools::bench_options o;
   o.quick = true;
   o.repeats = 1;
-  auto rs = tools::run_benchmarks(backend_options{.num_devices = 2}, o);
+  o.filter = filter;
+  return tools::run_benchmarks(backend_options{.num_devices = 2}, o);
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
+  auto rs = quick_run("");
   std::vector<std::string> names;
   for (const auto& r : rs)
     names.push_back(r.name);
@@ -37,11 +45,7 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
 }
 
 BOOST_AUTO_TEST_CASE(test_bench_json_has_the_documented_fields) {
-  tools::bench_options o;
-  o.quick = true;
-  o.repeats = 1;
-  o.filter = "independent";
-  auto rs = tools::run_benchmarks(backend_options{.num_devices = 2}, o);
+  auto rs = quick_run("independent");
   BOOST_TEST_REQUIRE(rs.size() == 1u);
   auto j = nlohmann::json::parse(tools::to_json(rs));
   BOOST_TEST_REQUIRE(j.is_array());
@@ -86,11 +90,7 @@ BOOST_AUTO_TEST_CASE(test_bench_meets_target_checks_the_ratio_and_the_value_boun
 }
 
 BOOST_AUTO_TEST_CASE(test_bench_idle_cpu_has_an_absolute_target_in_the_json) {
-  tools::bench_options o;
-  o.quick = true;
-  o.repeats = 1;
-  o.filter = "idle_cpu_8dev";
-  auto rs = tools::run_benchmarks(backend_options{.num_devices = 2}, o);
+  auto rs = quick_run("idle_cpu_8dev");
   BOOST_TEST_REQUIRE(rs.size() == 1u);
   BOOST_TEST(rs[0].unit == "ms/s");
   BOOST_TEST(rs[0].value >= 0);
