@@ -6,6 +6,11 @@
 
 namespace multidev::detail {
 
+namespace {
+// Made at load time: it stands in when memory runs out.
+const failure shut_down_cause{failure::kind::failed, {}, {}, 0, "device is shut down", {}};
+} // namespace
+
 device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
                          std::size_t queue_capacity,
                          std::shared_ptr<result_board> results)
@@ -13,6 +18,8 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)),
     used_(std::make_shared<std::atomic<std::size_t>>(0)) {
+  oom_cause_ = std::make_shared<const failure>(
+    failure{failure::kind::failed, name_, {}, 0, "task failed", {}});
   thread_ = std::thread([this] { run(); });
 }
 
@@ -45,25 +52,84 @@ void device_core::shutdown() {
   cancel_unanswerable_waits();
   if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id())
     thread_.join();
-  // Anything still awaited can never complete now: the message first, then
-  // the fail bit that makes waiters read it.
-  if (finished() < scheduled()) {
-    {
-      std::lock_guard guard{mu_};
-      if (!failed_) {
-        failed_ = true;
-        error_ = "device is shut down";
-      }
-    }
-    progress_.fetch_or(fail_bit);
-  }
   {
     std::lock_guard guard{waiters_mu_};
     closed_ = true; // later waits for seqs not reached fail at once
   }
-  fail_waiters("device is shut down");
+  // Anything still awaited can never complete now (shut down from its own
+  // runner, which cannot drain itself).
+  if (finished() < scheduled()) {
+    try {
+      auto cause = device_failure("device is shut down");
+      fire(UINT64_MAX, cause.get());
+    } catch (...) {
+      fire(UINT64_MAX, &shut_down_cause);
+    }
+  } else {
+    fire(finished());
+  }
   std::lock_guard guard{pools_mu_};
   pools_.clear();
+}
+
+void device_core::drop_locked(const failure_ptr& cause) {
+  auto upto = scheduled_.load(std::memory_order_relaxed);
+  if (upto <= drop_upto_.load(std::memory_order_relaxed))
+    return;
+  // The watermark first: should recording the cause fail, the items still
+  // drop (with a generic cause) rather than run.
+  drop_upto_.store(upto, std::memory_order_seq_cst);
+  drops_.emplace_back(upto, cause);
+}
+
+uint64_t device_core::cancel(std::string why) {
+  auto cause = std::make_shared<failure>();
+  cause->origin_kind = failure::kind::cancelled;
+  cause->device = name_;
+  cause->message = why.empty() ? std::string{"cancelled"} : std::move(why);
+  uint64_t upto = 0;
+  {
+    std::lock_guard guard{mu_};
+    if (scheduled_.load(std::memory_order_relaxed) > drop_upto_.load(std::memory_order_relaxed)) {
+      drop_locked(cause);
+      upto = drop_upto_.load(std::memory_order_relaxed);
+    }
+  }
+  // A runner parked on a wait sleeps on the bell: wake it to drop the wait.
+  bell_.fetch_add(1);
+  bell_.notify_one();
+  return upto;
+}
+
+void device_core::kill(std::string reason) {
+  auto cause = device_failure("killed: " + reason);
+  {
+    std::lock_guard guard{mu_};
+    if (killed_)
+      return;
+    killed_ = true;
+    stopping_ = true;
+    failed_ = true;
+    failed_flag_.store(true, std::memory_order_release);
+    error_ = cause;
+    drop_locked(cause);
+    room_.notify_all();
+  }
+  static const std::string why = "the device was killed";
+  cancel_remote_waits(why);
+  call_room_callback();
+  bell_.fetch_add(1);
+  bell_.notify_one();
+}
+
+bool device_core::recover() {
+  std::lock_guard guard{mu_};
+  if (!failed_ || killed_ || stopping_)
+    return false;
+  failed_ = false;
+  failed_flag_.store(false, std::memory_order_release);
+  error_.reset();
+  return true;
 }
 
 } // namespace multidev::detail

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,8 +48,14 @@ inline thread_local const device_core* current_runner = nullptr;
 /// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp.
 class device_core : public std::enable_shared_from_this<device_core> {
 public:
-  /// Called once an awaited seq is done (`error == nullptr`) or can never be
-  /// (`*error` says why). Runs on whichever thread resolves it; must not block.
+  /// Why an event did not complete; shared by every event it resolves.
+  using failure_ptr = std::shared_ptr<const failure>;
+  /// Called once an awaited seq is resolved: `cause == nullptr` when done,
+  /// otherwise why it failed or was cancelled. Runs on whichever thread
+  /// resolves it; must not block.
+  using resolver = std::function<void(const failure* cause)>;
+  /// The same with the cause rendered (`describe()`), for callers that only
+  /// pass a message on (`error == nullptr`: done).
   using waiter = std::function<void(const std::string* error)>;
 
   device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
@@ -79,8 +86,11 @@ public:
   /// down itself, since their answer may never come; gates on owners that
   /// are draining too open as those drain.
   std::shared_ptr<gate> push_gate(std::shared_ptr<gate> g);
-  /// Opens or fails a gate pushed here (the first resolution wins), and
-  /// wakes the runner. Never throws.
+  /// Opens (`cause == nullptr`) or fails a gate pushed here (the first
+  /// resolution wins), and wakes the runner. Never throws.
+  void resolve_gate(gate& g, const failure_ptr& cause) noexcept;
+  /// The same with a message only (a CAF error's rendering): the cause is a
+  /// failure of the gate's owner with that message.
   void resolve_gate(gate& g, const std::string* error) noexcept;
 
   /// Waits until the queue has room (or the device failed or is stopping);
@@ -95,16 +105,22 @@ public:
   /// thread, when it next makes room, fails or stops. `cb` must not block.
   bool notify_when_room(std::function<void()> cb);
 
-  /// Seq of the last item scheduled / finished.
+  /// Seq of the last item scheduled / resolved (done, failed or cancelled:
+  /// the runner resolves items in seq order).
   uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
   uint64_t finished() const noexcept;
-  /// A seq at or below the finished count is done, forever, for every
-  /// observer, even after the device failed.
+  /// Whether `seq` resolved to done. Once true, true forever, for every
+  /// observer, whatever happens to the device later.
   bool is_done(uint64_t seq) const noexcept;
+  /// Whether `seq` resolved to failed or cancelled: it never will be done.
   bool is_failed(uint64_t seq) const noexcept;
+  /// Pending, done, failed or cancelled.
+  event_state state(uint64_t seq) const;
+  /// Why a resolved seq did not complete; null when it is done (or pending).
+  failure_ptr cause_of(uint64_t seq) const;
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
-  bool is_idle() const noexcept { return finished() == scheduled() && !failed_now(); }
+  bool is_idle() const noexcept { return finished() == scheduled() && !failed(); }
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
   bool runner_sleeping() const noexcept { return sleeping_.load(); }
@@ -112,14 +128,33 @@ public:
   /// `deadlock_error` when called from this runner on a seq ahead of it,
   /// `std::invalid_argument` when `seq` was never scheduled.
   void sync(uint64_t seq);
-  /// Calls `w` once `seq` is done or failed (at once if it already is): with
-  /// nullptr when done, with the reason (naming this device) when it never
-  /// will be. An exception thrown by `w` is swallowed.
+  /// Calls `r` once `seq` is resolved (at once if it is): with nullptr when
+  /// done, with its cause when it failed or was cancelled. An exception
+  /// thrown by `r` is swallowed.
+  void when_resolved(uint64_t seq, resolver r);
+  /// `when_resolved` with the cause rendered as a message naming the device.
   void when_done(uint64_t seq, waiter w);
   /// For tests: registers `w` without looking at progress, as a waiter does
   /// that loses the race with `complete` (it stores itself after the runner
   /// read the waiter minimum, and before it re-checks progress).
   void add_waiter_unchecked(uint64_t seq, waiter w);
+
+  // -- Failure, cancellation, recovery ----------------------------------------
+
+  /// Drops the work queued and not yet started: those items resolve
+  /// cancelled, in seq order, as the runner reaches them (a running task is
+  /// not interrupted; a runner parked on a wait leaves it). The device stays
+  /// usable. Returns the last seq cancelled (0 when there was nothing).
+  uint64_t cancel(std::string why = {});
+  /// Kills the device: the work not yet started fails with `reason`, no new
+  /// work is accepted, the runner stops once it has resolved what it held.
+  void kill(std::string reason);
+  /// Brings a failed device back: events that failed stay failed, pools
+  /// survive, new work runs. False when the device had not failed (or was
+  /// killed or shut down: those do not come back).
+  bool recover();
+  /// Whether the device is failed now (refusing work until `recover`).
+  bool failed() const noexcept { return failed_flag_.load(std::memory_order_acquire); }
 
   /// The failure message, if the device failed.
   std::optional<std::string> error() const;
@@ -178,7 +213,6 @@ private:
     std::unique_ptr<item_extra> extra;
     gate* as_gate() const noexcept { return extra ? extra->g.get() : nullptr; }
   };
-  static constexpr uint64_t fail_bit = uint64_t{1} << 63;
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
   static constexpr std::size_t prefetch_items = 6;
@@ -192,22 +226,36 @@ private:
   /// Waits on room_ until `has_room_locked()`; returns at once on a runner
   /// thread. Call with mu_ held in `lk`.
   void wait_for_room_locked(std::unique_lock<spin_mutex>& lk);
+  /// The error a push gets from a failed, killed or stopped device. Call
+  /// with mu_ held.
+  device_error refusal_locked() const;
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   void execute(item& it);
-  static std::string describe(const item& it);
+  static std::string describe(const item& it, uint64_t seq);
   void complete(uint64_t seq);
-  /// Fails the device with the message `make()` returns (a fixed text when
-  /// that throws); drops the queue; fires every waiter. Never throws.
-  template <class MakeMessage>
-  void poison(MakeMessage make) noexcept;
-  /// Fires the waiters of seqs up to `upto`: seqs already finished as done,
-  /// the others with `error` (done when it is null). Never throws.
-  void fire(uint64_t upto, const std::string* error) noexcept;
-  /// Fires every waiter after a failure or shutdown: done for finished seqs,
-  /// `"<name>: <reason>"` for the rest.
-  void fail_waiters(const char* fallback) noexcept;
-  static void invoke(waiter& w, const std::string* error) noexcept;
+  /// Runner only: resolves `seq` as failed (or cancelled) with `cause`.
+  void resolve_bad(uint64_t seq, failure_ptr cause) noexcept;
+  /// Runner only: `seq` failed with the cause `make()` returns (a fixed text
+  /// when that throws). The device fails: it refuses new work until
+  /// `recover`, and the items queued behind `seq` fail with the same cause
+  /// as the runner reaches them. Never throws.
+  template <class MakeCause>
+  void poison(uint64_t seq, MakeCause make) noexcept;
+  /// Runner only: resolves an item that `cancel`, `kill` or a failure
+  /// dropped, with the cause in force for it.
+  void drop(item& it, uint64_t seq) noexcept;
+  /// Drops everything scheduled so far that is not yet dropped, with
+  /// `cause`, and wakes the runner. Call with mu_ held; no-op when nothing
+  /// new is scheduled. Throws only on allocation failure.
+  void drop_locked(const failure_ptr& cause);
+  /// Fires the waiters of seqs up to `upto` with their outcomes; with
+  /// `beyond`, also the waiters of seqs not resolved, with that cause (at
+  /// shutdown). Never throws.
+  void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
+  static void invoke(resolver& r, const failure* cause) noexcept;
+  /// A failure of this device itself (no task): killed, shut down.
+  failure_ptr device_failure(std::string message) const;
   void call_room_callback() noexcept;
   /// Fails the pending gates `which` selects, with `why`.
   void cancel_gates(bool (*which)(const gate&), const std::string& why);
@@ -215,7 +263,6 @@ private:
   void ring();
   /// Wakes the runner, whose sleeping_ the caller has just cleared.
   void ring_bell();
-  bool failed_now() const noexcept;
 
   std::string name_;
   int ordinal_;
@@ -237,20 +284,40 @@ private:
   int producers_waiting_ = 0;
   bool stopping_ = false;
   bool failed_ = false;
+  bool killed_ = false;
 
-  // Runner side: finished seq, with fail_bit once the device failed; the
-  // least awaited seq, which lets the runner skip the waiter lock.
+  // Runner side: resolved seq; the least awaited seq, which lets the runner
+  // skip the waiter lock.
   alignas(64) std::atomic<uint64_t> progress_{0};
   std::atomic<uint64_t> min_waiter_{UINT64_MAX};
   uint64_t executed_ = 0; // runner only: seq of the item it is running
-  uint64_t taken_ = 0;    // runner only (and poison, on the runner): items taken from queue_
+  uint64_t taken_ = 0;    // runner only: items taken from queue_
+  // Items up to this seq are dropped, not run (cancel, kill, failure).
+  // Written under mu_, rarely; read by the runner once per item.
+  std::atomic<uint64_t> drop_upto_{0};
+  // The largest seq that resolved failed or cancelled (0: none), published
+  // before progress_ passes it, so is_done skips the lookup for later seqs.
+  std::atomic<uint64_t> bad_max_{0};
+  std::atomic<bool> failed_flag_{false}; // mirrors failed_
 
   // Cold: errors, backpressure, waiters, pools.
-  alignas(64) std::string error_; // guarded by mu_
+  alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed
+  // Guarded by mu_: (last seq, cause) of each drop, oldest first.
+  std::deque<std::pair<uint64_t, failure_ptr>> drops_;
+  // Made with the core: stands in when a cause cannot be made (out of memory).
+  failure_ptr oom_cause_;
+  // Seqs that resolved failed or cancelled, as ranges keyed by their first
+  // seq; consecutive seqs with one cause share a range.
+  struct bad_range {
+    uint64_t last;
+    failure_ptr cause;
+  };
+  mutable std::mutex bad_mu_;
+  std::map<uint64_t, bad_range> bad_;
   std::condition_variable_any room_; // producers waiting for room (rare)
   std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
   mutable std::mutex waiters_mu_;
-  std::multimap<uint64_t, waiter> waiters_;
+  std::multimap<uint64_t, resolver> waiters_;
   std::atomic<int> gates_pending_{0};
   const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_

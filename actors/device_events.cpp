@@ -1,4 +1,5 @@
-// Progress and waiters: what is done, who is told, and blocking syncs.
+// Progress and outcomes: what is done, what failed or was cancelled and why,
+// who is told, and blocking syncs.
 #include "actors/device_core.hpp"
 
 #include <fmt/format.h>
@@ -7,34 +8,60 @@
 
 namespace multidev::detail {
 
-void device_core::fail_waiters(const char* fallback) noexcept {
-  static const std::string unformatted =
-    "device failed (its reason could not be formatted: out of memory)";
-  std::string err;
-  try {
-    err = fmt::format("{}: {}", name_, error().value_or(fallback));
-  } catch (...) {
-    fire(UINT64_MAX, &unformatted);
-    return;
-  }
-  fire(UINT64_MAX, &err);
-}
+namespace {
+// Made at load time: it stands in when memory runs out.
+const failure unreadable_cause{failure::kind::failed, {}, {}, 0,
+                               "failed (its cause could not be read)", {}};
+} // namespace
 
 uint64_t device_core::finished() const noexcept {
-  return progress_.load(std::memory_order_acquire) & ~fail_bit;
+  return progress_.load(std::memory_order_acquire);
 }
 
-bool device_core::failed_now() const noexcept {
-  return (progress_.load(std::memory_order_acquire) & fail_bit) != 0;
+device_core::failure_ptr device_core::cause_of(uint64_t seq) const {
+  // progress_ is read first: bad_max_ is published before progress_ passes
+  // a bad seq, so a seq above bad_max_ that progress covers is done.
+  if (seq == 0 || seq > progress_.load(std::memory_order_acquire) ||
+      seq > bad_max_.load(std::memory_order_acquire))
+    return nullptr;
+  std::lock_guard guard{bad_mu_};
+  auto i = bad_.upper_bound(seq);
+  if (i == bad_.begin())
+    return nullptr;
+  --i;
+  return seq <= i->second.last ? i->second.cause : nullptr;
 }
 
 bool device_core::is_done(uint64_t seq) const noexcept {
-  return (progress_.load(std::memory_order_acquire) & ~fail_bit) >= seq;
+  if (seq > progress_.load(std::memory_order_acquire))
+    return false;
+  if (seq > bad_max_.load(std::memory_order_acquire)) [[likely]]
+    return true;
+  try {
+    return cause_of(seq) == nullptr;
+  } catch (...) {
+    return false; // a lock that throws: not known to be done
+  }
 }
 
 bool device_core::is_failed(uint64_t seq) const noexcept {
-  auto p = progress_.load(std::memory_order_acquire);
-  return (p & fail_bit) != 0 && (p & ~fail_bit) < seq;
+  if (seq > progress_.load(std::memory_order_acquire) ||
+      seq > bad_max_.load(std::memory_order_acquire))
+    return false;
+  try {
+    return cause_of(seq) != nullptr;
+  } catch (...) {
+    return false;
+  }
+}
+
+event_state device_core::state(uint64_t seq) const {
+  if (seq > finished())
+    return event_state::pending;
+  auto c = cause_of(seq);
+  if (!c)
+    return event_state::done;
+  return c->is_cancellation() ? event_state::cancelled : event_state::failed;
 }
 
 void device_core::check_scheduled(uint64_t seq, const char* what) const {
@@ -45,117 +72,168 @@ void device_core::check_scheduled(uint64_t seq, const char* what) const {
       name_, s));
 }
 
-void device_core::invoke(waiter& w, const std::string* error) noexcept {
+void device_core::invoke(resolver& r, const failure* cause) noexcept {
   try {
-    w(error);
+    r(cause);
   } catch (...) {
     // A waiter's own failure is its business: the others still fire.
   }
 }
 
-void device_core::fire(uint64_t upto, const std::string* error) noexcept {
+void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   // The due waiters' nodes move to a local map: no allocation, so nothing
   // can throw half-way and strand a waiter.
-  std::multimap<uint64_t, waiter> due;
+  std::multimap<uint64_t, resolver> due;
   {
     std::lock_guard guard{waiters_mu_};
-    auto end = upto == UINT64_MAX ? waiters_.end() : waiters_.upper_bound(upto);
+    auto end = beyond ? waiters_.end() : waiters_.upper_bound(upto);
     while (waiters_.begin() != end)
       due.insert(waiters_.extract(waiters_.begin()));
     min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
                       std::memory_order_seq_cst);
   }
-  // A seq at or below progress is done, forever, for every observer: even
-  // when this fires because the device failed, the waiters of seqs that
-  // finished before the failure (a waiter that registered while `complete`
-  // was looking the other way) are told done.
-  auto finished_now = finished();
-  for (auto& [seq, w] : due)
-    invoke(w, seq <= finished_now ? nullptr : error);
+  // Each seq gets its own outcome: a seq resolved done is done for every
+  // observer, even when this fires because the device failed later.
+  auto resolved = finished();
+  for (auto& [seq, r] : due) {
+    if (seq > resolved) {
+      invoke(r, beyond);
+      continue;
+    }
+    failure_ptr cause;
+    try {
+      cause = cause_of(seq);
+    } catch (...) {
+      invoke(r, &unreadable_cause);
+      continue;
+    }
+    invoke(r, cause.get());
+  }
 }
 
 void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
   std::lock_guard guard{waiters_mu_};
-  waiters_.emplace(seq, std::move(w));
+  waiters_.emplace(seq, [w = std::move(w)](const failure* cause) mutable {
+    if (!cause) {
+      w(nullptr);
+      return;
+    }
+    auto text = cause->describe();
+    w(&text);
+  });
   min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
 }
 
-void device_core::when_done(uint64_t seq, waiter w) {
+void device_core::when_resolved(uint64_t seq, resolver r) {
   {
     std::unique_lock guard{waiters_mu_};
     auto p = progress_.load(std::memory_order_seq_cst);
-    if ((p & ~fail_bit) < seq && (p & fail_bit) == 0 && !closed_) {
-      waiters_.emplace(seq, std::move(w));
+    if (p < seq && !closed_) {
+      waiters_.emplace(seq, std::move(r));
       min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
       // Re-check: the runner may have advanced between our load and store
       // without seeing the new minimum. Either it fires us, or we fire here.
       p = progress_.load(std::memory_order_seq_cst);
       guard.unlock();
-      if (p & fail_bit)
-        fail_waiters("failed");
-      else if (p >= seq)
-        fire(p, nullptr);
+      if (p >= seq)
+        fire(p);
       return;
     }
   }
-  if ((progress_.load() & ~fail_bit) >= seq) {
-    invoke(w, nullptr);
+  if (finished() >= seq) {
+    auto cause = cause_of(seq);
+    invoke(r, cause.get());
   } else {
-    auto err = fmt::format("{}: {}", name_, error().value_or("device is shut down"));
-    invoke(w, &err);
+    auto cause = device_failure("device is shut down");
+    invoke(r, cause.get());
   }
+}
+
+void device_core::when_done(uint64_t seq, waiter w) {
+  when_resolved(seq, [w = std::move(w)](const failure* cause) mutable {
+    if (!cause) {
+      w(nullptr);
+      return;
+    }
+    auto text = cause->describe();
+    w(&text);
+  });
 }
 
 void device_core::sync(uint64_t seq) {
   if (is_done(seq))
     return;
   check_scheduled(seq, "sync");
-  if (current_runner == this && !is_failed(seq))
-    throw deadlock_error(fmt::format(
-      "sync on {} seq {} from a task of the same device, which has finished "
-      "only up to seq {}: waiting would deadlock",
-      name_, seq, finished()));
-  if (!is_failed(seq)) {
-    // Shared: the waiter may still be notifying after we saw the value.
+  if (seq > finished()) {
+    if (current_runner == this)
+      throw deadlock_error(fmt::format(
+        "sync on {} seq {} from a task of the same device, which has finished "
+        "only up to seq {}: waiting would deadlock",
+        name_, seq, finished()));
+    // Shared: the resolver may still be notifying after we saw the value.
     struct signal {
       std::atomic<uint32_t> flag{0};
-      std::string reason; // written before flag becomes 2
+      failure_ptr cause; // written before flag becomes 2
     };
     auto sig = std::make_shared<signal>();
-    when_done(seq, [sig](const std::string* error) {
-      if (error)
-        sig->reason = *error;
-      sig->flag.store(error ? 2 : 1);
+    when_resolved(seq, [sig](const failure* cause) {
+      if (cause) {
+        // The cause lives in the device's table (or a static); share it.
+        sig->cause = std::shared_ptr<const failure>(std::make_shared<failure>(*cause));
+      }
+      sig->flag.store(cause ? 2 : 1);
       sig->flag.notify_one();
     });
     uint32_t v;
     while ((v = sig->flag.load()) == 0)
       sig->flag.wait(0);
-    if (v == 1 || is_done(seq))
+    if (v == 1)
       return;
-    throw device_error(name_, reason_of(sig->reason));
+    throw_failure(sig->cause);
   }
-  if (is_done(seq))
-    return;
-  throw device_error(name_, error().value_or("device is shut down"));
+  if (auto cause = cause_of(seq))
+    throw_failure(std::move(cause));
 }
 
 std::string device_core::reason_of(std::string_view error) const {
-  if (error.starts_with(name_) && error.substr(name_.size()).starts_with(": "))
-    error.remove_prefix(name_.size() + 2);
+  // "<name>: <reason>", or "<name> waited for ..." (a failure with a path).
+  if (error.starts_with(name_)) {
+    auto rest = error.substr(name_.size());
+    if (rest.starts_with(": "))
+      error.remove_prefix(name_.size() + 2);
+    else if (rest.starts_with(" waited for "))
+      error.remove_prefix(name_.size() + 1);
+  }
   return std::string{error};
+}
+
+device_core::failure_ptr device_core::device_failure(std::string message) const {
+  auto f = std::make_shared<failure>();
+  f->device = name_;
+  f->message = std::move(message);
+  return f;
 }
 
 std::optional<std::string> device_core::error() const {
   std::lock_guard guard{mu_};
+  if (failed_ && error_)
+    return error_->describe_reason();
   if (failed_)
-    return error_;
+    return std::string{"failed"};
   return std::nullopt;
 }
 
 void device_core::check() const {
-  if (auto e = error())
-    throw device_error(name_, *e);
+  failure_ptr e;
+  {
+    std::lock_guard guard{mu_};
+    if (!failed_)
+      return;
+    e = error_;
+  }
+  if (e)
+    throw device_error(e);
+  throw device_error(name_, "failed");
 }
 
 } // namespace multidev::detail

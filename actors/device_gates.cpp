@@ -8,6 +8,16 @@
 
 namespace multidev::detail {
 
+namespace {
+/// A cause for a failed gate whose real cause could not be copied; made at
+/// load time, since it stands in when memory runs out.
+const std::shared_ptr<const failure> unknown_cause_ = std::make_shared<const failure>(
+  failure{failure::kind::failed, {}, {}, 0, "failed (its cause could not be recorded)", {}});
+const std::shared_ptr<const failure>& unknown_cause() {
+  return unknown_cause_;
+}
+} // namespace
+
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
   if (owner.get() == this || owner->is_done(seq))
     return false;
@@ -19,9 +29,20 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   // The callback may run at once, on this thread, or later on owner's runner.
   std::weak_ptr<device_core> self = weak_from_this();
   try {
-    owner->when_done(seq, [self, g](const std::string* error) {
-      if (auto me = self.lock())
-        me->resolve_gate(*g, error);
+    owner->when_resolved(seq, [self, g](const failure* cause) {
+      auto me = self.lock();
+      if (!me)
+        return;
+      if (!cause) {
+        me->resolve_gate(*g, failure_ptr{});
+        return;
+      }
+      failure_ptr shared;
+      try {
+        shared = std::make_shared<const failure>(*cause);
+      } catch (...) {
+      }
+      me->resolve_gate(*g, shared ? shared : unknown_cause());
     });
   } catch (...) {
     // The gate is queued: left pending, it would hold this device forever.
@@ -71,24 +92,48 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
   return g;
 }
 
-void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
-  // `resolving` makes the first resolution win and publishes `error` before
-  // the final state; the runner only acts on open or failed. Nothing between
-  // the two may throw, or the gate would stay half-open forever.
+std::string gate::owner_label() const {
+  if (!owner_name.empty())
+    return owner_name;
+  if (auto o = owner.lock())
+    return o->name();
+  return label.empty() ? std::string{"a device gone"} : label;
+}
+
+void device_core::resolve_gate(gate& g, const failure_ptr& cause) noexcept {
+  // `resolving` makes the first resolution win and publishes the cause
+  // before the final state; the runner only acts on open or failed.
   int expected = gate::pending;
   if (!g.state.compare_exchange_strong(expected, gate::resolving))
     return;
-  if (error) {
-    try {
-      g.error = *error;
-    } catch (...) {
-      g.error.clear(); // the runner reports the failure without its reason
-    }
+  if (cause) {
+    g.cause = cause;
     g.state.store(gate::failed, std::memory_order_seq_cst);
   } else {
     g.state.store(gate::open, std::memory_order_seq_cst);
   }
   ring();
+}
+
+void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
+  if (!error) {
+    resolve_gate(g, failure_ptr{});
+    return;
+  }
+  // A message only (a CAF error rendered, a cancellation): the awaited
+  // device is its origin.
+  failure_ptr cause;
+  try {
+    auto f = std::make_shared<failure>();
+    f->device = g.owner_label();
+    f->message = *error;
+    if (f->message.starts_with(f->device + ": "))
+      f->message.erase(0, f->device.size() + 2);
+    cause = std::move(f);
+  } catch (...) {
+    cause = unknown_cause();
+  }
+  resolve_gate(g, cause);
 }
 
 void device_core::cancel_gates(bool (*which)(const gate&), const std::string& why) {

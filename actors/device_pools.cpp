@@ -55,7 +55,7 @@ void device_core::alloc_pool(int id, std::size_t size, std::size_t alignment,
 
 void device_core::release_later(std::shared_ptr<pool> old, const char* what) {
   // A failed or stopping device runs nothing more: the memory goes at once.
-  if (failed_now())
+  if (failed())
     return;
   auto id = old->id;
   try {

@@ -19,10 +19,8 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
     std::unique_lock lk{mu_};
     if (may_wait)
       wait_for_room_locked(lk);
-    if (failed_)
-      throw device_error(name_, error_);
-    if (stopping_)
-      throw device_error(name_, "device is shut down; no new work is accepted");
+    if (failed_ || stopping_) [[unlikely]]
+      throw refusal_locked();
     queue_.push_back(std::move(it));
     // The next entries' lines were last read by the runner (the buffers swap
     // back and forth): ask for them now, so the transfer overlaps this push.
@@ -41,6 +39,17 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
 
 uint64_t device_core::push(task&& t, bool may_wait) {
   return enqueue(std::move(t), nullptr, may_wait);
+}
+
+device_error device_core::refusal_locked() const {
+  if (killed_)
+    return device_error(name_, fmt::format("{}; no new work is accepted",
+                                           error_ ? error_->message : "killed"));
+  if (failed_) {
+    // The cause as it is: the device refuses work until `recover`.
+    return error_ ? device_error(error_) : device_error(name_, "failed");
+  }
+  return device_error(name_, "device is shut down; no new work is accepted");
 }
 
 void device_core::wait_for_room_locked(std::unique_lock<spin_mutex>& lk) {

@@ -11,6 +11,7 @@ namespace {
 /// `coalesce_pauses` times (about a microsecond) to take them in one batch.
 constexpr uint64_t coalesce_items = 32;
 constexpr int coalesce_pauses = 64;
+
 } // namespace
 
 void device_core::run() {
@@ -58,33 +59,36 @@ void device_core::run() {
       // The entries were just written on the producer's core: fetch ahead.
       if (i + prefetch_items < batch.size())
         __builtin_prefetch(&batch[i + prefetch_items], 0, 3);
-      auto& it = batch[i];
-      if (!failed_now())
-        execute(it);
-      else if (it.as_gate())
-        gates_pending_.fetch_sub(1);
+      execute(batch[i]);
     }
     batch.clear();
   }
 }
 
 void device_core::execute(item& it) {
-  auto seq = ++executed_; // runner-only count of items run or skipped
+  auto seq = ++executed_; // runner-only count of items resolved
+  // Cancelled, killed, or behind a failure: resolved without running.
+  if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
+    drop(it, seq);
+    return;
+  }
   if (auto* gp = it.as_gate()) {
     auto& g = *gp;
     {
       std::lock_guard guard{waiters_mu_};
       parked_on_ = &g;
     }
-    spin_until([&] {
-      auto st = g.state.load(std::memory_order_acquire);
-      return st == gate::open || st == gate::failed;
-    });
+    // A cancel or kill while parked ends the wait too (it rings the bell).
+    auto ended = [&] {
+      auto st = g.state.load(std::memory_order_seq_cst);
+      return st == gate::open || st == gate::failed ||
+             seq <= drop_upto_.load(std::memory_order_seq_cst);
+    };
+    spin_until(ended);
     for (;;) {
       auto b = bell_.load();
       sleeping_.store(true, std::memory_order_seq_cst);
-      auto st = g.state.load(std::memory_order_seq_cst);
-      if (st == gate::open || st == gate::failed)
+      if (ended())
         break;
       bell_.wait(b);
     }
@@ -93,15 +97,21 @@ void device_core::execute(item& it) {
       std::lock_guard guard{waiters_mu_};
       parked_on_ = nullptr;
     }
+    if (g.state.load() != gate::open && seq <= drop_upto_.load()) {
+      drop(it, seq); // counts the gate off
+      return;
+    }
     gates_pending_.fetch_sub(1);
     if (g.state.load() == gate::failed) {
-      poison([&] {
-        if (g.error.empty())
-          return fmt::format("waited for {}, which failed", g.what());
-        // The owner's error starts with its name, which what() gives already.
-        auto o = g.owner.lock();
-        return fmt::format("waited for {}, which failed: {}", g.what(),
-                           o ? o->reason_of(g.error) : g.error);
+      poison(seq, [&] {
+        // The awaited event's cause, with this wait in front of its path.
+        auto f = std::make_shared<failure>();
+        if (g.cause)
+          *f = *g.cause;
+        else
+          f->message = "failed (its cause could not be recorded)";
+        f->path.insert(f->path.begin(), failure_hop{name_, g.owner_label(), g.owner_seq});
+        return f;
       });
       return;
     }
@@ -109,10 +119,17 @@ void device_core::execute(item& it) {
     try {
       it.work();
     } catch (const std::exception& e) {
-      poison([&] { return fmt::format("task {} failed: {}", describe(it), e.what()); });
+      poison(seq, [&] {
+        return std::make_shared<failure>(failure{failure::kind::failed, name_,
+                                                 describe(it, seq), seq, e.what(), {}});
+      });
       return;
     } catch (...) {
-      poison([&] { return fmt::format("task {} failed: unknown exception", describe(it)); });
+      poison(seq, [&] {
+        return std::make_shared<failure>(failure{failure::kind::failed, name_,
+                                                 describe(it, seq), seq,
+                                                 "unknown exception", {}});
+      });
       return;
     }
   }
@@ -127,12 +144,55 @@ void device_core::execute(item& it) {
   complete(seq);
 }
 
-std::string device_core::describe(const item& it) {
+std::string device_core::describe(const item& it, uint64_t seq) {
   if (auto* g = it.as_gate())
     return "'wait for " + g->what() + "'";
   if (!it.extra || it.extra->description.empty())
-    return "(no description)";
+    return fmt::format("task#{}", seq);
   return "'" + it.extra->description + "'";
+}
+
+void device_core::drop(item& it, uint64_t seq) noexcept {
+  if (it.as_gate())
+    gates_pending_.fetch_sub(1);
+  failure_ptr cause;
+  {
+    std::lock_guard guard{mu_};
+    // The first segment that covers seq; those behind it are spent.
+    while (!drops_.empty() && drops_.front().first < seq)
+      drops_.pop_front();
+    if (!drops_.empty())
+      cause = drops_.front().second;
+  }
+  it.work = nullptr;
+  if (it.extra)
+    it.extra->keep_alive.reset();
+  resolve_bad(seq, std::move(cause));
+}
+
+void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
+  if (!cause)
+    cause = oom_cause_;
+  try {
+    std::lock_guard guard{bad_mu_};
+    // Consecutive seqs with one cause share a range (a cancel of thousands
+    // of items is one entry).
+    auto extend = !bad_.empty() && std::prev(bad_.end())->second.last + 1 == seq &&
+                  std::prev(bad_.end())->second.cause == cause;
+    if (extend)
+      std::prev(bad_.end())->second.last = seq;
+    else
+      bad_.emplace(seq, bad_range{seq, std::move(cause)});
+    bad_max_.store(seq, std::memory_order_release);
+  } catch (...) {
+    // Out of memory recording the outcome: the seq must still resolve, and
+    // must not read as done. The previous range grows over it.
+    std::lock_guard guard{bad_mu_};
+    if (!bad_.empty())
+      std::prev(bad_.end())->second.last = seq;
+    bad_max_.store(seq, std::memory_order_release);
+  }
+  complete(seq);
 }
 
 void device_core::complete(uint64_t seq) {
@@ -146,33 +206,33 @@ void device_core::complete(uint64_t seq) {
     fire(seq, nullptr);
 }
 
-template <class MakeMessage>
-void device_core::poison(MakeMessage make) noexcept {
-  // Runs on the runner, outside any handler: nothing here may throw. A
-  // message that cannot be formatted (out of memory) becomes a fixed text
-  // short enough to need no allocation.
-  std::string message;
+template <class MakeCause>
+void device_core::poison(uint64_t seq, MakeCause make) noexcept {
+  // Runs on the runner, outside any handler: nothing here may throw. A cause
+  // that cannot be made (out of memory) becomes a preallocated one.
+  failure_ptr cause;
   try {
-    message = make();
+    cause = make();
   } catch (...) {
-    message = "task failed"; // fits the small-string buffer
+    cause = oom_cause_;
   }
-  std::vector<item> dropped;
   {
     std::lock_guard guard{mu_};
-    if (failed_)
-      return;
-    failed_ = true;
-    error_.swap(message);
-    dropped.swap(queue_);
-    taken_ += dropped.size(); // or the runner would see them as pending forever
+    if (!killed_) {
+      failed_ = true;
+      failed_flag_.store(true, std::memory_order_release);
+      error_ = cause;
+    }
+    // What is queued behind the failure fails with it, in order.
+    try {
+      drop_locked(cause);
+    } catch (...) {
+      // No memory for the segment: those items then resolve with a generic
+      // cause, but they still resolve.
+    }
     room_.notify_all();
   }
-  progress_.fetch_or(fail_bit, std::memory_order_seq_cst);
-  fail_waiters("task failed");
-  for (auto& it : dropped)
-    if (it.as_gate())
-      gates_pending_.fetch_sub(1);
+  resolve_bad(seq, std::move(cause));
   call_room_callback();
 }
 

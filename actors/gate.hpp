@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "multidev/types.hpp"
+
 namespace multidev::detail {
 
 class device_core;
@@ -26,10 +28,17 @@ struct gate {
   std::string label;
   /// Whether a CAF reply opens it (the owner lives behind an actor).
   bool remote = false;
+  /// The awaited device's name when it lives behind an actor (empty: ask
+  /// `owner`, or use the label).
+  std::string owner_name;
   /// `"<owner> seq <n>"`, or the label. Never throws: falls back to a fixed
   /// text when formatting fails.
   std::string what() const noexcept;
-  std::string error; ///< Written before `state` becomes `failed`.
+  /// The awaited device's name, as a failure's path records it.
+  std::string owner_label() const;
+  /// Why the awaited event did not complete; written before `state`
+  /// becomes `failed` (null when even that could not be made).
+  std::shared_ptr<const failure> cause;
 };
 
 } // namespace multidev::detail

@@ -63,10 +63,72 @@ sexp to_sexp(const hardware_limits& h) {
                      opt("shared_memory_per_block", h.shared_memory_per_block)});
 }
 
+namespace {
+std::string origin_text(const failure& f) {
+  if (f.task.empty())
+    return f.message;
+  if (f.origin_kind == failure::kind::cancelled)
+    return f.message.empty() ? fmt::format("task {} was cancelled", f.task)
+                             : fmt::format("task {} was cancelled: {}", f.task, f.message);
+  return fmt::format("task {} failed: {}", f.task, f.message);
+}
+} // namespace
+
+std::string failure::describe_reason() const {
+  if (path.empty())
+    return origin_text(*this);
+  std::string out = fmt::format("waited for {} seq {}", path[0].device, path[0].seq);
+  for (std::size_t i = 1; i < path.size(); ++i)
+    out += fmt::format(", which waited for {} seq {}", path[i].device, path[i].seq);
+  if (origin_kind == kind::cancelled && task.empty() && message.empty())
+    return out + ", which was cancelled";
+  return out + ": " + origin_text(*this);
+}
+
+std::string failure::describe() const {
+  auto reason = describe_reason();
+  const auto& who = about();
+  if (who.empty())
+    return reason;
+  return fmt::format("{}{}{}", who, path.empty() ? ": " : " ", reason);
+}
+
+std::string to_string(event_state s) {
+  switch (s) {
+    case event_state::pending:
+      return "pending";
+    case event_state::done:
+      return "done";
+    case event_state::failed:
+      return "failed";
+    case event_state::cancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+namespace {
+std::shared_ptr<const failure> plain_failure(std::string device, std::string message) {
+  auto f = std::make_shared<failure>();
+  f->device = std::move(device);
+  f->message = std::move(message);
+  return f;
+}
+} // namespace
+
 device_error::device_error(std::string device_name, std::string message)
-  : std::runtime_error(fmt::format("{}: {}", device_name, message)),
-    device_(std::move(device_name)),
-    message_(std::move(message)) {
+  : device_error(plain_failure(std::move(device_name), std::move(message))) {
+}
+
+device_error::device_error(std::shared_ptr<const failure> cause)
+  : std::runtime_error(cause->describe()), cause_(std::move(cause)),
+    message_(cause_->describe_reason()) {
+}
+
+void throw_failure(std::shared_ptr<const failure> f) {
+  if (f->is_cancellation())
+    throw cancelled_error(std::move(f));
+  throw device_error(std::move(f));
 }
 
 } // namespace multidev

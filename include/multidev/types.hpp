@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "multidev/sexp.hpp"
 
@@ -82,20 +84,93 @@ struct hardware_limits {
 
 sexp to_sexp(const hardware_limits& h);
 
+/// One step of a failure's way to an observer: `waiter` waited for `device`'s
+/// `seq`, which did not complete.
+struct failure_hop {
+  std::string waiter;
+  std::string device;
+  uint64_t seq = 0;
+  friend bool operator==(const failure_hop&, const failure_hop&) = default;
+};
+
+/// Why an event did not complete, and where that started (its provenance).
+/// Shared and immutable once made: every event it resolves points to it.
+struct failure {
+  /// What happened at the origin.
+  enum class kind : uint8_t {
+    failed,    ///< A task threw, or the device failed or was killed.
+    cancelled, ///< The work was cancelled before it started.
+  };
+  kind origin_kind = kind::failed;
+  /// The device where it started (`"<name>:<ordinal>:<id>"`).
+  std::string device;
+  /// The task there, as described (`'step 3'`, `task#7`); empty when the
+  /// device itself failed (killed, shut down) rather than one of its tasks.
+  std::string task;
+  /// The origin's seq (0 when none).
+  uint64_t seq = 0;
+  /// The original message (`what()` of the exception a task threw).
+  std::string message;
+  /// The devices it travelled through, the observer's side first: `path[0]`
+  /// waited for `path[1].waiter`'s event, and so on down to the origin.
+  std::vector<failure_hop> path;
+
+  /// `"cpu:2 waited for cpu:1 seq 7, which waited for cpu:0 seq 3: task
+  /// 'step 3' failed: boom"`; without a path, `"cpu:0: task 'step 3' failed:
+  /// boom"`.
+  std::string describe() const;
+  /// The same, without the leading name of the device it is about.
+  std::string describe_reason() const;
+  /// The device it is about: the first waiter, or the origin.
+  const std::string& about() const noexcept {
+    return path.empty() ? device : path.front().waiter;
+  }
+  /// Whether the observed event itself was cancelled (not one it waited for).
+  bool is_cancellation() const noexcept {
+    return origin_kind == kind::cancelled && path.empty();
+  }
+};
+
+/// How an event ended, or that it has not yet.
+enum class event_state : uint8_t { pending, done, failed, cancelled };
+
+std::string to_string(event_state s);
+
 /// A device failed (a task threw, a device it waited on failed, it was shut
-/// down). `what()` names the device and gives the original message.
+/// down or killed). `what()` names the device and gives the original message;
+/// `cause()` says where it started and which devices it travelled through.
 class device_error : public std::runtime_error {
 public:
   device_error(std::string device_name, std::string message);
+  explicit device_error(std::shared_ptr<const failure> cause);
   /// `"<name>:<ordinal>:<device_id>"` of the failed device.
-  const std::string& device_name() const noexcept { return device_; }
-  /// The original message, without the device name.
+  const std::string& device_name() const noexcept { return cause_->about(); }
+  /// The message without that device's name in front.
   const std::string& message() const noexcept { return message_; }
+  /// The provenance: origin device, task, original message and path.
+  const failure& cause() const noexcept { return *cause_; }
+  const std::shared_ptr<const failure>& cause_ptr() const noexcept { return cause_; }
+  const std::string& origin_device() const noexcept { return cause_->device; }
+  const std::string& origin_task() const noexcept { return cause_->task; }
+  const std::string& original_message() const noexcept { return cause_->message; }
+  const std::vector<failure_hop>& path() const noexcept { return cause_->path; }
 
 private:
-  std::string device_;
+  std::shared_ptr<const failure> cause_;
   std::string message_;
 };
+
+/// The awaited event was cancelled (`backend::cancel`) before it started.
+/// Distinct from a failure; a device that waited on a cancelled event fails
+/// with a plain `device_error` whose cause says so.
+class cancelled_error : public device_error {
+public:
+  using device_error::device_error;
+};
+
+/// Throws `cancelled_error` when `f` is the event's own cancellation,
+/// `device_error` otherwise.
+[[noreturn]] void throw_failure(std::shared_ptr<const failure> f);
 
 /// A task called `sync` on an event of its own device that is still ahead of
 /// it: waiting would deadlock, so it gets this error instead.
