@@ -212,6 +212,20 @@ bool backend::is_done(const event& e) const {
   return e.is_done();
 }
 
+event_state backend::state(const event& e) const {
+  if (!e.core())
+    return event_state::done;
+  return e.core()->state(e.seq());
+}
+
+void backend::cancel(const device& d) {
+  record_of(d).core().cancel("cancelled by cancel(device)");
+}
+
+bool backend::recover(const device& d) {
+  return record_of(d).core().recover();
+}
+
 void backend::will_wait_for(const context& ctx, const event& e) {
   if (!e.core())
     return;

@@ -75,6 +75,9 @@ void backend_impl::shutdown() {
   // Finish accepted work first (waits between devices resolve through the
   // cores), then stop the actors. Every core stops accepting before any is
   // joined: a runner finishing its queue may be waiting on another device.
+  if (opts.on_destroy == backend_options::destroy_policy::cancel)
+    for (auto& d : all)
+      d.get_runner().core()->cancel("cancelled: the backend was destroyed");
   for (auto& d : all)
     d.get_runner().core()->request_stop();
   for (auto& d : all) // every device stops: cut what leaves the backend

@@ -159,9 +159,22 @@ device_actor_full::behavior_type device_impl(self_ptr self,
   // However the actor ends (an exit, a kill, an exception), the replies that
   // would open its remote gates can no longer arrive: fail those gates, or
   // the device would wait on them until its backend goes.
+  // The actor owns its device's life: once it is gone (a kill, an exit
+  // message, an exception), nothing is accepted any more and the work not
+  // yet started fails with the reason. After the backend's own shutdown the
+  // device has drained already, and this changes nothing.
   std::weak_ptr<device_core> weak = self->state.core;
-  self->attach_functor([weak](const caf::error&) {
+  caf::actor_system* sys = &self->system();
+  self->attach_functor([weak, sys](const caf::error& reason) {
     if (auto c = weak.lock()) {
+      std::string text;
+      try {
+        text = reason ? sys->render(reason) : std::string{"normal"};
+      } catch (...) {
+        text = "unknown reason";
+      }
+      c->kill("the device actor exited (" + text + ")");
+      // Left by a kill of a device already stopping: the answers cannot come.
       static const std::string why = "the device's actor stopped before the answer came";
       c->cancel_remote_waits(why);
     }

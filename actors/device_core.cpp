@@ -105,7 +105,8 @@ void device_core::kill(std::string reason) {
   auto cause = device_failure("killed: " + reason);
   {
     std::lock_guard guard{mu_};
-    if (killed_)
+    // Killed already, or shut down with nothing left: nothing to fail.
+    if (killed_ || (stopping_ && finished() == scheduled_.load(std::memory_order_relaxed)))
       return;
     killed_ = true;
     stopping_ = true;

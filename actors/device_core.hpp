@@ -232,7 +232,10 @@ private:
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   void execute(item& it);
+  /// `'<description>'`, or `task#<seq>` for a nameless closure.
   static std::string describe(const item& it, uint64_t seq);
+  /// The same without quotes, as a failure's `task` records it.
+  static std::string task_name(const item& it, uint64_t seq);
   void complete(uint64_t seq);
   /// Runner only: resolves `seq` as failed (or cancelled) with `cause`.
   void resolve_bad(uint64_t seq, failure_ptr cause) noexcept;

@@ -121,13 +121,13 @@ void device_core::execute(item& it) {
     } catch (const std::exception& e) {
       poison(seq, [&] {
         return std::make_shared<failure>(failure{failure::kind::failed, name_,
-                                                 describe(it, seq), seq, e.what(), {}});
+                                                 task_name(it, seq), seq, e.what(), {}});
       });
       return;
     } catch (...) {
       poison(seq, [&] {
         return std::make_shared<failure>(failure{failure::kind::failed, name_,
-                                                 describe(it, seq), seq,
+                                                 task_name(it, seq), seq,
                                                  "unknown exception", {}});
       });
       return;
@@ -142,6 +142,14 @@ void device_core::execute(item& it) {
     it.extra->keep_alive.reset();
   }
   complete(seq);
+}
+
+std::string device_core::task_name(const item& it, uint64_t seq) {
+  if (auto* g = it.as_gate())
+    return "wait for " + g->what();
+  if (!it.extra || it.extra->description.empty())
+    return fmt::format("task#{}", seq);
+  return it.extra->description;
 }
 
 std::string device_core::describe(const item& it, uint64_t seq) {

@@ -67,10 +67,12 @@ namespace {
 std::string origin_text(const failure& f) {
   if (f.task.empty())
     return f.message;
+  // Described tasks are quoted; nameless ones read task#<seq>.
+  auto task = f.task.starts_with("task#") ? f.task : "'" + f.task + "'";
   if (f.origin_kind == failure::kind::cancelled)
-    return f.message.empty() ? fmt::format("task {} was cancelled", f.task)
-                             : fmt::format("task {} was cancelled: {}", f.task, f.message);
-  return fmt::format("task {} failed: {}", f.task, f.message);
+    return f.message.empty() ? fmt::format("task {} was cancelled", task)
+                             : fmt::format("task {} was cancelled: {}", task, f.message);
+  return fmt::format("task {} failed: {}", task, f.message);
 }
 } // namespace
 

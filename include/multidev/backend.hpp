@@ -47,13 +47,20 @@ struct backend_options {
   /// CAF scheduler threads when the backend owns its actor system; 0: the
   /// machine's hardware threads.
   int scheduler_threads = 0;
+  /// What destroying the backend does with work accepted and not started.
+  enum class destroy_policy : uint8_t {
+    drain,  ///< Finish it (as OCANNL does).
+    cancel, ///< Cancel it, so a program can always shut down promptly.
+  };
+  destroy_policy on_destroy = destroy_policy::drain;
 };
 
 /// One instance of the Multidev signature: devices of one driver kind.
 ///
 /// Constructing a backend enumerates no device and touches no driver; devices
 /// come to life on `get_device`. Destroying it finishes the work already
-/// accepted, joins the runners, frees the pools and stops the actors.
+/// accepted (or cancels it: `backend_options::on_destroy`), joins the
+/// runners, frees the pools and stops the actors.
 class backend {
 public:
   /// A backend with its own CAF actor system.
@@ -110,6 +117,22 @@ public:
   /// `e` is done. Returns at once; a no-op for events of the same device or
   /// events already done. If `e` fails, `ctx.device` fails too.
   void will_wait_for(const context& ctx, const event& e);
+
+  /// How `e` ended: done, failed, cancelled, or still pending. Never blocks.
+  event_state state(const event& e) const;
+
+  // -- Cancellation and recovery ---------------------------------------------
+
+  /// Drops the work queued on `d` and not yet started: its events resolve
+  /// `cancelled` (`sync` throws `cancelled_error`), in seq order; devices
+  /// that wait on them fail with a cause that says so. A running task is not
+  /// interrupted; a wait the runner is parked on is dropped too. `d` stays
+  /// usable: work scheduled after the call runs. Returns at once.
+  void cancel(const device& d);
+  /// Brings a failed device back: the events that failed stay failed, its
+  /// pools survive, new work runs. False when `d` had not failed, or was
+  /// killed or shut down (those do not come back).
+  bool recover(const device& d);
 
   // -- Properties and debug info ---------------------------------------------
 

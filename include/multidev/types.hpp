@@ -104,7 +104,7 @@ struct failure {
   kind origin_kind = kind::failed;
   /// The device where it started (`"<name>:<ordinal>:<id>"`).
   std::string device;
-  /// The task there, as described (`'step 3'`, `task#7`); empty when the
+  /// The task there, as described (`step 3`; `task#7` when nameless); empty when the
   /// device itself failed (killed, shut down) rather than one of its tasks.
   std::string task;
   /// The origin's seq (0 when none).
