@@ -1,7 +1,9 @@
 #include "bench.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -10,18 +12,35 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
+#include <caf/actor.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/behavior.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/node_id.hpp>
+#include <caf/send.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <multidev/kernels.hpp>
+#include <multidev/protocol.hpp>
 
 #include "gradient_merge.hpp"
 
@@ -44,19 +63,27 @@ double median(std::vector<double> xs) {
   return xs[xs.size() / 2];
 }
 
-/// Runs `base` and `ours` alternately `repeats` times, so drift on a shared
-/// machine hits both alike; the medians of what they return. One unrecorded
-/// round first warms caches, pages and sleeping threads.
+/// Runs each of `fns` in turn, `repeats` rounds, so drift on a shared machine
+/// hits them alike; the medians of what each returns, in the order of `fns`.
+/// One unrecorded round first warms caches, pages and sleeping threads.
+std::vector<double> medians_of(int repeats, const std::vector<std::function<double()>>& fns) {
+  for (const auto& f : fns)
+    f();
+  std::vector<std::vector<double>> xs(fns.size());
+  for (int i = 0; i < repeats; ++i)
+    for (std::size_t j = 0; j < fns.size(); ++j)
+      xs[j].push_back(fns[j]());
+  std::vector<double> ms;
+  for (auto& x : xs)
+    ms.push_back(median(std::move(x)));
+  return ms;
+}
+
+/// `medians_of` for one baseline and multidev: {baseline, ours}.
 template <class Base, class Ours>
 std::pair<double, double> medians(int repeats, Base base, Ours ours) {
-  base();
-  ours();
-  std::vector<double> xs, ys;
-  for (int i = 0; i < repeats; ++i) {
-    xs.push_back(base());
-    ys.push_back(ours());
-  }
-  return {median(std::move(xs)), median(std::move(ys))};
+  auto ms = medians_of(repeats, {base, ours});
+  return {ms[0], ms[1]};
 }
 
 bench_result make(std::string name, std::string unit, double value, std::string baseline,
@@ -142,6 +169,355 @@ double atomic_ping_pong_ns_per_hop(int hops) {
   other.join();
   return seconds_since(t0) * 1e9 / hops;
 }
+
+/// The lock-free floor under a task queue: one producer thread pushes plain
+/// function pointers into a ring, one long-lived consumer thread pops and
+/// calls them. Producer- and consumer-written fields sit on separate cache
+/// lines (NOTES.md: each line that moves between the vCPUs costs up to
+/// ~130 ns), the consumer publishes its position once per batch, and both
+/// prefetch the slots ahead. An idle consumer spins briefly, then sleeps on
+/// `sleeping_`; the producer wakes it when it sees the flag, and again while
+/// it waits for room or for the ring to drain, so a wake-up missed by a push
+/// (the flag read may pass the position store) is made good there.
+class spsc_ring {
+public:
+  using fn = void (*)();
+
+  spsc_ring() : worker_([this] { loop(); }) {}
+  ~spsc_ring() {
+    stop_.store(true);
+    wake();
+    worker_.join();
+  }
+  spsc_ring(const spsc_ring&) = delete;
+  spsc_ring& operator=(const spsc_ring&) = delete;
+
+  void push(fn f) {
+    auto h = producer_.head;
+    if (h - producer_.tail == capacity)
+      wait_until([&] { return h - (producer_.tail = tail_.load(std::memory_order_acquire))
+                              < capacity; });
+    __builtin_prefetch(&slots_[(h + prefetch_distance) & mask], 1);
+    slots_[h & mask] = f;
+    producer_.head = h + 1;
+    head_.store(h + 1, std::memory_order_release);
+    if (sleeping_.load(std::memory_order_relaxed))
+      wake();
+  }
+
+  /// Returns once the consumer has called everything pushed so far.
+  void drain() {
+    auto h = producer_.head;
+    wait_until([&] { return tail_.load(std::memory_order_acquire) == h; });
+    producer_.tail = h;
+  }
+
+private:
+  static constexpr std::size_t capacity = 4096;
+  static constexpr std::size_t mask = capacity - 1;
+  static constexpr std::size_t prefetch_distance = 16;
+  static constexpr int spins_before_sleep = 4096;
+
+  static void pause() { __builtin_ia32_pause(); }
+
+  /// Producer side: spins, then yields, until `done()`, waking a sleeping
+  /// consumer on the way.
+  template <class Pred>
+  void wait_until(Pred done) {
+    for (int i = 0; !done(); ++i) {
+      if (sleeping_.load(std::memory_order_relaxed))
+        wake();
+      if (i < 64)
+        pause();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+  void wake() {
+    sleeping_.store(0, std::memory_order_seq_cst);
+    sleeping_.notify_one();
+  }
+
+  void loop() {
+    std::size_t t = 0;
+    for (;;) {
+      std::size_t h = head_.load(std::memory_order_acquire);
+      for (int spins = 0; h == t; h = head_.load(std::memory_order_acquire)) {
+        if (stop_.load(std::memory_order_relaxed))
+          return;
+        if (++spins < spins_before_sleep) {
+          pause();
+          continue;
+        }
+        sleeping_.store(1, std::memory_order_seq_cst);
+        if (head_.load(std::memory_order_seq_cst) == t && !stop_.load())
+          sleeping_.wait(1);
+        sleeping_.store(0, std::memory_order_relaxed);
+        spins = 0;
+      }
+      for (; t != h; ++t) {
+        __builtin_prefetch(&slots_[(t + prefetch_distance) & mask]);
+        slots_[t & mask]();
+      }
+      tail_.store(t, std::memory_order_release);
+    }
+  }
+
+  struct alignas(64) producer_state {
+    std::size_t head = 0; // next slot to write
+    std::size_t tail = 0; // the consumer's position as last seen
+  };
+  producer_state producer_;
+  alignas(64) std::atomic<std::size_t> head_{0};
+  alignas(64) std::atomic<std::size_t> tail_{0};
+  alignas(64) std::atomic<int> sleeping_{0};
+  alignas(64) std::atomic<bool> stop_{false};
+  alignas(64) std::array<fn, capacity> slots_{};
+  std::thread worker_; // last: starts once everything above exists
+};
+
+/// What the ring's items do: the same work as the tasks it is compared with.
+std::atomic<int> ring_items_run{0};
+void ring_item() {
+  ring_items_run.fetch_add(1, std::memory_order_relaxed);
+}
+
+/// ns per item: push n function pointers, wait until the last one ran.
+double spsc_ring_ns_per_item(spsc_ring& q, int n) {
+  int before = ring_items_run.load();
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i)
+    q.push(&ring_item);
+  q.drain();
+  auto ns = seconds_since(t0) * 1e9 / n;
+  if (ring_items_run.load() - before != n) // the floor must do the whole job
+    throw std::logic_error("multidev bench: the SPSC ring lost items");
+  return ns;
+}
+
+// -- CAF baselines ---------------------------------------------------------------
+
+/// `cfg` set up as a backend's own actor system is (actors/backend.cpp, kept in
+/// step by hand): the work-sharing scheduler with `opts.scheduler_threads`
+/// workers (0: the hardware threads) and multidev's message types.
+void configure_like_backend(caf::actor_system_config& cfg, const backend_options& opts) {
+  auto threads = opts.scheduler_threads > 0
+                   ? opts.scheduler_threads
+                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cfg.set("scheduler.max-threads", static_cast<size_t>(threads));
+  cfg.set("scheduler.policy", caf::atom("sharing"));
+  register_types(cfg);
+}
+
+using hop_atom = caf::atom_constant<caf::atom("hop")>;
+using start_atom = caf::atom_constant<caf::atom("start")>;
+
+/// Exchanges finished by `hop_player`s; the host thread waits on it.
+struct hop_counter {
+  std::atomic<int> finished{0};
+};
+
+/// An event-based actor that passes `hop` back to its sender, counting down;
+/// the one that receives the last hop bumps `done`. `(start, other, n)` sends
+/// the first of n hops to `other` (a local actor or a remote proxy).
+caf::behavior hop_player(caf::event_based_actor* self, hop_counter* done) {
+  return {
+    [=](start_atom, const caf::actor& other, int hops) {
+      self->send(other, hop_atom::value, hops);
+    },
+    [=](hop_atom, int left) {
+      if (left > 1) {
+        self->send(caf::actor_cast<caf::actor>(self->current_sender()), hop_atom::value,
+                   left - 1);
+        return;
+      }
+      done->finished.fetch_add(1, std::memory_order_release);
+      done->finished.notify_one();
+    },
+  };
+}
+
+/// Seconds for `hops` hops between `from` and `to` (`from` sends the first),
+/// from the host's start message until the last hop arrived.
+double hop_seconds(const caf::actor& from, const caf::actor& to, hop_counter& done, int hops) {
+  int before = done.finished.load(std::memory_order_acquire);
+  auto t0 = clock_type::now();
+  caf::anon_send(from, start_atom::value, to, hops);
+  for (int v; (v = done.finished.load(std::memory_order_acquire)) == before;)
+    done.finished.wait(v);
+  return seconds_since(t0);
+}
+
+/// Stops an actor when it goes out of scope: ~actor_system waits for every
+/// actor still alive (NOTES.md, pitfall 4).
+struct actor_stopper {
+  caf::actor a;
+  ~actor_stopper() {
+    if (a)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+};
+
+/// Two event-based actors ping-ponging a message in an actor system
+/// configured as a backend's own: the CAF hop that a multidev dependency
+/// hop is compared with. Build and destroy on one thread (NOTES.md, pitfall 9).
+class caf_ping_pong {
+public:
+  explicit caf_ping_pong(const backend_options& opts) {
+    configure_like_backend(cfg_, opts);
+    sys_.emplace(cfg_);
+    a_.a = sys_->spawn(hop_player, &done_);
+    b_.a = sys_->spawn(hop_player, &done_);
+  }
+  double ns_per_hop(int hops) { return hop_seconds(a_.a, b_.a, done_, hops) * 1e9 / hops; }
+
+private:
+  caf::actor_system_config cfg_;
+  std::optional<caf::actor_system> sys_;
+  hop_counter done_;
+  actor_stopper a_, b_;
+};
+
+// -- remote baselines ------------------------------------------------------------
+
+[[noreturn]] void throw_errno(const char* what) {
+  throw std::runtime_error(fmt::format("multidev bench: {}: {}", what, std::strerror(errno)));
+}
+
+/// A file descriptor that closes itself.
+struct unique_fd {
+  int fd = -1;
+  explicit unique_fd(int f) : fd(f) {
+    if (fd < 0)
+      throw_errno("socket");
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { ::close(fd); }
+};
+
+/// The floor under any remote round trip here: 64 bytes ping-ponged over a
+/// TCP connection on 127.0.0.1 (TCP_NODELAY) between this thread and an echo
+/// thread, both blocking in read.
+class tcp_ping_pong {
+public:
+  tcp_ping_pong() : listener_(::socket(AF_INET, SOCK_STREAM, 0)),
+                    client_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(listener_.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0
+        || ::listen(listener_.fd, 1) != 0
+        || ::getsockname(listener_.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw_errno("listen on 127.0.0.1");
+    if (::connect(client_.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0)
+      throw_errno("connect to 127.0.0.1");
+    server_.emplace(::accept(listener_.fd, nullptr, nullptr));
+    int one = 1;
+    for (int fd : {client_.fd, server_->fd})
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    echo_ = std::thread([fd = server_->fd] {
+      std::array<char, message_bytes> buf{};
+      while (transfer(fd, buf.data(), false) && transfer(fd, buf.data(), true)) {
+      }
+    });
+  }
+  ~tcp_ping_pong() {
+    ::shutdown(client_.fd, SHUT_RDWR); // the echo thread reads end of file
+    echo_.join();
+  }
+
+  double us_per_round_trip(int n) {
+    std::array<char, message_bytes> buf{};
+    auto t0 = clock_type::now();
+    for (int i = 0; i < n; ++i)
+      if (!transfer(client_.fd, buf.data(), true) || !transfer(client_.fd, buf.data(), false))
+        throw_errno("TCP ping-pong");
+    return seconds_since(t0) * 1e6 / n;
+  }
+
+private:
+  static constexpr std::size_t message_bytes = 64;
+
+  /// Writes (or reads) one whole message; false on end of file or error.
+  static bool transfer(int fd, char* buf, bool write) {
+    for (std::size_t done = 0; done < message_bytes;) {
+      auto k = write ? ::write(fd, buf + done, message_bytes - done)
+                     : ::read(fd, buf + done, message_bytes - done);
+      if (k <= 0)
+        return false;
+      done += static_cast<std::size_t>(k);
+    }
+    return true;
+  }
+
+  unique_fd listener_, client_;
+  std::optional<unique_fd> server_;
+  std::thread echo_;
+};
+
+/// Two actor systems with the middleman, each configured as a backend's own
+/// (`configure_like_backend`), connected over TCP on 127.0.0.1: `server()`
+/// publishes actors, `client()` reaches them through proxies. The setup that
+/// every remote figure shares (`caf_remote_round_trip`, and `remote_hop` to
+/// come). Both live in this process: CAF 0.17.6 gives each actor system of a
+/// process its own node id (the last byte of the host id counts the systems
+/// started), so BASP accepts the connection; `connect` checks that what it
+/// returns is a proxy of the server's node. Build, use and destroy on one
+/// thread (NOTES.md, pitfall 9), after stopping the actors spawned on it.
+class remote_pair {
+public:
+  explicit remote_pair(const backend_options& opts) {
+    for (auto* cfg : {&server_cfg_, &client_cfg_}) {
+      configure_like_backend(*cfg, opts);
+      cfg->load<caf::io::middleman>();
+    }
+    server_.emplace(server_cfg_);
+    client_.emplace(client_cfg_);
+  }
+  caf::actor_system& server() { return *server_; }
+  caf::actor_system& client() { return *client_; }
+
+  /// `a`, an actor of `server()`, as `client()` sees it: published on an
+  /// ephemeral port of 127.0.0.1 and looked up with `remote_actor`. BASP
+  /// keeps one connection per pair of nodes, so every proxy uses the same.
+  caf::actor connect(const caf::actor& a) {
+    auto port = server_->middleman().publish(a, 0, "127.0.0.1");
+    if (!port)
+      throw std::runtime_error("multidev bench: publish: " + server_->render(port.error()));
+    auto proxy = client_->middleman().remote_actor("127.0.0.1", *port);
+    if (!proxy)
+      throw std::runtime_error("multidev bench: remote_actor: "
+                               + client_->render(proxy.error()));
+    if (proxy->node() != server_->node() || proxy->node() == client_->node())
+      throw std::runtime_error("multidev bench: remote_actor returned no proxy of the "
+                               "server's node (same node ids?)");
+    return *proxy;
+  }
+
+private:
+  caf::actor_system_config server_cfg_, client_cfg_;
+  std::optional<caf::actor_system> server_, client_;
+};
+
+/// A CAF remote round trip: `hop_player`s on both systems of `pair`, the
+/// server's reached through its proxy.
+class caf_remote_ping_pong {
+public:
+  explicit caf_remote_ping_pong(remote_pair& pair) {
+    pong_.a = pair.server().spawn(hop_player, &done_);
+    ping_.a = pair.client().spawn(hop_player, &done_);
+    proxy_ = pair.connect(pong_.a);
+  }
+  double us_per_round_trip(int n) { return hop_seconds(ping_.a, proxy_, done_, 2 * n) * 1e6 / n; }
+
+private:
+  hop_counter done_;
+  actor_stopper pong_, ping_;
+  caf::actor proxy_;
+};
 
 /// GB/s of a plain memcpy of `n` bytes between the very buffers the device
 /// copy uses, timed on the runner thread of `d` itself: the guest's vCPUs and
@@ -297,6 +673,34 @@ bool is_wanted(const bench_options& o, const std::string& name) {
   return o.filter.empty() || name.find(o.filter) != std::string::npos;
 }
 
+/// One baseline of a figure: the figure's name, the baseline's label, the
+/// ratio target (none: informative) and the measurement.
+struct baseline_run {
+  std::string figure;
+  std::string label;
+  std::optional<double> target;
+  std::function<double()> run;
+};
+
+/// The figures of `bases` that `o` wants, each the median of `ours` beside
+/// the median of its baseline, all run in turn by `medians_of` ("lower" is
+/// better). One measurement of multidev serves every baseline.
+void compare(std::vector<bench_result>& out, const bench_options& o, int reps,
+             const std::string& unit, std::function<double()> ours,
+             std::vector<baseline_run> bases) {
+  std::erase_if(bases, [&o](const baseline_run& x) { return !is_wanted(o, x.figure); });
+  if (bases.empty())
+    return;
+  std::vector<std::function<double()>> fns;
+  for (const auto& x : bases)
+    fns.push_back(x.run);
+  fns.push_back(std::move(ours));
+  auto ms = medians_of(reps, fns);
+  for (std::size_t i = 0; i < bases.size(); ++i)
+    out.push_back(make(bases[i].figure, unit, ms.back(), bases[i].label, ms[i], "lower",
+                       bases[i].target));
+}
+
 /// The figures measured on one backend of at least 4 devices, shared by all.
 void shared_backend_figures(std::vector<bench_result>& out, const backend_options& opts,
                             const bench_options& o) {
@@ -308,27 +712,32 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
   auto d1 = b.get_device(1);
   int reps = std::max(1, o.repeats);
 
-  if (wanted("independent_tasks")) {
-    int n = o.quick ? 20'000 : 200'000;
+  int n_tasks = o.quick ? 20'000 : 200'000;
+  {
     cv_queue q;
-    auto [base, ours] = medians(reps, [&] { return cv_queue_ns_per_task(q, n); },
-                                [&] { return multidev_ns_per_task(b, d0, n); });
-    out.push_back(make("independent_tasks", "ns/task", ours, "mutex+cv queue", base,
-                       "lower", 1.0));
+    spsc_ring ring;
+    compare(out, o, reps, "ns/task", [&] { return multidev_ns_per_task(b, d0, n_tasks); },
+            {{"independent_tasks", "mutex+cv queue", 1.0,
+              [&] { return cv_queue_ns_per_task(q, n_tasks); }},
+             {"independent_tasks_vs_ring", "lock-free SPSC ring, fn pointers", 2.0,
+              [&] { return spsc_ring_ns_per_item(ring, n_tasks); }}});
   }
   int hops = o.quick ? 2'000 : 20'000;
-  if (wanted("will_wait_for_chain")) {
-    auto [base, ours] = medians(reps, [&] { return atomic_ping_pong_ns_per_hop(hops); },
-                                [&] { return multidev_ns_per_hop(b, d0, d1, hops, true); });
-    out.push_back(make("will_wait_for_chain", "ns/hop", ours, "atomic wait/notify ping-pong",
-                       base, "lower", 3.0));
+  // The CAF system and its two actors only when a figure needs them.
+  std::optional<caf_ping_pong> caf_hops;
+  if (wanted("will_wait_for_chain_vs_caf") || wanted("will_wait_for_chain_scheduled_vs_caf"))
+    caf_hops.emplace(opts);
+  auto atomic_hop = [&] { return atomic_ping_pong_ns_per_hop(hops); };
+  auto caf_hop = [&] { return caf_hops->ns_per_hop(hops); };
+  for (bool prebuilt : {true, false}) {
+    std::string name = prebuilt ? "will_wait_for_chain" : "will_wait_for_chain_scheduled";
+    compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, prebuilt); },
+            {{name, "atomic wait/notify ping-pong",
+              prebuilt ? std::optional<double>{3.0} : std::nullopt, atomic_hop},
+             {name + "_vs_caf", "CAF actor ping-pong (sharing)", prebuilt ? 1.0 : 2.5,
+              caf_hop}});
   }
-  if (wanted("will_wait_for_chain_scheduled")) {
-    auto [base, ours] = medians(reps, [&] { return atomic_ping_pong_ns_per_hop(hops); },
-                                [&] { return multidev_ns_per_hop(b, d0, d1, hops, false); });
-    out.push_back(make("will_wait_for_chain_scheduled", "ns/hop", ours,
-                       "atomic wait/notify ping-pong", base, "lower", std::nullopt));
-  }
+  caf_hops.reset();
   std::size_t mib = o.quick ? 8 : 64;
   std::size_t bytes = mib << 20;
   auto copy_name = [mib](const char* what) { return fmt::format("{}_{}MiB", what, mib); };
@@ -403,6 +812,34 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
   }
 }
 
+/// The figures across two actor systems connected over 127.0.0.1 (one
+/// `remote_pair`, so all of them use the same connection).
+void remote_figures(std::vector<bench_result>& out, const backend_options& opts,
+                    const bench_options& o) {
+  if (!is_wanted(o, "caf_remote_round_trip"))
+    return;
+  int reps = std::max(1, o.repeats);
+  int round_trips = o.quick ? 200 : 2'000;
+  tcp_ping_pong tcp;
+  remote_pair pair{opts};
+  if (is_wanted(o, "caf_remote_round_trip")) {
+    caf_remote_ping_pong caf_rt{pair};
+    auto [base, ours] = medians(reps, [&] { return tcp.us_per_round_trip(round_trips); },
+                                [&] { return caf_rt.us_per_round_trip(round_trips); });
+    out.push_back(make("caf_remote_round_trip", "us/trip", ours, "raw TCP ping-pong, 64 B",
+                       base, "lower", std::nullopt));
+  }
+  // -- remote_hop: to come, on this same `pair` --------------------------------
+  // A multidev will_wait_for hop across this connection, once remote device
+  // handles exist: a `backend{pair.server(), ...}` and a
+  // `backend{pair.client(), ...}` (both systems are configured as a backend's
+  // own and have multidev's types registered), the server's device actor
+  // reached through `pair.connect(...)`, and the hop timed beside
+  // `caf_remote_ping_pong::us_per_round_trip` (the raw CAF round trip) as
+  // baseline. Add "remote_hop" to the `is_wanted` check above, stop every
+  // actor spawned here before `pair` goes, and destroy the backends first.
+}
+
 /// CPU ms per idle second of a backend that owns its actor system, beside
 /// the same backend on a caller-owned system left at CAF's defaults (only
 /// `scheduler.max-threads` set, as the tool does). Each sample builds its
@@ -440,6 +877,7 @@ bench_result idle_cpu_figure(const backend_options& opts, const bench_options& o
 std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& o) {
   std::vector<bench_result> out;
   shared_backend_figures(out, opts, o);
+  remote_figures(out, opts, o);
   // Last, once the shared backend is gone: nothing else may run meanwhile.
   if (is_wanted(o, "idle_cpu_8dev"))
     out.push_back(idle_cpu_figure(opts, o));
@@ -447,7 +885,7 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
 }
 
 std::string format_table(const std::vector<bench_result>& rs) {
-  std::string s = fmt::format("{:<30} {:>14} {:<31} {:>14} {:>8}  {}\n", "benchmark",
+  std::string s = fmt::format("{:<36} {:>14} {:<33} {:>14} {:>8}  {}\n", "benchmark",
                               "multidev", "baseline", "baseline", "ratio", "target");
   for (const auto& r : rs) {
     auto op = r.better == "lower" ? "<=" : ">=";
@@ -458,7 +896,7 @@ std::string format_table(const std::vector<bench_result>& rs) {
       target += fmt::format("{}{}{:.1f} {}", target.empty() ? "" : ", ", op, *r.value_target,
                             r.unit);
     target = target.empty() ? "-" : target + (r.meets_target() ? " ok" : " MISSED");
-    s += fmt::format("{:<30} {:>9.1f} {:<4} {:<31} {:>9.1f} {:<4} {:>8.3f}  {}\n", r.name,
+    s += fmt::format("{:<36} {:>9.1f} {:<4} {:<33} {:>9.1f} {:<4} {:>8.3f}  {}\n", r.name,
                      r.value, r.unit, r.baseline, r.baseline_value, r.unit, r.ratio, target);
   }
   return s;
