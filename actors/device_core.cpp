@@ -4,14 +4,17 @@
 
 #include <fmt/format.h>
 
+#include "actors/trace.hpp"
+
 namespace multidev::detail {
 
 device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
                          std::size_t queue_capacity,
-                         std::shared_ptr<result_board> results)
+                         std::shared_ptr<result_board> results, std::size_t trace_capacity)
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)),
+    trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
     used_(std::make_shared<std::atomic<std::size_t>>(0)) {
   thread_ = std::thread([this] { run(); });
 }

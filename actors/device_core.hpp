@@ -36,6 +36,7 @@
 namespace multidev::detail {
 
 class device_core;
+class trace_ring;
 
 /// The device whose runner this thread is, if any (set by the runner thread).
 inline thread_local const device_core* current_runner = nullptr;
@@ -44,15 +45,18 @@ inline thread_local const device_core* current_runner = nullptr;
 /// device_core.cpp (life: start, stop, shutdown), device_queue.cpp (the
 /// producer side and backpressure), device_runner.cpp (the runner thread),
 /// device_gates.cpp (waits for other devices), device_events.cpp (progress,
-/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp.
+/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp,
+/// device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core> {
 public:
   /// Called once an awaited seq is done (`error == nullptr`) or can never be
   /// (`*error` says why). Runs on whichever thread resolves it; must not block.
   using waiter = std::function<void(const std::string* error)>;
 
+  /// `trace_capacity`: records the runner trace keeps (0: no trace).
   device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
-              std::size_t queue_capacity, std::shared_ptr<result_board> results);
+              std::size_t queue_capacity, std::shared_ptr<result_board> results,
+              std::size_t trace_capacity = 0);
   /// Drains and joins (see `shutdown`).
   ~device_core();
 
@@ -164,12 +168,23 @@ public:
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
 
+  // -- Trace (device_trace.cpp) -------------------------------------------------
+
+  /// A copy of the runner trace, taken without stopping the runner; empty,
+  /// with capacity 0, when tracing is off. Any thread.
+  device_trace trace() const;
+  /// Records an item the runner handled outside `execute` (a cancelled one);
+  /// a no-op when tracing is off. Runner thread only.
+  void trace_item(uint64_t seq, trace_kind kind, std::string_view description,
+                  int64_t start_ns, int64_t end_ns) noexcept;
+
 private:
   /// What a task carries besides its work; most bare closures have none.
   struct item_extra {
     std::string description;
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
+    trace_kind kind = trace_kind::task;
   };
   /// One queue entry: 40 bytes for a bare closure, so a burst of pushes
   /// moves as few cache lines as possible from producer to runner.
@@ -195,7 +210,15 @@ private:
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   void execute(item& it);
-  static std::string describe(const item& it);
+  /// `execute` timed into the trace; `first_in_batch`: the runner did other
+  /// things since the last item, so the start needs a clock read of its own.
+  void execute_traced(item& it, bool first_in_batch);
+  /// Records the item `execute_traced` is running, if any, as ended now;
+  /// `complete` and `poison` call it before the item's event resolves.
+  void trace_done(bool failed) noexcept;
+  /// The trace's last records for debug_info.
+  sexp trace_info() const;
+  static std::string describe(const item& it, uint64_t seq);
   void complete(uint64_t seq);
   /// Fails the device with the message `make()` returns (a fixed text when
   /// that throws); drops the queue; fires every waiter. Never throws.
@@ -244,6 +267,7 @@ private:
   std::atomic<uint64_t> min_waiter_{UINT64_MAX};
   uint64_t executed_ = 0; // runner only: seq of the item it is running
   uint64_t taken_ = 0;    // runner only (and poison, on the runner): items taken from queue_
+  std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) std::string error_; // guarded by mu_

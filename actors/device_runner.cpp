@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/trace.hpp"
+
 namespace multidev::detail {
 
 namespace {
@@ -59,9 +61,12 @@ void device_core::run() {
       if (i + prefetch_items < batch.size())
         __builtin_prefetch(&batch[i + prefetch_items], 0, 3);
       auto& it = batch[i];
-      if (!failed_now())
-        execute(it);
-      else if (it.as_gate())
+      if (!failed_now()) {
+        if (trace_) [[unlikely]]
+          execute_traced(it, i == 0);
+        else
+          execute(it);
+      } else if (it.as_gate())
         gates_pending_.fetch_sub(1);
     }
     batch.clear();
@@ -109,10 +114,12 @@ void device_core::execute(item& it) {
     try {
       it.work();
     } catch (const std::exception& e) {
-      poison([&] { return fmt::format("task {} failed: {}", describe(it), e.what()); });
+      poison([&] { return fmt::format("task {} failed: {}", describe(it, seq), e.what()); });
       return;
     } catch (...) {
-      poison([&] { return fmt::format("task {} failed: unknown exception", describe(it)); });
+      poison([&] {
+        return fmt::format("task {} failed: unknown exception", describe(it, seq));
+      });
       return;
     }
   }
@@ -127,15 +134,17 @@ void device_core::execute(item& it) {
   complete(seq);
 }
 
-std::string device_core::describe(const item& it) {
+std::string device_core::describe(const item& it, uint64_t seq) {
   if (auto* g = it.as_gate())
     return "'wait for " + g->what() + "'";
   if (!it.extra || it.extra->description.empty())
-    return "(no description)";
+    return nameless_task_name(seq);
   return "'" + it.extra->description + "'";
 }
 
 void device_core::complete(uint64_t seq) {
+  if (trace_) [[unlikely]]
+    trace_done(false); // before the event is done, so whoever syncs sees it
   // Store-then-load against `when_done`'s store-then-load of min_waiter_ and
   // progress_ (Dekker): both sides need StoreLoad order, or a waiter that
   // registers at this very moment and this check could both miss each other,
@@ -151,6 +160,8 @@ void device_core::poison(MakeMessage make) noexcept {
   // Runs on the runner, outside any handler: nothing here may throw. A
   // message that cannot be formatted (out of memory) becomes a fixed text
   // short enough to need no allocation.
+  if (trace_) [[unlikely]]
+    trace_done(true);
   std::string message;
   try {
     message = make();
