@@ -31,7 +31,7 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
                                     "copy_host_to_device_8MiB",   "copy_device_to_device_8MiB",
                                     "gradient_merge_1dev",        "gradient_merge_2dev",
                                     "gradient_merge_4dev",        "pool_calls",
-                                    "idle_cpu_8dev"};
+                                    "independent_tasks_trace",    "idle_cpu_8dev"};
   BOOST_TEST(names == expected, boost::test_tools::per_element());
   for (const auto& r : rs) {
     BOOST_TEST_CONTEXT(r.name) {
@@ -45,16 +45,18 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
 }
 
 BOOST_AUTO_TEST_CASE(test_bench_json_has_the_documented_fields) {
-  auto rs = quick_run("independent");
-  BOOST_TEST_REQUIRE(rs.size() == 1u);
+  auto rs = quick_run("independent"); // independent_tasks and independent_tasks_trace
+  BOOST_TEST_REQUIRE(rs.size() == 2u);
   auto j = nlohmann::json::parse(tools::to_json(rs));
   BOOST_TEST_REQUIRE(j.is_array());
-  BOOST_TEST_REQUIRE(j.size() == 1u);
+  BOOST_TEST_REQUIRE(j.size() == 2u);
   for (const char* key : {"name", "unit", "value", "baseline", "baseline_value", "ratio",
                           "better", "target", "value_target", "meets_target"})
     BOOST_TEST(j[0].contains(key), key);
   BOOST_TEST(j[0]["name"] == "independent_tasks");
   BOOST_TEST(j[0]["target"] == 1.0);
+  BOOST_TEST(j[1]["name"] == "independent_tasks_trace");
+  BOOST_TEST(j[1]["target"] == 1.5);
   BOOST_TEST(j[0]["value_target"].is_null());
   BOOST_TEST(j[0]["ratio"].get<double>()
                == j[0]["value"].get<double>() / j[0]["baseline_value"].get<double>(),
