@@ -165,7 +165,8 @@ device backend::get_device(int ordinal) {
   rec->device_id = next_device_id.fetch_add(1);
   rec->name = fmt::format("{}:{}:{}", name(), ordinal, rec->device_id);
   auto core = std::make_shared<detail::device_core>(
-    rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results);
+    rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results,
+    impl_->opts.trace_capacity);
   rec->r = runner{core};
   slot = device{rec};
   impl_->made.push_back(slot);

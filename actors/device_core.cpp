@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/trace.hpp"
+
 namespace multidev::detail {
 
 namespace {
@@ -13,10 +15,11 @@ const failure shut_down_cause{failure::kind::failed, {}, {}, 0, "device is shut 
 
 device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
                          std::size_t queue_capacity,
-                         std::shared_ptr<result_board> results)
+                         std::shared_ptr<result_board> results, std::size_t trace_capacity)
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)),
+    trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
     used_(std::make_shared<std::atomic<std::size_t>>(0)) {
   oom_cause_ = std::make_shared<const failure>(
     failure{failure::kind::failed, name_, {}, 0, "task failed", {}});

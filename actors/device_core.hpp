@@ -37,6 +37,7 @@
 namespace multidev::detail {
 
 class device_core;
+class trace_ring;
 
 /// The device whose runner this thread is, if any (set by the runner thread).
 inline thread_local const device_core* current_runner = nullptr;
@@ -45,7 +46,8 @@ inline thread_local const device_core* current_runner = nullptr;
 /// device_core.cpp (life: start, stop, shutdown), device_queue.cpp (the
 /// producer side and backpressure), device_runner.cpp (the runner thread),
 /// device_gates.cpp (waits for other devices), device_events.cpp (progress,
-/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp.
+/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp,
+/// device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core> {
 public:
   /// Why an event did not complete; shared by every event it resolves.
@@ -58,8 +60,10 @@ public:
   /// pass a message on (`error == nullptr`: done).
   using waiter = std::function<void(const std::string* error)>;
 
+  /// `trace_capacity`: records the runner trace keeps (0: no trace).
   device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
-              std::size_t queue_capacity, std::shared_ptr<result_board> results);
+              std::size_t queue_capacity, std::shared_ptr<result_board> results,
+              std::size_t trace_capacity = 0);
   /// Drains and joins (see `shutdown`).
   ~device_core();
 
@@ -199,12 +203,23 @@ public:
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
 
+  // -- Trace (device_trace.cpp) -------------------------------------------------
+
+  /// A copy of the runner trace, taken without stopping the runner; empty,
+  /// with capacity 0, when tracing is off. Any thread.
+  device_trace trace() const;
+  /// Records an item the runner handled outside `execute` (a cancelled one);
+  /// a no-op when tracing is off. Runner thread only.
+  void trace_item(uint64_t seq, trace_kind kind, std::string_view description,
+                  int64_t start_ns, int64_t end_ns) noexcept;
+
 private:
   /// What a task carries besides its work; most bare closures have none.
   struct item_extra {
     std::string description;
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
+    trace_kind kind = trace_kind::task;
   };
   /// One queue entry: 40 bytes for a bare closure, so a burst of pushes
   /// moves as few cache lines as possible from producer to runner.
@@ -232,6 +247,17 @@ private:
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   void execute(item& it);
+  /// `execute` timed into the trace; `first_in_batch`: the runner did other
+  /// things since the last item, so the start needs a clock read of its own.
+  void execute_traced(item& it, bool first_in_batch);
+  /// Records the item `execute_traced` is running, if any, as ended now;
+  /// `complete` and `poison` call it before the item's event resolves.
+  void trace_done(bool failed) noexcept;
+  /// Records an item the runner resolved without running it (cancelled,
+  /// killed, behind a failure) as kind `cancel`, instead of its own record.
+  void trace_dropped(const item& it, uint64_t seq) noexcept;
+  /// The trace's last records for debug_info.
+  sexp trace_info() const;
   /// `'<description>'`, or `task#<seq>` for a nameless closure.
   static std::string describe(const item& it, uint64_t seq);
   /// The same without quotes, as a failure's `task` records it.
@@ -302,6 +328,7 @@ private:
   // before progress_ passes it, so is_done skips the lookup for later seqs.
   std::atomic<uint64_t> bad_max_{0};
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
+  std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed

@@ -27,16 +27,19 @@ sexp device_core::debug_info() const {
          sexp::field("mode", p->mode ? to_string(*p->mode) : std::string{"none"})}));
   }
   auto err = error();
-  return sexp::list({sexp::atom("device"), sexp::field("name", name_),
-                     sexp::field("queue_length", std::to_string(s - f)),
-                     sexp::field("scheduled", std::to_string(s)),
-                     sexp::field("finished", std::to_string(f)),
-                     sexp::field("pending_waits", std::to_string(gates_pending_.load())),
-                     sexp::field("waiters", std::to_string(waiting)),
-                     sexp::field("parked_on", parked.empty() ? "none" : parked),
-                     sexp::field("error", err ? *err : std::string{"none"}),
-                     sexp::field("used_memory", std::to_string(used_memory())),
-                     pools});
+  auto info = sexp::list({sexp::atom("device"), sexp::field("name", name_),
+                          sexp::field("queue_length", std::to_string(s - f)),
+                          sexp::field("scheduled", std::to_string(s)),
+                          sexp::field("finished", std::to_string(f)),
+                          sexp::field("pending_waits", std::to_string(gates_pending_.load())),
+                          sexp::field("waiters", std::to_string(waiting)),
+                          sexp::field("parked_on", parked.empty() ? "none" : parked),
+                          sexp::field("error", err ? *err : std::string{"none"}),
+                          sexp::field("used_memory", std::to_string(used_memory())),
+                          pools});
+  if (trace_)
+    info.push_back(trace_info());
+  return info;
 }
 
 } // namespace multidev::detail

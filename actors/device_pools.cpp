@@ -59,7 +59,7 @@ void device_core::release_later(std::shared_ptr<pool> old, const char* what) {
     return;
   auto id = old->id;
   try {
-    push(task{fmt::format("{} {}", what, id), [] {}, std::move(old)}, false);
+    push(task{fmt::format("{} {}", what, id), [] {}, std::move(old), trace_kind::pool}, false);
   } catch (const device_error&) {
   }
 }
@@ -102,7 +102,8 @@ uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) 
   auto* d = driver_.get();
   return push(task{fmt::format("memset_zero pool {} [{}, {})", id, offset, offset + size),
                    [d, p, offset, size] { d->zero(p->base() + offset, size); },
-                   {}},
+                   {},
+                   trace_kind::memset},
               false);
 }
 

@@ -10,9 +10,9 @@ namespace multidev::detail {
 
 uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) {
   item it{std::move(t.work), nullptr};
-  if (!t.description.empty() || t.keep_alive || g)
+  if (!t.description.empty() || t.keep_alive || g || t.kind != trace_kind::task)
     it.extra = std::make_unique<item_extra>(
-      item_extra{std::move(t.description), std::move(t.keep_alive), std::move(g)});
+      item_extra{std::move(t.description), std::move(t.keep_alive), std::move(g), t.kind});
   bool wake;
   uint64_t seq;
   {

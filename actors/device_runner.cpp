@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/trace.hpp"
+
 namespace multidev::detail {
 
 namespace {
@@ -59,7 +61,10 @@ void device_core::run() {
       // The entries were just written on the producer's core: fetch ahead.
       if (i + prefetch_items < batch.size())
         __builtin_prefetch(&batch[i + prefetch_items], 0, 3);
-      execute(batch[i]);
+      if (trace_) [[unlikely]]
+        execute_traced(batch[i], i == 0);
+      else
+        execute(batch[i]);
     }
     batch.clear();
   }
@@ -148,7 +153,7 @@ std::string device_core::task_name(const item& it, uint64_t seq) {
   if (auto* g = it.as_gate())
     return "wait for " + g->what();
   if (!it.extra || it.extra->description.empty())
-    return fmt::format("task#{}", seq);
+    return nameless_task_name(seq);
   return it.extra->description;
 }
 
@@ -156,7 +161,7 @@ std::string device_core::describe(const item& it, uint64_t seq) {
   if (auto* g = it.as_gate())
     return "'wait for " + g->what() + "'";
   if (!it.extra || it.extra->description.empty())
-    return fmt::format("task#{}", seq);
+    return nameless_task_name(seq);
   return "'" + it.extra->description + "'";
 }
 
@@ -172,6 +177,8 @@ void device_core::drop(item& it, uint64_t seq) noexcept {
     if (!drops_.empty())
       cause = drops_.front().second;
   }
+  if (trace_) [[unlikely]]
+    trace_dropped(it, seq);
   it.work = nullptr;
   if (it.extra)
     it.extra->keep_alive.reset();
@@ -204,6 +211,8 @@ void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
 }
 
 void device_core::complete(uint64_t seq) {
+  if (trace_) [[unlikely]]
+    trace_done(false); // before the event is done, so whoever syncs sees it
   // Store-then-load against `when_done`'s store-then-load of min_waiter_ and
   // progress_ (Dekker): both sides need StoreLoad order, or a waiter that
   // registers at this very moment and this check could both miss each other,
@@ -218,6 +227,8 @@ template <class MakeCause>
 void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   // Runs on the runner, outside any handler: nothing here may throw. A cause
   // that cannot be made (out of memory) becomes a preallocated one.
+  if (trace_) [[unlikely]]
+    trace_done(true);
   failure_ptr cause;
   try {
     cause = make();

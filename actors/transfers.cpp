@@ -276,7 +276,8 @@ static std::optional<routine> host_copy(const context& ctx, const tnode& t, std:
                       else
                         drv->copy(host, dev, n);
                     },
-                    p};
+                    p,
+                    trace_kind::copy};
   return r;
 }
 
@@ -336,7 +337,8 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
     r.pinned_pools.push_back({dcore, dloc->second.pool_id, dp});
     r.schedule = task{r.name, [drv, to, from, n] { drv->copy(to, from, n); },
                       std::make_shared<std::pair<std::shared_ptr<detail::pool>,
-                                                 std::shared_ptr<detail::pool>>>(sp, dp)};
+                                                 std::shared_ptr<detail::pool>>>(sp, dp),
+                      trace_kind::copy};
   } else {
     // Grow the merge buffer when it is missing or too small (a replaced pool 0
     // lives until the work before it is done), then resolve pool 0 now: the
@@ -364,7 +366,8 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
     std::byte* to = mb->base();
     r.schedule = task{r.name, [drv, to, from, n] { drv->copy(to, from, n); },
                       std::make_shared<std::pair<std::shared_ptr<detail::pool>,
-                                                 std::shared_ptr<detail::pool>>>(sp, mb)};
+                                                 std::shared_ptr<detail::pool>>>(sp, mb),
+                      trace_kind::copy};
   }
   run(r);
   return r;

@@ -46,6 +46,7 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
                                     "gradient_merge_2dev",
                                     "gradient_merge_4dev",
                                     "pool_calls",
+                                    "independent_tasks_trace",
                                     "caf_remote_round_trip",
                                     "idle_cpu_8dev"};
   BOOST_TEST(names == expected, boost::test_tools::per_element());
@@ -62,16 +63,19 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
 
 BOOST_AUTO_TEST_CASE(test_bench_json_has_the_documented_fields) {
   auto rs = quick_run("independent_tasks");
-  BOOST_TEST_REQUIRE(rs.size() == 2u); // beside the cv queue and the ring
-  rs.resize(1);
+  // beside the cv queue and the ring, and with the trace on
+  BOOST_TEST_REQUIRE(rs.size() == 3u);
+  rs.erase(rs.begin() + 1); // keep the cv-queue row and the trace row
   auto j = nlohmann::json::parse(tools::to_json(rs));
   BOOST_TEST_REQUIRE(j.is_array());
-  BOOST_TEST_REQUIRE(j.size() == 1u);
+  BOOST_TEST_REQUIRE(j.size() == 2u);
   for (const char* key : {"name", "unit", "value", "baseline", "baseline_value", "ratio",
                           "better", "target", "value_target", "meets_target"})
     BOOST_TEST(j[0].contains(key), key);
   BOOST_TEST(j[0]["name"] == "independent_tasks");
   BOOST_TEST(j[0]["target"] == 1.0);
+  BOOST_TEST(j[1]["name"] == "independent_tasks_trace");
+  BOOST_TEST(j[1]["target"] == 1.5);
   BOOST_TEST(j[0]["value_target"].is_null());
   BOOST_TEST(j[0]["ratio"].get<double>()
                == j[0]["value"].get<double>() / j[0]["baseline_value"].get<double>(),

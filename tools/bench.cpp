@@ -840,6 +840,28 @@ void remote_figures(std::vector<bench_result>& out, const backend_options& opts,
   // actor spawned here before `pair` goes, and destroy the backends first.
 }
 
+/// `independent_tasks` with the runner trace on (`trace_capacity`, default
+/// 4096) beside the same with it off, each on a backend of its own, built
+/// alike, measured alternately in this run.
+bench_result trace_figure(const backend_options& opts, const bench_options& o) {
+  constexpr std::size_t default_trace_capacity = 4096;
+  auto off = opts;
+  off.num_devices = 1;
+  off.trace_capacity = 0;
+  auto on = off;
+  on.trace_capacity = opts.trace_capacity > 0 ? opts.trace_capacity : default_trace_capacity;
+  backend b_off{off};
+  backend b_on{on};
+  auto d_off = b_off.get_device(0);
+  auto d_on = b_on.get_device(0);
+  int n = o.quick ? 20'000 : 200'000;
+  auto [base, ours] = medians(std::max(1, o.repeats),
+                              [&] { return multidev_ns_per_task(b_off, d_off, n); },
+                              [&] { return multidev_ns_per_task(b_on, d_on, n); });
+  return make("independent_tasks_trace", "ns/task", ours, "independent_tasks, trace off", base,
+              "lower", 1.5);
+}
+
 /// CPU ms per idle second of a backend that owns its actor system, beside
 /// the same backend on a caller-owned system left at CAF's defaults (only
 /// `scheduler.max-threads` set, as the tool does). Each sample builds its
@@ -877,6 +899,8 @@ bench_result idle_cpu_figure(const backend_options& opts, const bench_options& o
 std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& o) {
   std::vector<bench_result> out;
   shared_backend_figures(out, opts, o);
+  if (is_wanted(o, "independent_tasks_trace"))
+    out.push_back(trace_figure(opts, o));
   remote_figures(out, opts, o);
   // Last, once the shared backend is gone: nothing else may run meanwhile.
   if (is_wanted(o, "idle_cpu_8dev"))

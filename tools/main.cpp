@@ -139,6 +139,12 @@ int main(int argc, char** argv) {
                     "baseline_value, ratio, better, target, value_target, meets_target}");
   bench->add_flag("--quick", bopts.quick, "fewer iterations (noisier)");
   bench->add_option("--filter", bopts.filter, "only benchmarks whose name contains this");
+  std::string trace_capacity;
+  auto* trace_capacity_opt =
+    bench->add_option("--trace-capacity", trace_capacity,
+                      "trace each runner's last N items (default: off; "
+                      "independent_tasks_trace uses 4096 unless given)")
+      ->type_name("N");
   std::string repeats;
   auto* repeats_opt = bench->add_option("--repeats", repeats,
                                         "repetitions per figure, at least 1 (median reported)")
@@ -164,6 +170,11 @@ int main(int argc, char** argv) {
     if (auto bad = read_count("--queue-capacity", queue_capacity, 1, int64_t{1} << 40, count))
       return usage(*bad);
     opts.queue_capacity = static_cast<std::size_t>(count);
+  }
+  if (trace_capacity_opt->count() > 0) {
+    if (auto bad = read_count("--trace-capacity", trace_capacity, 0, int64_t{1} << 32, count))
+      return usage(*bad);
+    opts.trace_capacity = static_cast<std::size_t>(count);
   }
   if (repeats_opt->count() > 0) {
     if (auto bad = read_count("--repeats", repeats, 1, 1'000'000, count))

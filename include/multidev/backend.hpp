@@ -28,6 +28,7 @@
 #include "multidev/kernels.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"
+#include "multidev/trace.hpp"
 #include "multidev/types.hpp"
 
 namespace caf {
@@ -53,6 +54,9 @@ struct backend_options {
     cancel, ///< Cancel it, so a program can always shut down promptly.
   };
   destroy_policy on_destroy = destroy_policy::drain;
+  /// Records each device's runner trace keeps (its last items, see
+  /// `backend::trace`); 0, the default, turns tracing off.
+  std::size_t trace_capacity = 0;
 };
 
 /// One instance of the Multidev signature: devices of one driver kind.
@@ -144,7 +148,14 @@ public:
   /// release still waits for earlier work.
   std::size_t get_used_memory(const device& d) const;
   sexp get_global_debug_info() const;
+  /// With tracing on, ends with `(trace (capacity ..) (recorded ..) (dropped
+  /// ..) (last (item ..) ...))`: the last 8 items of the runner.
   sexp get_debug_info(const device& d) const;
+  /// A copy of `d`'s runner trace (`multidev/trace.hpp`): the last
+  /// `trace_capacity` items it handled, oldest first, and how many older
+  /// ones were dropped; taken without stopping the runner. Empty, with
+  /// capacity 0, when tracing is off.
+  device_trace trace(const device& d) const;
 
   // -- Work ------------------------------------------------------------------
 

@@ -12,4 +12,5 @@
 #include "multidev/kernels.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"
+#include "multidev/trace.hpp"
 #include "multidev/types.hpp"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "multidev/sexp.hpp"
+#include "multidev/trace.hpp"
 #include "multidev/types.hpp"
 
 namespace multidev {
@@ -22,10 +23,12 @@ namespace multidev {
 /// `keep_alive` (and the work's captures, when the task has a description or
 /// a `keep_alive`) are released before the task's event is done; a bare
 /// closure's captures go by the end of the runner's current batch.
+/// `kind` only labels the task in the runner trace (`multidev/trace.hpp`).
 struct task {
   std::string description;
   std::function<void()> work;
   std::shared_ptr<const void> keep_alive;
+  trace_kind kind = trace_kind::task;
 };
 
 sexp to_sexp(const task& t);

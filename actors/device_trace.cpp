@@ -1,0 +1,105 @@
+// The runner trace of a device core: timing the items the runner executes,
+// and copying the records out for the public API and debug info.
+#include "actors/device_core.hpp"
+
+#include <algorithm>
+
+#include "actors/backend_impl.hpp"
+#include "actors/trace.hpp"
+
+namespace multidev::detail {
+
+namespace {
+/// Records of the trace that debug info shows.
+constexpr std::size_t debug_info_records = 8;
+} // namespace
+
+void device_core::execute_traced(item& it, bool first_in_batch) {
+  auto& ring = *trace_;
+  // Items of one batch run back to back: the previous end is this start.
+  ring.begin(&it, first_in_batch ? ring.clock().now() : ring.last_end_ns());
+  execute(it);
+  // An item that neither completed nor failed (none does today) still
+  // leaves its record.
+  if (ring.running()) [[unlikely]]
+    trace_done(failed());
+}
+
+void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
+  auto& ring = *trace_;
+  auto start = ring.running() ? ring.running_start_ns() : ring.clock().now_relaxed();
+  ring.take_running();
+  trace_ring::entry e{seq, trace_kind::cancel, start, 0, true, 0};
+  e.end_ns = std::max(e.start_ns, ring.clock().now_relaxed());
+  std::string description;
+  try {
+    description = "not run: " + task_name(it, seq);
+  } catch (...) {
+  }
+  ring.write(e, description, {});
+}
+
+void device_core::trace_done(bool failed) noexcept {
+  auto& ring = *trace_;
+  auto* it = static_cast<const item*>(ring.take_running());
+  if (!it)
+    return;
+  trace_ring::entry e{executed_, trace_kind::task, ring.running_start_ns(), 0, failed, 0};
+  e.end_ns = std::max(e.start_ns, ring.clock().now_relaxed());
+  if (!it->extra) {
+    ring.write(e); // a bare closure: the hot path
+    return;
+  }
+  // Out of line, so that a bare closure's path sets up none of this.
+  [&]() __attribute__((noinline)) {
+    auto* g = it->as_gate();
+    if (!g) {
+      e.kind = it->extra->kind;
+      ring.write(e, it->extra->description, {});
+      return;
+    }
+    e.kind = trace_kind::gate;
+    e.awaited_seq = g->owner_seq;
+    std::string awaited, description;
+    try {
+      auto owner = g->owner.lock();
+      awaited = owner ? owner->name() : g->label;
+      description = "wait for " + g->what();
+    } catch (...) {
+      // Out of memory: the record goes without its texts.
+    }
+    ring.write(e, description, awaited);
+  }();
+}
+
+void device_core::trace_item(uint64_t seq, trace_kind kind, std::string_view description,
+                             int64_t start_ns, int64_t end_ns) noexcept {
+  if (trace_)
+    trace_->write({seq, kind, start_ns, end_ns, false, 0}, description, {});
+}
+
+device_trace device_core::trace() const {
+  auto t = trace_ ? trace_->read() : device_trace{};
+  t.device = name_;
+  return t;
+}
+
+sexp device_core::trace_info() const {
+  auto t = trace_->read(debug_info_records);
+  auto last = sexp::list({sexp::atom("last")});
+  for (const auto& r : t.records)
+    last.push_back(to_sexp(r));
+  return sexp::list({sexp::atom("trace"), sexp::field("capacity", std::to_string(t.capacity)),
+                     sexp::field("recorded", std::to_string(trace_->written())),
+                     sexp::field("dropped", std::to_string(t.dropped)), last});
+}
+
+} // namespace multidev::detail
+
+namespace multidev {
+
+device_trace backend::trace(const device& d) const {
+  return detail::record_of(d).core().trace();
+}
+
+} // namespace multidev

@@ -1,0 +1,208 @@
+#pragma once
+/// \file
+/// The ring behind a device's runner trace (`multidev/trace.hpp`).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "actors/spin.hpp"
+#include "multidev/trace.hpp"
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
+namespace multidev::detail {
+
+/// The trace clock (`trace_clock_ns`). A runner reads it once per item, and
+/// `steady_clock::now()` costs ~26 ns on this guest (kvm-clock), more than a
+/// bare closure's whole run; the CPU's time-stamp counter costs ~11. So on
+/// x86-64 with an invariant TSC (constant rate, synchronized across cores)
+/// the clock is the counter scaled to nanoseconds, calibrated once against
+/// `steady_clock` (a few ms, on first use; it then runs at steady_clock's
+/// rate within ~0.01%, from steady_clock's time at calibration). Elsewhere it
+/// is `steady_clock`. Thread-safe; one instance per process.
+class trace_clock {
+public:
+  static const trace_clock& get();
+
+  /// Now, read after every earlier load of this thread has completed: a
+  /// time read after observing another thread's write is not earlier than
+  /// that thread's reads before its write.
+  int64_t now() const noexcept {
+#if defined(__x86_64__)
+    if (tsc_) {
+      _mm_lfence();
+      return at(__rdtsc());
+    }
+#endif
+    return steady_ns();
+  }
+
+  /// Now, possibly read a few instructions early (no fence): for the end of
+  /// an item, where that is noise.
+  int64_t now_relaxed() const noexcept {
+#if defined(__x86_64__)
+    if (tsc_)
+      return at(__rdtsc());
+#endif
+    return steady_ns();
+  }
+
+  /// Whether the time-stamp counter backs the clock.
+  bool uses_tsc() const noexcept { return tsc_; }
+
+private:
+  trace_clock();
+  static int64_t steady_ns() noexcept;
+  int64_t at(uint64_t tsc) const noexcept {
+    auto ticks = static_cast<int64_t>(tsc - base_tsc_);
+    return base_ns_ + static_cast<int64_t>((static_cast<__int128>(ticks) * mult_) >> 32);
+  }
+
+  bool tsc_ = false;
+  uint64_t base_tsc_ = 0;
+  int64_t base_ns_ = 0;
+  int64_t mult_ = 0; // nanoseconds per tick, times 2^32
+};
+
+/// What the trace calls a task without a description, and what its error
+/// message says: `task#<seq>`, stable for the life of the device.
+std::string nameless_task_name(uint64_t seq);
+
+/// The last `capacity` records of one runner, kept so that a reader can copy
+/// them while the runner goes on (`backend::trace`, `get_debug_info`).
+///
+/// The problem: the runner must not slow down much for it (a bare closure
+/// costs the runner ~15 ns), a record may hold strings, which must not be
+/// read while they are written, and a reader must never stop the runner for
+/// longer than one record. So each slot is a sequence lock: the one writer
+/// (the runner thread) marks the slot busy, stores the fixed fields (atomics,
+/// plain stores on x86) and then its index; a reader copies them and checks
+/// the index again. The strings are written only under `mu_`, and only for
+/// records that have them (a bare closure has none and takes no lock); a
+/// reader holds `mu_` while it copies one slot. Readers walk from the newest
+/// record back and stop at the first slot the runner has overwritten
+/// meanwhile, so a copy is always a contiguous run of records, in order.
+/// Slots keep their strings' capacity: once the ring has wrapped, writing a
+/// record allocates nothing unless a text is longer than the one it replaces.
+class trace_ring {
+public:
+  /// What one record holds besides its description, as the runner passes it.
+  struct entry {
+    uint64_t seq = 0;
+    trace_kind kind = trace_kind::task;
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+    bool failed = false;
+    uint64_t awaited_seq = 0;
+  };
+
+  /// `capacity` at least 1. Calibrates the trace clock if no one did yet.
+  explicit trace_ring(std::size_t capacity);
+
+  std::size_t capacity() const noexcept { return capacity_; }
+  const trace_clock& clock() const noexcept { return clock_; }
+
+  /// Appends a record without texts (a nameless task: read back as
+  /// `task#<seq>`), overwriting the oldest once the ring is full; the hot
+  /// path, a few plain stores. Writer only (the runner thread).
+  void write(const entry& e) noexcept {
+    auto& s = slots_[next_];
+    open_slot(s, e);
+    s.bits.store(bits_of(e), std::memory_order_relaxed);
+    close_slot(s, e);
+  }
+
+  /// The same with texts, copied under the readers' lock; empty texts take
+  /// the path above. Never throws: a text that cannot be copied (out of
+  /// memory) is left out.
+  void write(const entry& e, std::string_view description,
+             std::string_view awaited_device) noexcept;
+
+  /// The end time of the last record written; writer only. The runner starts
+  /// the next item of a batch there instead of reading the clock again.
+  int64_t last_end_ns() const noexcept { return last_end_; }
+
+  /// The item the runner is running, started at `start_ns`, until its record
+  /// is written (the ring only keeps the pointer for its owner); writer only.
+  void begin(const void* item, int64_t start_ns) noexcept {
+    running_ = item;
+    running_start_ = start_ns;
+  }
+  /// The item `begin` set, which is then forgotten; null when none.
+  const void* take_running() noexcept { return std::exchange(running_, nullptr); }
+  bool running() const noexcept { return running_ != nullptr; }
+  int64_t running_start_ns() const noexcept { return running_start_; }
+
+  /// Records written so far, overwritten ones included. Any thread.
+  uint64_t written() const noexcept { return written_.load(std::memory_order_acquire); }
+
+  /// Copies the newest `last` records still held (all by default), oldest
+  /// first, as of the call; `dropped` counts the records older than those
+  /// that the ring no longer holds. Any thread; the runner waits at most for
+  /// the copy of one record.
+  device_trace read(std::size_t last = SIZE_MAX) const;
+
+private:
+  /// `index` while a slot is written (and before its first record).
+  static constexpr uint64_t busy = UINT64_MAX;
+  static constexpr uint32_t failed_bit = 1u << 8;
+  static constexpr uint32_t text_bit = 1u << 9; // the strings belong to this record
+
+  static uint32_t bits_of(const entry& e) noexcept {
+    return static_cast<uint32_t>(e.kind) | (e.failed ? failed_bit : 0u);
+  }
+
+  struct alignas(64) slot {
+    std::atomic<uint64_t> index{busy}; // which record this is (written_ before it)
+    std::atomic<uint64_t> seq{0};
+    std::atomic<int64_t> start_ns{0};
+    std::atomic<int64_t> end_ns{0};
+    std::atomic<uint64_t> awaited_seq{0};
+    std::atomic<uint32_t> bits{0}; // kind, failed_bit, text_bit
+    // Written under mu_ only.
+    std::string description;
+    std::string awaited_device;
+  };
+
+  /// Marks `s` busy and stores `e`'s fields (Boehm's sequence lock: a
+  /// reader that saw any of these stores sees `busy` when it loads the
+  /// index again).
+  void open_slot(slot& s, const entry& e) noexcept {
+    s.index.store(busy, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    s.seq.store(e.seq, std::memory_order_relaxed);
+    s.start_ns.store(e.start_ns, std::memory_order_relaxed);
+    s.end_ns.store(e.end_ns, std::memory_order_relaxed);
+    s.awaited_seq.store(e.awaited_seq, std::memory_order_relaxed);
+  }
+  /// Publishes the record in `s` and moves on.
+  void close_slot(slot& s, const entry& e) noexcept {
+    s.index.store(count_, std::memory_order_release);
+    written_.store(++count_, std::memory_order_release);
+    if (++next_ == capacity_)
+      next_ = 0;
+    last_end_ = e.end_ns;
+  }
+
+  const trace_clock& clock_;
+  std::size_t capacity_;
+  std::unique_ptr<slot[]> slots_;
+  // Writer only.
+  uint64_t count_ = 0;   // records written
+  std::size_t next_ = 0; // the slot the next record goes to
+  int64_t last_end_ = 0;
+  const void* running_ = nullptr;
+  int64_t running_start_ = 0;
+  // Shared with readers.
+  alignas(64) mutable spin_mutex mu_;
+  std::atomic<uint64_t> written_{0};
+};
+
+} // namespace multidev::detail
