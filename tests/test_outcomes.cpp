@@ -289,3 +289,26 @@ BOOST_AUTO_TEST_CASE(test_outcomes_destroy_policy_cancel_skips_queued_work) {
       BOOST_TEST(ran.load() == 0);
   }
 }
+
+BOOST_AUTO_TEST_CASE(test_outcomes_dropped_items_are_traced_as_cancel) {
+  backend b{backend_options{.num_devices = 1, .trace_capacity = 64}};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  b.schedule_task(d, {"dropped", [] {}});
+  auto dropped = b.all_work(d);
+  b.cancel(d);
+  release->open();
+  b.schedule_task(d, {"ran", [] {}});
+  bounded([&] { b.await(d); }, "await");
+  auto t = b.trace(d);
+  bool saw_cancel = false, saw_ran = false;
+  for (const auto& r : t.records) {
+    if (r.seq == dropped.seq()) {
+      saw_cancel = r.kind == trace_kind::cancel && contains(r.description, "dropped");
+    }
+    if (r.description == "ran")
+      saw_ran = r.kind == trace_kind::task;
+  }
+  BOOST_TEST(saw_cancel);
+  BOOST_TEST(saw_ran);
+}
