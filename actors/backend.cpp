@@ -14,6 +14,7 @@
 #include "actors/backend_impl.hpp"
 #include "actors/binding.hpp"
 #include "actors/device_actor.hpp"
+#include "actors/endpoint.hpp"
 #include "actors/logger_tie.hpp"
 #include "multidev/protocol.hpp"
 
@@ -71,11 +72,13 @@ backend::backend(backend_options opts) : impl_(make_impl(std::move(opts))) {
   if (failure)
     std::rethrow_exception(failure);
   impl_->sys = impl_->own_sys.get();
+  impl_->node = node_ref{caf::to_string(impl_->sys->node())};
 }
 
 backend::backend(caf::actor_system& sys, backend_options opts)
   : impl_(make_impl(std::move(opts))) {
   impl_->sys = &sys;
+  impl_->node = node_ref{caf::to_string(sys.node())};
 }
 
 backend::~backend() {
@@ -97,39 +100,43 @@ caf::actor_system& backend::system() const {
 }
 
 // Host pool calls go to the device's state directly, as schedule_task does:
-// no CAF round trip (~70 us). Actors keep the messages.
+// no CAF round trip (~70 us). Actors keep the messages. An attached device
+// of another process gets them as requests to its actor.
 
 void backend::alloc_pool(const device& d, int pool_id, std::size_t size_in_bytes,
                          std::size_t alignment, std::optional<memory_mode> mode) {
-  impl_->core_of(d).alloc_pool(pool_id, size_in_bytes, alignment, mode);
+  impl_->endpoint_of(d).alloc_pool(pool_id, size_in_bytes, alignment, mode);
 }
 
 void backend::free_pool(const device& d, int pool_id) {
-  impl_->core_of(d).free_pool(pool_id);
+  impl_->endpoint_of(d).free_pool(pool_id);
 }
 
 void backend::memset_zero(const device& d, int pool_id, std::size_t offset,
                           std::size_t size_in_bytes) {
-  impl_->core_of(d).memset_zero(pool_id, offset, size_in_bytes);
+  impl_->endpoint_of(d).memset_zero(pool_id, offset, size_in_bytes);
 }
 
 void backend::flush(const device& d) const {
-  impl_->flush(d);
+  impl_->endpoint_of(d).flush();
 }
 
 device backend::make_device(const multidev::dev& dv, const runner& r, int ordinal) {
-  if (!r.core())
+  if (!r.endpoint())
     throw std::invalid_argument("make_device: empty runner");
   {
-    // A runner lives and dies with the backend that made it: a device
-    // record here on another backend's runner would stop working when that
-    // backend goes.
+    // A runner lives and dies with the backend that made (or attached) it:
+    // a device record here on another backend's runner would stop working
+    // when that backend goes.
     std::lock_guard guard{impl_->mu};
-    if (!impl_->actor_of.contains(r.core().get()))
+    bool ours = r.local_core() ? impl_->actor_of.contains(r.local_core())
+                               : impl_->attached.contains(r.key())
+                                   && impl_->attached.at(r.key()).get_runner() == r;
+    if (!ours)
       throw std::invalid_argument(fmt::format(
         "make_device: the runner of {} belongs to another backend; a device can "
         "only be made on a runner of this backend ({})",
-        r.core()->name(), name()));
+        r.endpoint()->name(), name()));
   }
   auto rec = std::make_shared<detail::device_record>();
   rec->dv = dv;
@@ -167,11 +174,15 @@ device backend::get_device(int ordinal) {
   auto core = std::make_shared<detail::device_core>(
     rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results,
     impl_->opts.trace_capacity);
-  rec->r = runner{core};
+  auto id = static_cast<uint32_t>(rec->device_id);
+  device_actor a;
+  {
+    detail::logger_tie_guard untie; // spawning ties this thread to the system
+    a = detail::spawn_device_actor(*impl_->sys, core, {id, impl_->opts.driver});
+  }
+  rec->r = runner{detail::make_local_endpoint(device_key{impl_->node, id}, core, a.address())};
   slot = device{rec};
   impl_->made.push_back(slot);
-  detail::logger_tie_guard untie; // spawning ties this thread to the system
-  auto a = detail::spawn_device_actor(*impl_->sys, core);
   impl_->actor_of.emplace(core.get(), a);
   return slot;
 }
@@ -228,9 +239,23 @@ bool backend::recover(const device& d) {
 }
 
 void backend::will_wait_for(const context& ctx, const event& e) {
-  if (!e.core())
-    return;
-  record_of(ctx.device).r.core()->push_wait(e.core(), e.seq());
+  auto& w = record_of(ctx.device).r;
+  // The hot path: both devices in this process.
+  if (auto* c = w.local_core())
+    if (auto& owner = e.core()) {
+      c->push_wait(owner, e.seq());
+      return;
+    }
+  auto owner = e.endpoint();
+  if (!owner) {
+    if (e.key() == device_key{})
+      return; // the default event is done
+    throw std::invalid_argument(fmt::format(
+      "will_wait_for: no device of this process has the key of {} (attach its device "
+      "first)",
+      to_sexp(e).to_string()));
+  }
+  detail::wait_for(*w.endpoint(), *owner, e.seq());
 }
 
 sexp backend::static_properties() const {
@@ -242,59 +267,97 @@ multidev::hardware_limits backend::hardware_limits() const {
 }
 
 std::size_t backend::get_used_memory(const device& d) const {
-  return record_of(d).core().used_memory();
+  return record_of(d).ep().used_memory();
 }
 
 sexp backend::get_global_debug_info() const {
   auto devs = sexp::list({sexp::atom("devices")});
   std::vector<device> all;
+  std::vector<device> attached;
   {
     std::lock_guard guard{impl_->mu};
     all = impl_->made;
+    for (auto& [key, d] : impl_->attached)
+      attached.push_back(d);
   }
   for (const auto& d : all)
     devs.push_back(get_debug_info(d));
-  return sexp::list({sexp::atom(name()),
-                     sexp::field("num_devices", std::to_string(num_devices())),
-                     sexp::field("devices_in_use", std::to_string(all.size())), devs});
+  auto info = sexp::list({sexp::atom(name()),
+                          sexp::field("num_devices", std::to_string(num_devices())),
+                          sexp::field("devices_in_use", std::to_string(all.size())), devs});
+  if (!attached.empty()) {
+    auto remote = sexp::list({sexp::atom("attached")});
+    for (const auto& d : attached) {
+      try {
+        remote.push_back(get_debug_info(d));
+      } catch (const std::exception& e) {
+        remote.push_back(sexp::list({sexp::atom("device"), sexp::field("name", d.name()),
+                                     sexp::field("error", e.what())}));
+      }
+    }
+    info.push_back(std::move(remote));
+  }
+  return info;
 }
 
 sexp backend::get_debug_info(const device& d) const {
-  auto info = record_of(d).core().debug_info();
+  auto& rec = record_of(d);
+  auto info = rec.ep().debug_info();
   info.push_back(sexp::field("device_id", std::to_string(d.device_id())));
+  if (!rec.r.is_local())
+    info.push_back(sexp::field("node", rec.r.key().node.str()));
   return info;
 }
 
 void backend::await(const device& d) const {
-  auto& core = record_of(d).core();
-  core.sync(core.scheduled());
+  auto& rec = record_of(d);
+  if (auto* c = rec.r.local_core())
+    c->sync(c->scheduled());
+  else
+    rec.ep().await();
 }
 
 event backend::all_work(const device& d) const {
   auto& rec = record_of(d);
-  return event{rec.r.core(), rec.r.core()->scheduled()};
+  if (auto* c = rec.r.local_core())
+    return event{rec.r.endpoint(), c->scheduled()};
+  return event{rec.r.endpoint(), rec.ep().all_work()};
 }
 
 bool backend::is_idle(const device& d) const {
-  return record_of(d).core().is_idle();
+  return record_of(d).ep().is_idle();
 }
 
 void backend::schedule_task(const device& d, task t) {
-  record_of(d).core().push(std::move(t));
+  auto& rec = record_of(d);
+  if (auto* c = rec.r.local_core()) {
+    c->push(std::move(t));
+    return;
+  }
+  detail::refuse_remote(rec, "schedule_task",
+                        "a closure cannot travel there: schedule a kernel registered on its "
+                        "node with schedule_named");
 }
 
 event backend::schedule_named(const device& d, const task_spec& spec) {
-  auto& core = record_of(d).r.core();
-  auto seq = core->push(detail::bind_spec(core, spec).work);
-  return event{core, seq};
+  auto& rec = record_of(d);
+  return event{rec.r.endpoint(), rec.ep().schedule_named(spec)};
 }
 
 std::optional<kernel_result> backend::result(const std::string& name) const {
   return impl_->results->get(name);
 }
 
+std::optional<kernel_result> backend::result(const device& d, const std::string& name) const {
+  return record_of(d).ep().result(name);
+}
+
 device_actor device_actor_of(const backend& b, const device& d) {
   return b.impl().actor_for(d);
+}
+
+device attach_device(backend& b, const device_actor& a) {
+  return b.impl().attach(a);
 }
 
 } // namespace multidev

@@ -1,24 +1,18 @@
-// The state behind `backend`: which devices and actors it owns, the one
-// blocking request it makes (flush), and shutdown.
+// The state behind `backend`: which devices and actors it owns, the devices
+// it attached, and shutdown.
 #include "actors/backend_impl.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/exit_reason.hpp>
-#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <stdexcept>
 
-#include "actors/logger_tie.hpp"
+#include "actors/endpoint_remote.hpp"
 
 namespace multidev::detail {
-
-namespace {
-constexpr auto request_timeout = std::chrono::minutes(5);
-} // namespace
 
 device_record& record_of(const device& d) {
   if (!d.record())
@@ -26,51 +20,88 @@ device_record& record_of(const device& d) {
   return *d.record();
 }
 
-device_core& backend_impl::core_of(const device& d) const {
+void refuse_remote(const device_record& rec, std::string_view what, std::string_view instead) {
+  throw std::invalid_argument(fmt::format(
+    "{}: {} is a device of another process (node {}), reached only by messages to its "
+    "actor; {}",
+    what, rec.name, rec.r.key().node.str(), instead));
+}
+
+device_core& device_record::core() const {
+  return local_core(*this, "this call", "it needs a device of this process");
+}
+
+endpoint& backend_impl::endpoint_of(const device& d) const {
   auto& rec = record_of(d);
   std::lock_guard guard{mu};
-  if (!actor_of.contains(rec.r.core().get()))
-    throw std::invalid_argument(
-      fmt::format("device {} does not belong to this backend", rec.name));
-  return rec.core();
+  if (auto* c = rec.r.local_core()) {
+    if (actor_of.contains(c))
+      return rec.ep();
+  } else if (auto i = attached.find(rec.r.key());
+             i != attached.end() && i->second.get_runner() == rec.r) {
+    return rec.ep();
+  }
+  throw std::invalid_argument(
+    fmt::format("device {} does not belong to this backend", rec.name));
 }
 
 device_actor backend_impl::actor_for(const device& d) const {
-  auto& rec = record_of(d);
-  std::lock_guard guard{mu};
-  auto i = actor_of.find(rec.r.core().get());
-  if (i == actor_of.end())
+  auto& ep = endpoint_of(d);
+  if (ep.core()) {
+    std::lock_guard guard{mu};
+    auto i = actor_of.find(ep.core().get());
+    if (i != actor_of.end())
+      return i->second;
     throw std::invalid_argument(
-      fmt::format("device {} does not belong to this backend", rec.name));
-  return i->second;
+      fmt::format("device {} does not belong to this backend", record_of(d).name));
+  }
+  return ep.actor();
 }
 
-void backend_impl::flush(const device& d) const {
-  if (current_runner != nullptr)
-    throw deadlock_error(fmt::format(
-      "flush({}) from a task: the round trip may wait behind a full queue that "
-      "only this runner drains",
-      record_of(d).name));
-  auto a = actor_for(d);
-  logger_tie_guard untie;
-  caf::scoped_actor self{*sys};
-  caf::error err;
-  bool replied = false;
-  self->request(a, request_timeout, atoms::all_work_atom::value)
-    .receive([&](uint64_t) { replied = true; }, [&](caf::error& e) { err = e; });
-  if (err || !replied)
-    throw_error(err, record_of(d).name);
+device backend_impl::attach(const device_actor& a) {
+  if (!a)
+    throw std::invalid_argument("attach_device: invalid device actor handle");
+  {
+    // One of ours: the device itself.
+    std::lock_guard guard{mu};
+    for (auto& [core, own] : actor_of)
+      if (own == a)
+        for (auto& d : made)
+          if (d.get_runner().local_core() == core)
+            return d;
+  }
+  auto remote = attach_remote(*sys, a);
+  std::lock_guard guard{mu};
+  auto key = remote.ep->key();
+  if (auto i = attached.find(key); i != attached.end()) {
+    // Attached before (or by another thread meanwhile): keep the first.
+    caf::anon_send_exit(remote.link, caf::exit_reason::user_shutdown);
+    return i->second;
+  }
+  auto rec = std::make_shared<device_record>();
+  rec->dv = multidev::dev{remote.driver, remote.ordinal};
+  rec->ordinal = remote.ordinal;
+  rec->device_id = static_cast<int>(key.device_id);
+  rec->name = remote.ep->name();
+  rec->r = runner{remote.ep};
+  device d{std::move(rec)};
+  attached.emplace(key, d);
+  links.push_back(std::move(remote.link));
+  return d;
 }
 
 void backend_impl::shutdown() {
   std::vector<device> all;
   std::vector<device_actor> handles;
+  std::vector<caf::actor> remote_links;
   {
     std::lock_guard guard{mu};
     all = made;
     for (auto& [core, a] : actor_of)
       handles.push_back(a);
     actor_of.clear();
+    remote_links = std::move(links);
+    links.clear();
   }
   // Finish accepted work first (waits between devices resolve through the
   // cores), then stop the actors. Every core stops accepting before any is
@@ -82,6 +113,12 @@ void backend_impl::shutdown() {
     d.get_runner().core()->request_stop();
   for (auto& d : all) // every device stops: cut what leaves the backend
     d.get_runner().core()->cancel_unanswerable_waits();
+  // The attached devices' links go too: calls still waiting on them (a task
+  // syncing on a remote event, a host thread) fail instead of holding the
+  // joins below.
+  for (auto& l : remote_links)
+    caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
+  remote_links.clear();
   for (auto& d : all)
     d.get_runner().core()->shutdown();
   for (auto& a : handles)

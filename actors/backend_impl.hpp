@@ -4,6 +4,7 @@
 /// memoized devices with their actors, and the device records' bookkeeping.
 
 #include <map>
+#include <string_view>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -12,14 +13,17 @@
 #include <caf/actor_system_config.hpp>
 
 #include "actors/device_core.hpp"
+#include "actors/endpoint.hpp"
 #include "multidev/protocol.hpp"
 #include "multidev/backend.hpp"
 
 namespace multidev::detail {
 
 /// OCANNL's device record: identity plus the transfer bookkeeping, guarded by
-/// `mu`. Holds no actor handle, so a user keeping a `device` past the
-/// backend's life cannot keep the actor system from stopping.
+/// `mu`. Holds no strong actor handle, so a user keeping a `device` past the
+/// backend's life cannot keep the actor system from stopping. The runner
+/// holds the device's endpoint: its core for a device of this process, its
+/// actor for one of another process (`attach_device`).
 struct device_record {
   multidev::dev dv;
   int ordinal = 0;
@@ -42,8 +46,24 @@ struct device_record {
   std::size_t merge_buffer_capacity = 0;
   int next_pool_id = 1;
 
-  device_core& core() const { return *r.core(); }
+  /// The core of a device of this process; `std::invalid_argument` for a
+  /// device of another process (see `local_core`).
+  device_core& core() const;
+  endpoint& ep() const { return *r.endpoint(); }
 };
+
+/// Throws `std::invalid_argument`: `what` cannot work on `rec`, a device of
+/// another process; `instead` says what to use.
+[[noreturn]] void refuse_remote(const device_record& rec, std::string_view what,
+                                std::string_view instead);
+
+/// `rec`'s core, or `refuse_remote(rec, what, instead)`.
+inline device_core& local_core(const device_record& rec, std::string_view what,
+                               std::string_view instead) {
+  if (auto* c = rec.r.local_core())
+    return *c;
+  refuse_remote(rec, what, instead);
+}
 
 struct backend_impl {
   backend_options opts;
@@ -53,22 +73,27 @@ struct backend_impl {
   std::shared_ptr<driver> drv;
   std::shared_ptr<result_board> results = std::make_shared<result_board>();
 
+  /// This backend's node: its actor system's node id, interned.
+  node_ref node;
+
   mutable std::mutex mu;
   std::vector<device> devices;            // by ordinal; empty until first use
   std::map<const device_core*, device_actor> actor_of; // every device made here
   std::vector<device> made;               // make_device results, for shutdown
+  std::map<device_key, device> attached;  // attach_device results, by key
+  std::vector<caf::actor> links;          // their link actors, stopped at shutdown
 
-  /// `d`'s core; throws `std::invalid_argument` when the device does not
-  /// belong to this backend.
-  device_core& core_of(const device& d) const;
+  /// `d`'s endpoint; throws `std::invalid_argument` when the device does not
+  /// belong to this backend (made or attached here).
+  endpoint& endpoint_of(const device& d) const;
 
-  /// The actor that owns `core`; throws `std::invalid_argument` when the
-  /// device does not belong to this backend.
+  /// The actor that owns `d` (for an attached device, the remote actor);
+  /// throws `std::invalid_argument` when the device does not belong to this
+  /// backend.
   device_actor actor_for(const device& d) const;
 
-  /// Returns once `d`'s actor has handled every message sent to it before
-  /// (a blocking round trip); errors become the public-edge exceptions.
-  void flush(const device& d) const;
+  /// `a` as a device of this backend (see `attach_device`).
+  device attach(const device_actor& a);
 
   void shutdown();
 };

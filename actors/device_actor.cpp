@@ -27,6 +27,7 @@ using namespace internal_atoms;
 
 struct device_state {
   std::shared_ptr<device_core> core;
+  device_identity id;
   /// The key internal messages must carry (see `internal_atoms`).
   uint64_t key = 0;
   /// A reply owed to a `wait` request: the seq awaited and its promise.
@@ -137,8 +138,10 @@ void answer_everything(self_ptr self) {
 }
 
 device_actor_full::behavior_type device_impl(self_ptr self,
-                                             std::shared_ptr<device_core> core) {
+                                             std::shared_ptr<device_core> core,
+                                             device_identity id) {
   self->state.core = std::move(core);
+  self->state.id = std::move(id);
   self->state.key = random_key();
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
@@ -317,13 +320,31 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     [self](debug_atom) -> std::string {
       return self->state.core->debug_info().to_string();
     },
+    [self](identify_atom) {
+      auto& st = self->state;
+      return caf::make_result(caf::to_string(self->system().node()), st.id.device_id,
+                              st.core->name(), st.id.driver,
+                              static_cast<int32_t>(st.core->ordinal()));
+    },
+    [self](status_atom, uint64_t seq) {
+      auto& c = *self->state.core;
+      // Scheduled first: a seq finished after this read is still counted.
+      auto scheduled = c.scheduled();
+      uint8_t state = c.is_done(seq) ? 1 : c.is_failed(seq) ? 2 : 0;
+      return caf::make_result(state, c.finished(), scheduled);
+    },
+    [self](result_atom, const std::string& name) {
+      auto r = self->state.core->results().get(name);
+      return caf::make_result(r.has_value(), r.value_or(kernel_result{}));
+    },
   };
 }
 
 } // namespace
 
-device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core) {
-  return sys.spawn(device_impl, std::move(core));
+device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,
+                                device_identity id) {
+  return sys.spawn(device_impl, std::move(core), std::move(id));
 }
 
 } // namespace multidev::detail

@@ -3,7 +3,9 @@
 /// Spawning the actor that owns a device core (its runner, events, pools),
 /// and the actor's private messages, which stay off the public protocol.
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include <caf/atom.hpp>
 #include <caf/replies_to.hpp>
@@ -35,8 +37,16 @@ using device_actor_full = device_actor::extend<
   caf::reacts_to<internal_atoms::resolved_atom, uint64_t, uint64_t, std::string>,
   caf::reacts_to<internal_atoms::room_atom, uint64_t>>;
 
+/// What a device actor tells about its device (`identify`), besides what
+/// its core knows.
+struct device_identity {
+  uint32_t device_id = 0;
+  std::string driver;
+};
+
 /// Spawns the device actor of `core`. The actor answers the protocol of
 /// `device_actor`; it does not stop the core when it exits (the backend does).
-device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core);
+device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,
+                                device_identity id);
 
 } // namespace multidev::detail

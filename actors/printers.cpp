@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <ostream>
 
 #include "actors/backend_impl.hpp"
+#include "actors/endpoint.hpp"
 
 namespace multidev {
 
@@ -17,18 +19,50 @@ sexp to_sexp(const dev& d) {
 }
 
 sexp to_sexp(const runner& r) {
-  if (!r.core())
+  if (!r.endpoint())
     return sexp::list({sexp::atom("runner"), sexp::atom("none")});
-  return sexp::list({sexp::atom("runner"), sexp::field("device", r.core()->name()),
+  if (!r.is_local()) // printing makes no round trip
+    return sexp::list({sexp::atom("runner"), sexp::field("device", r.endpoint()->name()),
+                       sexp::field("node", r.key().node.str())});
+  return sexp::list({sexp::atom("runner"), sexp::field("device", r.endpoint()->name()),
                      sexp::field("queue_length", std::to_string(r.queue_length()))});
 }
 
+std::ostream& operator<<(std::ostream& os, node_ref n) {
+  return os << (n.empty() ? std::string_view{"none"} : std::string_view{n.str()});
+}
+
+sexp to_sexp(const device_key& k) {
+  return sexp::list({sexp::atom("device_key"),
+                     sexp::field("node", k.node.empty() ? "none" : k.node.str()),
+                     sexp::field("device_id", std::to_string(k.device_id))});
+}
+
+std::ostream& operator<<(std::ostream& os, const device_key& k) {
+  return os << to_sexp(k).to_string();
+}
+
 sexp to_sexp(const event& e) {
-  std::string state = e.is_done() ? "done" : e.is_failed() ? "failed" : "pending";
+  std::string state;
+  auto ep = e.endpoint();
+  if (e.key() == device_key{})
+    state = "done";
+  else if (!ep)
+    state = "unknown";
+  else if (ep->core())
+    state = e.is_done() ? "done" : e.is_failed() ? "failed" : "pending";
+  else // another process's device: what is known here, without a round trip
+    state = ep->known_done(e.seq()) ? "done" : "unknown";
   return sexp::list({sexp::atom("event"),
-                     sexp::field("device", e.core() ? e.device_name() : "none"),
+                     sexp::field("device", e.key() == device_key{} ? "none" : e.device_name()),
+                     sexp::field("node", e.key().node.empty() ? "none" : e.key().node.str()),
+                     sexp::field("device_id", std::to_string(e.key().device_id)),
                      sexp::field("seq", std::to_string(e.seq())),
                      sexp::field("state", state)});
+}
+
+std::ostream& operator<<(std::ostream& os, const event& e) {
+  return os << to_sexp(e).to_string();
 }
 
 sexp to_sexp(const buffer_ptr& p) {
@@ -47,7 +81,7 @@ sexp to_sexp(const device& d) {
   for (const auto& [t, loc] : rec.constant_buffer_cache)
     cache.push_back(sexp::list({sexp::atom(t.label), to_sexp(loc)}));
   return sexp::list(
-    {sexp::atom("device"), sexp::field("name", rec.name), to_sexp(rec.dv),
+    {sexp::atom("device"), sexp::field("name", rec.name), to_sexp(rec.dv), to_sexp(rec.r.key()),
      sexp::field("ordinal", std::to_string(rec.ordinal)),
      sexp::field("device_id", std::to_string(rec.device_id)), to_sexp(rec.r),
      sexp::field("merge_buffer_capacity", std::to_string(rec.merge_buffer_capacity)),

@@ -19,6 +19,23 @@ namespace {
 
 constexpr std::size_t node_alignment = 64;
 
+constexpr const char* use_named =
+  "schedule its kernels with schedule_named (buffer arguments are locations in its "
+  "pools: alloc_node gives them)";
+constexpr const char* no_host_memory =
+  "host memory cannot be copied to or from it here: write and read its nodes with "
+  "kernels scheduled by schedule_named";
+
+constexpr const char* no_copy =
+  "copies between processes are not supported: run a kernel on each side";
+
+/// `d`'s record, refusing a device of another process for `what`.
+detail::device_record& local_record(const device& d, const char* what, const char* instead) {
+  auto& rec = record_of(d);
+  detail::local_core(rec, what, instead);
+  return rec;
+}
+
 std::string node_name(const tnode& t) {
   return t.label.empty() ? fmt::format("#{}", t.id) : fmt::format("'{}' (#{})", t.label, t.id);
 }
@@ -73,7 +90,7 @@ std::vector<event> unmet_waits(const routine& r, const detail::device_record& ds
                                const detail::device_core& core) {
   std::vector<event> out;
   auto add = [&](const event& e) {
-    auto same = [&e](const event& x) { return x.core() == e.core() && x.seq() == e.seq(); };
+    auto same = [&e](const event& x) { return x == e; };
     if (e.core().get() != &core && !e.is_done() && std::none_of(out.begin(), out.end(), same))
       out.push_back(e);
   };
@@ -140,7 +157,7 @@ context backend::alloc_node(const context& ctx, const tnode& t) {
 
 routine backend::link(const context& ctx, const std::string& kernel,
                       const std::vector<link_arg>& args) {
-  auto& rec = record_of(ctx.device);
+  auto& rec = local_record(ctx.device, "link", use_named);
   auto def = find_kernel(kernel);
   if (!def)
     throw std::invalid_argument(fmt::format("link: unknown kernel '{}' (known: {})", kernel,
@@ -203,7 +220,7 @@ routine backend::link(const context& ctx, const std::string& kernel,
 }
 
 event backend::run(const routine& r) {
-  auto& rec = record_of(r.context.device);
+  auto& rec = local_record(r.context.device, "run", use_named);
   auto& core = rec.r.core();
   for (const auto& pin : r.pinned_pools) {
     if (pin.core->try_pool(pin.pool_id) != pin.pool)
@@ -234,7 +251,7 @@ event backend::run(const routine& r) {
   record_locks locks{rec, src};
   for (const auto& e : unmet_waits(r, rec, src, *core))
     core->push_wait(e.core(), e.seq()); // never waits for room
-  event done{core, core->push(task{r.schedule}, false)};
+  event done{rec.r.endpoint(), core->push(task{r.schedule}, false)};
   for (const auto& t : r.outputs) {
     rec.readers.erase(t); // all waited for, or done
     rec.updating_for[t] = done;
@@ -255,12 +272,12 @@ event backend::run(const routine& r) {
 /// `ctx` does not hold `t`.
 static std::optional<routine> host_copy(const context& ctx, const tnode& t, std::byte* host,
                                  std::size_t n, bool to_device) {
+  const char* what = to_device ? "from_host" : "to_host";
+  auto& core = local_record(ctx.device, what, no_host_memory).r.core();
   auto loc = ctx.buffers.find(t);
   if (loc == ctx.buffers.end())
     return std::nullopt;
-  const char* what = to_device ? "from_host" : "to_host";
   check_size(t, n, what);
-  auto& core = record_of(ctx.device).r.core();
   auto p = pool_for(*core, t, loc->second, what);
   auto* drv = &core->drv();
   std::byte* dev = p->base() + loc->second.offset;
@@ -291,6 +308,7 @@ bool backend::from_host(const context& ctx, const tnode& t, std::span<const std:
 
 context backend::init_from_host(const context& ctx, const tnode& t,
                                 std::span<const std::byte> host) {
+  local_record(ctx.device, "init_from_host", no_host_memory);
   check_size(t, host.size(), "init_from_host");
   auto p = place_node(*this, ctx, t, false);
   // A cached constant already holds the data on this device.
@@ -310,14 +328,14 @@ bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> h
 
 std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,
                                                  const context& dst, const context& src) {
+  auto& srec = local_record(src.device, "device_to_device", no_copy);
+  auto& drec = local_record(dst.device, "device_to_device", no_copy);
   auto sloc = src.buffers.find(t);
   if (sloc == src.buffers.end())
     return std::nullopt;
   auto dloc = dst.buffers.find(t);
   if (into == merge_buffer_use::no && dloc == dst.buffers.end())
     return std::nullopt;
-  auto& srec = record_of(src.device);
-  auto& drec = record_of(dst.device);
   auto sp = pool_for(srec.core(), t, sloc->second, "device_to_device (source)");
   const std::byte* from = sp->base() + sloc->second.offset;
   auto n = t.size_in_bytes;
@@ -374,6 +392,8 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
 }
 
 context backend::init_from_device(const tnode& t, const context& dst, const context& src) {
+  local_record(src.device, "init_from_device", no_copy);
+  local_record(dst.device, "init_from_device", no_copy);
   if (!src.buffers.contains(t))
     throw std::invalid_argument(fmt::format("init_from_device: node {} is not in the source context of {}",
                                             node_name(t), src.device.name()));

@@ -48,6 +48,9 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<wire_arg>("multidev::wire_arg");
   cfg.add_message_type<buffer_arg>("multidev::buffer_arg");
   cfg.add_message_type<buffer_loc>("multidev::buffer_loc");
+  cfg.add_message_type<kernel_result>("multidev::kernel_result");
+  cfg.add_message_type<device_key>("multidev::device_key");
+  cfg.add_message_type<event>("multidev::event");
 }
 
 wire_arg to_wire(const kernel_arg& x) {

@@ -151,7 +151,7 @@ BOOST_AUTO_TEST_CASE(test_hardening_waits_for_a_seq_never_scheduled_fail_at_once
   backend b{backend_options{.num_devices = 2}};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   b.schedule_task(d0, {"one", [] {}});
-  event bogus{d0.get_runner().core(), 1000};
+  event bogus{d0.get_runner(), 1000};
   try {
     b.will_wait_for(b.make_context(d1), bogus);
     BOOST_ERROR("will_wait_for accepted a seq never scheduled");

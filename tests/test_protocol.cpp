@@ -551,7 +551,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_user_actor_drives_a_device_in_an_embedding_sy
   BOOST_TEST_REQUIRE(r.has_value());
   BOOST_TEST(r->sum == 3.0 * n);
   BOOST_TEST(r->count == n);
-  BOOST_TEST(b->is_done(multidev::event{d.get_runner().core(), got->first}));
+  BOOST_TEST(b->is_done(multidev::event{d.get_runner(), got->first}));
 
   drv = nullptr;
   bounded([&] { b.reset(); }, "backend destruction");

@@ -165,17 +165,17 @@ BOOST_AUTO_TEST_CASE(test_robustness_wait_after_shutdown_fails_at_once) {
   auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
   auto d = b->get_device(0);
   b->schedule_task(d, task{"one", [] {}, {}});
-  auto core = d.get_runner().core();
+  auto r = d.get_runner(); // holds the device's core past the backend
   b.reset();
   // A seq that was never scheduled can never complete: the wait fails at once.
-  event never{core, 1000};
+  event never{r, 1000};
   try {
     bounded([&] { never.sync(); }, "sync");
     BOOST_ERROR("sync on a seq never scheduled returned");
   } catch (const std::invalid_argument& e) {
     BOOST_TEST(contains(e.what(), "seq 1000 was never scheduled"), e.what());
   }
-  event done{core, 1};
+  event done{r, 1};
   BOOST_TEST(done.is_done());
 }
 

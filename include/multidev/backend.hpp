@@ -10,6 +10,18 @@
 ///
 /// Threads: every `backend` member may be called from any thread, including
 /// from tasks running on a runner. Tasks run on their device's runner thread.
+///
+/// Devices of other processes. A device is reached through an endpoint: its
+/// core when it lives in this process, its actor when it lives in another
+/// (`attach_device` in `multidev/protocol.hpp` attaches one). Every member
+/// that takes a device or an event works on both, by message for the latter,
+/// except the ones that need a host closure or host memory (`schedule_task`,
+/// `link`, `run`, `from_host`, `init_from_host`, `to_host`,
+/// `device_to_device`, `init_from_device`): those throw
+/// `std::invalid_argument` saying the device is remote and what to use
+/// instead. On a remote device, members that wait for a reply the device may
+/// defer behind a full queue (`schedule_named`, the pool calls, `all_work`,
+/// `await`, `flush`, `sync_device`) throw `deadlock_error` from a task.
 
 #include <cstddef>
 #include <cstdint>
@@ -119,7 +131,11 @@ public:
   bool is_done(const event& e) const;
   /// Everything scheduled on `ctx.device` after this call starts only after
   /// `e` is done. Returns at once; a no-op for events of the same device or
-  /// events already done. If `e` fails, `ctx.device` fails too.
+  /// events already done. If `e` fails, `ctx.device` fails too. Works in all
+  /// four directions between devices of this process and of others: a local
+  /// device waits on a remote event behind a gate that the reply to a `wait`
+  /// request opens; a remote device gets a `depend` message naming the
+  /// owner's actor. Nothing blocks meanwhile.
   void will_wait_for(const context& ctx, const event& e);
 
   /// How `e` ended: done, failed, cancelled, or still pending. Never blocks.
@@ -223,6 +239,10 @@ public:
 
   /// The last result a kernel wrote under `name` (e.g. `checksum`).
   std::optional<kernel_result> result(const std::string& name) const;
+  /// The last result a kernel wrote under `name` on the board of `d`'s
+  /// backend: this one's for its own devices, the remote backend's (one
+  /// round trip) for a device of another process.
+  std::optional<kernel_result> result(const device& d, const std::string& name) const;
 
   /// The actor system the devices live in.
   caf::actor_system& system() const;

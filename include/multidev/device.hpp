@@ -27,18 +27,32 @@ struct dev {
 sexp to_sexp(const dev& d);
 
 /// A device's stream (OCANNL's `runner`): its FIFO work queue and the thread
-/// that drains it. A handle; copies refer to the same runner.
+/// that drains it. A handle; copies refer to the same runner. It reaches its
+/// device through an endpoint: the device's core when the device lives in this
+/// process, its actor when it lives in another (`attach_device`).
 class runner {
 public:
   runner() = default;
-  explicit runner(std::shared_ptr<detail::device_core> core);
-  /// Tasks scheduled and not yet finished (including a parked wait).
+  /// A runner reached through `ep` (internal).
+  explicit runner(std::shared_ptr<detail::endpoint> ep);
+  /// Tasks scheduled and not yet finished (including a parked wait); a round
+  /// trip to the device's actor when the device lives in another process.
   std::size_t queue_length() const;
-  const std::shared_ptr<detail::device_core>& core() const noexcept { return core_; }
-  friend bool operator==(const runner& x, const runner& y) { return x.core_ == y.core_; }
+  /// The device's global key; the default key for the default runner.
+  const device_key& key() const noexcept;
+  /// Whether the device lives in this process.
+  bool is_local() const noexcept { return core_ != nullptr; }
+  /// The device's core when it lives in this process, else null.
+  const std::shared_ptr<detail::device_core>& core() const noexcept;
+  /// How the device is reached (internal).
+  const std::shared_ptr<detail::endpoint>& endpoint() const noexcept { return ep_; }
+  /// `core().get()`, without the indirection (the hot path).
+  detail::device_core* local_core() const noexcept { return core_; }
+  friend bool operator==(const runner& x, const runner& y) { return x.ep_ == y.ep_; }
 
 private:
-  std::shared_ptr<detail::device_core> core_;
+  std::shared_ptr<detail::endpoint> ep_;
+  detail::device_core* core_ = nullptr; // ep_'s core when local
 };
 
 sexp to_sexp(const runner& r);
@@ -59,13 +73,20 @@ public:
 
   const multidev::dev& dev() const;
   int ordinal() const;
-  /// Unique across every backend of the process.
+  /// Unique across every backend of the process. For a device of another
+  /// process (`attach_device`), its id there: the key says which node.
   int device_id() const;
+  /// The device's global key: its node and the device id of its runner there.
+  const device_key& key() const;
+  /// Whether the device lives in this process; an attached device of another
+  /// process is driven by messages to its actor.
+  bool is_local() const;
   const multidev::runner& get_runner() const;
   /// `"<backend name>:<ordinal>:<device_id>"`.
   const std::string& name() const;
 
-  /// Pool 0's base, once a merge buffer was allocated.
+  /// Pool 0's base, once a merge buffer was allocated (never for a device
+  /// of another process: its memory is not addressable here).
   std::optional<buffer_ptr> merge_buffer() const;
   std::size_t merge_buffer_capacity() const;
   /// The event of the last scheduled work on this device that writes `t`.

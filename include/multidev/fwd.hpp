@@ -32,6 +32,8 @@ class runner;
 class device;
 using buffer_ptr = std::byte*;
 // event.hpp
+class node_ref;
+struct device_key;
 class event;
 // context.hpp
 struct context;
@@ -43,6 +45,7 @@ class backend;
 
 namespace detail {
 class device_core;
+class endpoint;
 struct device_record;
 struct backend_impl;
 } // namespace detail

@@ -36,6 +36,8 @@
 #include <caf/typed_actor.hpp>
 
 #include "multidev/backend.hpp"
+#include "multidev/event.hpp"
+#include "multidev/kernels.hpp"
 #include "multidev/task.hpp"
 #include "multidev/types.hpp"
 
@@ -53,6 +55,9 @@ using all_work_atom = caf::atom_constant<caf::atom("all_work")>;
 using idle_atom = caf::atom_constant<caf::atom("idle")>;
 using memory_atom = caf::atom_constant<caf::atom("memory")>;
 using debug_atom = caf::atom_constant<caf::atom("debug")>;
+using identify_atom = caf::atom_constant<caf::atom("identify")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using result_atom = caf::atom_constant<caf::atom("result")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -86,7 +91,19 @@ using device_actor = caf::typed_actor<
   /// Replies with the bytes held by the device's pools.
   caf::replies_to<atoms::memory_atom>::with<uint64_t>,
   /// Replies with the device's debug info, a printed s-expression.
-  caf::replies_to<atoms::debug_atom>::with<std::string>>;
+  caf::replies_to<atoms::debug_atom>::with<std::string>,
+  /// Replies with who the device is: its node (its actor system's node id as
+  /// text), its device id there, its name, its driver and its ordinal. The
+  /// node and the id make its `device_key` (`attach_device` asks this).
+  caf::replies_to<atoms::identify_atom>::with<std::string, uint32_t, std::string,
+                                               std::string, int32_t>,
+  /// Replies with what is known of `seq` now, without waiting: its state
+  /// (0 pending, 1 done, 2 failed: it can never complete), the seq of the
+  /// last finished item and that of the last scheduled one.
+  caf::replies_to<atoms::status_atom, uint64_t>::with<uint8_t, uint64_t, uint64_t>,
+  /// Replies whether a kernel wrote a result under `name` on the board of
+  /// the device's backend, and the last one it wrote (`backend::result`).
+  caf::replies_to<atoms::result_atom, std::string>::with<bool, kernel_result>>;
 
 /// Error codes of the `multidev` error category. The error's context holds
 /// two strings: the device name (may be empty) and the message.
@@ -157,8 +174,63 @@ typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
   return f(caf::meta::type_name("task_spec"), x.kernel, args, load);
 }
 
-/// The actor that owns `d` (a device of `b`); throws `std::invalid_argument`
-/// when `d` belongs to another backend.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kernel_result& x) {
+  return f(caf::meta::type_name("kernel_result"), x.sum, x.hash, x.count);
+}
+
+/// A key travels as the node's text and the device id; the receiver interns
+/// the text again.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_key& x) {
+  std::string node = x.node.str();
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    x.node = node_ref{node};
+    return caf::none;
+  });
+  return f(caf::meta::type_name("device_key"), node, x.device_id, load);
+}
+
+/// An event travels as its key and seq only. The receiver resolves the key
+/// through its registry of devices (its own devices, and the devices its
+/// backends attached), so an event of a device it can reach works at once.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, event& x) {
+  device_key key = x.key();
+  uint64_t seq = x.seq();
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    x = event{key, seq};
+    return caf::none;
+  });
+  return f(caf::meta::type_name("event"), key, seq, load);
+}
+
+/// The actor that owns `d` (a device of `b`, or a device `b` attached: then
+/// the handle of the remote actor); throws `std::invalid_argument` when `d`
+/// belongs to another backend.
 device_actor device_actor_of(const backend& b, const device& d);
+
+/// Attaches the device actor `a` of another actor system to `b` and returns
+/// a `device` for it: typically an actor of another process, obtained with
+/// `sys.middleman().remote_actor<device_actor>(host, port)` on `b`'s system.
+/// Blocks for one round trip (the device tells its key and name). Attaching
+/// the same device again returns the same `device`; one of `b`'s own devices
+/// is returned as it is.
+///
+/// The device is driven by messages to `a`, in the order of the calls (one
+/// link actor on `b`'s system sends them all): `schedule_named`, the pool
+/// calls, `all_work`, `await`, `is_idle`, `get_used_memory`, the debug info,
+/// `make_context`, `alloc_node`, `sync`/`is_done` on its events, `result`,
+/// `flush`, and `will_wait_for` in all four directions (its events and its
+/// contexts with local ones and with other remote ones). What needs a host
+/// closure or host memory (`schedule_task`, `link`/`run`, `from_host`,
+/// `to_host`, `device_to_device`, `init_from_*`) throws
+/// `std::invalid_argument` saying the device is remote. Calls that wait for
+/// a reply the device may defer behind a full queue (`schedule_named`, the
+/// pool calls, `all_work`, `await`, `flush`) throw `deadlock_error` from a
+/// task. If `a` goes down, every pending and later call on it fails with
+/// `device_error`, and so does every local device waiting for it. Throws
+/// `device_error` when `a` does not answer.
+device attach_device(backend& b, const device_actor& a);
 
 } // namespace multidev

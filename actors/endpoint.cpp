@@ -1,0 +1,197 @@
+// Endpoints: the registry of devices by key, the local endpoint (calls go
+// straight to the core), and `wait_for`, which picks one of the four ways
+// a device waits for another's event.
+#include "actors/endpoint.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/binding.hpp"
+#include "actors/device_core.hpp"
+#include "actors/logger_tie.hpp"
+
+namespace multidev::detail {
+
+namespace {
+
+/// Every live endpoint of the process by key. A key may have several: the
+/// local one (in the process that owns the device) and those of the
+/// backends that attached it.
+struct registry {
+  std::mutex mu;
+  std::unordered_map<device_key, std::vector<std::weak_ptr<endpoint>>> by_key;
+
+  static registry& get() {
+    static auto* r = new registry; // never destroyed: endpoints may outlive main
+    return *r;
+  }
+};
+
+constexpr auto request_timeout = std::chrono::minutes(5);
+
+} // namespace
+
+endpoint::endpoint(device_key key, std::string name, std::shared_ptr<device_core> core)
+  : key_(key), name_(std::move(name)), core_(std::move(core)) {
+}
+
+endpoint::~endpoint() {
+  auto& r = registry::get();
+  std::lock_guard guard{r.mu};
+  auto i = r.by_key.find(key_);
+  if (i == r.by_key.end())
+    return;
+  std::erase_if(i->second, [](const auto& w) { return w.expired(); });
+  if (i->second.empty())
+    r.by_key.erase(i);
+}
+
+void register_endpoint(const std::shared_ptr<endpoint>& ep) {
+  auto& r = registry::get();
+  std::lock_guard guard{r.mu};
+  r.by_key[ep->key()].push_back(ep);
+}
+
+std::shared_ptr<endpoint> find_endpoint(const device_key& key) {
+  auto& r = registry::get();
+  std::lock_guard guard{r.mu};
+  auto i = r.by_key.find(key);
+  if (i == r.by_key.end())
+    return nullptr;
+  std::shared_ptr<endpoint> found;
+  for (const auto& w : i->second)
+    if (auto ep = w.lock()) {
+      if (ep->core())
+        return ep; // the device itself beats any attachment of it
+      if (!found)
+        found = std::move(ep);
+    }
+  return found;
+}
+
+namespace {
+
+/// A device of this process: every call goes to its core, as before
+/// endpoints existed; only `flush` and `actor` involve its actor.
+class local_endpoint final : public endpoint {
+public:
+  local_endpoint(device_key key, std::shared_ptr<device_core> core, caf::actor_addr actor)
+    : endpoint(key, core->name(), core), c_(*core), actor_(std::move(actor)) {}
+
+  bool known_done(uint64_t seq) const noexcept override { return c_.is_done(seq); }
+  bool is_done(uint64_t seq) override { return c_.is_done(seq); }
+  bool is_failed(uint64_t seq) override { return c_.is_failed(seq); }
+  void sync(uint64_t seq) override { c_.sync(seq); }
+  void when_done(uint64_t seq, on_resolved cb) override {
+    c_.check_scheduled(seq, "when_done");
+    c_.when_done(seq, [cb = std::move(cb)](const std::string* error) { cb(error); });
+  }
+
+  uint64_t schedule_named(const task_spec& spec) override {
+    return c_.push(bind_spec(core(), spec).work);
+  }
+  uint64_t all_work() override { return c_.scheduled(); }
+  void await() override { c_.sync(c_.scheduled()); }
+  bool is_idle() override { return c_.is_idle(); }
+  std::size_t queue_length() override { return c_.scheduled() - c_.finished(); }
+
+  void flush() override {
+    if (current_runner != nullptr)
+      throw deadlock_error(fmt::format(
+        "flush({}) from a task: the round trip may wait behind a full queue that "
+        "only this runner drains",
+        name()));
+    auto a = actor();
+    if (!a)
+      throw device_error(name(), "its actor is gone (the backend was shut down)");
+    logger_tie_guard untie;
+    caf::scoped_actor self{a->home_system()};
+    caf::error err;
+    bool replied = false;
+    self->request(a, request_timeout, atoms::all_work_atom::value)
+      .receive([&](uint64_t) { replied = true; }, [&](caf::error& e) { err = e; });
+    if (err || !replied)
+      throw_error(err, name());
+  }
+
+  void depend(endpoint& owner, uint64_t seq) override {
+    if (owner.core()) {
+      c_.push_wait(owner.core(), seq);
+      return;
+    }
+    // Owned by another process: a gate the reply to a `wait` request opens
+    // (or fails; a vanished owner fails it too, see the remote endpoint).
+    auto g = std::make_shared<gate>();
+    g->owner_seq = seq;
+    g->remote = true;
+    g->label = fmt::format("{} seq {}", owner.name(), seq);
+    c_.push_gate(g);
+    std::weak_ptr<device_core> weak = core();
+    auto prefix = owner.name() + ": ";
+    try {
+      owner.when_done(seq, [weak, g, prefix](const std::string* error) {
+        auto me = weak.lock();
+        if (!me)
+          return;
+        if (!error) {
+          me->resolve_gate(*g, nullptr);
+          return;
+        }
+        // The label names the owner already: say its name once.
+        std::string_view why = *error;
+        if (why.starts_with(prefix))
+          why.remove_prefix(prefix.size());
+        std::string reason{why};
+        me->resolve_gate(*g, &reason);
+      });
+    } catch (...) {
+      static const std::string why = "could not send the wait request";
+      c_.resolve_gate(*g, &why);
+      throw;
+    }
+  }
+
+  void alloc_pool(int id, std::size_t size, std::size_t alignment,
+                  std::optional<memory_mode> mode) override {
+    c_.alloc_pool(id, size, alignment, mode);
+  }
+  void free_pool(int id) override { c_.free_pool(id); }
+  uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
+    return c_.memset_zero(id, offset, size);
+  }
+  std::size_t used_memory() override { return c_.used_memory(); }
+  sexp debug_info() override { return c_.debug_info(); }
+  std::optional<kernel_result> result(const std::string& name) override {
+    return c_.results().get(name);
+  }
+  device_actor actor() const override { return caf::actor_cast<device_actor>(actor_); }
+
+private:
+  device_core& c_;
+  caf::actor_addr actor_;
+};
+
+} // namespace
+
+std::shared_ptr<endpoint> make_local_endpoint(device_key key, std::shared_ptr<device_core> core,
+                                              caf::actor_addr actor) {
+  auto ep = std::make_shared<local_endpoint>(key, std::move(core), std::move(actor));
+  register_endpoint(ep);
+  return ep;
+}
+
+void wait_for(endpoint& waiting, endpoint& owner, uint64_t seq) {
+  if (&owner == &waiting || owner.key() == waiting.key() || owner.known_done(seq))
+    return;
+  waiting.depend(owner, seq);
+}
+
+} // namespace multidev::detail

@@ -1,0 +1,129 @@
+#pragma once
+/// \file
+/// How a device is reached: through an endpoint. A `local_endpoint` wraps the
+/// device's core in this process (calls go straight to it); a remote endpoint
+/// (`endpoint_remote.cpp`) wraps the device actor of another actor system and
+/// turns each call into a request, sent in order through one link actor of
+/// the attaching backend's system. Every `backend` member that takes a device
+/// or an event works through its endpoint; the hot paths (`schedule_task`,
+/// `all_work`, a local `will_wait_for`, `sync`/`is_done` on a local event)
+/// check `core()` first and skip the virtual call.
+///
+/// Threads: every member may be called from any thread. A remote endpoint's
+/// members that wait for a reply to a request that may be deferred behind a
+/// full queue (`schedule_named`, the pool calls, `all_work`, `await`,
+/// `flush`) throw `deadlock_error` on a runner thread; the others (events,
+/// `is_idle`, debug info...) never wait for work, only for the reply.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <caf/actor_addr.hpp>
+
+#include "multidev/event.hpp"
+#include "multidev/kernels.hpp"
+#include "multidev/protocol.hpp"
+#include "multidev/sexp.hpp"
+#include "multidev/task.hpp"
+#include "multidev/types.hpp"
+
+namespace multidev::detail {
+
+class device_core;
+
+/// One device as seen from this process: its key, its name, and the calls
+/// the backend makes on it. Registered in the process-wide registry (by key)
+/// for as long as it lives, so that a deserialized event finds it.
+class endpoint : public std::enable_shared_from_this<endpoint> {
+public:
+  /// Called once an awaited seq is done (`error == nullptr`) or can never be
+  /// (`*error` says why, naming the device). Must not block.
+  using on_resolved = std::function<void(const std::string* error)>;
+
+  virtual ~endpoint();
+  endpoint(const endpoint&) = delete;
+  endpoint& operator=(const endpoint&) = delete;
+
+  const device_key& key() const noexcept { return key_; }
+  /// The device's name (`"<backend>:<ordinal>:<device_id>"` where it lives).
+  const std::string& name() const noexcept { return name_; }
+  /// The core when the device lives in this process, else null.
+  const std::shared_ptr<device_core>& core() const noexcept { return core_; }
+
+  // -- Events ----------------------------------------------------------------
+
+  /// Whether `seq` is known to be done, without a round trip.
+  virtual bool known_done(uint64_t seq) const noexcept = 0;
+  virtual bool is_done(uint64_t seq) = 0;
+  virtual bool is_failed(uint64_t seq) = 0;
+  virtual void sync(uint64_t seq) = 0;
+  /// Calls `cb` once `seq` is done or can never be; never blocks. An invalid
+  /// `seq` (never scheduled) is an error given to `cb` for a remote device,
+  /// `std::invalid_argument` thrown here for a local one.
+  virtual void when_done(uint64_t seq, on_resolved cb) = 0;
+
+  // -- Work ------------------------------------------------------------------
+
+  virtual uint64_t schedule_named(const task_spec& spec) = 0;
+  virtual uint64_t all_work() = 0;
+  virtual void await() = 0;
+  virtual bool is_idle() = 0;
+  virtual std::size_t queue_length() = 0;
+  /// Returns once every message sent to the device's actor before it was
+  /// handled (see `backend::flush`).
+  virtual void flush() = 0;
+  /// Work scheduled on this device after this call starts only after
+  /// `owner`'s `seq`. `owner` is another device and `seq` not known done (the
+  /// caller, `wait_for`, has checked). Returns at once.
+  virtual void depend(endpoint& owner, uint64_t seq) = 0;
+
+  // -- Pools, properties -----------------------------------------------------
+
+  virtual void alloc_pool(int id, std::size_t size, std::size_t alignment,
+                          std::optional<memory_mode> mode) = 0;
+  virtual void free_pool(int id) = 0;
+  virtual uint64_t memset_zero(int id, std::size_t offset, std::size_t size) = 0;
+  virtual std::size_t used_memory() = 0;
+  virtual sexp debug_info() = 0;
+  /// The last result a kernel wrote under `name` on the board of the device's
+  /// backend.
+  virtual std::optional<kernel_result> result(const std::string& name) = 0;
+  /// The device's actor; an invalid handle once it is gone.
+  virtual device_actor actor() const = 0;
+
+protected:
+  endpoint(device_key key, std::string name, std::shared_ptr<device_core> core);
+
+private:
+  device_key key_;
+  std::string name_;
+  std::shared_ptr<device_core> core_;
+};
+
+/// The endpoint of a device of this process: `core`, whose actor is `actor`
+/// (held weakly: an event kept past its backend must not keep an actor).
+/// Registered under `key`.
+std::shared_ptr<endpoint> make_local_endpoint(device_key key,
+                                              std::shared_ptr<device_core> core,
+                                              caf::actor_addr actor);
+
+/// `will_wait_for` in all four directions: work scheduled on `waiting` after
+/// this call starts after `owner`'s `seq`. A no-op when `owner` is `waiting`
+/// or the seq is known done. Local on local: a gate the owner's core opens;
+/// local on remote: a gate the reply to a `wait` request opens; remote on
+/// anything: a `depend` message to the waiting device's actor naming the
+/// owner's actor. Never blocks.
+void wait_for(endpoint& waiting, endpoint& owner, uint64_t seq);
+
+/// The live endpoint registered under `key`, preferring a local one; null
+/// when none.
+std::shared_ptr<endpoint> find_endpoint(const device_key& key);
+
+/// Adds `ep` to the registry (endpoints leave it when destroyed).
+void register_endpoint(const std::shared_ptr<endpoint>& ep);
+
+} // namespace multidev::detail

@@ -1,0 +1,469 @@
+// The endpoint of a device of another actor system: requests through one
+// link actor per device (see endpoint_remote.hpp).
+#include "actors/endpoint_remote.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "actors/device_core.hpp"
+#include "actors/logger_tie.hpp"
+
+namespace multidev::detail {
+namespace {
+class remote_op;
+} // namespace
+} // namespace multidev::detail
+
+// Only ever sent to a link actor of this process.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<multidev::detail::remote_op>)
+
+namespace multidev::detail {
+
+using namespace atoms;
+
+namespace {
+
+using post_atom = caf::atom_constant<caf::atom("post")>;
+
+const caf::duration request_timeout{std::chrono::minutes(5)};
+
+/// What a link actor and its endpoint share.
+struct link_shared {
+  caf::actor_addr link;   // written once, before the endpoint is published
+  caf::actor_addr target; // likewise
+  /// The highest seq a reply said was done: done forever.
+  std::atomic<uint64_t> known_done{0};
+
+  void note_done(uint64_t seq) noexcept {
+    auto k = known_done.load();
+    while (k < seq && !known_done.compare_exchange_weak(k, seq)) {
+    }
+  }
+  std::string name() const {
+    std::lock_guard guard{mu};
+    return name_;
+  }
+  void set_name(std::string name) {
+    std::lock_guard guard{mu};
+    name_ = std::move(name);
+  }
+  /// Closes the link for good; the first reason stays.
+  void close(const std::string& why) {
+    std::lock_guard guard{mu};
+    if (closed_.empty())
+      closed_ = why;
+  }
+  /// The error every call gets once closed; none while open.
+  caf::error closed_error() const {
+    std::lock_guard guard{mu};
+    if (closed_.empty())
+      return caf::none;
+    return make_error(errc::device_failed, name_, closed_);
+  }
+
+private:
+  mutable std::mutex mu;
+  std::string name_;
+  std::string closed_;
+};
+
+/// `"<device>: <message>"` for a multidev error, CAF's rendering otherwise.
+std::string text_of(const caf::error& err) {
+  if (err.category() == error_category
+      && err.context().match_elements<std::string, std::string>()) {
+    auto& dev = err.context().get_as<std::string>(0);
+    auto& msg = err.context().get_as<std::string>(1);
+    return dev.empty() ? msg : dev + ": " + msg;
+  }
+  return caf::to_string(err);
+}
+
+/// One request to the device's actor, from the caller's side: how to send it
+/// (run by the link actor, which holds the handle) and what to do with its
+/// outcome. Settled exactly once: by the reply, by the link closing, or,
+/// when the message never reached the link, by its destructor.
+class remote_op {
+public:
+  using issue_fn = std::function<void(caf::event_based_actor*, const device_actor&,
+                                      const std::shared_ptr<remote_op>&)>;
+  using fail_fn = std::function<void(const caf::error&)>;
+
+  remote_op(issue_fn issue, fail_fn fail, std::shared_ptr<link_shared> shared)
+    : issue_(std::move(issue)), fail_(std::move(fail)), shared_(std::move(shared)) {}
+  remote_op(const remote_op&) = delete;
+  remote_op& operator=(const remote_op&) = delete;
+  ~remote_op() {
+    if (settled_.load())
+      return;
+    auto err = shared_->closed_error();
+    if (!err)
+      err = make_error(errc::device_failed, shared_->name(),
+                       "the request never reached the device's link actor");
+    fail(err);
+  }
+
+  /// Whether this call wins the one settlement.
+  bool settle() noexcept { return !settled_.exchange(true); }
+  bool settled() const noexcept { return settled_.load(); }
+  void issue(caf::event_based_actor* self, const device_actor& target,
+             const std::shared_ptr<remote_op>& me) {
+    issue_(self, target, me);
+  }
+  void fail(const caf::error& err) noexcept {
+    if (!settle())
+      return;
+    try {
+      fail_(err);
+    } catch (...) {
+      // The caller's business; the link goes on.
+    }
+  }
+
+private:
+  issue_fn issue_;
+  fail_fn fail_;
+  std::shared_ptr<link_shared> shared_;
+  std::atomic<bool> settled_{false};
+};
+
+/// A request `xs...` expecting `Rs...`: `on_value` gets the reply, `on_error`
+/// any error (including the link closing).
+template <class... Rs, class OnValue, class... Ts>
+std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::duration timeout,
+                                   OnValue on_value, remote_op::fail_fn on_error,
+                                   Ts... xs) {
+  auto issue = [timeout, on_value, xs...](caf::event_based_actor* self,
+                                          const device_actor& target,
+                                          const std::shared_ptr<remote_op>& me) {
+    self->request(target, timeout, xs...)
+      .then(
+        [me, on_value](Rs... rs) {
+          if (me->settle())
+            on_value(std::move(rs)...);
+        },
+        [me](caf::error& e) { me->fail(e); });
+  };
+  return std::make_shared<remote_op>(std::move(issue), std::move(on_error), std::move(shared));
+}
+
+/// Hands `op` to the link actor, or fails it at once when the link is closed.
+void post(const link_shared& shared, std::shared_ptr<remote_op> op) {
+  if (auto err = shared.closed_error()) {
+    op->fail(err);
+    return;
+  }
+  auto link = caf::actor_cast<caf::actor>(shared.link);
+  if (!link) {
+    op->fail(make_error(errc::device_failed, shared.name(),
+                        "its link actor is gone (the backend that attached it was shut down)"));
+    return;
+  }
+  // A message dropped by a link that stopped meanwhile destroys `op`, whose
+  // destructor fails it: nobody waits forever.
+  caf::anon_send(link, post_atom::value, std::move(op));
+}
+
+/// Sends `xs...` through the link and waits for the reply. `ordered`: the
+/// request adds to the device's schedule, so the device's actor may defer
+/// it behind a full queue; a runner must not wait for that.
+template <class... Rs, class... Ts>
+std::tuple<Rs...> call(const std::shared_ptr<link_shared>& shared, const char* what,
+                       bool ordered, caf::duration timeout, Ts... xs) {
+  if (ordered && current_runner != nullptr)
+    throw deadlock_error(fmt::format(
+      "{} on {} from a task: it is a device of another process, whose reply may wait "
+      "behind its full queue, which may wait for this runner; call it from a host "
+      "thread",
+      what, shared->name()));
+  struct slot {
+    std::atomic<uint32_t> flag{0}; // 1: value, 2: error
+    std::tuple<Rs...> value;
+    caf::error err;
+  };
+  auto s = std::make_shared<slot>();
+  post(*shared, make_op<Rs...>(
+                  shared, timeout,
+                  [s](Rs... rs) {
+                    s->value = std::tuple<Rs...>{std::move(rs)...};
+                    s->flag.store(1);
+                    s->flag.notify_all();
+                  },
+                  [s](const caf::error& e) {
+                    s->err = e;
+                    s->flag.store(2);
+                    s->flag.notify_all();
+                  },
+                  xs...));
+  uint32_t v;
+  while ((v = s->flag.load()) == 0)
+    s->flag.wait(0);
+  if (v == 2)
+    throw_error(s->err, shared->name());
+  return std::move(s->value);
+}
+
+// -- the link actor -------------------------------------------------------------
+
+struct link_state {
+  device_actor target;
+  std::shared_ptr<link_shared> shared;
+  /// Requests sent and not yet answered (settled ones are pruned lazily).
+  std::vector<std::weak_ptr<remote_op>> pending;
+  std::size_t prune_at = 64;
+  static inline const char* name = "multidev_link";
+};
+
+using link_ptr = caf::stateful_actor<link_state>*;
+
+/// Fails every pending request with `why`, and every later one.
+void close_link(link_ptr self, const std::string& why) {
+  auto& st = self->state;
+  st.shared->close(why);
+  auto err = st.shared->closed_error();
+  auto pending = std::move(st.pending);
+  st.pending.clear();
+  for (auto& w : pending)
+    if (auto op = w.lock())
+      op->fail(err);
+}
+
+caf::behavior link_impl(link_ptr self, device_actor target,
+                        std::shared_ptr<link_shared> shared) {
+  self->state.target = std::move(target);
+  self->state.shared = std::move(shared);
+  // A request to an actor whose node vanished may never be answered: the
+  // monitor's down message fails them all instead.
+  self->monitor(self->state.target);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (dm.source != self->state.target.address())
+      return;
+    close_link(self, fmt::format("its actor is down ({})", self->system().render(dm.reason)));
+  });
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    close_link(self, link_closed_at_shutdown);
+    self->quit(msg.reason);
+  });
+  return {
+    [self](post_atom, const std::shared_ptr<remote_op>& op) {
+      auto& st = self->state;
+      if (auto err = st.shared->closed_error()) {
+        op->fail(err);
+        return;
+      }
+      if (st.pending.size() >= st.prune_at) {
+        std::erase_if(st.pending, [](const auto& w) {
+          auto p = w.lock();
+          return !p || p->settled();
+        });
+        st.prune_at = std::max<std::size_t>(64, 2 * st.pending.size());
+      }
+      st.pending.push_back(op);
+      op->issue(self, st.target, op);
+    },
+  };
+}
+
+// -- the endpoint ---------------------------------------------------------------
+
+class remote_endpoint final : public endpoint {
+public:
+  remote_endpoint(device_key key, std::string name, std::shared_ptr<link_shared> shared)
+    : endpoint(key, std::move(name), nullptr), shared_(std::move(shared)) {}
+
+  bool known_done(uint64_t seq) const noexcept override {
+    return seq <= shared_->known_done.load();
+  }
+
+  bool is_done(uint64_t seq) override {
+    if (known_done(seq))
+      return true;
+    try {
+      return status(seq) == 1;
+    } catch (const std::exception&) {
+      return false; // unreachable: not known to be done
+    }
+  }
+
+  bool is_failed(uint64_t seq) override {
+    if (known_done(seq))
+      return false;
+    try {
+      return status(seq) == 2;
+    } catch (const std::exception&) {
+      return true; // its actor is gone: it can never complete here
+    }
+  }
+
+  void sync(uint64_t seq) override {
+    if (known_done(seq))
+      return;
+    call<uint64_t>(shared_, "sync", false, caf::infinite, wait_atom::value, seq);
+    shared_->note_done(seq);
+  }
+
+  void when_done(uint64_t seq, on_resolved cb) override {
+    if (known_done(seq)) {
+      cb(nullptr);
+      return;
+    }
+    auto shared = shared_;
+    post(*shared_, make_op<uint64_t>(
+                     shared_, caf::infinite,
+                     [shared, cb](uint64_t done) {
+                       shared->note_done(done);
+                       cb(nullptr);
+                     },
+                     [cb](const caf::error& e) {
+                       auto why = text_of(e);
+                       cb(&why);
+                     },
+                     wait_atom::value, seq));
+  }
+
+  uint64_t schedule_named(const task_spec& spec) override {
+    return std::get<0>(call<uint64_t>(shared_, "schedule_named", true, request_timeout,
+                                      schedule_atom::value, spec));
+  }
+
+  uint64_t all_work() override {
+    return std::get<0>(
+      call<uint64_t>(shared_, "all_work", true, request_timeout, all_work_atom::value));
+  }
+
+  void await() override {
+    auto seq = std::get<0>(
+      call<uint64_t>(shared_, "await", true, request_timeout, all_work_atom::value));
+    sync(seq);
+  }
+
+  bool is_idle() override {
+    return std::get<0>(call<bool>(shared_, "is_idle", false, request_timeout, idle_atom::value));
+  }
+
+  std::size_t queue_length() override {
+    auto [state, finished, scheduled] = call<uint8_t, uint64_t, uint64_t>(
+      shared_, "queue_length", false, request_timeout, status_atom::value, uint64_t{0});
+    shared_->note_done(finished);
+    return scheduled - finished;
+  }
+
+  void flush() override {
+    call<uint64_t>(shared_, "flush", true, request_timeout, all_work_atom::value);
+  }
+
+  void depend(endpoint& owner, uint64_t seq) override {
+    auto a = owner.actor();
+    if (!a)
+      throw device_error(owner.name(),
+                         fmt::format("its actor is gone, so {} cannot wait for its seq {}",
+                                     name(), seq));
+    // Answered once the gate is queued there; the calls after this one go
+    // through the same link, so they are handled after it. A refusal (the
+    // device failed) needs no answer here: the calls after it fail too.
+    post(*shared_,
+         make_op<uint64_t>(
+           shared_, request_timeout, [](uint64_t) {}, [](const caf::error&) {},
+           depend_atom::value, caf::actor_cast<caf::actor>(a), seq));
+  }
+
+  void alloc_pool(int id, std::size_t size, std::size_t alignment,
+                  std::optional<memory_mode> mode) override {
+    call<uint64_t>(shared_, "alloc_pool", true, request_timeout, alloc_atom::value,
+                   static_cast<int32_t>(id), static_cast<uint64_t>(size),
+                   static_cast<uint64_t>(alignment),
+                   mode ? static_cast<int32_t>(*mode) : int32_t{-1});
+  }
+
+  void free_pool(int id) override {
+    call<uint64_t>(shared_, "free_pool", true, request_timeout, free_atom::value,
+                   static_cast<int32_t>(id));
+  }
+
+  uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
+    return std::get<0>(call<uint64_t>(shared_, "memset_zero", true, request_timeout,
+                                      memset_atom::value, static_cast<int32_t>(id),
+                                      static_cast<uint64_t>(offset),
+                                      static_cast<uint64_t>(size)));
+  }
+
+  std::size_t used_memory() override {
+    return std::get<0>(
+      call<uint64_t>(shared_, "get_used_memory", false, request_timeout, memory_atom::value));
+  }
+
+  sexp debug_info() override {
+    auto text = std::get<0>(
+      call<std::string>(shared_, "get_debug_info", false, request_timeout, debug_atom::value));
+    try {
+      return parse_sexp(text);
+    } catch (const sexp_parse_error&) {
+      return sexp::atom(text);
+    }
+  }
+
+  std::optional<kernel_result> result(const std::string& name) override {
+    auto [found, r] = call<bool, kernel_result>(shared_, "result", false, request_timeout,
+                                                result_atom::value, name);
+    if (!found)
+      return std::nullopt;
+    return r;
+  }
+
+  device_actor actor() const override { return caf::actor_cast<device_actor>(shared_->target); }
+
+private:
+  uint8_t status(uint64_t seq) {
+    auto [state, finished, scheduled] = call<uint8_t, uint64_t, uint64_t>(
+      shared_, "status", false, request_timeout, status_atom::value, seq);
+    shared_->note_done(finished);
+    return state;
+  }
+
+  std::shared_ptr<link_shared> shared_;
+};
+
+} // namespace
+
+remote_device attach_remote(caf::actor_system& sys, const device_actor& target) {
+  if (!target)
+    throw std::invalid_argument("attach_device: invalid device actor handle");
+  auto shared = std::make_shared<link_shared>();
+  shared->set_name(fmt::format("device actor {}", target->id()));
+  caf::actor link;
+  {
+    logger_tie_guard untie; // spawning ties this thread to the system
+    link = sys.spawn(link_impl, target, shared);
+  }
+  shared->link = link.address();
+  shared->target = target.address();
+  try {
+    auto [node, id, name, driver, ordinal] =
+      call<std::string, uint32_t, std::string, std::string, int32_t>(
+        shared, "attach_device", false, request_timeout, identify_atom::value);
+    shared->set_name(name);
+    auto ep = std::make_shared<remote_endpoint>(device_key{node_ref{node}, id}, name, shared);
+    register_endpoint(ep);
+    return remote_device{std::move(ep), std::move(link), std::move(driver), ordinal};
+  } catch (...) {
+    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+    throw;
+  }
+}
+
+} // namespace multidev::detail

@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// The endpoint of a device of another actor system (another process,
+/// usually): every call becomes a request to the device's actor.
+///
+/// All requests to one remote device go through one *link* actor spawned on
+/// the attaching backend's system, so the device's actor handles them in the
+/// order of the calls, whichever host thread made them (CAF orders messages
+/// per sender and receiver): a `will_wait_for` on a remote context, which
+/// sends `depend` and returns at once, is handled before the
+/// `schedule_named` that follows it. A host thread that needs the reply
+/// waits on an atomic until the link delivers it. The link monitors the
+/// device's actor: when it goes down (its node vanished, its backend was
+/// destroyed), every pending and later call fails with `device_error`
+/// instead of waiting forever. The backend stops the link when it is
+/// destroyed, with the same effect.
+
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+
+#include "actors/endpoint.hpp"
+#include "multidev/protocol.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace multidev::detail {
+
+/// A device of another actor system attached to a backend.
+struct remote_device {
+  std::shared_ptr<endpoint> ep;
+  /// The link actor (see above); the backend stops it at shutdown.
+  caf::actor link;
+  std::string driver;
+  int ordinal = 0;
+};
+
+/// Spawns a link actor on `sys` for `target`, asks the device who it is (a
+/// blocking round trip from this thread) and registers its endpoint. Throws
+/// `device_error` when `target` does not answer; the link is stopped then.
+remote_device attach_remote(caf::actor_system& sys, const device_actor& target);
+
+/// Why the calls of a link stopped by its backend fail.
+inline constexpr const char* link_closed_at_shutdown =
+  "the backend that attached it was shut down";
+
+} // namespace multidev::detail
