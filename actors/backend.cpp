@@ -225,17 +225,25 @@ bool backend::is_done(const event& e) const {
 }
 
 event_state backend::state(const event& e) const {
-  if (!e.core())
-    return event_state::done;
-  return e.core()->state(e.seq());
+  if (auto& c = e.core())
+    return c->state(e.seq());
+  auto ep = e.endpoint();
+  if (!ep) {
+    if (e.key() == device_key{})
+      return event_state::done; // the default event
+    throw std::invalid_argument(fmt::format(
+      "state: no device of this process has the key of {} (attach its device first)",
+      to_sexp(e).to_string()));
+  }
+  return ep->state(e.seq());
 }
 
 void backend::cancel(const device& d) {
-  record_of(d).core().cancel("cancelled by cancel(device)");
+  record_of(d).ep().cancel();
 }
 
 bool backend::recover(const device& d) {
-  return record_of(d).core().recover();
+  return record_of(d).ep().recover();
 }
 
 void backend::will_wait_for(const context& ctx, const event& e) {

@@ -129,6 +129,8 @@ void answer_everything(self_ptr self) {
   for (auto& [token, w] : st.waits) {
     if (st.core->is_done(w.seq))
       w.rp.deliver(w.seq);
+    else if (auto cause = st.core->cause_of(w.seq))
+      w.rp.deliver(make_error(*cause));
     else
       w.rp.deliver(make_error(
         errc::device_failed, st.core->name(),
@@ -199,10 +201,10 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         c->check_scheduled(seq, "wait");
         // The resolution arrives as a message, so the promise is only ever
         // touched by this actor.
-        c->when_done(seq, [addr, key, token](const std::string* error) {
+        c->when_resolved(seq, [addr, key, token](const failure* cause) {
           if (auto me = caf::actor_cast<device_actor_full>(addr))
             caf::anon_send(me, resolved_atom::value, key, token,
-                           error ? *error : std::string{});
+                           cause ? *cause : failure{}, cause != nullptr);
         });
         return true;
       };
@@ -214,7 +216,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       st.waits.emplace(token, device_state::pending_wait{seq, rp});
       return rp;
     },
-    [self](resolved_atom, uint64_t key, uint64_t token, const std::string& error) {
+    [self](resolved_atom, uint64_t key, uint64_t token, const failure& cause, bool failed) {
       auto& st = self->state;
       if (key != st.key)
         return; // not sent by this device's core
@@ -223,11 +225,10 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         return;
       // The reply names the seq awaited, as when it was already done.
       auto seq = i->second.seq;
-      if (error.empty() || st.core->is_done(seq))
+      if (!failed || st.core->is_done(seq))
         i->second.rp.deliver(seq);
-      else // the bare message: the error carries the device name apart
-        i->second.rp.deliver(make_error(errc::device_failed, st.core->name(),
-                                        st.core->reason_of(error)));
+      else // the whole failure travels, provenance included
+        i->second.rp.deliver(make_error(cause));
       st.waits.erase(i);
     },
     [self](room_atom, uint64_t key) {
@@ -271,10 +272,15 @@ device_actor_full::behavior_type device_impl(self_ptr self,
                   me->resolve_gate(*g, nullptr);
               },
               [self, weak, g](caf::error& err) {
-                if (auto me = weak.lock()) {
-                  auto msg = describe_error(self->system(), err);
-                  me->resolve_gate(*g, &msg);
+                auto me = weak.lock();
+                if (!me)
+                  return;
+                if (auto f = failure_of(err)) { // the owner's provenance
+                  me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
+                  return;
                 }
+                auto msg = describe_error(self->system(), err);
+                me->resolve_gate(*g, &msg);
               });
         } catch (...) {
           // Queued but never to be answered: fail it rather than hold the
@@ -328,10 +334,16 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](status_atom, uint64_t seq) {
       auto& c = *self->state.core;
-      // Scheduled first: a seq finished after this read is still counted.
+      // Scheduled first: a seq resolved after this read is still counted.
       auto scheduled = c.scheduled();
-      uint8_t state = c.is_done(seq) ? 1 : c.is_failed(seq) ? 2 : 0;
+      auto state = static_cast<uint8_t>(c.state(seq));
       return caf::make_result(state, c.finished(), scheduled);
+    },
+    [self](cancel_atom) -> uint64_t {
+      return self->state.core->cancel("cancelled by cancel(device)");
+    },
+    [self](recover_atom) -> bool {
+      return self->state.core->recover();
     },
     [self](result_atom, const std::string& name) {
       auto r = self->state.core->results().get(name);

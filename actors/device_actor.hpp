@@ -24,7 +24,8 @@ namespace multidev::detail {
 /// carry the actor's key, a random number only the actor and its core know,
 /// so a message forged through `actor_cast` is dropped.
 namespace internal_atoms {
-/// `(key, token, error)`: a waited-for seq resolved (`error` empty: done).
+/// `(key, token, cause, failed)`: a waited-for seq resolved (`failed`
+/// false: done; otherwise `cause` says why not).
 using resolved_atom = caf::atom_constant<caf::atom("resolved")>;
 /// `(key)`: the runner made room in a full queue.
 using room_atom = caf::atom_constant<caf::atom("room")>;
@@ -34,7 +35,7 @@ using room_atom = caf::atom_constant<caf::atom("room")>;
 /// messages. Only the backend and the actor itself hold this handle; users
 /// get the public `device_actor` it converts to.
 using device_actor_full = device_actor::extend<
-  caf::reacts_to<internal_atoms::resolved_atom, uint64_t, uint64_t, std::string>,
+  caf::reacts_to<internal_atoms::resolved_atom, uint64_t, uint64_t, failure, bool>,
   caf::reacts_to<internal_atoms::room_atom, uint64_t>>;
 
 /// What a device actor tells about its device (`identify`), besides what

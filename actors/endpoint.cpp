@@ -89,11 +89,14 @@ public:
   bool known_done(uint64_t seq) const noexcept override { return c_.is_done(seq); }
   bool is_done(uint64_t seq) override { return c_.is_done(seq); }
   bool is_failed(uint64_t seq) override { return c_.is_failed(seq); }
+  event_state state(uint64_t seq) override { return c_.state(seq); }
   void sync(uint64_t seq) override { c_.sync(seq); }
   void when_done(uint64_t seq, on_resolved cb) override {
     c_.check_scheduled(seq, "when_done");
-    c_.when_done(seq, [cb = std::move(cb)](const std::string* error) { cb(error); });
+    c_.when_resolved(seq, std::move(cb));
   }
+  void cancel() override { c_.cancel("cancelled by cancel(device)"); }
+  bool recover() override { return c_.recover(); }
 
   uint64_t schedule_named(const task_spec& spec) override {
     return c_.push(bind_spec(core(), spec).work);
@@ -132,25 +135,30 @@ public:
     auto g = std::make_shared<gate>();
     g->owner_seq = seq;
     g->remote = true;
+    g->owner_name = owner.name();
     g->label = fmt::format("{} seq {}", owner.name(), seq);
     c_.push_gate(g);
     std::weak_ptr<device_core> weak = core();
-    auto prefix = owner.name() + ": ";
     try {
-      owner.when_done(seq, [weak, g, prefix](const std::string* error) {
+      owner.when_done(seq, [weak, g](const failure* cause) {
         auto me = weak.lock();
         if (!me)
           return;
-        if (!error) {
-          me->resolve_gate(*g, nullptr);
+        if (!cause) {
+          me->resolve_gate(*g, device_core::failure_ptr{});
           return;
         }
-        // The label names the owner already: say its name once.
-        std::string_view why = *error;
-        if (why.starts_with(prefix))
-          why.remove_prefix(prefix.size());
-        std::string reason{why};
-        me->resolve_gate(*g, &reason);
+        // The runner adds this wait to the cause's path when it reaches
+        // the gate, so the owner's provenance goes on down the chain.
+        device_core::failure_ptr shared;
+        try {
+          shared = std::make_shared<const failure>(*cause);
+        } catch (...) {
+          static const std::string why = "the awaited event failed (out of memory)";
+          me->resolve_gate(*g, &why);
+          return;
+        }
+        me->resolve_gate(*g, shared);
       });
     } catch (...) {
       static const std::string why = "could not send the wait request";

@@ -40,9 +40,10 @@ class device_core;
 /// for as long as it lives, so that a deserialized event finds it.
 class endpoint : public std::enable_shared_from_this<endpoint> {
 public:
-  /// Called once an awaited seq is done (`error == nullptr`) or can never be
-  /// (`*error` says why, naming the device). Must not block.
-  using on_resolved = std::function<void(const std::string* error)>;
+  /// Called once an awaited seq is resolved: `cause == nullptr` when done,
+  /// otherwise why it failed or was cancelled (a device of another process
+  /// sends its failure whole, provenance included). Must not block.
+  using on_resolved = std::function<void(const failure* cause)>;
 
   virtual ~endpoint();
   endpoint(const endpoint&) = delete;
@@ -60,8 +61,9 @@ public:
   virtual bool known_done(uint64_t seq) const noexcept = 0;
   virtual bool is_done(uint64_t seq) = 0;
   virtual bool is_failed(uint64_t seq) = 0;
+  virtual event_state state(uint64_t seq) = 0;
   virtual void sync(uint64_t seq) = 0;
-  /// Calls `cb` once `seq` is done or can never be; never blocks. An invalid
+  /// Calls `cb` once `seq` is resolved; never blocks. An invalid
   /// `seq` (never scheduled) is an error given to `cb` for a remote device,
   /// `std::invalid_argument` thrown here for a local one.
   virtual void when_done(uint64_t seq, on_resolved cb) = 0;
@@ -80,6 +82,10 @@ public:
   /// `owner`'s `seq`. `owner` is another device and `seq` not known done (the
   /// caller, `wait_for`, has checked). Returns at once.
   virtual void depend(endpoint& owner, uint64_t seq) = 0;
+  /// `backend::cancel`: drops the work queued and not yet started.
+  virtual void cancel() = 0;
+  /// `backend::recover`: brings a failed device back.
+  virtual bool recover() = 0;
 
   // -- Pools, properties -----------------------------------------------------
 

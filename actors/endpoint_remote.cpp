@@ -17,6 +17,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -47,13 +48,23 @@ const caf::duration request_timeout{std::chrono::minutes(5)};
 struct link_shared {
   caf::actor_addr link;   // written once, before the endpoint is published
   caf::actor_addr target; // likewise
-  /// The highest seq a reply said was done: done forever.
-  std::atomic<uint64_t> known_done{0};
 
-  void note_done(uint64_t seq) noexcept {
-    auto k = known_done.load();
-    while (k < seq && !known_done.compare_exchange_weak(k, seq)) {
-    }
+  /// Remembers that a reply said `seq` was done: done forever. Seqs resolve
+  /// in order but not all to done (a failure, a cancellation, then a
+  /// recovery), so what is known is a set, of the latest few.
+  void note_done(uint64_t seq) {
+    if (seq == 0)
+      return;
+    std::lock_guard guard{mu};
+    done_.insert(seq);
+    if (done_.size() > max_known)
+      done_.erase(done_.begin());
+  }
+  bool known_done(uint64_t seq) const {
+    if (seq == 0)
+      return true;
+    std::lock_guard guard{mu};
+    return done_.contains(seq);
   }
   std::string name() const {
     std::lock_guard guard{mu};
@@ -78,21 +89,12 @@ struct link_shared {
   }
 
 private:
+  static constexpr std::size_t max_known = 256;
   mutable std::mutex mu;
   std::string name_;
   std::string closed_;
+  std::set<uint64_t> done_;
 };
-
-/// `"<device>: <message>"` for a multidev error, CAF's rendering otherwise.
-std::string text_of(const caf::error& err) {
-  if (err.category() == error_category
-      && err.context().match_elements<std::string, std::string>()) {
-    auto& dev = err.context().get_as<std::string>(0);
-    auto& msg = err.context().get_as<std::string>(1);
-    return dev.empty() ? msg : dev + ": " + msg;
-  }
-  return caf::to_string(err);
-}
 
 /// One request to the device's actor, from the caller's side: how to send it
 /// (run by the link actor, which holds the handle) and what to do with its
@@ -287,14 +289,18 @@ public:
     : endpoint(key, std::move(name), nullptr), shared_(std::move(shared)) {}
 
   bool known_done(uint64_t seq) const noexcept override {
-    return seq <= shared_->known_done.load();
+    try {
+      return shared_->known_done(seq);
+    } catch (...) {
+      return false; // the lock failed: not known
+    }
   }
 
   bool is_done(uint64_t seq) override {
     if (known_done(seq))
       return true;
     try {
-      return status(seq) == 1;
+      return status(seq) == event_state::done;
     } catch (const std::exception&) {
       return false; // unreachable: not known to be done
     }
@@ -304,10 +310,17 @@ public:
     if (known_done(seq))
       return false;
     try {
-      return status(seq) == 2;
+      auto s = status(seq);
+      return s == event_state::failed || s == event_state::cancelled;
     } catch (const std::exception&) {
       return true; // its actor is gone: it can never complete here
     }
+  }
+
+  event_state state(uint64_t seq) override {
+    if (known_done(seq))
+      return event_state::done;
+    return status(seq);
   }
 
   void sync(uint64_t seq) override {
@@ -325,13 +338,22 @@ public:
     auto shared = shared_;
     post(*shared_, make_op<uint64_t>(
                      shared_, caf::infinite,
-                     [shared, cb](uint64_t done) {
-                       shared->note_done(done);
+                     [shared, cb, seq](uint64_t) {
+                       shared->note_done(seq);
                        cb(nullptr);
                      },
-                     [cb](const caf::error& e) {
-                       auto why = text_of(e);
-                       cb(&why);
+                     [cb, name = name()](const caf::error& e) {
+                       // A failure of the device travels whole; anything
+                       // else (its actor down, the link closed) starts here.
+                       auto f = failure_of(e);
+                       if (!f) {
+                         f.emplace();
+                         f->device = name;
+                         f->message = describe_error(e);
+                         if (f->message.starts_with(name + ": "))
+                           f->message.erase(0, name.size() + 2);
+                       }
+                       cb(&*f);
                      },
                      wait_atom::value, seq));
   }
@@ -357,10 +379,9 @@ public:
   }
 
   std::size_t queue_length() override {
-    auto [state, finished, scheduled] = call<uint8_t, uint64_t, uint64_t>(
+    auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
       shared_, "queue_length", false, request_timeout, status_atom::value, uint64_t{0});
-    shared_->note_done(finished);
-    return scheduled - finished;
+    return scheduled - resolved;
   }
 
   void flush() override {
@@ -380,6 +401,15 @@ public:
          make_op<uint64_t>(
            shared_, request_timeout, [](uint64_t) {}, [](const caf::error&) {},
            depend_atom::value, caf::actor_cast<caf::actor>(a), seq));
+  }
+
+  void cancel() override {
+    call<uint64_t>(shared_, "cancel", false, request_timeout, cancel_atom::value);
+  }
+
+  bool recover() override {
+    return std::get<0>(call<bool>(shared_, "recover", false, request_timeout,
+                                  recover_atom::value));
   }
 
   void alloc_pool(int id, std::size_t size, std::size_t alignment,
@@ -428,11 +458,15 @@ public:
   device_actor actor() const override { return caf::actor_cast<device_actor>(shared_->target); }
 
 private:
-  uint8_t status(uint64_t seq) {
-    auto [state, finished, scheduled] = call<uint8_t, uint64_t, uint64_t>(
+  event_state status(uint64_t seq) {
+    auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
       shared_, "status", false, request_timeout, status_atom::value, seq);
-    shared_->note_done(finished);
-    return state;
+    if (state > static_cast<uint8_t>(event_state::cancelled))
+      throw device_error(name(), fmt::format("status of seq {}: unknown state {}", seq, state));
+    auto s = static_cast<event_state>(state);
+    if (s == event_state::done)
+      shared_->note_done(seq);
+    return s;
   }
 
   std::shared_ptr<link_shared> shared_;

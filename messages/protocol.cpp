@@ -3,6 +3,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/message.hpp>
 
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -13,34 +14,55 @@ caf::error make_error(errc code, std::string device, std::string message) {
                     caf::make_message(std::move(device), std::move(message))};
 }
 
+caf::error make_error(const failure& f) {
+  auto code = f.is_cancellation() ? errc::cancelled : errc::device_failed;
+  return caf::error{static_cast<uint8_t>(code), error_category,
+                    caf::make_message(f.about(), f.describe_reason(), f)};
+}
+
 namespace {
 
 /// The (device, message) a multidev error carries, if it is one.
 std::optional<std::pair<std::string, std::string>> parts_of(const caf::error& err) {
-  if (err.category() != error_category
-      || !err.context().match_elements<std::string, std::string>())
+  const auto& ctx = err.context();
+  if (err.category() != error_category || ctx.size() < 2
+      || !ctx.match_element<std::string>(0) || !ctx.match_element<std::string>(1))
     return std::nullopt;
-  return std::pair{err.context().get_as<std::string>(0),
-                   err.context().get_as<std::string>(1)};
+  return std::pair{ctx.get_as<std::string>(0), ctx.get_as<std::string>(1)};
 }
 
 } // namespace
 
+std::optional<failure> failure_of(const caf::error& err) {
+  const auto& ctx = err.context();
+  if (err.category() != error_category || ctx.size() < 3 || !ctx.match_element<failure>(2))
+    return std::nullopt;
+  return ctx.get_as<failure>(2);
+}
+
 void throw_error(const caf::error& err, const std::string& device) {
   if (err.category() != error_category)
     throw device_error(device, caf::to_string(err));
+  if (auto f = failure_of(err))
+    throw_failure(std::make_shared<const failure>(std::move(*f)));
   auto parts = parts_of(err);
   auto dev = parts && !parts->first.empty() ? parts->first : device;
   auto msg = parts ? parts->second : std::string{"unknown error"};
   if (err.code() == static_cast<uint8_t>(errc::invalid_argument))
     throw std::invalid_argument(msg);
+  if (err.code() == static_cast<uint8_t>(errc::cancelled))
+    throw cancelled_error(dev, msg);
   throw device_error(dev, msg);
 }
 
 std::string describe_error(caf::actor_system& sys, const caf::error& err) {
+  return parts_of(err) ? describe_error(err) : sys.render(err);
+}
+
+std::string describe_error(const caf::error& err) {
   if (auto parts = parts_of(err))
     return parts->first.empty() ? parts->second : parts->first + ": " + parts->second;
-  return sys.render(err);
+  return caf::to_string(err);
 }
 
 void register_types(caf::actor_system_config& cfg) {
@@ -49,6 +71,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<buffer_arg>("multidev::buffer_arg");
   cfg.add_message_type<buffer_loc>("multidev::buffer_loc");
   cfg.add_message_type<kernel_result>("multidev::kernel_result");
+  cfg.add_message_type<failure_hop>("multidev::failure_hop");
+  cfg.add_message_type<failure>("multidev::failure");
   cfg.add_message_type<device_key>("multidev::device_key");
   cfg.add_message_type<event>("multidev::event");
 }

@@ -172,10 +172,12 @@ caf::resumable* job_of(const Handle& h) {
   return dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(h));
 }
 
-/// The device name and message an error of the multidev category carries.
+/// The device name and message an error of the multidev category carries
+/// (first in its context; a failed event's error carries its `failure` too).
 std::pair<std::string, std::string> error_strings(const caf::error& e) {
   const auto& ctx = e.context();
-  if (ctx.match_elements<std::string, std::string>())
+  if (ctx.size() >= 2 && ctx.match_element<std::string>(0)
+      && ctx.match_element<std::string>(1))
     return {ctx.get_as<std::string>(0), ctx.get_as<std::string>(1)};
   return {"<no context>", "<no context>"};
 }

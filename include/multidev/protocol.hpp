@@ -23,6 +23,7 @@
 /// its replies (use `request`, not `send`, for a bounded number in flight).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -58,6 +59,8 @@ using debug_atom = caf::atom_constant<caf::atom("debug")>;
 using identify_atom = caf::atom_constant<caf::atom("identify")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using recover_atom = caf::atom_constant<caf::atom("recover")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -98,20 +101,31 @@ using device_actor = caf::typed_actor<
   caf::replies_to<atoms::identify_atom>::with<std::string, uint32_t, std::string,
                                                std::string, int32_t>,
   /// Replies with what is known of `seq` now, without waiting: its state
-  /// (0 pending, 1 done, 2 failed: it can never complete), the seq of the
-  /// last finished item and that of the last scheduled one.
+  /// (an `event_state`: 0 pending, 1 done, 2 failed, 3 cancelled), the seq
+  /// of the last resolved item and that of the last scheduled one.
   caf::replies_to<atoms::status_atom, uint64_t>::with<uint8_t, uint64_t, uint64_t>,
   /// Replies whether a kernel wrote a result under `name` on the board of
   /// the device's backend, and the last one it wrote (`backend::result`).
-  caf::replies_to<atoms::result_atom, std::string>::with<bool, kernel_result>>;
+  caf::replies_to<atoms::result_atom, std::string>::with<bool, kernel_result>,
+  /// Drops the work queued and not yet started, as `backend::cancel`
+  /// (requests deferred behind a full queue are not yet scheduled and stay);
+  /// replies with the last seq cancelled (0: nothing was queued).
+  caf::replies_to<atoms::cancel_atom>::with<uint64_t>,
+  /// Brings a failed device back, as `backend::recover`; replies whether it
+  /// had failed and came back.
+  caf::replies_to<atoms::recover_atom>::with<bool>>;
 
 /// Error codes of the `multidev` error category. The error's context holds
-/// two strings: the device name (may be empty) and the message.
+/// two strings, the device name (may be empty) and the message, and for an
+/// event that failed or was cancelled a third element: the `failure` with
+/// its provenance, so that it survives the trip to another process.
 enum class errc : uint8_t {
   /// Bad input: unknown pool or kernel, bad range or alignment.
   invalid_argument = 1,
   /// The device failed or was shut down.
   device_failed = 2,
+  /// The awaited event was cancelled (`backend::cancel`).
+  cancelled = 3,
 };
 
 /// The category atom of multidev errors.
@@ -119,12 +133,23 @@ constexpr caf::atom_value error_category = caf::atom("multidev");
 
 caf::error make_error(errc code, std::string device, std::string message);
 
-/// Throws the public-edge exception for `err`: `std::invalid_argument` or
-/// `device_error` (naming `device` when the error does not).
+/// The error for an event that did not complete because of `f`: `cancelled`
+/// when it is the event's own cancellation, `device_failed` otherwise;
+/// carries `f` whole.
+caf::error make_error(const failure& f);
+
+/// The failure `err` carries (see `errc`), if any.
+std::optional<failure> failure_of(const caf::error& err);
+
+/// Throws the public-edge exception for `err`: `std::invalid_argument`,
+/// `cancelled_error` or `device_error` (with the failure's provenance when
+/// the error carries one; naming `device` when the error names none).
 [[noreturn]] void throw_error(const caf::error& err, const std::string& device);
 
 /// `"<device>: <message>"` for a multidev error, CAF's rendering otherwise.
 std::string describe_error(caf::actor_system& sys, const caf::error& err);
+/// The same without a system at hand: CAF's plain `to_string` otherwise.
+std::string describe_error(const caf::error& err);
 
 /// Registers the protocol's message types on `cfg` (needed before the system
 /// starts when devices are driven across processes).
@@ -172,6 +197,25 @@ typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
     return caf::none;
   });
   return f(caf::meta::type_name("task_spec"), x.kernel, args, load);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, failure_hop& x) {
+  return f(caf::meta::type_name("failure_hop"), x.waiter, x.device, x.seq);
+}
+
+/// A failure travels whole: origin, task, seq, message and path.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, failure& x) {
+  auto kind = static_cast<uint8_t>(x.origin_kind);
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    x.origin_kind = kind == static_cast<uint8_t>(failure::kind::cancelled)
+                      ? failure::kind::cancelled
+                      : failure::kind::failed;
+    return caf::none;
+  });
+  return f(caf::meta::type_name("failure"), kind, x.device, x.task, x.seq, x.message,
+           x.path, load);
 }
 
 template <class Inspector>
