@@ -1,9 +1,9 @@
 // Devices of another actor system, driven only through their actor handles
 // over a real CAF middleman connection on 127.0.0.1 (`attach_device`): named
-// tasks, pools, results, sync/is_done on their events, will_wait_for in all
-// four directions (local on local, local on remote, remote on local, remote
-// on remote), failures coming back as device_error, and the members that
-// refuse a remote device.
+// tasks, pools, results, sync/is_done/state on their events, will_wait_for in
+// all four directions (local on local, local on remote, remote on local,
+// remote on remote), cancel and recover, failures coming back as device_error
+// with their provenance, and the members that refuse a remote device.
 //
 // The same scenario runs twice: against a second actor system in this
 // process, and against a second process (this test binary started again
@@ -383,8 +383,28 @@ void check_refusals(backend& b, const device& a0, const device& l0) {
   b.free_pool(a0, ctx.buffers.at(t).pool_id);
 }
 
-/// A task failing on a remote device: device_error on this side, naming the
-/// device and the message; a local device waiting on it fails too.
+/// cancel on a remote device drops its queued work as cancelled (sync throws
+/// cancelled_error here too) and leaves it usable.
+void check_cancel(backend& b, const device& a0) {
+  b.schedule_named(a0, sleep_ms(300));
+  auto c1 = b.schedule_named(a0, stamp("cancelled_1"));
+  auto c2 = b.schedule_named(a0, stamp("cancelled_2"));
+  b.cancel(a0);
+  BOOST_CHECK_THROW(test_support::sync(b, c2), multidev::cancelled_error);
+  BOOST_TEST((b.state(c1) == multidev::event_state::cancelled));
+  BOOST_TEST(c1.is_failed()); // it never will be done
+  BOOST_TEST(!b.is_done(c1));
+  BOOST_TEST(!b.result(a0, "cancelled_1").has_value());
+  auto after = b.schedule_named(a0, stamp("after_cancel"));
+  test_support::sync(b, after);
+  BOOST_TEST((b.state(after) == multidev::event_state::done));
+  BOOST_TEST(b.result(a0, "after_cancel").has_value());
+}
+
+/// A task failing on a remote device: device_error on this side with the
+/// failure's provenance (origin device, task, message); a local device
+/// waiting on it fails too, its path starting with that wait; recover
+/// brings the remote device back.
 void check_failure(backend& b, const device& a1, const device& l1) {
   auto bad = b.schedule_named(a1, {"fail", {std::string{"remote boom"}}});
   try {
@@ -393,9 +413,13 @@ void check_failure(backend& b, const device& a1, const device& l1) {
   } catch (const device_error& e) {
     BOOST_TEST(e.device_name() == a1.name(), e.what());
     BOOST_TEST(contains(e.what(), "remote boom"), e.what());
+    BOOST_TEST(e.origin_device() == a1.name());
+    BOOST_TEST(contains(e.origin_task(), "fail"), e.origin_task());
+    BOOST_TEST(e.original_message() == "remote boom");
   }
   BOOST_TEST(bad.is_failed());
   BOOST_TEST(!b.is_done(bad));
+  BOOST_TEST((b.state(bad) == multidev::event_state::failed));
   b.will_wait_for(b.make_context(l1), bad);
   try {
     // The gate may fail (and l1 with it) before this is scheduled, or after.
@@ -406,8 +430,22 @@ void check_failure(backend& b, const device& a1, const device& l1) {
     BOOST_TEST(e.device_name() == l1.name(), e.what());
     BOOST_TEST(contains(e.what(), "waited for " + a1.name()), e.what());
     BOOST_TEST(contains(e.what(), "remote boom"), e.what());
+    BOOST_TEST(e.origin_device() == a1.name());
+    BOOST_TEST(e.original_message() == "remote boom");
+    BOOST_TEST_REQUIRE(e.path().size() == 1u);
+    BOOST_TEST(e.path()[0].waiter == l1.name());
+    BOOST_TEST(e.path()[0].device == a1.name());
+    BOOST_TEST(e.path()[0].seq == bad.seq());
   }
   BOOST_CHECK_THROW(b.schedule_named(a1, stamp("after failure")), device_error);
+  // Recovery: the failed event stays failed, new work runs.
+  BOOST_TEST(b.recover(a1));
+  BOOST_TEST(!b.recover(a1)); // not failed any more
+  auto again = b.schedule_named(a1, stamp("recovered"));
+  test_support::sync(b, again);
+  BOOST_TEST((b.state(again) == multidev::event_state::done));
+  BOOST_TEST((b.state(bad) == multidev::event_state::failed));
+  BOOST_TEST(!b.is_done(bad));
 }
 
 /// Everything above, on `b` (devices l0, l1) against the remote a0, a1.
@@ -419,6 +457,7 @@ void drive(backend& b, const device& a0, const device& a1) {
   check_events(b, a0);
   check_event_values(b, a0, l0);
   check_waits(b, a0, a1, l0, l1);
+  check_cancel(b, a0);
   check_refusals(b, a0, l0);
   check_failure(b, a1, l1);
 }
