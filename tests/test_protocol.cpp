@@ -412,6 +412,12 @@ BOOST_AUTO_TEST_CASE(test_protocol_forged_internal_messages_do_not_answer_a_wait
     caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, uint64_t{0}, std::string{});
     caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, uint64_t{0},
                    std::string{"forged failure"});
+    // The shape the internal message has (key, token, cause, failed).
+    caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, uint64_t{0},
+                   multidev::failure{}, false);
+    multidev::failure forged;
+    forged.message = "forged failure";
+    caf::anon_send(untyped, forged_resolved::value, uint64_t{0}, uint64_t{0}, forged, true);
     sched.run();
     BOOST_TEST(log->empty(), "a forged message answered the wait");
     release.set_value();
