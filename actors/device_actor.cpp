@@ -345,6 +345,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     [self](recover_atom) -> bool {
       return self->state.core->recover();
     },
+    [self](trace_atom) -> device_trace { return self->state.core->trace(); },
     [self](result_atom, const std::string& name) {
       auto r = self->state.core->results().get(name);
       return caf::make_result(r.has_value(), r.value_or(kernel_result{}));

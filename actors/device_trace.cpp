@@ -99,7 +99,7 @@ sexp device_core::trace_info() const {
 namespace multidev {
 
 device_trace backend::trace(const device& d) const {
-  return detail::record_of(d).core().trace();
+  return detail::record_of(d).ep().trace(); // a device of another process: by message
 }
 
 } // namespace multidev

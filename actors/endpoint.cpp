@@ -177,6 +177,7 @@ public:
   }
   std::size_t used_memory() override { return c_.used_memory(); }
   sexp debug_info() override { return c_.debug_info(); }
+  device_trace trace() override { return c_.trace(); }
   std::optional<kernel_result> result(const std::string& name) override {
     return c_.results().get(name);
   }

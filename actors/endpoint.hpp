@@ -29,6 +29,7 @@
 #include "multidev/protocol.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"
+#include "multidev/trace.hpp"
 #include "multidev/types.hpp"
 
 namespace multidev::detail {
@@ -95,6 +96,8 @@ public:
   virtual uint64_t memset_zero(int id, std::size_t offset, std::size_t size) = 0;
   virtual std::size_t used_memory() = 0;
   virtual sexp debug_info() = 0;
+  /// `backend::trace`: a copy of the runner trace.
+  virtual device_trace trace() = 0;
   /// The last result a kernel wrote under `name` on the board of the device's
   /// backend.
   virtual std::optional<kernel_result> result(const std::string& name) = 0;

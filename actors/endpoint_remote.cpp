@@ -447,6 +447,11 @@ public:
     }
   }
 
+  device_trace trace() override {
+    return std::get<0>(
+      call<device_trace>(shared_, "trace", false, request_timeout, trace_atom::value));
+  }
+
   std::optional<kernel_result> result(const std::string& name) override {
     auto [found, r] = call<bool, kernel_result>(shared_, "result", false, request_timeout,
                                                 result_atom::value, name);

@@ -73,6 +73,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<kernel_result>("multidev::kernel_result");
   cfg.add_message_type<failure_hop>("multidev::failure_hop");
   cfg.add_message_type<failure>("multidev::failure");
+  cfg.add_message_type<trace_record>("multidev::trace_record");
+  cfg.add_message_type<device_trace>("multidev::device_trace");
   cfg.add_message_type<device_key>("multidev::device_key");
   cfg.add_message_type<event>("multidev::event");
 }

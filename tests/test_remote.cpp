@@ -222,6 +222,15 @@ void check_events(backend& b, const device& a0) {
   std::ostringstream os;
   os << slow;
   BOOST_TEST(os.str() == printed);
+  // The runner trace comes by message too (the peer traces 64 items).
+  auto t = bounded([&] { return b.trace(a0); }, "trace");
+  BOOST_TEST(t.device == a0.name());
+  BOOST_TEST(t.capacity == 64u);
+  BOOST_TEST_REQUIRE(!t.records.empty());
+  auto& last = t.records.back();
+  BOOST_TEST(last.seq == slow.seq());
+  BOOST_TEST(contains(last.description, "test_sleep_ms"), last.description);
+  BOOST_TEST(last.end_ns - last.start_ns >= 250'000'000);
 }
 
 /// An event is a value: it compares, hashes and serializes by (key, seq),
@@ -560,7 +569,7 @@ int serve_devices() {
   caf::actor_system_config cfg;
   auto sys = make_system(cfg);
   {
-    backend a{*sys, backend_options{.num_devices = 2}};
+    backend a{*sys, backend_options{.num_devices = 2, .trace_capacity = 64}};
     auto ports = publish_devices(*sys, a);
     std::printf("ports %u %u\n", static_cast<unsigned>(ports[0]),
                 static_cast<unsigned>(ports[1]));
@@ -584,7 +593,8 @@ int serve_devices() {
 BOOST_AUTO_TEST_CASE(test_remote_devices_of_a_second_actor_system_in_this_process) {
   caf::actor_system_config cfg_a;
   auto sys_a = make_system(cfg_a);
-  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
+  auto a = std::make_unique<backend>(
+    *sys_a, backend_options{.num_devices = 2, .trace_capacity = 64});
   auto ports = publish_devices(*sys_a, *a);
   caf::actor_system_config cfg_b;
   auto sys_b = make_system(cfg_b);

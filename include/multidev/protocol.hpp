@@ -34,12 +34,14 @@
 #include <caf/meta/load_callback.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
+#include <caf/sec.hpp>
 #include <caf/typed_actor.hpp>
 
 #include "multidev/backend.hpp"
 #include "multidev/event.hpp"
 #include "multidev/kernels.hpp"
 #include "multidev/task.hpp"
+#include "multidev/trace.hpp"
 #include "multidev/types.hpp"
 
 namespace multidev {
@@ -61,6 +63,7 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using recover_atom = caf::atom_constant<caf::atom("recover")>;
+using trace_atom = caf::atom_constant<caf::atom("trace")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -113,7 +116,11 @@ using device_actor = caf::typed_actor<
   caf::replies_to<atoms::cancel_atom>::with<uint64_t>,
   /// Brings a failed device back, as `backend::recover`; replies whether it
   /// had failed and came back.
-  caf::replies_to<atoms::recover_atom>::with<bool>>;
+  caf::replies_to<atoms::recover_atom>::with<bool>,
+  /// Replies with a copy of the runner trace, as `backend::trace` (times in
+  /// the device's process's trace clock: steady-clock nanoseconds, which the
+  /// processes of one machine share).
+  caf::replies_to<atoms::trace_atom>::with<device_trace>>;
 
 /// Error codes of the `multidev` error category. The error's context holds
 /// two strings, the device name (may be empty) and the message, and for an
@@ -219,6 +226,24 @@ typename Inspector::result_type inspect(Inspector& f, failure& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, trace_record& x) {
+  auto kind = static_cast<uint8_t>(x.kind);
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    if (kind > static_cast<uint8_t>(trace_kind::cancel))
+      return caf::make_error(caf::sec::invalid_argument);
+    x.kind = static_cast<trace_kind>(kind);
+    return caf::none;
+  });
+  return f(caf::meta::type_name("trace_record"), x.seq, kind, x.description, x.start_ns,
+           x.end_ns, x.failed, x.awaited_device, x.awaited_seq, load);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_trace& x) {
+  return f(caf::meta::type_name("device_trace"), x.device, x.capacity, x.records, x.dropped);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kernel_result& x) {
   return f(caf::meta::type_name("kernel_result"), x.sum, x.hash, x.count);
 }
@@ -264,8 +289,9 @@ device_actor device_actor_of(const backend& b, const device& d);
 /// The device is driven by messages to `a`, in the order of the calls (one
 /// link actor on `b`'s system sends them all): `schedule_named`, the pool
 /// calls, `all_work`, `await`, `is_idle`, `get_used_memory`, the debug info,
-/// `make_context`, `alloc_node`, `sync`/`is_done` on its events, `result`,
-/// `flush`, and `will_wait_for` in all four directions (its events and its
+/// `trace`, `make_context`, `alloc_node`, `sync`/`is_done`/`state` on its
+/// events, `cancel`, `recover`, `result`, `flush`, `sync_device`, and
+/// `will_wait_for` in all four directions (its events and its
 /// contexts with local ones and with other remote ones). What needs a host
 /// closure or host memory (`schedule_task`, `link`/`run`, `from_host`,
 /// `to_host`, `device_to_device`, `init_from_*`) throws
