@@ -48,6 +48,7 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
                                     "pool_calls",
                                     "independent_tasks_trace",
                                     "caf_remote_round_trip",
+                                    "remote_hop",
                                     "idle_cpu_8dev"};
   BOOST_TEST(names == expected, boost::test_tools::per_element());
   for (const auto& r : rs) {
@@ -167,6 +168,13 @@ BOOST_AUTO_TEST_CASE(test_bench_new_baselines_share_one_measurement_of_multidev)
   BOOST_TEST(remote.baseline_value > 0);
   BOOST_TEST(!remote.target.has_value());
   BOOST_TEST(!remote.value_target.has_value());
+  // A multidev hop across that connection, beside the CAF round trip on it.
+  const auto& hop = find("remote_hop");
+  BOOST_TEST(hop.unit == "us/hop");
+  BOOST_TEST(hop.value > 0);
+  BOOST_TEST(hop.baseline_value > 0);
+  BOOST_TEST_REQUIRE(hop.target.has_value());
+  BOOST_TEST(*hop.target == 1.5);
 }
 
 BOOST_AUTO_TEST_CASE(test_bench_filter_selects_one_baseline_of_a_figure) {

@@ -502,6 +502,39 @@ private:
   std::optional<caf::actor_system> server_, client_;
 };
 
+/// us per crossing of a chain of waits that goes back and forth between
+/// `local` and `remote` (a device of another actor system, reached through
+/// its actor over the connection): each crossing is a wait of one device on
+/// the other's event. The chain is built while `local` is held, then timed
+/// from its release to the last event, like `will_wait_for_chain`.
+double remote_us_per_hop(backend& b, const device& local, const device& remote,
+                         int crossings) {
+  static const bool registered = [] {
+    kernel_def def;
+    def.body = [](kernel_call&) {};
+    def.doc = "bench_noop: does nothing (`multidev bench` remote_hop)";
+    register_kernel("bench_noop", std::move(def));
+    return true;
+  }();
+  (void)registered;
+  context lctx = b.make_context(local), rctx = b.make_context(remote);
+  std::atomic<bool> go{false};
+  b.schedule_task(local, task{{}, [&go] { go.wait(false); }, {}});
+  event last = b.all_work(local);
+  for (int i = 0; i < crossings / 2; ++i) {
+    b.will_wait_for(rctx, last); // remote waits on local
+    auto theirs = b.schedule_named(remote, task_spec{"bench_noop", {}});
+    b.will_wait_for(lctx, theirs); // local waits on remote
+    b.schedule_task(local, task{{}, [] {}, {}});
+    last = b.all_work(local);
+  }
+  auto t0 = clock_type::now();
+  go.store(true);
+  go.notify_one();
+  b.sync(last);
+  return seconds_since(t0) * 1e6 / (2 * (crossings / 2));
+}
+
 /// A CAF remote round trip: `hop_player`s on both systems of `pair`, the
 /// server's reached through its proxy.
 class caf_remote_ping_pong {
@@ -816,7 +849,7 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
 /// `remote_pair`, so all of them use the same connection).
 void remote_figures(std::vector<bench_result>& out, const backend_options& opts,
                     const bench_options& o) {
-  if (!is_wanted(o, "caf_remote_round_trip"))
+  if (!is_wanted(o, "caf_remote_round_trip") && !is_wanted(o, "remote_hop"))
     return;
   int reps = std::max(1, o.repeats);
   int round_trips = o.quick ? 200 : 2'000;
@@ -829,15 +862,24 @@ void remote_figures(std::vector<bench_result>& out, const backend_options& opts,
     out.push_back(make("caf_remote_round_trip", "us/trip", ours, "raw TCP ping-pong, 64 B",
                        base, "lower", std::nullopt));
   }
-  // -- remote_hop: to come, on this same `pair` --------------------------------
-  // A multidev will_wait_for hop across this connection, once remote device
-  // handles exist: a `backend{pair.server(), ...}` and a
-  // `backend{pair.client(), ...}` (both systems are configured as a backend's
-  // own and have multidev's types registered), the server's device actor
-  // reached through `pair.connect(...)`, and the hop timed beside
-  // `caf_remote_ping_pong::us_per_round_trip` (the raw CAF round trip) as
-  // baseline. Add "remote_hop" to the `is_wanted` check above, stop every
-  // actor spawned here before `pair` goes, and destroy the backends first.
+  if (is_wanted(o, "remote_hop")) {
+    caf_remote_ping_pong caf_rt{pair};
+    auto one = opts;
+    one.num_devices = 1;
+    // The backends go before the pair's systems (declared after it).
+    backend server_b{pair.server(), one};
+    backend client_b{pair.client(), one};
+    auto theirs = server_b.get_device(0);
+    auto proxy = pair.connect(caf::actor_cast<caf::actor>(device_actor_of(server_b, theirs)));
+    auto remote = attach_device(client_b, caf::actor_cast<device_actor>(proxy));
+    auto local = client_b.get_device(0);
+    int crossings = o.quick ? 100 : 1'000;
+    auto [base, ours] = medians(
+      reps, [&] { return caf_rt.us_per_round_trip(crossings / 2); },
+      [&] { return remote_us_per_hop(client_b, local, remote, crossings); });
+    out.push_back(make("remote_hop", "us/hop", ours, "CAF remote round trip, same connection",
+                       base, "lower", 1.5));
+  }
 }
 
 /// `independent_tasks` with the runner trace on (`trace_capacity`, default
