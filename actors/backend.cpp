@@ -288,21 +288,27 @@ sexp backend::get_global_debug_info() const {
     for (auto& [key, d] : impl_->attached)
       attached.push_back(d);
   }
+  // A device of another process answers by message; one that cannot (its
+  // node is gone) is listed with the error instead of failing the whole.
+  auto info_of = [this](const device& d) {
+    if (d.is_local())
+      return get_debug_info(d);
+    try {
+      return get_debug_info(d);
+    } catch (const std::exception& e) {
+      return sexp::list({sexp::atom("device"), sexp::field("name", d.name()),
+                         sexp::field("error", e.what())});
+    }
+  };
   for (const auto& d : all)
-    devs.push_back(get_debug_info(d));
+    devs.push_back(info_of(d));
   auto info = sexp::list({sexp::atom(name()),
                           sexp::field("num_devices", std::to_string(num_devices())),
                           sexp::field("devices_in_use", std::to_string(all.size())), devs});
   if (!attached.empty()) {
     auto remote = sexp::list({sexp::atom("attached")});
-    for (const auto& d : attached) {
-      try {
-        remote.push_back(get_debug_info(d));
-      } catch (const std::exception& e) {
-        remote.push_back(sexp::list({sexp::atom("device"), sexp::field("name", d.name()),
-                                     sexp::field("error", e.what())}));
-      }
-    }
+    for (const auto& d : attached)
+      remote.push_back(info_of(d));
     info.push_back(std::move(remote));
   }
   return info;

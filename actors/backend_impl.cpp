@@ -91,12 +91,16 @@ device backend_impl::attach(const device_actor& a) {
 }
 
 void backend_impl::shutdown() {
-  std::vector<device> all;
+  // The cores of this process; records made on an attached device's runner
+  // have none (that device belongs to its own backend, elsewhere).
+  std::vector<std::shared_ptr<device_core>> all;
   std::vector<device_actor> handles;
   std::vector<caf::actor> remote_links;
   {
     std::lock_guard guard{mu};
-    all = made;
+    for (auto& d : made)
+      if (d.get_runner().local_core())
+        all.push_back(d.get_runner().core());
     for (auto& [core, a] : actor_of)
       handles.push_back(a);
     actor_of.clear();
@@ -107,20 +111,20 @@ void backend_impl::shutdown() {
   // cores), then stop the actors. Every core stops accepting before any is
   // joined: a runner finishing its queue may be waiting on another device.
   if (opts.on_destroy == backend_options::destroy_policy::cancel)
-    for (auto& d : all)
-      d.get_runner().core()->cancel("cancelled: the backend was destroyed");
-  for (auto& d : all)
-    d.get_runner().core()->request_stop();
-  for (auto& d : all) // every device stops: cut what leaves the backend
-    d.get_runner().core()->cancel_unanswerable_waits();
+    for (auto& c : all)
+      c->cancel("cancelled: the backend was destroyed");
+  for (auto& c : all)
+    c->request_stop();
+  for (auto& c : all) // every device stops: cut what leaves the backend
+    c->cancel_unanswerable_waits();
   // The attached devices' links go too: calls still waiting on them (a task
   // syncing on a remote event, a host thread) fail instead of holding the
   // joins below.
   for (auto& l : remote_links)
     caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
   remote_links.clear();
-  for (auto& d : all)
-    d.get_runner().core()->shutdown();
+  for (auto& c : all)
+    c->shutdown();
   for (auto& a : handles)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   handles.clear();

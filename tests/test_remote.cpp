@@ -153,6 +153,13 @@ void check_identity(backend& b, const device& a0, const device& a1, const device
   auto again = bounded([&] { return multidev::attach_device(b, multidev::device_actor_of(b, a0)); },
                        "attach_device again");
   BOOST_TEST((again == a0));
+  // A device record made on its runner shares its key and reaches it too
+  // (and does not trouble b's destruction).
+  auto twin = b.make_device(a0.dev(), a0.get_runner(), a0.ordinal());
+  BOOST_TEST((twin.key() == a0.key()));
+  BOOST_TEST(!twin.is_local());
+  test_support::sync(b, b.schedule_named(twin, stamp("twin")));
+  BOOST_TEST(b.result(a0, "twin").has_value());
   // One of b's own devices attaches as itself.
   auto own = bounded([&] { return multidev::attach_device(b, multidev::device_actor_of(b, l0)); },
                      "attach own device");
@@ -665,6 +672,10 @@ BOOST_AUTO_TEST_CASE(test_remote_devices_of_another_process) {
     }
     BOOST_CHECK_THROW(b->schedule_named(a0, stamp("gone")), device_error);
     BOOST_TEST(doomed.is_failed());
+    // Debug info lists the lost devices with the error, without throwing.
+    auto global = b->get_global_debug_info().to_string();
+    BOOST_TEST(contains(global, "(attached"), global);
+    BOOST_TEST(contains(global, "(error"), global);
   }
   {
     watchdog guard{"shutting down"};
