@@ -63,6 +63,8 @@ void serve(fake_driver::lane& l, const std::atomic<int64_t>& max_delay_us) {
       lk.unlock();
       sink->completed(seq, std::move(error));
       lk.lock();
+      ++l.st.returned;
+      l.changed_cv.notify_all();
       continue;
     }
     if (l.queue.empty()) { // closing: report what is still held, then end

@@ -31,6 +31,7 @@ struct fake_stream_stats {
   uint64_t submitted = 0; ///< Items submitted.
   uint64_t started = 0;   ///< Items the stream took to run (or to fail).
   uint64_t reported = 0;  ///< Completions reported (counted just before the sink hears each).
+  uint64_t returned = 0;  ///< Completions whose call to the sink has returned.
   /// The most items submitted and not yet reported at one time.
   uint64_t max_outstanding = 0;
   std::size_t held = 0; ///< Completions held back (`hold_completions`).
