@@ -16,6 +16,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/endpoint.hpp"
 #include "actors/logger_tie.hpp"
+#include "devices/registry.hpp"
 #include "multidev/protocol.hpp"
 
 namespace multidev {
@@ -31,14 +32,12 @@ std::atomic<int> next_device_id{1};
 namespace {
 
 std::unique_ptr<detail::backend_impl> make_impl(backend_options opts) {
-  if (opts.driver != "cpu")
-    throw std::invalid_argument(
-      fmt::format("unknown driver '{}' (this build has: cpu)", opts.driver));
+  auto& make_driver = detail::find_driver(opts.driver); // names the known ones
   if (opts.num_devices && *opts.num_devices < 0)
     throw std::invalid_argument(
       fmt::format("num_devices must be >= 0, got {}", *opts.num_devices));
   auto impl = std::make_unique<detail::backend_impl>();
-  impl->drv = detail::make_cpu_driver(opts.num_devices);
+  impl->drv = make_driver({.num_devices = opts.num_devices});
   impl->opts = std::move(opts);
   return impl;
 }
@@ -173,7 +172,7 @@ device backend::get_device(int ordinal) {
   rec->name = fmt::format("{}:{}:{}", name(), ordinal, rec->device_id);
   auto core = std::make_shared<detail::device_core>(
     rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results,
-    impl_->opts.trace_capacity);
+    impl_->opts.trace_capacity, impl_->opts.max_in_flight);
   auto id = static_cast<uint32_t>(rec->device_id);
   device_actor a;
   {

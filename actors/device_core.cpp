@@ -15,7 +15,8 @@ const failure shut_down_cause{failure::kind::failed, {}, {}, 0, "device is shut 
 
 device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
                          std::size_t queue_capacity,
-                         std::shared_ptr<result_board> results, std::size_t trace_capacity)
+                         std::shared_ptr<result_board> results, std::size_t trace_capacity,
+                         std::size_t max_in_flight)
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)),
@@ -23,6 +24,11 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     used_(std::make_shared<std::atomic<std::size_t>>(0)) {
   oom_cause_ = std::make_shared<const failure>(
     failure{failure::kind::failed, name_, {}, 0, "task failed", {}});
+  stream_ = driver_->open_stream(ordinal_, *this);
+  if (stream_) {
+    window_ = max_in_flight == 0 ? 1 : max_in_flight;
+    flights_ = std::make_unique<flight[]>(window_);
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -53,8 +59,11 @@ bool device_core::stopping() const {
 void device_core::shutdown() {
   request_stop();
   cancel_unanswerable_waits();
-  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id())
+  // Not from the device's own runner (or stream): it cannot wait for itself.
+  if (thread_.joinable() && current_runner != this) {
     thread_.join();
+    stream_.reset(); // the runner resolved everything it submitted
+  }
   {
     std::lock_guard guard{waiters_mu_};
     closed_ = true; // later waits for seqs not reached fail at once

@@ -9,11 +9,14 @@
 /// the control plane and cross-process waits through the same object.
 ///
 /// Threads: `push*`, `when_done`, `sync` and the readers are safe from any
-/// thread; the runner thread is the only one that executes items.
+/// thread; the runner thread is the only one that executes items (or, on an
+/// asynchronous driver, submits them to the device's stream) and the only
+/// one that resolves them.
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,8 +42,13 @@ namespace multidev::detail {
 class device_core;
 class trace_ring;
 
-/// The device whose runner this thread is, if any (set by the runner thread).
+/// The device whose runner this thread is, if any (set by the runner thread,
+/// and by an asynchronous driver's stream thread while it runs that device's
+/// work).
 inline thread_local const device_core* current_runner = nullptr;
+/// On an asynchronous driver's stream: the seq of the item it runs (a task
+/// may sync on the device's earlier items, not on this one or later ones).
+inline thread_local uint64_t current_item = 0;
 
 /// The state a device actor owns. Its members are defined by job:
 /// device_core.cpp (life: start, stop, shutdown), device_queue.cpp (the
@@ -48,7 +56,8 @@ inline thread_local const device_core* current_runner = nullptr;
 /// device_gates.cpp (waits for other devices), device_events.cpp (progress,
 /// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp,
 /// device_trace.cpp (the runner trace).
-class device_core : public std::enable_shared_from_this<device_core> {
+class device_core : public std::enable_shared_from_this<device_core>,
+                    private completion_sink {
 public:
   /// Why an event did not complete; shared by every event it resolves.
   using failure_ptr = std::shared_ptr<const failure>;
@@ -61,9 +70,11 @@ public:
   using waiter = std::function<void(const std::string* error)>;
 
   /// `trace_capacity`: records the runner trace keeps (0: no trace).
+  /// `max_in_flight`: on an asynchronous driver, how many items may be
+  /// submitted to the device's stream and not yet resolved (at least 1).
   device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
               std::size_t queue_capacity, std::shared_ptr<result_board> results,
-              std::size_t trace_capacity = 0);
+              std::size_t trace_capacity = 0, std::size_t max_in_flight = 64);
   /// Drains and joins (see `shutdown`).
   ~device_core();
 
@@ -231,6 +242,22 @@ private:
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
   static constexpr std::size_t prefetch_items = 6;
+  /// On an asynchronous driver: one item between its start and its
+  /// resolution, in a window of `window_` slots reused in seq order.
+  struct flight {
+    enum kind_t : uint8_t { task, gate, dropped };
+    enum state_t : uint8_t { flying, ran, threw, skipped };
+    item it;
+    uint64_t seq = 0;
+    kind_t kind = task;
+    // Written on the stream, read by the runner once `state` says so.
+    bool skipped_on_stream = false;
+    bool threw_on_stream = false;
+    std::exception_ptr error;
+    /// `flying` until the stream reports it (the runner sets the others
+    /// itself for items it does not submit).
+    std::atomic<uint8_t> state{flying};
+  };
 
   uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
   /// Room for another entry, or a failed or stopping device (a push then
@@ -246,6 +273,11 @@ private:
   device_error refusal_locked() const;
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
+  /// Moves the whole queue into `batch` (empty) and makes room; false, taking
+  /// nothing, when the queue is empty.
+  bool take_batch(std::vector<item>& batch);
+  /// Sleeps until the queue has items; false when it is empty and stopping.
+  bool sleep_until_work();
   void execute(item& it);
   /// `execute` timed into the trace; `first_in_batch`: the runner did other
   /// things since the last item, so the start needs a clock read of its own.
@@ -258,10 +290,40 @@ private:
   void trace_dropped(const item& it, uint64_t seq) noexcept;
   /// The trace's last records for debug_info.
   sexp trace_info() const;
+  /// The runner of an asynchronous driver: submits items to the device's
+  /// stream without waiting for them, at most `window_` at a time; they are
+  /// resolved in seq order as they complete.
+  void run_async();
+  /// Runner only: places `it`, whose seq is `started_ + 1`, in the window and
+  /// submits it unless it is a gate (which the caller saw end) or dropped.
+  void start(item&& it);
+  /// Whether the oldest item in the window is settled (reported by the
+  /// stream, or settled by the runner) and not yet resolved.
+  bool retirable() const noexcept;
+  /// Resolves the settled items at the head of the window, in seq order.
+  /// Called by the runner, and by the stream as it reports (so an item is
+  /// done before the stream runs the next one); one at a time.
+  void retire_ready() noexcept;
+  /// Resolves one settled item. Call with retire_mu_ held.
+  void retire(flight& f) noexcept;
+  /// On the stream: runs the item's work, unless it was dropped since it
+  /// was submitted or an item before it just failed there.
+  void run_on_stream(flight& f);
+  /// The stream reports an item (completion_sink).
+  void completed(uint64_t seq, std::exception_ptr error) noexcept override;
+  /// Why a task failed, from what it threw.
+  failure_ptr task_failure(const item& it, uint64_t seq, std::exception_ptr e) const;
+  /// Why a wait failed: the awaited event's cause, with this wait in front
+  /// of its path.
+  failure_ptr gate_failure(const gate& g) const;
   /// `'<description>'`, or `task#<seq>` for a nameless closure.
   static std::string describe(const item& it, uint64_t seq);
   /// The same without quotes, as a failure's `task` records it.
   static std::string task_name(const item& it, uint64_t seq);
+  /// Resolving (`complete`, `resolve_bad`, `poison`, `drop`: "runner only"
+  /// below) is one thread at a time, in seq order: the runner, or on an
+  /// asynchronous driver whoever holds retire_mu_ (the runner, or the
+  /// thread on which the stream reports).
   void complete(uint64_t seq);
   /// Runner only: resolves `seq` as failed (or cancelled) with `cause`.
   void resolve_bad(uint64_t seq, failure_ptr cause) noexcept;
@@ -358,6 +420,23 @@ private:
   mutable std::mutex pools_mu_;
   std::map<int, std::shared_ptr<pool>> pools_;
   std::shared_ptr<std::atomic<std::size_t>> used_;
+
+  // Asynchronous drivers (null stream_: the synchronous path). The window
+  // holds the items between start and resolution, `seq % window_`.
+  std::size_t window_ = 1;
+  std::unique_ptr<flight[]> flights_;
+  // The last seq placed in the window; written by the runner once the slot
+  // is filled.
+  std::atomic<uint64_t> started_{0};
+  // Resolving items: one thread at a time, in seq order.
+  spin_mutex retire_mu_;
+  std::atomic<uint64_t> retired_{0}; // the last seq resolved and its slot freed
+  uint64_t failed_behind_ = 0; // guarded by retire_mu_: items up to here ran behind a failure
+  // The last item whose work threw on the stream: the stream skips the items
+  // behind it until the runner has resolved it (and dropped them).
+  alignas(64) std::atomic<uint64_t> stream_failed_at_{0};
+  // Destroyed before the members its completions touch, after the runner.
+  std::unique_ptr<stream> stream_;
 
   std::thread thread_;
 };

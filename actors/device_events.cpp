@@ -165,7 +165,9 @@ void device_core::sync(uint64_t seq) {
     return;
   check_scheduled(seq, "sync");
   if (seq > finished()) {
-    if (current_runner == this)
+    // A task may wait for its device's earlier items (on an asynchronous
+    // driver they may have run and not yet be resolved), never for its own.
+    if (current_runner == this && (!stream_ || seq >= current_item))
       throw deadlock_error(fmt::format(
         "sync on {} seq {} from a task of the same device, which has finished "
         "only up to seq {}: waiting would deadlock",

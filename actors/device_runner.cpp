@@ -1,5 +1,7 @@
-// The runner thread: takes batches off the queue, runs them in order,
-// parks on gates, completes items and fails the device when a task throws.
+// The runner thread: takes batches off the queue, runs them in order (or,
+// on an asynchronous driver, submits them to the device's stream and
+// resolves them in order as they complete), parks on gates, completes items
+// and fails the device when a task throws.
 #include "actors/device_core.hpp"
 
 #include <fmt/format.h>
@@ -18,22 +20,16 @@ constexpr int coalesce_pauses = 64;
 
 void device_core::run() {
   current_runner = this;
+  if (stream_) {
+    run_async();
+    return;
+  }
   std::vector<item> batch;
-  bool wants_room = false;
   auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
   for (;;) {
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
-      std::unique_lock lk{mu_};
-      while (queue_.empty()) {
-        if (stopping_)
-          return;
-        auto b = bell_.load();
-        sleeping_.store(true, std::memory_order_seq_cst);
-        lk.unlock();
-        bell_.wait(b);
-        sleeping_.store(false, std::memory_order_relaxed);
-        lk.lock();
-      }
+      if (!sleep_until_work())
+        return;
     } else if (pending() < coalesce_items) {
       // A producer in a burst is appending right now: taking the lock for
       // each item would move its cache line back and forth on every push.
@@ -42,21 +38,11 @@ void device_core::run() {
         for (int j = 0; j < 16; ++j)
           cpu_relax();
     }
-    {
-      std::lock_guard guard{mu_};
-      if (queue_.empty()) {
-        if (stopping_)
-          return;
-        continue;
-      }
-      batch.swap(queue_);
-      taken_ += batch.size();
-      if (producers_waiting_ > 0)
-        room_.notify_all();
-      wants_room = static_cast<bool>(room_cb_);
+    if (!take_batch(batch)) {
+      if (stopping())
+        return;
+      continue;
     }
-    if (wants_room)
-      call_room_callback();
     for (std::size_t i = 0; i < batch.size(); ++i) {
       // The entries were just written on the producer's core: fetch ahead.
       if (i + prefetch_items < batch.size())
@@ -68,6 +54,38 @@ void device_core::run() {
     }
     batch.clear();
   }
+}
+
+bool device_core::sleep_until_work() {
+  std::unique_lock lk{mu_};
+  while (queue_.empty()) {
+    if (stopping_)
+      return false;
+    auto b = bell_.load();
+    sleeping_.store(true, std::memory_order_seq_cst);
+    lk.unlock();
+    bell_.wait(b);
+    sleeping_.store(false, std::memory_order_relaxed);
+    lk.lock();
+  }
+  return true;
+}
+
+bool device_core::take_batch(std::vector<item>& batch) {
+  bool wants_room;
+  {
+    std::lock_guard guard{mu_};
+    if (queue_.empty())
+      return false;
+    batch.swap(queue_);
+    taken_ += batch.size();
+    if (producers_waiting_ > 0)
+      room_.notify_all();
+    wants_room = static_cast<bool>(room_cb_);
+  }
+  if (wants_room)
+    call_room_callback();
+  return true;
 }
 
 void device_core::execute(item& it) {
@@ -108,33 +126,14 @@ void device_core::execute(item& it) {
     }
     gates_pending_.fetch_sub(1);
     if (g.state.load() == gate::failed) {
-      poison(seq, [&] {
-        // The awaited event's cause, with this wait in front of its path.
-        auto f = std::make_shared<failure>();
-        if (g.cause)
-          *f = *g.cause;
-        else
-          f->message = "failed (its cause could not be recorded)";
-        f->path.insert(f->path.begin(), failure_hop{name_, g.owner_label(), g.owner_seq});
-        return f;
-      });
+      poison(seq, [&] { return gate_failure(g); });
       return;
     }
   } else if (it.work) {
     try {
       it.work();
-    } catch (const std::exception& e) {
-      poison(seq, [&] {
-        return std::make_shared<failure>(failure{failure::kind::failed, name_,
-                                                 task_name(it, seq), seq, e.what(), {}});
-      });
-      return;
     } catch (...) {
-      poison(seq, [&] {
-        return std::make_shared<failure>(failure{failure::kind::failed, name_,
-                                                 task_name(it, seq), seq,
-                                                 "unknown exception", {}});
-      });
+      poison(seq, [&] { return task_failure(it, seq, std::current_exception()); });
       return;
     }
   }
@@ -147,6 +146,30 @@ void device_core::execute(item& it) {
     it.extra->keep_alive.reset();
   }
   complete(seq);
+}
+
+device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
+                                                   std::exception_ptr e) const {
+  std::string what = "unknown exception";
+  try {
+    if (e)
+      std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    what = x.what();
+  } catch (...) {
+  }
+  return std::make_shared<failure>(
+    failure{failure::kind::failed, name_, task_name(it, seq), seq, std::move(what), {}});
+}
+
+device_core::failure_ptr device_core::gate_failure(const gate& g) const {
+  auto f = std::make_shared<failure>();
+  if (g.cause)
+    *f = *g.cause;
+  else
+    f->message = "failed (its cause could not be recorded)";
+  f->path.insert(f->path.begin(), failure_hop{name_, g.owner_label(), g.owner_seq});
+  return f;
 }
 
 std::string device_core::task_name(const item& it, uint64_t seq) {
@@ -221,6 +244,213 @@ void device_core::complete(uint64_t seq) {
   progress_.store(seq, std::memory_order_seq_cst);
   if (seq >= min_waiter_.load(std::memory_order_seq_cst))
     fire(seq, nullptr);
+}
+
+// -- Asynchronous drivers -----------------------------------------------------
+//
+// The runner submits items to the device's stream and moves on; the stream
+// reports each one later, from its own thread, in any order. Items resolve
+// strictly in seq order from a window of `window_` slots: the thread that
+// reports an item resolves it and the settled ones behind it, when those
+// before it are resolved (so the stream's next item finds it done); an item
+// reported early waits in its slot, and the runner resolves what it settles
+// itself (waits, dropped items). The runner starts an item only when the
+// window has room, and otherwise sleeps until a completion rings. Waits on
+// other devices (gates) stay on the runner: it starts nothing behind a gate
+// until the gate opens, while the items before it keep completing. Pool
+// releases, memsets and copies are queue items like any other, so they go
+// through the stream in order.
+
+void device_core::run_async() {
+  std::vector<item> batch;
+  std::size_t next = 0; // batch[next]: the next item to start
+  uint64_t barrier = 0; // a failed wait: nothing behind it starts before it resolves
+  const gate* parked = nullptr;
+  // A wait ends when the awaited event resolves, or when it is dropped.
+  auto ended = [&](const gate& g) {
+    auto st = g.state.load(std::memory_order_seq_cst);
+    return st == gate::open || st == gate::failed ||
+           started_.load(std::memory_order_relaxed) + 1 <=
+             drop_upto_.load(std::memory_order_seq_cst);
+  };
+  auto startable = [&] {
+    auto retired = retired_.load(std::memory_order_seq_cst);
+    if (started_.load(std::memory_order_relaxed) - retired >= window_ || retired < barrier)
+      return false;
+    if (next < batch.size()) {
+      auto* g = batch[next].as_gate();
+      return !g || ended(*g);
+    }
+    return scheduled_.load(std::memory_order_acquire) != taken_;
+  };
+  // Nothing in flight, nothing taken (the stream may have resolved the
+  // last items while the runner looked elsewhere).
+  auto idle = [&] {
+    return started_.load(std::memory_order_relaxed) ==
+             retired_.load(std::memory_order_seq_cst) &&
+           next == batch.size();
+  };
+  auto park = [&](const gate* g) {
+    if (parked == g)
+      return;
+    std::lock_guard guard{waiters_mu_};
+    parked_on_ = parked = g;
+  };
+  for (;;) {
+    if (retirable())
+      retire_ready();
+    if (startable()) {
+      if (next == batch.size()) {
+        batch.clear();
+        next = 0;
+        take_batch(batch);
+        continue;
+      }
+      auto& it = batch[next++];
+      if (auto* g = it.as_gate()) {
+        park(nullptr);
+        if (g->state.load() == gate::failed)
+          barrier = started_.load(std::memory_order_relaxed) + 1;
+      }
+      start(std::move(it));
+      continue;
+    }
+    if (idle()) {
+      // Wait for work like the synchronous runner.
+      auto queued = [&] { return scheduled_.load(std::memory_order_acquire) != taken_; };
+      if (!spin_until(queued, 16) && !sleep_until_work())
+        return;
+      continue;
+    }
+    if (next < batch.size())
+      if (auto* g = batch[next].as_gate(); g && !ended(*g))
+        park(g);
+    auto ready = [&] { return retirable() || startable() || idle(); };
+    if (spin_until(ready, 16))
+      continue;
+    // Sleep until a completion, a gate or a cancel rings, or a producer
+    // (which tests sleeping_ under mu_) brings work. A stop rings too, and
+    // is seen once idle.
+    auto b = bell_.load();
+    {
+      std::lock_guard guard{mu_};
+      sleeping_.store(true, std::memory_order_seq_cst);
+    }
+    if (!ready())
+      bell_.wait(b);
+    sleeping_.store(false, std::memory_order_relaxed);
+  }
+}
+
+void device_core::start(item&& it) {
+  auto seq = started_.load(std::memory_order_relaxed) + 1;
+  auto& f = flights_[seq % window_];
+  f.it = std::move(it);
+  f.seq = seq;
+  f.skipped_on_stream = false;
+  f.threw_on_stream = false;
+  f.error = nullptr;
+  f.kind = f.it.as_gate() ? flight::gate : flight::task;
+  if (seq <= drop_upto_.load(std::memory_order_acquire))
+    f.kind = flight::dropped;
+  bool submit = f.kind == flight::task && f.it.work;
+  // Settled here unless submitted. Published (with the slot) by started_.
+  f.state.store(submit ? flight::flying : flight::ran, std::memory_order_relaxed);
+  started_.store(seq, std::memory_order_seq_cst);
+  if (!submit)
+    return;
+  try {
+    stream_->submit(seq, [this, fp = &f] { run_on_stream(*fp); });
+  } catch (...) {
+    // Not submitted (the driver refused it, or memory ran out): it fails.
+    f.error = std::current_exception();
+    f.state.store(flight::threw, std::memory_order_seq_cst);
+  }
+}
+
+void device_core::run_on_stream(flight& f) {
+  // Progress is read before the watermark: once the failed item is
+  // resolved, the watermark it raised covers everything submitted before.
+  auto failed_at = stream_failed_at_.load(std::memory_order_seq_cst);
+  bool behind_failure = failed_at != 0 && f.seq > failed_at &&
+                        progress_.load(std::memory_order_seq_cst) < failed_at;
+  if (behind_failure || f.seq <= drop_upto_.load(std::memory_order_seq_cst)) {
+    f.skipped_on_stream = true;
+    return;
+  }
+  current_runner = this;
+  current_item = f.seq;
+  try {
+    f.it.work();
+  } catch (...) {
+    f.error = std::current_exception();
+    f.threw_on_stream = true;
+    stream_failed_at_.store(f.seq, std::memory_order_seq_cst);
+  }
+}
+
+void device_core::completed(uint64_t seq, std::exception_ptr error) noexcept {
+  auto& f = flights_[seq % window_];
+  if (error && !f.error)
+    f.error = std::move(error);
+  auto st = f.skipped_on_stream ? flight::skipped : f.error ? flight::threw : flight::ran;
+  f.state.store(st, std::memory_order_seq_cst);
+  retire_ready();
+  ring(); // the window has room, or the runner resolves what is left
+}
+
+bool device_core::retirable() const noexcept {
+  auto r = retired_.load(std::memory_order_acquire);
+  return r < started_.load(std::memory_order_seq_cst) &&
+         flights_[(r + 1) % window_].state.load(std::memory_order_seq_cst) != flight::flying;
+}
+
+void device_core::retire_ready() noexcept {
+  std::lock_guard guard{retire_mu_};
+  while (retirable()) {
+    auto& f = flights_[(retired_.load(std::memory_order_relaxed) + 1) % window_];
+    retire(f);
+    retired_.store(f.seq, std::memory_order_seq_cst); // frees the slot
+  }
+}
+
+void device_core::retire(flight& f) noexcept {
+  auto seq = f.seq;
+  auto state = f.state.load(std::memory_order_acquire);
+  switch (f.kind) {
+  case flight::dropped:
+    drop(f.it, seq);
+    break;
+  case flight::gate: {
+    auto& g = *f.it.as_gate();
+    if (g.state.load() != gate::open && seq <= drop_upto_.load()) {
+      drop(f.it, seq); // counts the gate off
+      break;
+    }
+    gates_pending_.fetch_sub(1);
+    if (g.state.load() == gate::failed) {
+      poison(seq, [&] { return gate_failure(g); });
+      failed_behind_ = started_.load(std::memory_order_seq_cst);
+      break;
+    }
+    complete(seq);
+    break;
+  }
+  case flight::task:
+    if (state == flight::threw && (f.threw_on_stream || seq > failed_behind_)) {
+      poison(seq, [&] { return task_failure(f.it, seq, f.error); });
+      // What was submitted behind it may have run, but is never done.
+      failed_behind_ = started_.load(std::memory_order_seq_cst);
+    } else if (state != flight::ran || seq <= failed_behind_) {
+      drop(f.it, seq); // skipped, or ran behind a failure
+    } else {
+      f.it = item{}; // what the task held goes before its event is done
+      complete(seq);
+    }
+    break;
+  }
+  f.it = item{};
+  f.error = nullptr;
 }
 
 template <class MakeCause>

@@ -1,11 +1,17 @@
 #pragma once
 /// \file
 /// The seam between the scheduler and a kind of hardware. A driver allocates
-/// device memory, moves bytes and describes its devices; it never spawns
-/// actors or threads and never sends messages (the runner and the actor in
-/// `actors/` own concurrency). Tests substitute fakes.
+/// device memory, moves bytes, describes its devices and, if it is
+/// asynchronous, runs work on its devices' streams and says when it
+/// finished. It never spawns actors and never sends messages (the runner and
+/// the actor in `actors/` own the schedule); the only threads a driver may
+/// own are those that stand in for hardware, like the CUDA runtime's
+/// callback thread or the fake driver's streams. Tests substitute fakes.
 
 #include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +27,36 @@ public:
   virtual ~allocation() = default;
   /// The first byte; valid (non-null) even for a zero-size allocation.
   virtual std::byte* base() const noexcept = 0;
+};
+
+/// Told when work submitted to a `stream` has finished (the device's side of
+/// a CUDA event or host callback).
+class completion_sink {
+public:
+  /// The work submitted as `seq` has finished: `error` is null when it
+  /// completed, otherwise what it threw or why the device failed it. Called
+  /// exactly once per submission, on a driver thread, in any order across
+  /// seqs; must not block.
+  virtual void completed(uint64_t seq, std::exception_ptr error) noexcept = 0;
+
+protected:
+  ~completion_sink() = default;
+};
+
+/// One device's in-order work stream on an asynchronous driver (a CUDA
+/// stream): work runs in the order submitted, and completes after
+/// `submit` returned.
+class stream {
+public:
+  /// Waits until every submitted item has completed and its `completed` call
+  /// has returned: the sink hears nothing afterwards.
+  virtual ~stream() = default;
+  /// Runs `work` on the device after everything submitted before it, and
+  /// returns without waiting for it; the sink is told `completed(seq, ...)`
+  /// once it finished. `work` runs on a driver thread (or, for real
+  /// hardware, launches the device's work from the caller's thread). What it
+  /// throws is the error reported. Called by one thread at a time.
+  virtual void submit(uint64_t seq, std::function<void()> work) = 0;
 };
 
 /// A kind of device: memory, copies, and what it reports about itself.
@@ -45,6 +81,15 @@ public:
   /// Copies `n` bytes between memories this driver can address (runs on the
   /// destination device's runner).
   virtual void copy(std::byte* dst, const std::byte* src, std::size_t n) = 0;
+  /// The work stream of device `ordinal`, telling `sink` (which outlives it)
+  /// about completions; one per device at a time. Null for a synchronous
+  /// driver (the default, and the CPU's): its work runs on the device's
+  /// runner thread and is finished when it returns.
+  virtual std::unique_ptr<stream> open_stream(int ordinal, completion_sink& sink) {
+    (void)ordinal;
+    (void)sink;
+    return nullptr;
+  }
 };
 
 /// The CPU driver: host memory, `num_devices` devices (default: hardware threads).

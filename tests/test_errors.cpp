@@ -37,8 +37,10 @@ using test_support::hang_limit;
 
 namespace {
 
+/// `n` devices on the suite's driver (test_support::test_driver).
 backend_options two_devices(int n = 2) {
-  return backend_options{.num_devices = n, .scheduler_threads = 2};
+  return test_support::on_test_driver(
+    backend_options{.num_devices = n, .scheduler_threads = 2});
 }
 
 task set_flag(std::shared_ptr<std::atomic<bool>> flag, std::string description = "set flag") {
@@ -562,6 +564,7 @@ BOOST_AUTO_TEST_CASE(test_errors_backend_options_reject_unknown_driver) {
   auto msg = expect_invalid("unknown driver",
                             [] { backend b{backend_options{.driver = "quantum_foam"}}; });
   BOOST_TEST(contains(msg, "quantum_foam"), msg);
+  BOOST_TEST(contains(msg, "this build has: cpu, fake"), msg); // the registered drivers
   auto neg = expect_invalid("negative device count",
                             [] { backend b{backend_options{.num_devices = -3}}; });
   BOOST_TEST(contains(neg, "-3"), neg);

@@ -30,6 +30,7 @@ using test_support::block_runner;
 using test_support::bounded;
 using test_support::eventually;
 using test_support::latch_gate;
+using test_support::on_test_driver;
 namespace data = boost::unit_test::data;
 
 // -- FIFO ----------------------------------------------------------------------
@@ -38,7 +39,7 @@ BOOST_DATA_TEST_CASE(test_ordering_fifo_per_device_under_concurrent_producers,
                      data::make({1, 2}), ndev) {
   constexpr int threads = 4;
   constexpr int per_thread = 5000;
-  backend b{backend_options{.num_devices = ndev}};
+  backend b{on_test_driver({.num_devices = ndev})};
   std::vector<multidev::device> devs;
   for (int i = 0; i < ndev; ++i)
     devs.push_back(b.get_device(i));
@@ -91,7 +92,7 @@ BOOST_DATA_TEST_CASE(test_ordering_fifo_per_device_under_concurrent_producers,
 // -- all_work ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(test_ordering_all_work_is_done_exactly_when_earlier_work_is) {
-  backend b{backend_options{.num_devices = 1}};
+  backend b{on_test_driver({.num_devices = 1})};
   auto d = b.get_device(0);
   constexpr int n = 50;
   auto first_gate = std::make_shared<latch_gate>();
@@ -130,7 +131,7 @@ BOOST_AUTO_TEST_CASE(test_ordering_all_work_is_done_exactly_when_earlier_work_is
 BOOST_AUTO_TEST_CASE(test_ordering_all_work_from_many_threads_covers_own_prior_tasks) {
   // Each producer takes all_work right after its own task: that event must
   // cover the producer's task (whatever other producers interleave).
-  backend b{backend_options{.num_devices = 2}};
+  backend b{on_test_driver({.num_devices = 2})};
   auto d = b.get_device(0);
   constexpr int threads = 3, per_thread = 300;
   std::vector<std::vector<std::atomic<bool>>> done(threads);
@@ -164,7 +165,7 @@ BOOST_AUTO_TEST_CASE(test_ordering_all_work_from_many_threads_covers_own_prior_t
 BOOST_AUTO_TEST_CASE(test_ordering_sync_returns_while_the_next_task_blocks) {
   // The task after an awaited one waits for the host to see that event done:
   // the event must resolve without help from later work (no lost wake-ups).
-  backend b{backend_options{.num_devices = 1}};
+  backend b{on_test_driver({.num_devices = 1})};
   auto d = b.get_device(0);
   constexpr int rounds = 20000;
   std::atomic<int> stuck{0};
@@ -216,7 +217,7 @@ struct dag_edge {
 /// when made (so the run exercised real cross-device waits).
 std::string run_random_dag(int ndev, uint32_t seed, int& live_edges) {
   std::mt19937 rng{seed};
-  backend b{backend_options{.num_devices = ndev}};
+  backend b{on_test_driver({.num_devices = ndev})};
   std::vector<multidev::device> devs;
   std::vector<multidev::context> ctxs;
   for (int i = 0; i < ndev; ++i) {
@@ -314,7 +315,9 @@ BOOST_DATA_TEST_CASE(test_ordering_random_dags_respect_will_wait_for,
 BOOST_AUTO_TEST_CASE(test_ordering_backpressure_blocks_producer_and_drops_nothing) {
   constexpr std::size_t capacity = 4;
   constexpr int extra = 12;
-  backend b{backend_options{.num_devices = 1, .queue_capacity = capacity}};
+  // One item in flight (the blocker), so that on an asynchronous driver the
+  // runner takes nothing more off the queue while the blocker holds.
+  backend b{on_test_driver({.num_devices = 1, .queue_capacity = capacity, .max_in_flight = 1})};
   auto d = b.get_device(0);
   auto release = block_runner(b, d); // the runner holds the blocker; queue empty
   std::vector<int> order;
@@ -342,7 +345,7 @@ BOOST_AUTO_TEST_CASE(test_ordering_backpressure_blocks_producer_and_drops_nothin
 }
 
 BOOST_AUTO_TEST_CASE(test_ordering_backpressure_many_producers_tiny_queue) {
-  backend b{backend_options{.num_devices = 2, .queue_capacity = 2}};
+  backend b{on_test_driver({.num_devices = 2, .queue_capacity = 2})};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   constexpr int threads = 3, per_thread = 2000;
   std::vector<std::vector<int>> logs(threads);
@@ -384,13 +387,16 @@ BOOST_AUTO_TEST_CASE(test_ordering_backpressure_many_producers_tiny_queue) {
 
 BOOST_AUTO_TEST_CASE(test_ordering_task_schedules_on_own_full_queue_without_deadlock) {
   constexpr std::size_t capacity = 4;
-  backend b{backend_options{.num_devices = 1, .queue_capacity = capacity}};
+  // One in flight: on an asynchronous driver the outer task fills it, so the
+  // host's tasks stay in the queue and fill it.
+  backend b{on_test_driver({.num_devices = 1, .queue_capacity = capacity, .max_in_flight = 1})};
   auto d = b.get_device(0);
   auto host_filled = std::make_shared<latch_gate>();
   auto started = std::make_shared<latch_gate>();
+  auto outer_done = std::make_shared<latch_gate>();
   std::vector<int> order;
   std::atomic<int> inner_scheduled{0};
-  b.schedule_task(d, {"outer", [&, host_filled, started] {
+  b.schedule_task(d, {"outer", [&, host_filled, started, outer_done] {
                         started->open();
                         host_filled->wait();
                         // The queue is full now; the runner must not wait for itself.
@@ -398,6 +404,7 @@ BOOST_AUTO_TEST_CASE(test_ordering_task_schedules_on_own_full_queue_without_dead
                           b.schedule_task(d, {"inner", [&order, i] { order.push_back(100 + i); }});
                           ++inner_scheduled;
                         }
+                        outer_done->open();
                       }});
   BOOST_REQUIRE(started->wait());
   bounded([&] {
@@ -406,6 +413,8 @@ BOOST_AUTO_TEST_CASE(test_ordering_task_schedules_on_own_full_queue_without_dead
   });
   BOOST_TEST(d.get_runner().queue_length() == capacity + 1);
   host_filled->open();
+  // The inner tasks are scheduled by the time outer ends: await covers them.
+  BOOST_REQUIRE(outer_done->wait());
   bounded([&] { b.await(d); });
   BOOST_TEST(inner_scheduled.load() == 6);
   std::vector<int> expected{0, 1, 2, 3, 100, 101, 102, 103, 104, 105};

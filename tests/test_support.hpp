@@ -173,10 +173,25 @@ inline std::string field_of(const multidev::sexp& info, const char* key) {
   return f->items()[1].as_atom();
 }
 
-/// A CPU backend with `devices` devices and two scheduler threads.
+/// The driver a suite runs on: `MULTIDEV_TEST_DRIVER`, default `cpu`. CTest
+/// runs the ordering, error and transfer suites a second time with `fake`,
+/// whose items complete asynchronously on a driver thread.
+inline std::string test_driver() {
+  auto* name = std::getenv("MULTIDEV_TEST_DRIVER");
+  return name && *name ? std::string{name} : std::string{"cpu"};
+}
+
+/// `opts` on the suite's driver (`test_driver()`).
+inline multidev::backend_options on_test_driver(multidev::backend_options opts) {
+  opts.driver = test_driver();
+  return opts;
+}
+
+/// A backend on the suite's driver (`cpu` unless `MULTIDEV_TEST_DRIVER`
+/// says otherwise) with `devices` devices and two scheduler threads.
 inline multidev::backend make_backend(int devices) {
   return multidev::backend{
-    multidev::backend_options{.num_devices = devices, .scheduler_threads = 2}};
+    on_test_driver(multidev::backend_options{.num_devices = devices, .scheduler_threads = 2})};
 }
 
 /// `b.sync(e)`, bounded by `bounded` (30 s, then the process exits).

@@ -51,12 +51,19 @@ namespace multidev {
 
 /// How a backend is built.
 struct backend_options {
-  /// Driver kind; `"cpu"` is the one built in.
+  /// Driver kind: `"cpu"` (tasks run on the device's runner thread) or
+  /// `"fake"` (for tests: an asynchronous device whose items complete on a
+  /// driver thread after a short pseudo-random delay). Another name throws
+  /// `std::invalid_argument` listing these.
   std::string driver = "cpu";
   /// Number of devices; default: the machine's hardware threads.
   std::optional<int> num_devices;
   /// Tasks a device's queue holds before `schedule_task` waits for room.
   std::size_t queue_capacity = std::size_t{1} << 16;
+  /// On an asynchronous driver, items a device keeps submitted and not yet
+  /// finished at most (0 counts as 1); its runner waits for a completion
+  /// before it submits more. Synchronous drivers (cpu) run one at a time.
+  std::size_t max_in_flight = 64;
   /// CAF scheduler threads when the backend owns its actor system; 0: the
   /// machine's hardware threads.
   int scheduler_threads = 0;
