@@ -155,35 +155,43 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         st.core->resolve_gate(*g, &msg); // no-op for gates already open
     st.remote_gates.erase(first, last);
   });
-  self->set_exit_handler([self](caf::exit_msg& msg) {
-    if (msg.reason == caf::exit_reason::normal)
-      return;
-    answer_everything(self);
-    self->quit(msg.reason);
-  });
-  // However the actor ends (an exit, a kill, an exception), the replies that
-  // would open its remote gates can no longer arrive: fail those gates, or
-  // the device would wait on them until its backend goes.
   // The actor owns its device's life: once it is gone (a kill, an exit
   // message, an exception), nothing is accepted any more and the work not
   // yet started fails with the reason. After the backend's own shutdown the
-  // device has drained already, and this changes nothing.
+  // device has drained already, and this changes nothing. However the actor
+  // ends, the replies that would open its remote gates can no longer arrive:
+  // those gates fail too, or the device would wait on them until its backend
+  // goes.
   std::weak_ptr<device_core> weak = self->state.core;
   caf::actor_system* sys = &self->system();
-  self->attach_functor([weak, sys](const caf::error& reason) {
-    if (auto c = weak.lock()) {
-      std::string text;
-      try {
-        text = reason ? sys->render(reason) : std::string{"normal"};
-      } catch (...) {
-        text = "unknown reason";
-      }
-      c->kill("the device actor exited (" + text + ")");
-      // Left by a kill of a device already stopping: the answers cannot come.
-      static const std::string why = "the device's actor stopped before the answer came";
-      c->cancel_remote_waits(why);
+  auto kill_device = [weak, sys](const caf::error& reason) {
+    auto c = weak.lock();
+    if (!c)
+      return;
+    std::string text;
+    try {
+      text = reason ? sys->render(reason) : std::string{"normal"};
+    } catch (...) {
+      text = "unknown reason";
     }
+    c->kill("the device actor exited (" + text + ")"); // idempotent
+    // Left by a kill of a device already stopping: the answers cannot come.
+    static const std::string why = "the device's actor stopped before the answer came";
+    c->cancel_remote_waits(why);
+  };
+  self->set_exit_handler([self, kill_device](caf::exit_msg& msg) {
+    if (msg.reason == caf::exit_reason::normal)
+      return;
+    // Killed here, before quitting: CAF runs the attachables of an ending
+    // actor newest first, so a user's monitor (attached after the functor
+    // below) would otherwise hear of the end before the device is killed,
+    // and work released meanwhile could still run.
+    kill_device(msg.reason);
+    answer_everything(self);
+    self->quit(msg.reason);
   });
+  // Any other end (a kill, an exception).
+  self->attach_functor(kill_device);
   return {
     [self](schedule_atom, const task_spec& spec) -> caf::result<uint64_t> {
       auto c = self->state.core;
