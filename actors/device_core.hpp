@@ -219,10 +219,6 @@ public:
   /// A copy of the runner trace, taken without stopping the runner; empty,
   /// with capacity 0, when tracing is off. Any thread.
   device_trace trace() const;
-  /// Records an item the runner handled outside `execute` (a cancelled one);
-  /// a no-op when tracing is off. Runner thread only.
-  void trace_item(uint64_t seq, trace_kind kind, std::string_view description,
-                  int64_t start_ns, int64_t end_ns) noexcept;
 
 private:
   /// What a task carries besides its work; most bare closures have none.
@@ -253,7 +249,14 @@ private:
     // Written on the stream, read by the runner once `state` says so.
     bool skipped_on_stream = false;
     bool threw_on_stream = false;
+    bool began_on_stream = false; // its work was taken up (trace times)
     std::exception_ptr error;
+    /// Trace times (when tracing is on): the start is when the runner
+    /// submitted it, or parked on it for a gate, until the stream takes it
+    /// up; the end is when the stream reported it. An item the stream
+    /// reported without taking it up (a device fault) spans no time.
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
     /// `flying` until the stream reports it (the runner sets the others
     /// itself for items it does not submit).
     std::atomic<uint8_t> state{flying};
@@ -282,9 +285,10 @@ private:
   /// `execute` timed into the trace; `first_in_batch`: the runner did other
   /// things since the last item, so the start needs a clock read of its own.
   void execute_traced(item& it, bool first_in_batch);
-  /// Records the item `execute_traced` is running, if any, as ended now;
+  /// Records the item `execute_traced` (or `retire`) is resolving, if any,
+  /// as `seq`, ended now (or at the end `trace_ring::begin` was given);
   /// `complete` and `poison` call it before the item's event resolves.
-  void trace_done(bool failed) noexcept;
+  void trace_done(uint64_t seq, bool failed) noexcept;
   /// Records an item the runner resolved without running it (cancelled,
   /// killed, behind a failure) as kind `cancel`, instead of its own record.
   void trace_dropped(const item& it, uint64_t seq) noexcept;
@@ -296,7 +300,8 @@ private:
   void run_async();
   /// Runner only: places `it`, whose seq is `started_ + 1`, in the window and
   /// submits it unless it is a gate (which the caller saw end) or dropped.
-  void start(item&& it);
+  /// `parked_ns`: for a gate, when the runner began waiting on it (trace).
+  void start(item&& it, int64_t parked_ns);
   /// Whether the oldest item in the window is settled (reported by the
   /// stream, or settled by the runner) and not yet resolved.
   bool retirable() const noexcept;

@@ -235,7 +235,7 @@ void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
 
 void device_core::complete(uint64_t seq) {
   if (trace_) [[unlikely]]
-    trace_done(false); // before the event is done, so whoever syncs sees it
+    trace_done(seq, false); // before the event is done, so whoever syncs sees it
   // Store-then-load against `when_done`'s store-then-load of min_waiter_ and
   // progress_ (Dekker): both sides need StoreLoad order, or a waiter that
   // registers at this very moment and this check could both miss each other,
@@ -266,6 +266,7 @@ void device_core::run_async() {
   std::size_t next = 0; // batch[next]: the next item to start
   uint64_t barrier = 0; // a failed wait: nothing behind it starts before it resolves
   const gate* parked = nullptr;
+  int64_t parked_ns = 0; // when the runner began waiting on `parked` (trace)
   // A wait ends when the awaited event resolves, or when it is dropped.
   auto ended = [&](const gate& g) {
     auto st = g.state.load(std::memory_order_seq_cst);
@@ -293,6 +294,8 @@ void device_core::run_async() {
   auto park = [&](const gate* g) {
     if (parked == g)
       return;
+    if (g && trace_) [[unlikely]]
+      parked_ns = trace_->clock().now();
     std::lock_guard guard{waiters_mu_};
     parked_on_ = parked = g;
   };
@@ -307,12 +310,14 @@ void device_core::run_async() {
         continue;
       }
       auto& it = batch[next++];
+      int64_t waited_since = 0;
       if (auto* g = it.as_gate()) {
+        waited_since = parked == g ? parked_ns : 0;
         park(nullptr);
         if (g->state.load() == gate::failed)
           barrier = started_.load(std::memory_order_relaxed) + 1;
       }
-      start(std::move(it));
+      start(std::move(it), waited_since);
       continue;
     }
     if (idle()) {
@@ -342,14 +347,19 @@ void device_core::run_async() {
   }
 }
 
-void device_core::start(item&& it) {
+void device_core::start(item&& it, int64_t parked_ns) {
   auto seq = started_.load(std::memory_order_relaxed) + 1;
   auto& f = flights_[seq % window_];
   f.it = std::move(it);
   f.seq = seq;
   f.skipped_on_stream = false;
   f.threw_on_stream = false;
+  f.began_on_stream = false;
   f.error = nullptr;
+  if (trace_) [[unlikely]] {
+    f.start_ns = parked_ns != 0 ? parked_ns : trace_->clock().now();
+    f.end_ns = 0;
+  }
   f.kind = f.it.as_gate() ? flight::gate : flight::task;
   if (seq <= drop_upto_.load(std::memory_order_acquire))
     f.kind = flight::dropped;
@@ -380,6 +390,9 @@ void device_core::run_on_stream(flight& f) {
   }
   current_runner = this;
   current_item = f.seq;
+  f.began_on_stream = true;
+  if (trace_) [[unlikely]]
+    f.start_ns = trace_->clock().now(); // the device takes it up
   try {
     f.it.work();
   } catch (...) {
@@ -391,6 +404,11 @@ void device_core::run_on_stream(flight& f) {
 
 void device_core::completed(uint64_t seq, std::exception_ptr error) noexcept {
   auto& f = flights_[seq % window_];
+  if (trace_) [[unlikely]] {
+    f.end_ns = trace_->clock().now_relaxed();
+    if (!f.began_on_stream)
+      f.start_ns = f.end_ns;
+  }
   if (error && !f.error)
     f.error = std::move(error);
   auto st = f.skipped_on_stream ? flight::skipped : f.error ? flight::threw : flight::ran;
@@ -417,6 +435,10 @@ void device_core::retire_ready() noexcept {
 void device_core::retire(flight& f) noexcept {
   auto seq = f.seq;
   auto state = f.state.load(std::memory_order_acquire);
+  // The record goes out as the item resolves (complete, poison, drop); a
+  // settled item the stream did not report (a gate) ends now.
+  if (trace_) [[unlikely]]
+    trace_->begin(&f.it, f.start_ns, f.end_ns);
   switch (f.kind) {
   case flight::dropped:
     drop(f.it, seq);
@@ -444,6 +466,8 @@ void device_core::retire(flight& f) noexcept {
     } else if (state != flight::ran || seq <= failed_behind_) {
       drop(f.it, seq); // skipped, or ran behind a failure
     } else {
+      if (trace_) [[unlikely]]
+        trace_done(seq, false); // while its description is still there
       f.it = item{}; // what the task held goes before its event is done
       complete(seq);
     }
@@ -458,7 +482,7 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   // Runs on the runner, outside any handler: nothing here may throw. A cause
   // that cannot be made (out of memory) becomes a preallocated one.
   if (trace_) [[unlikely]]
-    trace_done(true);
+    trace_done(seq, true);
   failure_ptr cause;
   try {
     cause = make();

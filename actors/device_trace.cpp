@@ -22,15 +22,19 @@ void device_core::execute_traced(item& it, bool first_in_batch) {
   // An item that neither completed nor failed (none does today) still
   // leaves its record.
   if (ring.running()) [[unlikely]]
-    trace_done(failed());
+    trace_done(executed_, failed());
 }
 
 void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
   auto& ring = *trace_;
-  auto start = ring.running() ? ring.running_start_ns() : ring.clock().now_relaxed();
+  trace_ring::entry e{seq, trace_kind::cancel, 0, 0, true, 0};
+  if (ring.running()) {
+    e.start_ns = ring.running_start_ns();
+    e.end_ns = ring.running_end_ns();
+  } else {
+    e.start_ns = e.end_ns = ring.clock().now_relaxed();
+  }
   ring.take_running();
-  trace_ring::entry e{seq, trace_kind::cancel, start, 0, true, 0};
-  e.end_ns = std::max(e.start_ns, ring.clock().now_relaxed());
   std::string description;
   try {
     description = "not run: " + task_name(it, seq);
@@ -39,13 +43,13 @@ void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
   ring.write(e, description, {});
 }
 
-void device_core::trace_done(bool failed) noexcept {
+void device_core::trace_done(uint64_t seq, bool failed) noexcept {
   auto& ring = *trace_;
-  auto* it = static_cast<const item*>(ring.take_running());
-  if (!it)
+  if (!ring.running())
     return;
-  trace_ring::entry e{executed_, trace_kind::task, ring.running_start_ns(), 0, failed, 0};
-  e.end_ns = std::max(e.start_ns, ring.clock().now_relaxed());
+  trace_ring::entry e{seq, trace_kind::task, ring.running_start_ns(), ring.running_end_ns(),
+                      failed, 0};
+  auto* it = static_cast<const item*>(ring.take_running());
   if (!it->extra) {
     ring.write(e); // a bare closure: the hot path
     return;
@@ -70,12 +74,6 @@ void device_core::trace_done(bool failed) noexcept {
     }
     ring.write(e, description, awaited);
   }();
-}
-
-void device_core::trace_item(uint64_t seq, trace_kind kind, std::string_view description,
-                             int64_t start_ns, int64_t end_ns) noexcept {
-  if (trace_)
-    trace_->write({seq, kind, start_ns, end_ns, false, 0}, description, {});
 }
 
 device_trace device_core::trace() const {

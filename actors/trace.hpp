@@ -2,6 +2,7 @@
 /// \file
 /// The ring behind a device's runner trace (`multidev/trace.hpp`).
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -82,7 +83,8 @@ std::string nameless_task_name(uint64_t seq);
 /// costs the runner ~15 ns), a record may hold strings, which must not be
 /// read while they are written, and a reader must never stop the runner for
 /// longer than one record. So each slot is a sequence lock: the one writer
-/// (the runner thread) marks the slot busy, stores the fixed fields (atomics,
+/// (the runner thread; on an asynchronous driver, whichever thread resolves
+/// items, one at a time under the device's retire lock) marks the slot busy, stores the fixed fields (atomics,
 /// plain stores on x86) and then its index; a reader copies them and checks
 /// the index again. The strings are written only under `mu_`, and only for
 /// records that have them (a bare closure has none and takes no lock); a
@@ -131,14 +133,21 @@ public:
 
   /// The item the runner is running, started at `start_ns`, until its record
   /// is written (the ring only keeps the pointer for its owner); writer only.
-  void begin(const void* item, int64_t start_ns) noexcept {
+  /// `end_ns`: when it ended, if known already (an asynchronous driver's
+  /// report); 0 to read the clock when the record is written.
+  void begin(const void* item, int64_t start_ns, int64_t end_ns = 0) noexcept {
     running_ = item;
     running_start_ = start_ns;
+    running_end_ = end_ns;
   }
   /// The item `begin` set, which is then forgotten; null when none.
   const void* take_running() noexcept { return std::exchange(running_, nullptr); }
   bool running() const noexcept { return running_ != nullptr; }
   int64_t running_start_ns() const noexcept { return running_start_; }
+  /// The end `begin` was given, or now.
+  int64_t running_end_ns() const noexcept {
+    return std::max(running_start_, running_end_ != 0 ? running_end_ : clock_.now_relaxed());
+  }
 
   /// Records written so far, overwritten ones included. Any thread.
   uint64_t written() const noexcept { return written_.load(std::memory_order_acquire); }
@@ -200,6 +209,7 @@ private:
   int64_t last_end_ = 0;
   const void* running_ = nullptr;
   int64_t running_start_ = 0;
+  int64_t running_end_ = 0;
   // Shared with readers.
   alignas(64) mutable spin_mutex mu_;
   std::atomic<uint64_t> written_{0};

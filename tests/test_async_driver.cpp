@@ -327,3 +327,58 @@ BOOST_AUTO_TEST_CASE(test_async_driver_shutdown_cancelling_items_in_flight_resol
   BOOST_TEST(done == count->load());
   BOOST_TEST(failed > 0);
 }
+
+BOOST_AUTO_TEST_CASE(test_async_driver_trace_records_every_item_with_stream_times) {
+  // On an asynchronous driver the records are written as items resolve
+  // (often on the stream's thread), with the times the stream ran each.
+  auto opts = on_fake(2);
+  opts.trace_capacity = 64;
+  backend b{opts};
+  auto& f = fake_of(b);
+  f.set_max_delay(20us);
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  for (int i = 1; i <= 5; ++i)
+    b.schedule_task(d0, {"a" + std::to_string(i), [] {}});
+  b.schedule_task(d0, task{{}, [] {}, {}});                  // seq 6, nameless
+  auto e0 = b.all_work(d0);
+  b.will_wait_for(b.make_context(d1), e0);               // d1 seq 1
+  b.schedule_task(d1, {"b2", [] {}});                    // d1 seq 2
+  f.fail_at(0, 8, "device fault");
+  b.schedule_task(d0, {"c7", [] {}});                    // seq 7
+  b.schedule_task(d0, {"c8", [] {}});                    // seq 8: the fault
+  b.schedule_task(d0, {"c9", [] {}});                    // seq 9: behind it
+  bounded([&] { b.sync(b.all_work(d1)); }, "sync d1");
+  BOOST_CHECK_THROW(bounded([&] { b.await(d0); }, "await d0"), device_error);
+
+  auto t0 = b.trace(d0);
+  BOOST_TEST_REQUIRE(t0.records.size() == 9u);
+  for (std::size_t i = 0; i < t0.records.size(); ++i) {
+    const auto& r = t0.records[i];
+    BOOST_TEST(r.seq == i + 1);
+    BOOST_TEST(r.start_ns <= r.end_ns, "seq " << r.seq);
+    if (i > 0 && r.seq <= 8) // the stream runs them one after the other
+      BOOST_TEST(r.start_ns >= t0.records[i - 1].end_ns, "seq " << r.seq);
+  }
+  for (int i = 1; i <= 5; ++i) {
+    BOOST_TEST((t0.records[i - 1].kind == trace_kind::task));
+    BOOST_TEST(t0.records[i - 1].description == "a" + std::to_string(i));
+    BOOST_TEST(!t0.records[i - 1].failed);
+  }
+  BOOST_TEST(t0.records[5].description == "task#6");
+  BOOST_TEST(t0.records[6].description == "c7");
+  BOOST_TEST(!t0.records[6].failed);
+  BOOST_TEST(t0.records[7].description == "c8");
+  BOOST_TEST(t0.records[7].failed);
+  BOOST_TEST((t0.records[8].kind == trace_kind::cancel));
+  BOOST_TEST(t0.records[8].failed);
+  BOOST_TEST(contains(t0.records[8].description, "c9"), t0.records[8].description);
+
+  auto t1 = b.trace(d1);
+  BOOST_TEST_REQUIRE(t1.records.size() == 2u);
+  BOOST_TEST((t1.records[0].kind == trace_kind::gate));
+  BOOST_TEST(t1.records[0].awaited_seq == 6u);
+  BOOST_TEST(t1.records[0].awaited_device == t0.device);
+  BOOST_TEST(t1.records[0].start_ns <= t1.records[0].end_ns);
+  BOOST_TEST(t1.records[1].description == "b2");
+  BOOST_TEST(t1.records[1].start_ns >= t1.records[0].end_ns);
+}

@@ -3,7 +3,7 @@
 // with the event they awaited, in a ring of fixed size whose overwritten
 // records are counted; a reader copies it while the runner goes on; a
 // nameless task is called task#<seq> in the trace and in error messages.
-// White-box for one test: the entry point other runner code records through.
+// White-box where a test needs the core (when_done) or the ring itself.
 #define BOOST_TEST_MODULE trace
 #include <boost/test/unit_test.hpp>
 
@@ -387,24 +387,28 @@ BOOST_AUTO_TEST_CASE(test_trace_records_a_failed_wait) {
   BOOST_TEST(b.trace(d0).records.back().failed);
 }
 
-BOOST_AUTO_TEST_CASE(test_trace_takes_records_from_other_runner_code) {
-  // Cancellation records the items it drops through trace_item, on the runner.
+BOOST_AUTO_TEST_CASE(test_trace_records_cancelled_items_as_not_run) {
   backend b{traced(16, 1)};
   auto d = b.get_device(0);
-  auto core = d.get_runner().core();
-  b.schedule_task(d, task{"canceller", [core] {
-                            core->trace_item(7, trace_kind::cancel, "dropped thing", 10, 20);
-                          },
-                          {}});
+  auto release = block_runner(b, d);                  // seq 1
+  b.schedule_task(d, task{"queued 2", [] {}, {}});    // seq 2
+  b.schedule_task(d, task{{}, [] {}, {}});                // seq 3, nameless
+  b.cancel(d);
+  release->open();
+  b.schedule_task(d, task{"after", [] {}, {}});       // seq 4
   sync(b, b.all_work(d));
   auto t = b.trace(d);
-  BOOST_TEST_REQUIRE(t.records.size() == 2u);
-  BOOST_TEST(t.records[0].kind == trace_kind::cancel);
-  BOOST_TEST(t.records[0].seq == 7u);
-  BOOST_TEST(t.records[0].description == "dropped thing");
-  BOOST_TEST(t.records[0].start_ns == 10);
-  BOOST_TEST(t.records[0].end_ns == 20);
-  BOOST_TEST(t.records[1].description == "canceller");
+  BOOST_TEST_REQUIRE(t.records.size() == 4u);
+  check_well_formed(t);
+  for (int i : {1, 2}) {
+    BOOST_TEST(t.records[i].kind == trace_kind::cancel);
+    BOOST_TEST(t.records[i].failed);
+  }
+  BOOST_TEST(t.records[1].description == "not run: queued 2");
+  BOOST_TEST(t.records[2].description == "not run: task#3");
+  BOOST_TEST(t.records[3].kind == trace_kind::task);
+  BOOST_TEST(t.records[3].description == "after");
+  BOOST_TEST(!t.records[3].failed);
 }
 
 BOOST_AUTO_TEST_CASE(test_trace_prints_records_as_sexps) {
