@@ -138,7 +138,7 @@ public:
   bool is_idle() const noexcept { return finished() == scheduled() && !failed(); }
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
-  bool runner_sleeping() const noexcept { return sleeping_.load(); }
+  bool runner_sleeping() const noexcept { return sleeping_.load() != awake; }
   /// Blocks until `seq` is done; throws `device_error` if it failed,
   /// `deadlock_error` when called from this runner on a seq ahead of it,
   /// `std::invalid_argument` when `seq` was never scheduled.
@@ -374,8 +374,13 @@ private:
   alignas(64) mutable spin_mutex mu_;
   std::vector<item> queue_;
   std::atomic<uint64_t> scheduled_{0};
-  // The runner sleeps on bell_ when sleeping_ is set; whoever clears it rings.
-  std::atomic<bool> sleeping_{false};
+  // The runner sleeps on bell_ when sleeping_ is set; whoever clears it
+  // rings. A producer rings only a runner that sleeps for work: one parked
+  // on a wait needs the wait's resolution (or a cancel, kill or stop), and
+  // waking it for each push (a host scheduling a chain ahead of its
+  // devices) would cost a futex wake per push for nothing.
+  enum sleep_state : uint8_t { awake, for_work, on_gate };
+  std::atomic<uint8_t> sleeping_{awake};
   std::atomic<uint32_t> bell_{0};
   int producers_waiting_ = 0;
   bool stopping_ = false;

@@ -29,8 +29,13 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
     seq = scheduled_.load(std::memory_order_relaxed) + 1;
     scheduled_.store(seq, std::memory_order_release);
     // The runner sets sleeping_ for an empty queue under mu_, so a plain
-    // load suffices to skip the read-modify-write on the common path.
-    wake = sleeping_.load(std::memory_order_relaxed) && sleeping_.exchange(false);
+    // load suffices to skip the read-modify-write on the common path. A
+    // runner parked on a wait is left asleep (see sleeping_).
+    // Compare-and-swap, not exchange: a runner that woke meanwhile and
+    // parked on a wait must keep its on_gate, or the wait's ring is lost.
+    auto expected = uint8_t{for_work};
+    wake = sleeping_.load(std::memory_order_relaxed) == for_work &&
+           sleeping_.compare_exchange_strong(expected, awake);
   }
   if (wake)
     ring_bell();
@@ -101,7 +106,7 @@ void device_core::call_room_callback() noexcept {
 }
 
 void device_core::ring() {
-  if (sleeping_.exchange(false, std::memory_order_seq_cst))
+  if (sleeping_.exchange(awake, std::memory_order_seq_cst) != awake)
     ring_bell();
 }
 

@@ -62,10 +62,10 @@ bool device_core::sleep_until_work() {
     if (stopping_)
       return false;
     auto b = bell_.load();
-    sleeping_.store(true, std::memory_order_seq_cst);
+    sleeping_.store(for_work, std::memory_order_seq_cst);
     lk.unlock();
     bell_.wait(b);
-    sleeping_.store(false, std::memory_order_relaxed);
+    sleeping_.store(awake, std::memory_order_relaxed);
     lk.lock();
   }
   return true;
@@ -107,15 +107,15 @@ void device_core::execute(item& it) {
       return st == gate::open || st == gate::failed ||
              seq <= drop_upto_.load(std::memory_order_seq_cst);
     };
-    spin_until(ended);
+    spin_on_gate(ended);
     for (;;) {
       auto b = bell_.load();
-      sleeping_.store(true, std::memory_order_seq_cst);
+      sleeping_.store(on_gate, std::memory_order_seq_cst);
       if (ended())
         break;
       bell_.wait(b);
     }
-    sleeping_.store(false, std::memory_order_relaxed);
+    sleeping_.store(awake, std::memory_order_relaxed);
     {
       std::lock_guard guard{waiters_mu_};
       parked_on_ = nullptr;
@@ -339,11 +339,11 @@ void device_core::run_async() {
     auto b = bell_.load();
     {
       std::lock_guard guard{mu_};
-      sleeping_.store(true, std::memory_order_seq_cst);
+      sleeping_.store(for_work, std::memory_order_seq_cst);
     }
     if (!ready())
       bell_.wait(b);
-    sleeping_.store(false, std::memory_order_relaxed);
+    sleeping_.store(awake, std::memory_order_relaxed);
   }
 }
 
