@@ -168,7 +168,7 @@ BOOST_AUTO_TEST_CASE(test_bench_new_baselines_share_one_measurement_of_multidev)
   BOOST_TEST(remote.baseline_value > 0);
   BOOST_TEST(!remote.target.has_value());
   BOOST_TEST(!remote.value_target.has_value());
-  // A multidev hop across that connection, beside the CAF round trip on it.
+  // A multidev hop across that connection, beside a CAF ping-pong hop on it.
   const auto& hop = find("remote_hop");
   BOOST_TEST(hop.unit == "us/hop");
   BOOST_TEST(hop.value > 0);
