@@ -28,16 +28,8 @@ using namespace internal_atoms;
 struct device_state {
   std::shared_ptr<device_core> core;
   device_identity id;
-  /// The key internal messages must carry (see `internal_atoms`).
+  /// The key the internal `room` message must carry (see `internal_atoms`).
   uint64_t key = 0;
-  /// A reply owed to a `wait` request: the seq awaited and its promise.
-  struct pending_wait {
-    uint64_t seq;
-    caf::typed_response_promise<uint64_t> rp;
-  };
-  /// Replies owed to `wait` requests, by token.
-  std::unordered_map<uint64_t, pending_wait> waits;
-  uint64_t next_token = 0;
   /// Gates waiting on remote owners, so a vanished owner fails them.
   std::multimap<caf::actor_addr, std::weak_ptr<gate>> remote_gates;
   /// Ordered requests held back while the device's queue is full, oldest
@@ -64,6 +56,37 @@ auto attempt(const device_core& core, F& f) -> caf::expected<decltype(f())> {
     return make_error(errc::device_failed, e.device_name(), e.message());
   } catch (const std::exception& e) {
     return make_error(errc::device_failed, core.name(), e.what());
+  }
+}
+
+/// Where the reply to the message being handled goes: what a response
+/// promise holds, without the actor.
+struct reply_to {
+  caf::strong_actor_ptr sender;
+  caf::message_id mid;
+  caf::mailbox_element::forwarding_stack stages;
+};
+
+/// Answers `to` from any thread, as a response promise would from the actor
+/// (`response_promise::deliver`): a response needs no actor to send it, so the
+/// runner that resolves an awaited seq replies at once instead of handing the
+/// reply to the device actor first -- one thread hand-off less per remote
+/// hop (~30 µs of ~115 on this project's guest). Nothing to do for a message
+/// that is not a request.
+void reply_from_runner(reply_to& to, caf::message msg) noexcept {
+  try {
+    if (!to.stages.empty()) {
+      auto next = std::move(to.stages.back());
+      to.stages.pop_back();
+      next->enqueue(caf::make_mailbox_element(std::move(to.sender), to.mid,
+                                              std::move(to.stages), std::move(msg)),
+                    nullptr);
+      return;
+    }
+    if (to.sender && to.mid.is_request())
+      to.sender->enqueue(nullptr, to.mid.response_id(), std::move(msg), nullptr);
+  } catch (...) {
+    // Out of memory: the requester's monitor or timeout ends its wait.
   }
 }
 
@@ -117,8 +140,10 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   return rp;
 }
 
-/// Before the actor stops: every request still owed a reply gets one, an
-/// error unless its answer is already known; nothing new is scheduled.
+/// Before the actor stops: every deferred request gets an error; nothing new
+/// is scheduled. (Replies owed to `wait` requests come from the core, which
+/// resolves every seq once: done, or failed as the device is killed or shut
+/// down.)
 void answer_everything(self_ptr self) {
   auto& st = self->state;
   while (!st.deferred.empty()) {
@@ -126,17 +151,6 @@ void answer_everything(self_ptr self) {
     st.deferred.pop_front();
     next(true);
   }
-  for (auto& [token, w] : st.waits) {
-    if (st.core->is_done(w.seq))
-      w.rp.deliver(w.seq);
-    else if (auto cause = st.core->cause_of(w.seq))
-      w.rp.deliver(make_error(*cause));
-    else
-      w.rp.deliver(make_error(
-        errc::device_failed, st.core->name(),
-        fmt::format("the device actor stopped before seq {} finished", w.seq)));
-  }
-  st.waits.clear();
 }
 
 device_actor_full::behavior_type device_impl(self_ptr self,
@@ -201,43 +215,24 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto& st = self->state;
       if (st.core->is_done(seq))
         return seq;
-      auto token = st.next_token;
-      caf::actor_addr addr = self->address();
-      auto key = st.key;
       auto c = st.core;
+      auto to = std::make_shared<reply_to>(reply_to{
+        self->current_sender(), self->current_message_id(), self->current_forwarding_stack()});
       auto registered = [&] {
         c->check_scheduled(seq, "wait");
-        // The resolution arrives as a message, so the promise is only ever
-        // touched by this actor.
-        c->when_resolved(seq, [addr, key, token](const failure* cause) {
-          if (auto me = caf::actor_cast<device_actor_full>(addr))
-            caf::anon_send(me, resolved_atom::value, key, token,
-                           cause ? *cause : failure{}, cause != nullptr);
+        // Every registered seq resolves once (done, failed, cancelled, or
+        // killed with the device), so every wait gets exactly one reply,
+        // even after this actor has stopped.
+        c->when_resolved(seq, [to, seq](const failure* cause) {
+          reply_from_runner(*to, cause ? caf::make_message(make_error(*cause))
+                                       : caf::make_message(seq));
         });
         return true;
       };
       auto r = attempt(*c, registered);
       if (!r)
         return std::move(r.error());
-      ++st.next_token;
-      auto rp = self->make_response_promise<uint64_t>();
-      st.waits.emplace(token, device_state::pending_wait{seq, rp});
-      return rp;
-    },
-    [self](resolved_atom, uint64_t key, uint64_t token, const failure& cause, bool failed) {
-      auto& st = self->state;
-      if (key != st.key)
-        return; // not sent by this device's core
-      auto i = st.waits.find(token);
-      if (i == st.waits.end())
-        return;
-      // The reply names the seq awaited, as when it was already done.
-      auto seq = i->second.seq;
-      if (!failed || st.core->is_done(seq))
-        i->second.rp.deliver(seq);
-      else // the whole failure travels, provenance included
-        i->second.rp.deliver(make_error(cause));
-      st.waits.erase(i);
+      return caf::delegated<uint64_t>{};
     },
     [self](room_atom, uint64_t key) {
       if (key != self->state.key)

@@ -22,11 +22,9 @@ namespace multidev::detail {
 
 /// Internal messages a device actor sends itself from other threads. They
 /// carry the actor's key, a random number only the actor and its core know,
-/// so a message forged through `actor_cast` is dropped.
+/// so a message forged through `actor_cast` is dropped. (A `wait` needs
+/// none: the runner that resolves the awaited seq sends the reply itself.)
 namespace internal_atoms {
-/// `(key, token, cause, failed)`: a waited-for seq resolved (`failed`
-/// false: done; otherwise `cause` says why not).
-using resolved_atom = caf::atom_constant<caf::atom("resolved")>;
 /// `(key)`: the runner made room in a full queue.
 using room_atom = caf::atom_constant<caf::atom("room")>;
 } // namespace internal_atoms
@@ -34,9 +32,7 @@ using room_atom = caf::atom_constant<caf::atom("room")>;
 /// The device actor's full interface: the public protocol plus the internal
 /// messages. Only the backend and the actor itself hold this handle; users
 /// get the public `device_actor` it converts to.
-using device_actor_full = device_actor::extend<
-  caf::reacts_to<internal_atoms::resolved_atom, uint64_t, uint64_t, failure, bool>,
-  caf::reacts_to<internal_atoms::room_atom, uint64_t>>;
+using device_actor_full = device_actor::extend<caf::reacts_to<internal_atoms::room_atom, uint64_t>>;
 
 /// What a device actor tells about its device (`identify`), besides what
 /// its core knows.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -266,6 +267,38 @@ BOOST_AUTO_TEST_CASE(test_outcomes_exit_to_the_device_actor_kills_it_and_its_dep
   // A killed device accepts nothing and does not come back.
   BOOST_CHECK_THROW(b.schedule_task(d0, {"refused", [] {}}), device_error);
   BOOST_TEST(!b.recover(d0));
+}
+
+BOOST_AUTO_TEST_CASE(test_outcomes_a_wait_owed_when_the_device_actor_is_killed_is_answered) {
+  // The reply to a `wait` request comes from the core when the seq resolves,
+  // not from the actor: one still owed when the actor stops is answered
+  // all the same, with the outcome the kill gave the seq.
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  b.schedule_task(d, {"pending", [] {}});
+  auto pending = b.all_work(d);
+  auto a = device_actor_of(b, d);
+  caf::scoped_actor self{b.system()};
+  auto request = self->request(a, 30s, atoms::wait_atom::value, pending.seq());
+  BOOST_TEST_REQUIRE(eventually([&] { return field_of(b.get_debug_info(d), "waiters") == "1"; }),
+                     b.get_debug_info(d).to_string());
+  self->monitor(a);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  self->receive([](caf::down_msg&) {}, caf::after(30s) >> [] {});
+  release->open();
+  std::optional<caf::error> err;
+  bool value = false;
+  request.receive([&](uint64_t) { value = true; }, [&](caf::error& e) { err = e; });
+  BOOST_TEST(!value);
+  BOOST_TEST_REQUIRE(err.has_value());
+  try {
+    throw_error(*err, "");
+    BOOST_ERROR("throw_error returned");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), d.name()), e.what());
+    BOOST_TEST(contains(e.what(), "killed"), e.what());
+  }
 }
 
 BOOST_AUTO_TEST_CASE(test_outcomes_destroy_policy_cancel_skips_queued_work) {

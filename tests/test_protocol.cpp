@@ -233,26 +233,20 @@ BOOST_AUTO_TEST_CASE(test_protocol_depend_holds_later_work_until_the_owner_resol
                b.get_debug_info(a).to_string());
     BOOST_TEST(!sched.has_job());
 
-    // Let B finish seq 1. Its runner fires the waiter (posting `resolved`
-    // into B's mailbox) before it runs the marker, so once the marker is done
-    // the message is queued.
+    // Let B finish seq 1. Its runner fires the waiter, which sends the reply
+    // to A's request itself, before it runs the marker: once the marker is
+    // done the reply is in A's mailbox (B's actor is not involved).
     b.schedule_task(bd, task{"marker", [] {}, {}});
     auto b_marker = b.all_work(bd);
     release.set_value();
     bounded([&] { b.sync(b_marker); }, "sync on B's marker");
     BOOST_TEST_REQUIRE(eventually([&] { return sched.has_job(); }));
-    BOOST_TEST((&sched.next_job<caf::resumable>() == job_of(act_b)));
+    BOOST_TEST((&sched.next_job<caf::resumable>() == job_of(act_a)));
 
     // No message stepped yet: A's later task is still held.
     BOOST_TEST(!later_ran->load());
     BOOST_TEST(!a_later.is_done());
     BOOST_TEST(field_of(b.get_debug_info(a), "pending_waits") == "1");
-
-    sched.run_once(); // B handles `resolved`, replies to A's request
-    BOOST_TEST_REQUIRE(sched.has_job());
-    BOOST_TEST((&sched.next_job<caf::resumable>() == job_of(act_a)));
-    BOOST_TEST(!later_ran->load());
-    BOOST_TEST(!a_later.is_done());
 
     sched.run_once(); // A handles the reply: the gate opens
     bounded([&] { b.sync(a_later); }, "sync on A's later task");
@@ -331,8 +325,8 @@ BOOST_AUTO_TEST_CASE(test_protocol_wait_replies_at_once_when_done_and_errors_whe
     BOOST_TEST_REQUIRE(log1->size() == 4u);
     BOOST_TEST_REQUIRE(log1->at(0).value.has_value());
     BOOST_TEST(*log1->at(0).value == ok.seq());
-    // The schedule's reply comes before the waits' errors, which take a
-    // `resolved` message through the device's mailbox; find them by kind.
+    // The replies may come in any order (a wait's error is sent by the
+    // runner that resolves the seq); find them by kind.
     std::vector<const reply*> waits;
     const reply* sched_reply = nullptr;
     for (std::size_t i = 1; i < log1->size(); ++i)
@@ -373,7 +367,10 @@ BOOST_AUTO_TEST_CASE(test_protocol_wait_replies_at_once_when_done_and_errors_whe
 // -- stepped: internal messages ------------------------------------------------------
 
 namespace {
+// `resolved` answered a wait through the device's mailbox before the runner
+// replied itself; a message of its shapes must still answer nothing.
 using forged_resolved = caf::atom_constant<caf::atom("resolved")>;
+using forged_room = caf::atom_constant<caf::atom("room")>;
 } // namespace
 
 /// Whether a typed interface handles a message that starts with `Atom`.
@@ -392,6 +389,7 @@ struct handles_atom<Atom, caf::detail::type_list<Sigs...>> {
 // The public interface lists no internal message (issue 6, defect 8), and
 // still lists the public ones.
 static_assert(!handles_atom<forged_resolved, device_actor::signatures>::value);
+static_assert(!handles_atom<forged_room, device_actor::signatures>::value);
 static_assert(handles_atom<wait_atom, device_actor::signatures>::value);
 
 BOOST_AUTO_TEST_CASE(test_protocol_forged_internal_messages_do_not_answer_a_wait) {
