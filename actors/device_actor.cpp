@@ -4,6 +4,8 @@
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
+#include <caf/mailbox_element.hpp>
+#include <caf/message_id.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -13,8 +15,8 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
-#include <unordered_map>
 
 #include "actors/binding.hpp"
 
