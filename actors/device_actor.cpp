@@ -218,16 +218,16 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       if (st.core->is_done(seq))
         return seq;
       auto c = st.core;
-      auto to = std::make_shared<reply_to>(reply_to{
-        self->current_sender(), self->current_message_id(), self->current_forwarding_stack()});
+      reply_to to{self->current_sender(), self->current_message_id(),
+                  self->current_forwarding_stack()};
       auto registered = [&] {
         c->check_scheduled(seq, "wait");
         // Every registered seq resolves once (done, failed, cancelled, or
         // killed with the device), so every wait gets exactly one reply,
         // even after this actor has stopped.
-        c->when_resolved(seq, [to, seq](const failure* cause) {
-          reply_from_runner(*to, cause ? caf::make_message(make_error(*cause))
-                                       : caf::make_message(seq));
+        c->when_resolved(seq, [to = std::move(to), seq](const failure* cause) mutable {
+          reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
+                                      : caf::make_message(seq));
         });
         return true;
       };

@@ -82,15 +82,16 @@ std::string nameless_task_name(uint64_t seq);
 /// The problem: the runner must not slow down much for it (a bare closure
 /// costs the runner ~15 ns), a record may hold strings, which must not be
 /// read while they are written, and a reader must never stop the runner for
-/// longer than one record. So each slot is a sequence lock: the one writer
-/// (the runner thread; on an asynchronous driver, whichever thread resolves
-/// items, one at a time under the device's retire lock) marks the slot busy, stores the fixed fields (atomics,
-/// plain stores on x86) and then its index; a reader copies them and checks
-/// the index again. The strings are written only under `mu_`, and only for
-/// records that have them (a bare closure has none and takes no lock); a
-/// reader holds `mu_` while it copies one slot. Readers walk from the newest
-/// record back and stop at the first slot the runner has overwritten
-/// meanwhile, so a copy is always a contiguous run of records, in order.
+/// longer than one record. So each slot is a sequence lock: the one writer (the
+/// runner thread; on an asynchronous driver, whichever thread resolves items,
+/// one at a time under the device's retire lock) marks the slot busy, stores
+/// the fixed fields (atomics, plain stores on x86) and then its index; a reader
+/// copies them and checks the index again. The strings are written only under
+/// `mu_`, and only for records that have them (a bare closure has none and
+/// takes no lock); a reader holds `mu_` while it copies one slot. Readers walk
+/// from the newest record back and stop at the first slot the runner has
+/// overwritten meanwhile, so a copy is always a contiguous run of records, in
+/// order.
 /// Slots keep their strings' capacity: once the ring has wrapped, writing a
 /// record allocates nothing unless a text is longer than the one it replaces.
 class trace_ring {
