@@ -1,8 +1,9 @@
 # The public/private line, seen from the build: which sources reach past the
 # public headers in include/.
 #
-# A header is internal when it lives under the source root but not under
-# include/ (actors/, devices/, messages/). Public headers include nothing
+# A header is internal when it lives in the library's own folders (actors/,
+# devices/, messages/). The scenario runner's headers (scenario/) are
+# neither: a layer above the public API that the tool and tests use. Public headers include nothing
 # internal (configure fails otherwise), tools and examples use public headers
 # only, and tests that include internals are white-box tests.
 
@@ -16,7 +17,7 @@ function(multidev_internal_includes out file)
   foreach(line IN LISTS lines)
     string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*[\"<]([^\">]+)[\">].*" "\\1" header "${line}")
     if(EXISTS "${MULTIDEV_SOURCE_ROOT}/${header}"
-       AND NOT EXISTS "${MULTIDEV_PUBLIC_INCLUDE_DIR}/${header}")
+       AND header MATCHES "^(actors|devices|messages)/")
       list(APPEND found "${header}")
     endif()
   endforeach()

@@ -93,6 +93,11 @@ public:
     char ch = text_[pos_];
     sexp result;
     if (ch == '(') {
+      // Nesting is bounded so that no input can exhaust the stack (of the
+      // parser, or of a printer or destructor walking the result).
+      if (depth_ >= max_depth)
+        fail(fmt::format("lists nested deeper than {} levels", max_depth));
+      ++depth_;
       advance();
       result = sexp::list();
       for (;;) {
@@ -101,6 +106,7 @@ public:
           throw sexp_parse_error(l, c, "unclosed '(' (end of input reached)");
         if (text_[pos_] == ')') {
           advance();
+          --depth_;
           break;
         }
         result.push_back(next());
@@ -180,8 +186,11 @@ private:
     }
   }
 
+  static constexpr int max_depth = 1000;
+
   std::string_view text_;
   size_t pos_ = 0;
+  int depth_ = 0;
   int line_ = 1;
   int col_ = 1;
 };

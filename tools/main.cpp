@@ -20,6 +20,7 @@
 #include <multidev/protocol.hpp>
 
 #include "bench.hpp"
+#include "run_command.hpp"
 
 namespace {
 
@@ -63,7 +64,7 @@ std::optional<std::string> configure_caf(tool_config& cfg, std::vector<std::stri
       if (a.rfind('-', 0) == 0)
         return "unknown option '" + a + "'";
       if (!have_command)
-        return "unknown command '" + a + "'; the commands are devices, kernels, bench";
+        return "unknown command '" + a + "'; the commands are devices, kernels, run, bench";
       return "unexpected argument '" + a + "'";
     }
     if (!cfg.knows(a))
@@ -129,6 +130,31 @@ int main(int argc, char** argv) {
   auto* kernels = app.add_subcommand("kernels", "list the named kernels");
   kernels->fallthrough();
 
+  auto* run = app.add_subcommand(
+    "run", "run a scenario script (docs/scenarios.md) on local devices; exit status 0: every "
+           "expectation held, 1: one failed, 2: the script is wrong");
+  run->fallthrough();
+  multidev::tools::run_command_options ropts;
+  run->add_option("FILE", ropts.file, "the scenario script (.scn)")->required();
+  run->add_option("--trace", ropts.trace, "write a Chrome trace-event JSON file (Perfetto, "
+                                          "chrome://tracing)")->type_name("FILE");
+  run->add_option("--report", ropts.report, "write the full result as an s-expression")
+    ->type_name("FILE");
+  run->add_option("--logical-trace", ropts.logical_trace,
+                  "write the schedule with logical clocks only (same script and seed, same "
+                  "file)")->type_name("FILE");
+  run->add_option("--timeline", ropts.timeline, "draw the run as an SVG Gantt chart")
+    ->type_name("FILE");
+  std::string seed;
+  auto* seed_opt = run->add_option("--seed", seed, "the seed of random forms (overrides the "
+                                                   "script's (seed N))")->type_name("N");
+  std::string step_timeout;
+  auto* step_timeout_opt =
+    run->add_option("--step-timeout", step_timeout,
+                    "seconds a blocking step (sync, await, kill) may take before the run stops "
+                    "as failed (default 60)")->type_name("S");
+  run->add_flag("--quiet", ropts.quiet, "print only failures and the verdict");
+
   auto* bench = app.add_subcommand(
     "bench", "run the benchmark suite; each figure beside a baseline measured in the same run");
   bench->fallthrough();
@@ -176,6 +202,16 @@ int main(int argc, char** argv) {
       return usage(*bad);
     opts.trace_capacity = static_cast<std::size_t>(count);
   }
+  if (seed_opt->count() > 0) {
+    if (auto bad = read_count("--seed", seed, 0, INT64_MAX, count))
+      return usage(*bad);
+    ropts.seed = static_cast<uint64_t>(count);
+  }
+  if (step_timeout_opt->count() > 0) {
+    if (auto bad = read_count("--step-timeout", step_timeout, 1, 86'400, count))
+      return usage(*bad);
+    ropts.step_timeout_s = static_cast<double>(count);
+  }
   if (repeats_opt->count() > 0) {
     if (auto bad = read_count("--repeats", repeats, 1, 1'000'000, count))
       return usage(*bad);
@@ -186,7 +222,7 @@ int main(int argc, char** argv) {
   if (auto err = configure_caf(cfg, app.remaining(true), app.get_subcommands().size() > 0))
     return usage(*err);
   if (app.get_subcommands().empty())
-    return usage("a command is required: devices, kernels or bench");
+    return usage("a command is required: devices, kernels, run or bench");
 
   try {
     if (*devices) {
@@ -201,6 +237,10 @@ int main(int argc, char** argv) {
       for (const auto& name : multidev::kernel_names())
         std::cout << multidev::find_kernel(name)->doc << "\n";
       return 0;
+    }
+    if (*run) {
+      caf::actor_system sys{cfg};
+      return multidev::tools::run_scenario(sys, ropts);
     }
     if (*bench) {
       auto results = multidev::tools::run_benchmarks(opts, bopts);

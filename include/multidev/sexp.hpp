@@ -96,7 +96,8 @@ private:
   std::string message_;
 };
 
-/// Parses exactly one s-expression (comments start with `;`).
+/// Parses exactly one s-expression (comments start with `;`). Lists nest at
+/// most 1000 deep; deeper input is a parse error, never a stack overflow.
 sexp parse_sexp(std::string_view text);
 
 /// Parses a sequence of s-expressions, e.g. a whole scenario file.

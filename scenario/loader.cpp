@@ -1,0 +1,1142 @@
+// Loading a scenario: s-expressions -> a checked, flat program. Every name
+// is resolved and every loop and generator expanded here, so a script that
+// loads runs without surprises from its own text.
+#include "scenario/program.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace multidev::scenario {
+
+std::string location::str() const {
+  return fmt::format("{}:{}:{}", file, line, column);
+}
+
+script_error::script_error(location where, const std::string& message)
+  : std::runtime_error(where.str() + ": " + message),
+    where_(std::move(where)),
+    message_(message) {
+}
+
+namespace {
+
+/// Loops may not expand a script past this many steps.
+constexpr std::size_t max_steps = 10'000'000;
+
+enum class sym { tnode, context, event, host, hold, dag };
+
+const char* sym_name(sym s) {
+  switch (s) {
+    case sym::tnode: return "a tnode";
+    case sym::context: return "a context";
+    case sym::event: return "an event";
+    case sym::host: return "a host buffer";
+    case sym::hold: return "a hold";
+    case sym::dag: return "a random-dag";
+  }
+  return "a name";
+}
+
+struct symbol {
+  sym kind;
+  int id;
+  location where;
+};
+
+/// A form `(head positional... (option value...)...)`: its positional
+/// arguments and its options, split by the option names the form knows.
+struct form {
+  const sexp* whole;
+  std::string head;
+  std::vector<const sexp*> pos;
+  std::map<std::string, const sexp*> opts;
+};
+
+class loader {
+public:
+  loader(std::string file, std::optional<uint64_t> seed) : seed_override_(seed) {
+    prog_.file = std::move(file);
+    prog_.seed = seed.value_or(1);
+  }
+
+  std::shared_ptr<const program> load(std::string_view text) {
+    std::vector<sexp> forms;
+    try {
+      forms = parse_sexps(text);
+    } catch (const sexp_parse_error& e) {
+      throw script_error(location{prog_.file, e.line(), e.column()}, e.message());
+    }
+    if (forms.empty())
+      throw script_error(location{prog_.file, 1, 1},
+                         "the script is empty; it needs at least a (devices N) form");
+    for (const auto& f : forms)
+      statement(f, prog_.steps);
+    for (const auto& [device, faults] : pending_faults_)
+      for (const auto& [step_no, fault] : faults)
+        throw script_error(fault.second,
+                           fmt::format("fail-at: device {} runs only {} kernel(s), never a "
+                                       "kernel number {}",
+                                       device, kernels_on_[device], step_no));
+    if (prog_.devices == 0)
+      throw script_error(at(forms.front()), "the script never declares its devices: add "
+                                            "(devices N) before anything else");
+    return std::make_shared<const program>(std::move(prog_));
+  }
+
+private:
+  // -- positions and errors ----------------------------------------------------
+
+  location at(const sexp& s) const {
+    return location{prog_.file, s.line, s.column};
+  }
+
+  [[noreturn]] void fail(const sexp& s, const std::string& msg) const {
+    throw script_error(at(s), msg);
+  }
+
+  // -- reading values ----------------------------------------------------------
+
+  /// The atom's text with loop variables (`$i`) substituted.
+  std::string text(const sexp& s, const char* what) const {
+    if (!s.is_atom())
+      fail(s, fmt::format("expected {}, got a list {}", what, s.to_string()));
+    const auto& a = s.as_atom();
+    if (a.find('$') == std::string::npos)
+      return a;
+    std::string out;
+    for (std::size_t i = 0; i < a.size();) {
+      if (a[i] != '$') {
+        out += a[i++];
+        continue;
+      }
+      std::size_t j = i + 1;
+      while (j < a.size() && (std::isalnum(static_cast<unsigned char>(a[j])) || a[j] == '_'))
+        ++j;
+      auto var = a.substr(i + 1, j - i - 1);
+      auto it = vars_.find(var);
+      if (var.empty() || it == vars_.end())
+        fail(s, fmt::format("unknown loop variable '${}' in '{}'", var, a));
+      out += std::to_string(it->second);
+      i = j;
+    }
+    return out;
+  }
+
+  /// A whole number: a literal, a loop variable, or `(+ a b ...)`, `(- a
+  /// b)`, `(* a b ...)`, `(mod a b)`, `(/ a b)`.
+  int64_t integer(const sexp& s, const char* what) const {
+    if (s.is_list()) {
+      const auto& xs = s.items();
+      if (xs.empty() || !xs[0].is_atom())
+        fail(s, fmt::format("expected {} (a whole number or (+ a b) ...), got {}", what,
+                            s.to_string()));
+      auto o = xs[0].as_atom();
+      if (o != "+" && o != "-" && o != "*" && o != "mod" && o != "/")
+        fail(xs[0], fmt::format("unknown arithmetic '{}' in {}; use +, -, *, / or mod", o,
+                                what));
+      if (xs.size() < 3)
+        fail(s, fmt::format("({} ...) needs at least two operands", o));
+      int64_t v = integer(xs[1], what);
+      for (std::size_t i = 2; i < xs.size(); ++i) {
+        int64_t w = integer(xs[i], what);
+        if (o == "+")
+          v += w;
+        else if (o == "-")
+          v -= w;
+        else if (o == "*")
+          v *= w;
+        else if (w == 0)
+          fail(xs[i], fmt::format("({} ...) by zero", o));
+        else if (o == "/")
+          v /= w;
+        else
+          v = ((v % w) + w) % w;
+      }
+      return v;
+    }
+    auto t = text(s, what);
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc{} || end != t.data() + t.size())
+      fail(s, fmt::format("expected {} (a whole number), got '{}'", what, t));
+    return v;
+  }
+
+  int64_t integer_in(const sexp& s, const char* what, int64_t lo, int64_t hi) const {
+    auto v = integer(s, what);
+    if (v < lo || v > hi)
+      fail(s, fmt::format("{} must be between {} and {}, got {}", what, lo, hi, v));
+    return v;
+  }
+
+  double real(const sexp& s, const char* what) const {
+    if (s.is_list())
+      return static_cast<double>(integer(s, what));
+    auto t = text(s, what);
+    double v = 0;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc{} || end != t.data() + t.size() || !std::isfinite(v))
+      fail(s, fmt::format("expected {} (a number), got '{}'", what, t));
+    return v;
+  }
+
+  int device(const sexp& s) const {
+    if (prog_.devices == 0)
+      fail(s, "a device is used before (devices N) declares them");
+    auto v = integer(s, "a device ordinal");
+    if (v < 0 || v >= prog_.devices)
+      fail(s, fmt::format("device {} does not exist: the scenario has {} device(s), "
+                          "ordinals 0 to {}",
+                          v, prog_.devices, prog_.devices - 1));
+    return static_cast<int>(v);
+  }
+
+  static bool looks_numeric(const std::string& t) {
+    return !t.empty() && (std::isdigit(static_cast<unsigned char>(t[0])) || t[0] == '-'
+                          || t[0] == '+' || t[0] == '.');
+  }
+
+  /// A name being declared: not a number, not taken.
+  std::string new_name(const sexp& s, sym kind) {
+    auto n = text(s, "a name");
+    if (n.empty() || looks_numeric(n))
+      fail(s, fmt::format("'{}' cannot name {}: names start with a letter", n, sym_name(kind)));
+    if (auto it = names_.find(n); it != names_.end())
+      fail(s, fmt::format("duplicate name '{}': already {} declared at {}:{}", n,
+                          sym_name(it->second.kind), it->second.where.line,
+                          it->second.where.column));
+    return n;
+  }
+
+  void declare(const std::string& n, const sexp& s, sym kind, int id) {
+    names_.emplace(n, symbol{kind, id, at(s)});
+  }
+
+  const symbol& lookup(const sexp& s, sym kind) const {
+    auto n = text(s, sym_name(kind));
+    auto it = names_.find(n);
+    if (it == names_.end())
+      fail(s, fmt::format("unknown {} '{}'", std::string{sym_name(kind)}.substr(
+                                               std::string_view{sym_name(kind)}.find(' ') + 1),
+                          n));
+    if (it->second.kind != kind)
+      fail(s, fmt::format("'{}' is {} (declared at {}:{}), expected {}", n,
+                          sym_name(it->second.kind), it->second.where.line,
+                          it->second.where.column, sym_name(kind)));
+    return it->second;
+  }
+
+  int event(const sexp& s) const {
+    return lookup(s, sym::event).id;
+  }
+
+  /// A context: a context name, or a device ordinal for a fresh context.
+  void ctx(const sexp& s, step& st) const {
+    if (s.is_atom() && looks_numeric(text(s, "a context"))) {
+      st.device = device(s);
+      st.ctx = -1;
+      return;
+    }
+    if (s.is_list()) {
+      st.device = device(s);
+      return;
+    }
+    st.ctx = lookup(s, sym::context).id;
+    st.device = ctx_device_[st.ctx];
+  }
+
+  /// A tnode that must be in the context of `st`.
+  int node_in(const sexp& s, const step& st) const {
+    int t = lookup(s, sym::tnode).id;
+    if (st.ctx < 0 || !ctx_nodes_[st.ctx].count(t))
+      fail(s, fmt::format("tnode '{}' is not in {}: give it a buffer there first with "
+                          "(alloc CTX {}), (from-host CTX {} ...) or (copy {} ...)",
+                          prog_.tnodes[t].label,
+                          st.ctx < 0 ? fmt::format("the fresh context of device {}", st.device)
+                                     : fmt::format("context '{}'", prog_.contexts[st.ctx]),
+                          prog_.tnodes[t].label, prog_.tnodes[t].label,
+                          prog_.tnodes[t].label));
+    return t;
+  }
+
+  int bind_event(const sexp& s) {
+    auto n = new_name(s, sym::event);
+    int id = static_cast<int>(prog_.events.size());
+    prog_.events.push_back(event_decl{n, at(s)});
+    declare(n, s, sym::event, id);
+    return id;
+  }
+
+  // -- forms -------------------------------------------------------------------
+
+  /// Splits `s` into positional arguments (between `min` and `max`) and
+  /// the options named in `known`.
+  form split(const sexp& s, std::size_t min, std::size_t max,
+             std::initializer_list<const char*> known, const char* usage) const {
+    form f{&s, s.items()[0].as_atom(), {}, {}};
+    const auto& xs = s.items();
+    for (std::size_t i = 1; i < xs.size(); ++i) {
+      const auto& x = xs[i];
+      if (x.is_list() && !x.items().empty() && x.items()[0].is_atom()) {
+        const auto& h = x.items()[0].as_atom();
+        bool is_opt = std::any_of(known.begin(), known.end(),
+                                  [&](const char* k) { return h == k; });
+        if (is_opt) {
+          if (f.opts.count(h))
+            fail(x, fmt::format("({} ...) is given twice in this ({} ...) form", h, f.head));
+          f.opts[h] = &x;
+          continue;
+        }
+        bool arithmetic = h == "+" || h == "-" || h == "*" || h == "/" || h == "mod"
+                          || h == "fill" || h == "iota" || h == "values";
+        if (!arithmetic && f.pos.size() >= min) {
+          std::string ks;
+          for (auto k : known)
+            ks += fmt::format("{}({} ...)", ks.empty() ? "" : ", ", k);
+          fail(x, fmt::format("unknown option ({} ...) in ({} ...); {}", h, f.head,
+                              known.size() ? "it takes " + ks : "it takes no options"));
+        }
+      }
+      f.pos.push_back(&x);
+    }
+    if (f.pos.size() < min || f.pos.size() > max)
+      fail(s, fmt::format("({} ...) takes {} argument{}{}: {}", f.head,
+                          min == max ? std::to_string(min)
+                          : max == SIZE_MAX ? fmt::format("at least {}", min)
+                                            : fmt::format("{} to {}", min, max),
+                          max == 1 && min == 1 ? "" : "s", "", usage));
+    return f;
+  }
+
+  /// The single value of option `(key value)`.
+  const sexp& opt_value(const form& f, const char* key) const {
+    const auto& o = *f.opts.at(key);
+    if (o.items().size() != 2)
+      fail(o, fmt::format("({} ...) takes exactly one value", key));
+    return o.items()[1];
+  }
+
+  int opt_event(const form& f) {
+    if (!f.opts.count("as"))
+      return -1;
+    return bind_event(opt_value(f, "as"));
+  }
+
+  void push(std::vector<step>& out, step st) {
+    if (++total_steps_ > max_steps)
+      fail(*current_, fmt::format("the script expands to more than {} steps", max_steps));
+    if (st.device >= 0 && counts_item(st.kind))
+      prog_.items[st.device] += st.kind == op::copy ? 2 : 1;
+    out.push_back(std::move(st));
+  }
+
+  static bool counts_item(op k) {
+    switch (k) {
+      case op::free_pool: case op::memset: case op::kernel: case op::wait: case op::from_host:
+      case op::to_host: case op::copy: case op::delay: case op::hold:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  step make(const sexp& s, op k) const {
+    step st;
+    st.kind = k;
+    st.where = at(s);
+    st.text = substituted(s);
+    return st;
+  }
+
+  std::string substituted(const sexp& s) const {
+    if (vars_.empty())
+      return s.to_string();
+    if (s.is_atom()) {
+      try {
+        return sexp::atom(text(s, "")).to_string();
+      } catch (const script_error&) {
+        return s.to_string();
+      }
+    }
+    std::string out = "(";
+    for (const auto& x : s.items())
+      out += (out.size() > 1 ? " " : "") + substituted(x);
+    return out + ")";
+  }
+
+  void statement(const sexp& s, std::vector<step>& out) {
+    current_ = &s;
+    if (s.is_atom())
+      fail(s, fmt::format("expected a form like (devices 2), got the atom '{}'", s.as_atom()));
+    if (s.items().empty())
+      fail(s, "empty form ()");
+    if (!s.items()[0].is_atom())
+      fail(s.items()[0], "a form starts with its name, e.g. (kernel ...), not a list");
+    const auto& head = s.items()[0].as_atom();
+    if (head != "devices" && head != "scenario" && head != "seed" && head != "tnode"
+        && prog_.devices == 0)
+      fail(s, fmt::format("({} ...) before (devices N): declare the devices first", head));
+    if (head == "scenario")
+      return scenario_form(s);
+    if (head == "devices")
+      return devices_form(s);
+    if (head == "seed")
+      return seed_form(s);
+    if (head == "tnode")
+      return tnode_form(s);
+    if (head == "context")
+      return context_form(s, out);
+    if (head == "child")
+      return child_form(s, out);
+    if (head == "alloc")
+      return alloc_form(s, out);
+    if (head == "pool")
+      return pool_form(s, out);
+    if (head == "free-pool")
+      return free_pool_form(s, out);
+    if (head == "memset")
+      return memset_form(s, out);
+    if (head == "kernel")
+      return kernel_form(s, out);
+    if (head == "checksum")
+      return checksum_form(s, out);
+    if (head == "wait")
+      return wait_form(s, out);
+    if (head == "all-work")
+      return all_work_form(s, out);
+    if (head == "sync")
+      return event_form(s, out, op::sync);
+    if (head == "await" || head == "sync-device" || head == "cancel" || head == "recover")
+      return device_form(s, out);
+    if (head == "from-host")
+      return from_host_form(s, out);
+    if (head == "to-host")
+      return to_host_form(s, out);
+    if (head == "copy")
+      return copy_form(s, out);
+    if (head == "kill")
+      return kill_form(s, out);
+    if (head == "delay")
+      return delay_form(s, out);
+    if (head == "hold")
+      return hold_form(s, out);
+    if (head == "release")
+      return release_form(s, out);
+    if (head == "fail-at")
+      return fail_at_form(s);
+    if (head == "repeat")
+      return repeat_form(s, out);
+    if (head == "random-dag")
+      return random_dag_form(s, out);
+    if (head == "expect")
+      return expect_form(s, out);
+    fail(s.items()[0], fmt::format("unknown form '{}' (docs/scenarios.md lists the forms)", head));
+  }
+
+  void scenario_form(const sexp& s) {
+    auto f = split(s, 1, 1, {}, "(scenario NAME)");
+    if (!prog_.name.empty())
+      fail(s, "(scenario ...) is given twice");
+    prog_.name = text(*f.pos[0], "the scenario's name");
+  }
+
+  void devices_form(const sexp& s) {
+    auto f = split(s, 1, 1, {"backend", "queue-capacity"},
+                   "(devices N [(backend cpu|fake)] [(queue-capacity N)])");
+    if (prog_.devices != 0)
+      fail(s, "(devices ...) is given twice");
+    prog_.devices = static_cast<int>(integer_in(*f.pos[0], "the number of devices", 1, 256));
+    if (f.opts.count("backend")) {
+      const auto& b = opt_value(f, "backend");
+      auto name = text(b, "a backend");
+      if (name != "cpu" && name != "fake")
+        fail(b, fmt::format("unknown backend '{}'; scenarios run on cpu or fake", name));
+      prog_.backend = name;
+    }
+    if (f.opts.count("queue-capacity"))
+      prog_.queue_capacity = static_cast<std::size_t>(
+        integer_in(opt_value(f, "queue-capacity"), "the queue capacity", 1, int64_t{1} << 32));
+    prog_.items.assign(prog_.devices, 0);
+    kernels_on_.assign(prog_.devices, 0);
+  }
+
+  void seed_form(const sexp& s) {
+    auto f = split(s, 1, 1, {}, "(seed N)");
+    if (script_seed_)
+      fail(s, "(seed ...) is given twice");
+    script_seed_ = static_cast<uint64_t>(integer_in(*f.pos[0], "the seed", 0, INT64_MAX));
+    prog_.seed = seed_override_.value_or(*script_seed_);
+  }
+
+  void tnode_form(const sexp& s) {
+    auto f = split(s, 1, 1, {"floats", "bytes", "mode"},
+                   "(tnode NAME (floats N) [(mode M)]) or (tnode NAME (bytes N))");
+    auto n = new_name(*f.pos[0], sym::tnode);
+    if (f.opts.count("floats") == f.opts.count("bytes"))
+      fail(s, fmt::format("tnode '{}' needs its size: (floats N) or (bytes N)", n));
+    std::size_t size = 0;
+    if (f.opts.count("floats"))
+      size = sizeof(float) * static_cast<std::size_t>(integer_in(
+                               opt_value(f, "floats"), "the number of floats", 1, int64_t{1} << 32));
+    else
+      size = static_cast<std::size_t>(
+        integer_in(opt_value(f, "bytes"), "the size in bytes", 1, int64_t{1} << 34));
+    memory_mode mode = memory_mode::on_device;
+    if (f.opts.count("mode")) {
+      const auto& m = opt_value(f, "mode");
+      auto name = text(m, "a memory mode");
+      static const std::pair<const char*, memory_mode> modes[] = {
+        {"effectively_constant", memory_mode::effectively_constant},
+        {"virtual", memory_mode::virtual_},
+        {"never_virtual", memory_mode::never_virtual},
+        {"local", memory_mode::local},
+        {"device_only", memory_mode::device_only},
+        {"on_device", memory_mode::on_device},
+        {"materialized", memory_mode::materialized}};
+      auto it = std::find_if(std::begin(modes), std::end(modes),
+                             [&](const auto& p) { return name == p.first; });
+      if (it == std::end(modes))
+        fail(m, fmt::format("unknown memory mode '{}'; one of effectively_constant, virtual, "
+                            "never_virtual, local, device_only, on_device, materialized",
+                            name));
+      mode = it->second;
+    }
+    int id = static_cast<int>(prog_.tnodes.size());
+    prog_.tnodes.push_back(tnode{id + 1, n, size, mode});
+    declare(n, *f.pos[0], sym::tnode, id);
+  }
+
+  int new_context(const sexp& name_at, const std::string& n, int dev) {
+    int id = static_cast<int>(prog_.contexts.size());
+    prog_.contexts.push_back(n);
+    ctx_device_.push_back(dev);
+    ctx_nodes_.emplace_back();
+    declare(n, name_at, sym::context, id);
+    return id;
+  }
+
+  void context_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {}, "(context NAME DEVICE)");
+    auto n = new_name(*f.pos[0], sym::context);
+    auto st = make(s, op::make_context);
+    st.device = device(*f.pos[1]);
+    st.ctx = new_context(*f.pos[0], n, st.device);
+    push(out, std::move(st));
+  }
+
+  void child_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {}, "(child NAME PARENT)");
+    auto n = new_name(*f.pos[0], sym::context);
+    auto st = make(s, op::make_child);
+    st.parent = lookup(*f.pos[1], sym::context).id;
+    st.device = ctx_device_[st.parent];
+    st.ctx = new_context(*f.pos[0], n, st.device);
+    ctx_nodes_[st.ctx] = ctx_nodes_[st.parent];
+    push(out, std::move(st));
+  }
+
+  int context_var(const sexp& s) const {
+    return lookup(s, sym::context).id;
+  }
+
+  void alloc_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, SIZE_MAX, {}, "(alloc CTX TNODE...)");
+    auto st = make(s, op::alloc_node);
+    st.ctx = context_var(*f.pos[0]);
+    st.device = ctx_device_[st.ctx];
+    for (std::size_t i = 1; i < f.pos.size(); ++i) {
+      int t = lookup(*f.pos[i], sym::tnode).id;
+      st.tnodes.push_back(t);
+      ctx_nodes_[st.ctx].insert(t);
+    }
+    push(out, std::move(st));
+  }
+
+  void pool_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 3, 3, {"align"}, "(pool DEVICE POOL-ID BYTES [(align A)])");
+    auto st = make(s, op::alloc_pool);
+    st.device = device(*f.pos[0]);
+    st.pool_id = integer_in(*f.pos[1], "the pool id", 0, INT32_MAX);
+    st.bytes = integer_in(*f.pos[2], "the pool's size in bytes", 0, int64_t{1} << 34);
+    if (f.opts.count("align"))
+      st.align = integer_in(opt_value(f, "align"), "the alignment", 1, 1 << 20);
+    push(out, std::move(st));
+  }
+
+  void free_pool_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {}, "(free-pool DEVICE POOL-ID)");
+    auto st = make(s, op::free_pool);
+    st.device = device(*f.pos[0]);
+    st.pool_id = integer_in(*f.pos[1], "the pool id", 0, INT32_MAX);
+    push(out, std::move(st));
+  }
+
+  void memset_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 4, 4, {"as"}, "(memset DEVICE POOL-ID OFFSET BYTES [(as EV)])");
+    auto st = make(s, op::memset);
+    st.device = device(*f.pos[0]);
+    st.pool_id = integer_in(*f.pos[1], "the pool id", 0, INT32_MAX);
+    st.offset = integer_in(*f.pos[2], "the offset", 0, int64_t{1} << 34);
+    st.bytes = integer_in(*f.pos[3], "the size in bytes", 0, int64_t{1} << 34);
+    st.as = opt_event(f);
+    push(out, std::move(st));
+  }
+
+  /// Counts a kernel item on `st.device` and applies a pending `fail-at`.
+  void count_kernel(step& st) {
+    auto n = ++kernels_on_[st.device];
+    auto& faults = pending_faults_[st.device];
+    if (auto it = faults.find(n); it != faults.end()) {
+      st.fail_with = it->second.first;
+      faults.erase(it);
+      if (faults.empty())
+        pending_faults_.erase(st.device);
+    }
+  }
+
+  void kernel_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, SIZE_MAX, {"as"}, "(kernel CTX NAME ARG... [(as EV)])");
+    auto st = make(s, op::kernel);
+    ctx(*f.pos[0], st);
+    st.kernel = text(*f.pos[1], "a kernel name");
+    auto def = find_kernel(st.kernel);
+    if (!def) {
+      std::string known;
+      for (const auto& k : kernel_names())
+        known += (known.empty() ? "" : ", ") + k;
+      fail(*f.pos[1], fmt::format("unknown kernel '{}'; the kernels are {}", st.kernel, known));
+    }
+    std::size_t given = f.pos.size() - 2;
+    if (given != def->params.size())
+      fail(s, fmt::format("kernel '{}' takes {} argument(s), got {}", st.kernel,
+                          def->params.size(), given));
+    for (std::size_t i = 0; i < given; ++i) {
+      const auto& a = *f.pos[i + 2];
+      switch (def->params[i]) {
+        case arg_kind::integer:
+          st.args.emplace_back(integer(a, fmt::format("argument {} of kernel '{}' (an int)", i + 1,
+                                                      st.kernel).c_str()));
+          break;
+        case arg_kind::real:
+          st.args.emplace_back(real(a, fmt::format("argument {} of kernel '{}' (a float)", i + 1,
+                                                   st.kernel).c_str()));
+          break;
+        case arg_kind::string:
+          st.args.emplace_back(text(a, "a string"));
+          break;
+        case arg_kind::buffer:
+          st.args.emplace_back(prog_.tnodes[node_in(a, st)]);
+          break;
+      }
+    }
+    st.as = opt_event(f);
+    count_kernel(st);
+    push(out, std::move(st));
+  }
+
+  void checksum_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {"as"}, "(checksum CTX TNODE (as NAME))");
+    if (!f.opts.count("as"))
+      fail(s, "(checksum CTX TNODE) needs (as NAME): the name its result is read by");
+    auto st = make(s, op::kernel);
+    ctx(*f.pos[0], st);
+    st.kernel = "checksum";
+    int t = node_in(*f.pos[1], st);
+    st.as = opt_event(f);
+    st.args = {prog_.tnodes[t], prog_.events[st.as].name};
+    checksums_.insert(st.as);
+    count_kernel(st);
+    push(out, std::move(st));
+  }
+
+  void wait_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {}, "(wait CTX EVENT)");
+    auto st = make(s, op::wait);
+    ctx(*f.pos[0], st);
+    st.ev = event(*f.pos[1]);
+    push(out, std::move(st));
+  }
+
+  void all_work_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {"as"}, "(all-work DEVICE (as EV))");
+    if (!f.opts.count("as"))
+      fail(s, "(all-work DEVICE) needs (as EV): the name of the event it makes");
+    auto st = make(s, op::all_work);
+    st.device = device(*f.pos[0]);
+    st.as = opt_event(f);
+    push(out, std::move(st));
+  }
+
+  void event_form(const sexp& s, std::vector<step>& out, op k) {
+    auto f = split(s, 1, 1, {}, "(sync EVENT)");
+    auto st = make(s, k);
+    st.ev = event(*f.pos[0]);
+    push(out, std::move(st));
+  }
+
+  void device_form(const sexp& s, std::vector<step>& out) {
+    const auto& head = s.items()[0].as_atom();
+    auto f = split(s, 1, 1, {}, fmt::format("({} DEVICE)", head).c_str());
+    op k = head == "await"       ? op::await
+           : head == "cancel"    ? op::cancel
+           : head == "recover"   ? op::recover
+                                 : op::sync_device;
+    auto st = make(s, k);
+    st.device = device(*f.pos[0]);
+    push(out, std::move(st));
+  }
+
+  void from_host_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 3, 3, {"as"}, "(from-host CTX TNODE (fill V)|(iota START)|(values V...))");
+    auto st = make(s, op::from_host);
+    st.ctx = context_var(*f.pos[0]);
+    st.device = ctx_device_[st.ctx];
+    int t = lookup(*f.pos[1], sym::tnode).id;
+    st.tnodes = {t};
+    const auto& d = *f.pos[2];
+    std::size_t n = prog_.tnodes[t].size_in_bytes / sizeof(float);
+    if (prog_.tnodes[t].size_in_bytes % sizeof(float) != 0)
+      fail(*f.pos[1], fmt::format("tnode '{}' is not a whole number of floats",
+                                  prog_.tnodes[t].label));
+    if (!d.is_list() || d.items().empty() || !d.items()[0].is_atom())
+      fail(d, "expected host data: (fill V), (iota START) or (values V...)");
+    auto how = d.items()[0].as_atom();
+    if (how == "fill" || how == "iota") {
+      if (d.items().size() != 2)
+        fail(d, fmt::format("({} ...) takes one number", how));
+      st.data.how = how == "fill" ? host_data::kind::fill : host_data::kind::iota;
+      st.data.value = real(d.items()[1], "a number");
+    } else if (how == "values") {
+      st.data.how = host_data::kind::values;
+      for (std::size_t i = 1; i < d.items().size(); ++i)
+        st.data.values.push_back(static_cast<float>(real(d.items()[i], "a number")));
+      if (st.data.values.size() != n)
+        fail(d, fmt::format("tnode '{}' holds {} floats, (values ...) gives {}",
+                            prog_.tnodes[t].label, n, st.data.values.size()));
+    } else {
+      fail(d.items()[0], fmt::format("unknown host data '{}'; use (fill V), (iota START) or "
+                                     "(values V...)", how));
+    }
+    st.as = opt_event(f);
+    ctx_nodes_[st.ctx].insert(t);
+    push(out, std::move(st));
+  }
+
+  void to_host_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {"as"}, "(to-host CTX TNODE (as HOST))");
+    if (!f.opts.count("as"))
+      fail(s, "(to-host CTX TNODE) needs (as HOST): the name expectations read it by");
+    auto st = make(s, op::to_host);
+    st.ctx = context_var(*f.pos[0]);
+    st.device = ctx_device_[st.ctx];
+    int t = node_in(*f.pos[1], st);
+    if (prog_.tnodes[t].size_in_bytes % sizeof(float) != 0)
+      fail(*f.pos[1], fmt::format("tnode '{}' is not a whole number of floats",
+                                  prog_.tnodes[t].label));
+    st.tnodes = {t};
+    const auto& h = opt_value(f, "as");
+    auto n = new_name(h, sym::host);
+    st.host = static_cast<int>(prog_.hosts.size());
+    prog_.hosts.push_back(host_decl{n, t});
+    declare(n, h, sym::host, st.host);
+    push(out, std::move(st));
+  }
+
+  void copy_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {"from", "to", "into", "as"},
+                   "(copy TNODE (from CTX) (to CTX) [(into merge)] [(as EV)])");
+    if (!f.opts.count("from") || !f.opts.count("to"))
+      fail(s, "(copy TNODE ...) needs (from CTX) and (to CTX)");
+    auto st = make(s, op::copy);
+    st.ctx2 = context_var(opt_value(f, "from"));
+    st.ctx = context_var(opt_value(f, "to"));
+    st.device = ctx_device_[st.ctx];
+    step src;
+    src.ctx = st.ctx2;
+    int t = node_in(*f.pos[0], src);
+    st.tnodes = {t};
+    if (ctx_device_[st.ctx] == ctx_device_[st.ctx2])
+      fail(s, fmt::format("copy: from and to are both on device {}", st.device));
+    if (f.opts.count("into")) {
+      const auto& i = opt_value(f, "into");
+      if (text(i, "merge") != "merge")
+        fail(i, "(into ...) takes 'merge' (the destination's merge buffer)");
+      st.into_merge = true;
+    } else {
+      ctx_nodes_[st.ctx].insert(t);
+    }
+    st.as = opt_event(f);
+    push(out, std::move(st));
+  }
+
+  void kill_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 2, {}, "(kill DEVICE [REASON])");
+    auto st = make(s, op::kill);
+    st.device = device(*f.pos[0]);
+    st.message = f.pos.size() > 1 ? text(*f.pos[1], "a reason") : "killed by the scenario";
+    push(out, std::move(st));
+  }
+
+  void delay_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {"as"}, "(delay DEVICE MS [(as EV)])");
+    auto st = make(s, op::delay);
+    st.device = device(*f.pos[0]);
+    st.ms = real(*f.pos[1], "the delay in milliseconds");
+    if (st.ms < 0 || st.ms > 60'000)
+      fail(*f.pos[1], fmt::format("a delay must be 0 to 60000 ms, got {}", st.ms));
+    st.as = opt_event(f);
+    push(out, std::move(st));
+  }
+
+  void hold_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {"as"}, "(hold DEVICE (as HOLD))");
+    if (!f.opts.count("as"))
+      fail(s, "(hold DEVICE) needs (as HOLD): the name (release HOLD) uses");
+    auto st = make(s, op::hold);
+    st.device = device(*f.pos[0]);
+    const auto& h = opt_value(f, "as");
+    auto n = new_name(h, sym::hold);
+    st.hold = static_cast<int>(prog_.holds.size());
+    prog_.holds.push_back(n);
+    declare(n, h, sym::hold, st.hold);
+    push(out, std::move(st));
+  }
+
+  void release_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(release HOLD)");
+    auto st = make(s, op::release);
+    st.hold = lookup(*f.pos[0], sym::hold).id;
+    push(out, std::move(st));
+  }
+
+  void fail_at_form(const sexp& s) {
+    auto f = split(s, 3, 3, {}, "(fail-at DEVICE STEP MESSAGE)");
+    int d = device(*f.pos[0]);
+    auto n = integer_in(*f.pos[1], "the step (the device's n-th kernel, from 1)", 1, INT64_MAX);
+    if (n <= static_cast<int64_t>(kernels_on_[d]))
+      fail(*f.pos[1], fmt::format("fail-at: device {} has already run {} kernel(s); step {} "
+                                  "is behind this form",
+                                  d, kernels_on_[d], n));
+    auto& faults = pending_faults_[d];
+    if (faults.count(static_cast<uint64_t>(n)))
+      fail(s, fmt::format("fail-at: step {} of device {} already fails", n, d));
+    faults[static_cast<uint64_t>(n)] = {text(*f.pos[2], "a message"), at(s)};
+  }
+
+  void repeat_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, SIZE_MAX, {"var"}, "(repeat N [(var NAME)] FORM...)");
+    auto n = integer_in(*f.pos[0], "the repeat count", 0, int64_t{max_steps});
+    std::string var = "i";
+    if (f.opts.count("var")) {
+      const auto& v = opt_value(f, "var");
+      var = text(v, "a variable name");
+      if (var.empty() || !std::all_of(var.begin(), var.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+          }))
+        fail(v, fmt::format("'{}' cannot name a loop variable (letters, digits, _)", var));
+    }
+    if (vars_.count(var))
+      fail(s, fmt::format("loop variable '${}' is already used by an enclosing repeat", var));
+    for (int64_t i = 0; i < n; ++i) {
+      vars_[var] = i;
+      for (std::size_t k = 1; k < f.pos.size(); ++k)
+        statement(*f.pos[k], out);
+    }
+    vars_.erase(var);
+  }
+
+  void random_dag_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {"tasks", "devices", "max-deps", "work-ns", "window", "seed"},
+                   "(random-dag NAME (tasks N) [(devices D...)] [(max-deps K)] [(work-ns NS)] "
+                   "[(window W)] [(seed S)])");
+    auto name = new_name(*f.pos[0], sym::dag);
+    if (!f.opts.count("tasks"))
+      fail(s, "(random-dag NAME ...) needs (tasks N)");
+    auto tasks = integer_in(opt_value(f, "tasks"), "the number of tasks", 1, 1'000'000);
+    std::vector<int> devs;
+    if (f.opts.count("devices")) {
+      const auto& o = *f.opts.at("devices");
+      for (std::size_t i = 1; i < o.items().size(); ++i)
+        devs.push_back(device(o.items()[i]));
+      if (devs.empty())
+        fail(o, "(devices ...) lists no device");
+    } else {
+      for (int d = 0; d < prog_.devices; ++d)
+        devs.push_back(d);
+    }
+    int64_t max_deps = f.opts.count("max-deps")
+                         ? integer_in(opt_value(f, "max-deps"), "max-deps", 0, 64) : 2;
+    int64_t work = f.opts.count("work-ns")
+                     ? integer_in(opt_value(f, "work-ns"), "work-ns", 0, 1'000'000'000) : 1000;
+    int64_t window = f.opts.count("window")
+                       ? integer_in(opt_value(f, "window"), "window", 1, 1'000'000) : 16;
+    // The run's seed (--seed, else the script's (seed N), else 1), unless
+    // the form fixes its own.
+    uint64_t seed = prog_.seed;
+    if (f.opts.count("seed"))
+      seed = static_cast<uint64_t>(integer_in(opt_value(f, "seed"), "the seed", 0, INT64_MAX));
+    std::mt19937_64 rng{seed};
+    dag_decl dag{name, at(s), {}, devs, {}};
+    std::vector<int> dev_of;
+    for (int64_t i = 0; i < tasks; ++i) {
+      int d = devs[rng() % devs.size()];
+      dev_of.push_back(d);
+      std::set<int64_t> deps;
+      if (i > 0) {
+        auto k = static_cast<int64_t>(rng() % static_cast<uint64_t>(max_deps + 1));
+        for (int64_t j = 0; j < k; ++j) {
+          auto lo = std::max<int64_t>(0, i - window);
+          deps.insert(lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(i - lo)));
+        }
+      }
+      for (auto p : deps) {
+        dag.edges.emplace_back(static_cast<int>(p), static_cast<int>(i));
+        if (dev_of[p] == d)
+          continue; // the device's own order
+        auto w = make(s, op::wait);
+        w.device = d;
+        w.ev = dag.events[p];
+        w.text = fmt::format("(wait {} {}.{})", d, name, p);
+        push(out, std::move(w));
+      }
+      auto st = make(s, op::kernel);
+      st.device = d;
+      st.kernel = "spin_ns";
+      st.args = {int64_t{work}};
+      st.as = static_cast<int>(prog_.events.size());
+      auto ev_name = fmt::format("{}.{}", name, i);
+      if (names_.count(ev_name))
+        fail(s, fmt::format("duplicate name '{}' (random-dag {} names its tasks {}.0 ...)",
+                            ev_name, name, name));
+      prog_.events.push_back(event_decl{ev_name, at(s)});
+      declare(ev_name, s, sym::event, st.as);
+      dag.events.push_back(st.as);
+      st.text = fmt::format("(kernel {} spin_ns {} (as {}))", d, work, ev_name);
+      st.dag = static_cast<int>(prog_.dags.size());
+      st.dag_task = static_cast<int>(i);
+      count_kernel(st);
+      push(out, std::move(st));
+    }
+    declare(name, *f.pos[0], sym::dag, static_cast<int>(prog_.dags.size()));
+    prog_.dags.push_back(std::move(dag));
+  }
+
+  void fails_pred(const sexp& p, step& st) {
+    st.pred = predicate::fails;
+    for (std::size_t i = 1; i < p.items().size(); ++i) {
+      const auto& o = p.items()[i];
+      if (!o.is_list() || o.items().empty() || !o.items()[0].is_atom())
+        fail(o, "(fails ...) takes (matches RE), (origin DEVICE), (task NAME), (cancelled)");
+      auto k = o.items()[0].as_atom();
+      if (k == "cancelled") {
+        st.cancelled = true;
+        continue;
+      }
+      if (o.items().size() != 2)
+        fail(o, fmt::format("({} ...) takes one value", k));
+      const auto& v = o.items()[1];
+      if (k == "matches") {
+        auto re = text(v, "a regular expression");
+        try {
+          std::regex{re};
+        } catch (const std::regex_error& e) {
+          fail(v, fmt::format("bad regular expression '{}': {}", re, e.what()));
+        }
+        st.matches = re;
+      } else if (k == "origin") {
+        st.origin = device(v);
+      } else if (k == "task") {
+        st.task = text(v, "a task name");
+      } else {
+        fail(o.items()[0], fmt::format("unknown (fails ...) check '{}'; use matches, origin, "
+                                       "task or cancelled", k));
+      }
+    }
+  }
+
+  void values_pred(const sexp& p, step& st, bool host) {
+    if (!p.is_list() || p.items().size() < 2 || !p.items()[0].is_atom())
+      fail(p, host ? "expected (all V), (at I V), (sum V), (values V...) or (tolerance T)"
+                   : "expected (sum V), (count N) or (tolerance T)");
+    auto k = p.items()[0].as_atom();
+    const auto& v = p.items()[1];
+    if (k == "tolerance")
+      st.tolerance = real(v, "a tolerance");
+    else if (k == "sum")
+      st.sum = real(v, "a sum");
+    else if (k == "count" && !host)
+      st.count = integer(v, "a count");
+    else if (k == "all" && host)
+      st.all = real(v, "a value");
+    else if (k == "at" && host) {
+      if (p.items().size() != 3)
+        fail(p, "(at INDEX VALUE)");
+      st.at = std::pair{integer(v, "an index"), real(p.items()[2], "a value")};
+    } else if (k == "values" && host) {
+      std::vector<float> xs;
+      for (std::size_t i = 1; i < p.items().size(); ++i)
+        xs.push_back(static_cast<float>(real(p.items()[i], "a value")));
+      st.expect_values = std::move(xs);
+    } else {
+      fail(p.items()[0], fmt::format("unknown check '{}' for ({} ...)", k,
+                                     host ? "host" : "checksum"));
+    }
+    if (p.items().size() > 2 && k != "at" && k != "values")
+      fail(p, fmt::format("({} ...) takes one value", k));
+  }
+
+  void expect_form(const sexp& s, std::vector<step>& out) {
+    const auto& xs = s.items();
+    if (xs.size() < 2 || !xs[1].is_list() || xs[1].items().empty() || !xs[1].items()[0].is_atom())
+      fail(s, "(expect SUBJECT ...) needs a subject, e.g. (expect (sync e) ok)");
+    const auto& subj = xs[1];
+    auto head = subj.items()[0].as_atom();
+    auto st = make(s, op::expect);
+    auto args = [&](std::size_t n, const char* usage) {
+      if (subj.items().size() != n + 1)
+        fail(subj, fmt::format("({} ...) takes {} argument(s): {}", head, n, usage));
+    };
+    auto preds = [&](std::size_t lo, std::size_t hi) {
+      if (xs.size() - 2 < lo || xs.size() - 2 > hi)
+        fail(s, fmt::format("(expect ({} ...) ...) takes {} predicate(s)", head,
+                            lo == hi ? std::to_string(lo) : fmt::format("{} to {}", lo, hi)));
+    };
+    if (head == "state") {
+      args(1, "(state EVENT)");
+      preds(1, 1);
+      st.what = subject::state;
+      st.pred = predicate::state_is;
+      st.ev = event(subj.items()[1]);
+      st.state = text(xs[2], "a state");
+      if (st.state != "done" && st.state != "failed" && st.state != "cancelled"
+          && st.state != "pending")
+        fail(xs[2], fmt::format("unknown state '{}'; one of done, failed, cancelled, pending",
+                                st.state));
+    } else if (head == "before") {
+      args(2, "(before A B): A finished before B started");
+      preds(0, 0);
+      st.what = subject::before;
+      st.pred = predicate::before;
+      st.ev = event(subj.items()[1]);
+      st.ev2 = event(subj.items()[2]);
+    } else if (head == "idle") {
+      args(1, "(idle DEVICE)");
+      preds(0, 1);
+      st.what = subject::idle;
+      st.device = device(subj.items()[1]);
+      st.pred = predicate::is_true;
+      if (xs.size() == 3) {
+        auto b = text(xs[2], "true or false");
+        if (b != "true" && b != "false")
+          fail(xs[2], fmt::format("expected true or false, got '{}'", b));
+        st.pred = b == "true" ? predicate::is_true : predicate::is_false;
+      }
+    } else if (head == "memory") {
+      args(1, "(memory DEVICE)");
+      preds(1, 1);
+      st.what = subject::memory;
+      st.pred = predicate::compare;
+      st.device = device(subj.items()[1]);
+      const auto& p = xs[2];
+      if (!p.is_list() || p.items().size() != 2 || !p.items()[0].is_atom())
+        fail(p, "expected a comparison: (= N), (<= N), (>= N), (< N) or (> N)");
+      st.cmp = p.items()[0].as_atom();
+      if (st.cmp != "=" && st.cmp != "<=" && st.cmp != ">=" && st.cmp != "<" && st.cmp != ">")
+        fail(p.items()[0], fmt::format("unknown comparison '{}'", st.cmp));
+      st.number = integer(p.items()[1], "a number of bytes");
+    } else if (head == "checksum" || head == "host") {
+      args(1, head == "host" ? "(host HOST)" : "(checksum NAME)");
+      preds(1, 5);
+      bool host = head == "host";
+      st.what = host ? subject::host : subject::checksum;
+      st.pred = predicate::values;
+      if (host) {
+        st.host = lookup(subj.items()[1], sym::host).id;
+      } else {
+        st.ev = event(subj.items()[1]);
+        if (!checksums_.count(st.ev))
+          fail(subj.items()[1], fmt::format("'{}' is an event, not the name of a (checksum ...)",
+                                            prog_.events[st.ev].name));
+      }
+      for (std::size_t i = 2; i < xs.size(); ++i)
+        values_pred(xs[i], st, host);
+      if (!st.sum && !st.count && !st.all && !st.at && !st.expect_values)
+        fail(s, "nothing to check: give (sum V)" + std::string{host ? ", (all V), (at I V) or (values ...)" : " or (count N)"});
+    } else {
+      // An action: the step must succeed (ok) or fail as described.
+      static const std::set<std::string> actions = {
+        "sync", "await", "sync-device", "kernel", "checksum", "wait", "memset", "pool",
+        "free-pool", "from-host", "to-host", "copy", "alloc", "cancel", "recover", "delay"};
+      if (!actions.count(head))
+        fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, before, "
+                                          "idle, memory, checksum, host, or an action (sync, "
+                                          "await, kernel, ...)",
+                                          head));
+      preds(0, 1);
+      std::vector<step> inner;
+      statement(subj, inner);
+      current_ = &s;
+      if (inner.size() != 1)
+        fail(subj, "an expected action must be a single step");
+      st.what = subject::action;
+      st.action = std::make_shared<step>(std::move(inner.front()));
+      st.device = st.action->device;
+      st.pred = predicate::ok;
+      if (xs.size() == 3) {
+        const auto& p = xs[2];
+        if (p.is_atom() && text(p, "ok") == "ok")
+          st.pred = predicate::ok;
+        else if (p.is_list() && !p.items().empty() && p.items()[0].is_atom()
+                 && p.items()[0].as_atom() == "fails")
+          fails_pred(p, st);
+        else
+          fail(p, "expected ok or (fails ...)");
+      }
+      total_steps_--; // counted as part of the expect
+    }
+    push(out, std::move(st));
+  }
+
+  program prog_;
+  std::optional<uint64_t> seed_override_;
+  std::optional<uint64_t> script_seed_;
+  std::map<std::string, symbol> names_;
+  std::map<std::string, int64_t> vars_;
+  std::vector<int> ctx_device_;
+  std::vector<std::set<int>> ctx_nodes_;
+  std::vector<uint64_t> kernels_on_;
+  std::map<int, std::map<uint64_t, std::pair<std::string, location>>> pending_faults_;
+  std::set<int> checksums_;
+  std::size_t total_steps_ = 0;
+  const sexp* current_ = nullptr;
+};
+
+} // namespace
+
+std::shared_ptr<const program> load(std::string_view text, const std::string& file,
+                                    std::optional<uint64_t> seed) {
+  loader l{file, seed};
+  return l.load(text);
+}
+
+std::shared_ptr<const program> load_file(const std::string& path, std::optional<uint64_t> seed) {
+  std::ifstream in{path, std::ios::binary};
+  if (!in)
+    throw script_error(location{path, 0, 0}, "cannot read the file");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad())
+    throw script_error(location{path, 0, 0}, "cannot read the file");
+  return load(buf.str(), path, seed);
+}
+
+} // namespace multidev::scenario

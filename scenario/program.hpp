@@ -1,0 +1,132 @@
+#pragma once
+// A loaded scenario: the flat list of steps the runner executes, every name
+// replaced by an index into the program's tables. Internal to scenario/.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <multidev/multidev.hpp>
+
+#include "scenario/scenario.hpp"
+
+namespace multidev::scenario {
+
+enum class op : uint8_t {
+  make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
+  all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
+  delay, hold, release, expect,
+};
+
+/// Host data for `from-host`.
+struct host_data {
+  enum class kind : uint8_t { fill, iota, values } how = kind::fill;
+  double value = 0;
+  std::vector<float> values;
+};
+
+/// What an expectation looks at.
+enum class subject : uint8_t { action, state, before, idle, memory, checksum, host };
+
+/// What it expects of it.
+enum class predicate : uint8_t {
+  ok,         // the action succeeds
+  fails,      // the action throws (with optional checks below)
+  state_is,   // (state EV) done|failed|cancelled|pending
+  before,     // (before A B)
+  is_true, is_false,
+  compare,    // (memory D) (<= N)
+  values,     // (checksum R)/(host H): sum, count, all, at, values
+};
+
+struct step {
+  op kind = op::make_context;
+  location where;
+  /// The form as written (for reports), after loop variables were substituted.
+  std::string text;
+  int device = -1;
+  int ctx = -1;   // a context variable; -1 with device >= 0: a fresh context
+  int ctx2 = -1;  // copy: the source context
+  int parent = -1;
+  std::vector<int> tnodes;
+  int as = -1;    // the event it binds (an index into program::events)
+  int ev = -1;    // the event it uses
+  int ev2 = -1;
+  int host = -1;
+  int hold = -1;
+  int64_t pool_id = 0;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  int64_t align = 64;
+  double ms = 0;
+  std::string kernel;
+  std::vector<link_arg> args;
+  /// A kernel item a `fail-at` turned into a failure: the message it throws.
+  std::optional<std::string> fail_with;
+  /// `copy ... (into merge)`.
+  bool into_merge = false;
+  std::string message; // kill reason
+  host_data data;
+  /// For random-dag tasks: the step's index in its DAG (edges are checked).
+  int dag = -1;
+  int dag_task = -1;
+
+  // -- expect ---------------------------------------------------------------
+  subject what = subject::action;
+  predicate pred = predicate::ok;
+  std::shared_ptr<step> action;
+  std::string state;
+  std::string cmp; // = <= >= < >
+  int64_t number = 0;
+  std::optional<std::string> matches;
+  std::optional<int> origin;
+  std::optional<std::string> task;
+  bool cancelled = false;
+  std::optional<double> sum, all;
+  std::optional<int64_t> count;
+  std::optional<std::pair<int64_t, double>> at;
+  std::optional<std::vector<float>> expect_values;
+  double tolerance = 1e-6;
+};
+
+struct event_decl {
+  std::string name;
+  location where;
+};
+
+struct host_decl {
+  std::string name;
+  int tnode = -1;
+};
+
+/// A generated DAG: its tasks' events and its edges (task index pairs).
+struct dag_decl {
+  std::string name;
+  location where;
+  std::vector<int> events;
+  std::vector<int> devices;
+  std::vector<std::pair<int, int>> edges; // (from, to): from finishes before to starts
+};
+
+class program {
+public:
+  std::string file;
+  std::string name;
+  uint64_t seed = 1;
+  std::string backend = "cpu";
+  int devices = 0;
+  std::size_t queue_capacity = std::size_t{1} << 16;
+  std::vector<tnode> tnodes;
+  std::vector<std::string> contexts;
+  std::vector<event_decl> events;
+  std::vector<host_decl> hosts;
+  std::vector<std::string> holds;
+  std::vector<dag_decl> dags;
+  std::vector<step> steps;
+  /// Items per device the script schedules at most (sizes the trace rings).
+  std::vector<uint64_t> items;
+};
+
+} // namespace multidev::scenario

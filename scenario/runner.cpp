@@ -1,0 +1,819 @@
+// Running a loaded scenario on a backend of local devices, step by step on
+// the calling thread, and collecting what the traces and the report need.
+#include "scenario/program.hpp"
+#include "scenario/record.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <fmt/format.h>
+
+#include <multidev/protocol.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <thread>
+
+namespace multidev::scenario {
+
+bool run_result::ok() const noexcept {
+  return unexpected.empty()
+         && std::all_of(expectations.begin(), expectations.end(),
+                        [](const auto& e) { return e.held; });
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock = std::chrono::steady_clock;
+
+/// A `(hold ...)`: the held device's runner waits on it until `(release
+/// ...)` or the end of the run (or the step timeout: a forgotten release
+/// must not hang the tool).
+struct hold_latch {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+
+  void release() {
+    {
+      std::lock_guard guard{mu};
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
+/// A blocking step that ran out of time.
+struct step_timeout : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class runner_state {
+public:
+  runner_state(const program& p, const run_options& opts)
+    : p_(p),
+      opts_(opts),
+      bp_(opts.system ? std::make_unique<backend>(*opts.system, options_for(p))
+                      : std::make_unique<backend>(options_for(p))),
+      b_(*bp_) {
+    for (int i = 0; i < p.devices; ++i)
+      devices_.push_back(b_.get_device(i));
+    contexts_.resize(p.contexts.size());
+    events_.resize(p.events.size());
+    event_items_.resize(p.events.size(), {-1, -1});
+    hosts_.resize(p.hosts.size());
+    host_done_.resize(p.hosts.size());
+    holds_.resize(p.holds.size());
+    for (auto& h : holds_)
+      h = std::make_shared<hold_latch>();
+    model_.resize(p.devices);
+    result_.file = p.file;
+    result_.scenario = p.name.empty() ? p.file : p.name;
+    result_.seed = p.seed;
+    result_.backend = b_.name();
+    result_.devices = p.devices;
+    result_.items.assign(p.devices, 0);
+  }
+
+  ~runner_state() {
+    release_holds();
+    stop_progress();
+  }
+
+  run_result go() {
+    start_ = trace_clock_ns();
+    auto t0 = clock::now();
+    start_progress();
+    for (const auto& st : p_.steps) {
+      if (stopped_)
+        break;
+      execute_top(st);
+    }
+    finish();
+    stop_progress();
+    result_.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0)
+                        .count();
+    for (int d = 0; d < p_.devices; ++d)
+      result_.items[d] = model_[d].size();
+    build_outputs();
+    return std::move(result_);
+  }
+
+private:
+  static backend_options options_for(const program& p) {
+    backend_options o;
+    o.driver = p.backend;
+    o.num_devices = p.devices;
+    o.queue_capacity = p.queue_capacity;
+    o.on_destroy = backend_options::destroy_policy::cancel;
+    uint64_t most = 0;
+    for (auto n : p.items)
+      most = std::max(most, n);
+    // Room for every item (and the gates transfers add), up to 4 Mi records.
+    o.trace_capacity = static_cast<std::size_t>(std::min<uint64_t>(2 * most + 256, 1u << 22));
+    return o;
+  }
+
+  // -- steps -------------------------------------------------------------------
+
+  /// Runs a step; what goes wrong becomes an unexpected result, except a
+  /// refused argument, which is the script's mistake.
+  void execute_top(const step& st) {
+    try {
+      execute(st);
+    } catch (const std::invalid_argument& e) {
+      throw script_error(st.where, e.what());
+    } catch (const step_timeout& e) {
+      unexpected(st, e.what());
+      stopped_ = true; // the run cannot go on in order; wrap up
+    } catch (const std::exception& e) {
+      unexpected(st, e.what());
+    }
+  }
+
+  void unexpected(const step& st, const std::string& what) {
+    result_.unexpected.push_back(expectation_result{st.where, st.text, false, what});
+  }
+
+  const device& dev(int d) const { return devices_[d]; }
+
+  context ctx_of(const step& st) {
+    if (st.ctx < 0)
+      return b_.make_context(dev(st.device));
+    return *contexts_[st.ctx];
+  }
+
+  uint64_t last_seq(int d) const { return b_.all_work(dev(d)).seq(); }
+
+  /// Adds an item of the script to device `d`'s model: its seq when the
+  /// runtime queued one since `before` (0 otherwise).
+  int add_item(int d, uint64_t before, std::string kind, std::string description, int as,
+               const step& st) {
+    uint64_t seq = last_seq(d);
+    model_item it{seq > before ? seq : 0, std::move(kind), std::move(description),
+                  as >= 0 ? p_.events[as].name : std::string{}, st.where, next_order_++};
+    model_[d].push_back(std::move(it));
+    int idx = static_cast<int>(model_[d].size()) - 1;
+    if (as >= 0) {
+      events_[as] = b_.all_work(dev(d));
+      event_items_[as] = {d, idx};
+    }
+    return idx;
+  }
+
+  void add_edge(std::pair<int, int> from, int to_dev, int to_item, const char* kind) {
+    if (from.first < 0 || from.second < 0)
+      return;
+    edges_.push_back(model_edge{from.first, from.second, to_dev, to_item, kind});
+  }
+
+  /// The model item an event stands for: the device's last item at or
+  /// before its seq.
+  std::pair<int, int> item_of_event(int ev) const {
+    return event_items_[ev];
+  }
+
+  const event& ev(int id) const {
+    if (!events_[id])
+      throw std::runtime_error(fmt::format("event '{}' was never made: the step that makes it "
+                                           "did not run",
+                                           p_.events[id].name));
+    return *events_[id];
+  }
+
+  /// Waits, at most the step timeout, for `done()` to hold.
+  template <class F>
+  void bounded(const step& st, const char* what, F done) {
+    auto deadline = clock::now() + std::chrono::duration<double>(opts_.step_timeout_s);
+    for (int i = 0; !done(); ++i) {
+      if (clock::now() > deadline)
+        throw step_timeout(fmt::format("{} did not finish within {} s (the step timeout)", what,
+                                       opts_.step_timeout_s));
+      if (i < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(i < 1000 ? 50us : 1ms);
+    }
+    (void) st;
+  }
+
+  void host_slice(const std::string& name, int64_t start, bool failed) {
+    host_slices_.push_back(slice{p_.devices, name, "host", start, trace_clock_ns(), failed, 0, {}});
+  }
+
+  void sync_event(const step& st, int id) {
+    const auto& e = ev(id);
+    auto start = trace_clock_ns();
+    try {
+      bounded(st, fmt::format("sync {}", p_.events[id].name).c_str(),
+              [&] { return b_.state(e) != event_state::pending; });
+      b_.sync(e);
+    } catch (...) {
+      host_slice("sync " + p_.events[id].name, start, true);
+      throw;
+    }
+    host_slice("sync " + p_.events[id].name, start, false);
+  }
+
+  void await_device(const step& st, int d, bool forget) {
+    auto start = trace_clock_ns();
+    auto name = fmt::format("{} {}", forget ? "sync-device" : "await", d);
+    try {
+      bounded(st, name.c_str(), [&] { return b_.is_idle(dev(d)); });
+      if (forget)
+        b_.sync_device(dev(d));
+      else
+        b_.await(dev(d));
+    } catch (...) {
+      host_slice(name, start, true);
+      throw;
+    }
+    host_slice(name, start, false);
+  }
+
+  void execute(const step& st) {
+    switch (st.kind) {
+      case op::make_context:
+        contexts_[st.ctx] = b_.make_context(dev(st.device));
+        break;
+      case op::make_child:
+        contexts_[st.ctx] = b_.make_child(*contexts_[st.parent]);
+        break;
+      case op::alloc_node:
+        for (int t : st.tnodes)
+          contexts_[st.ctx] = b_.alloc_node(*contexts_[st.ctx], p_.tnodes[t]);
+        break;
+      case op::alloc_pool:
+        b_.alloc_pool(dev(st.device), static_cast<int>(st.pool_id),
+                      static_cast<std::size_t>(st.bytes), static_cast<std::size_t>(st.align));
+        break;
+      case op::free_pool: {
+        auto before = last_seq(st.device);
+        b_.free_pool(dev(st.device), static_cast<int>(st.pool_id));
+        add_item(st.device, before, "pool", fmt::format("free pool {}", st.pool_id), -1, st);
+        break;
+      }
+      case op::memset: {
+        auto before = last_seq(st.device);
+        b_.memset_zero(dev(st.device), static_cast<int>(st.pool_id),
+                       static_cast<std::size_t>(st.offset), static_cast<std::size_t>(st.bytes));
+        add_item(st.device, before, "memset", fmt::format("memset pool {}", st.pool_id), st.as,
+                 st);
+        break;
+      }
+      case op::kernel:
+        kernel(st);
+        break;
+      case op::wait: {
+        auto c = ctx_of(st);
+        auto before = last_seq(st.device);
+        const auto& e = ev(st.ev);
+        b_.will_wait_for(c, e);
+        auto from = item_of_event(st.ev);
+        if (from.first == st.device)
+          break; // a wait on the device's own event is a no-op
+        int idx = add_item(st.device, before, "gate",
+                           fmt::format("wait for {}", p_.events[st.ev].name), -1, st);
+        add_edge(from, st.device, idx, "wait");
+        break;
+      }
+      case op::all_work: {
+        events_[st.as] = b_.all_work(dev(st.device));
+        int n = static_cast<int>(model_[st.device].size());
+        event_items_[st.as] = {n > 0 ? st.device : -1, n - 1};
+        break;
+      }
+      case op::sync:
+        sync_event(st, st.ev);
+        break;
+      case op::await:
+        await_device(st, st.device, false);
+        break;
+      case op::sync_device:
+        await_device(st, st.device, true);
+        break;
+      case op::from_host:
+        from_host(st);
+        break;
+      case op::to_host: {
+        const auto& t = p_.tnodes[st.tnodes[0]];
+        auto& h = hosts_[st.host];
+        h.assign(t.size_in_bytes / sizeof(float), 0.0f);
+        auto before = last_seq(st.device);
+        b_.to_host(*contexts_[st.ctx], t, std::as_writable_bytes(std::span{h}));
+        host_done_[st.host] = b_.all_work(dev(st.device));
+        int idx = add_item(st.device, before, "copy", "to_host " + t.label, -1, st);
+        add_edge(writer(st.device, st.tnodes[0]), st.device, idx, "data");
+        break;
+      }
+      case op::copy:
+        copy(st);
+        break;
+      case op::cancel:
+        b_.cancel(dev(st.device));
+        break;
+      case op::kill:
+        kill(st);
+        break;
+      case op::recover:
+        if (!b_.recover(dev(st.device)))
+          throw std::runtime_error(fmt::format("recover: device {} had not failed (or was "
+                                               "killed, which cannot be undone)",
+                                               st.device));
+        break;
+      case op::delay: {
+        auto before = last_seq(st.device);
+        auto ms = st.ms;
+        auto desc = fmt::format("delay {} ms", ms);
+        b_.schedule_task(dev(st.device),
+                         {desc, [ms] { std::this_thread::sleep_for(
+                                         std::chrono::duration<double, std::milli>(ms)); }});
+        add_item(st.device, before, "task", desc, st.as, st);
+        break;
+      }
+      case op::hold: {
+        auto before = last_seq(st.device);
+        auto latch = holds_[st.hold];
+        auto limit = std::chrono::duration<double>(opts_.step_timeout_s);
+        auto desc = "hold " + p_.holds[st.hold];
+        b_.schedule_task(dev(st.device), {desc, [latch, limit] {
+                                            std::unique_lock lock{latch->mu};
+                                            latch->cv.wait_for(lock, limit,
+                                                               [&] { return latch->open; });
+                                          }});
+        add_item(st.device, before, "task", desc, -1, st);
+        break;
+      }
+      case op::release:
+        holds_[st.hold]->release();
+        break;
+      case op::expect:
+        expect(st);
+        break;
+    }
+  }
+
+  std::pair<int, int> writer(int d, int t) const {
+    auto it = writers_.find({d, t});
+    return it == writers_.end() ? std::pair{-1, -1} : it->second;
+  }
+
+  /// `scale w 2`: the kernel and its arguments as the script gave them.
+  static std::string describe_kernel(const step& st) {
+    std::string out = st.kernel;
+    for (const auto& a : st.args) {
+      out += ' ';
+      std::visit(
+        [&](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, tnode>)
+            out += v.label;
+          else if constexpr (std::is_same_v<T, std::string>)
+            out += v;
+          else
+            out += fmt::format("{}", v);
+        },
+        a);
+    }
+    return out + (st.fail_with ? " (fails: " + *st.fail_with + ")" : "");
+  }
+
+  void kernel(const step& st) {
+    auto c = ctx_of(st);
+    auto r = b_.link(c, st.kernel, st.args);
+    if (st.fail_with) {
+      auto msg = *st.fail_with;
+      r.schedule.work = [msg] { throw std::runtime_error(msg); };
+    }
+    auto before = last_seq(st.device);
+    auto e = b_.run(r);
+    int idx = add_item(st.device, before, "task", describe_kernel(st), st.as, st);
+    if (st.as >= 0)
+      events_[st.as] = e;
+    auto def = find_kernel(st.kernel);
+    for (int i : def->reads)
+      if (auto* t = std::get_if<tnode>(&st.args[i]))
+        add_edge(writer(st.device, t->id - 1), st.device, idx, "data");
+    for (int i : def->writes)
+      if (auto* t = std::get_if<tnode>(&st.args[i]))
+        writers_[{st.device, t->id - 1}] = {st.device, idx};
+  }
+
+  void from_host(const step& st) {
+    const auto& t = p_.tnodes[st.tnodes[0]];
+    auto& data = host_data_.emplace_back(t.size_in_bytes / sizeof(float));
+    switch (st.data.how) {
+      case host_data::kind::fill:
+        std::fill(data.begin(), data.end(), static_cast<float>(st.data.value));
+        break;
+      case host_data::kind::iota:
+        for (std::size_t i = 0; i < data.size(); ++i)
+          data[i] = static_cast<float>(st.data.value + static_cast<double>(i));
+        break;
+      case host_data::kind::values:
+        data = st.data.values;
+        break;
+    }
+    auto before = last_seq(st.device);
+    contexts_[st.ctx] = b_.init_from_host(*contexts_[st.ctx], t, std::as_bytes(std::span{data}));
+    int idx = add_item(st.device, before, "copy", "from_host " + t.label, st.as, st);
+    writers_[{st.device, st.tnodes[0]}] = {st.device, idx};
+  }
+
+  void copy(const step& st) {
+    const auto& t = p_.tnodes[st.tnodes[0]];
+    auto src_dev = devices_[st.device] == contexts_[st.ctx2]->device ? st.device
+                                                                     : contexts_[st.ctx2]->device.ordinal();
+    auto before = last_seq(st.device);
+    std::string desc;
+    if (st.into_merge) {
+      auto r = b_.device_to_device(t, merge_buffer_use::copy, *contexts_[st.ctx], *contexts_[st.ctx2]);
+      if (!r)
+        throw std::invalid_argument(fmt::format("copy: a context lacks tnode '{}'", t.label));
+      contexts_[st.ctx] = r->context;
+      desc = fmt::format("copy {} from {} into merge", t.label, src_dev);
+    } else {
+      contexts_[st.ctx] = b_.init_from_device(t, *contexts_[st.ctx], *contexts_[st.ctx2]);
+      desc = fmt::format("copy {} from {}", t.label, src_dev);
+    }
+    int idx = add_item(st.device, before, "copy", desc, st.as, st);
+    add_edge(writer(src_dev, st.tnodes[0]), st.device, idx, "copy");
+    if (!st.into_merge)
+      writers_[{st.device, st.tnodes[0]}] = {st.device, idx};
+  }
+
+  void kill(const step& st) {
+    auto start = trace_clock_ns();
+    auto a = device_actor_of(b_, dev(st.device));
+    caf::scoped_actor self{b_.system()};
+    self->monitor(a);
+    // An exit message with the script's reason (anon_send_exit takes only
+    // an exit_reason).
+    a->enqueue(nullptr, caf::make_message_id(),
+               caf::make_message(caf::exit_msg{a->address(),
+                                               caf::make_error(caf::sec::runtime_error,
+                                                               st.message)}),
+               nullptr);
+    bool down = false;
+    self->receive([&](caf::down_msg&) { down = true; },
+                  caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::duration<double>(opts_.step_timeout_s)))
+                    >> [] {});
+    host_slice(fmt::format("kill {}", st.device), start, !down);
+    if (!down)
+      throw step_timeout(fmt::format("kill {}: the device's actor did not stop within {} s",
+                                     st.device, opts_.step_timeout_s));
+  }
+
+  // -- expectations ------------------------------------------------------------
+
+  void record(const step& st, bool held, std::string observed) {
+    result_.expectations.push_back(
+      expectation_result{st.where, st.text, held, std::move(observed)});
+  }
+
+  static bool close(double got, double want, double tol) {
+    return std::abs(got - want) <= tol * std::max(1.0, std::abs(want));
+  }
+
+  void expect(const step& st) {
+    switch (st.what) {
+      case subject::action:
+        return expect_action(st);
+      case subject::state: {
+        const auto& e = ev(st.ev);
+        if (st.state != "pending")
+          bounded(st, "the event", [&] { return b_.state(e) != event_state::pending; });
+        auto got = to_string(b_.state(e));
+        return record(st, got == st.state, got);
+      }
+      case subject::before:
+        // Needs the traces: checked at the end, reported in its place.
+        deferred_.emplace_back(&st, result_.expectations.size());
+        record(st, false, "not checked");
+        return;
+      case subject::idle: {
+        bool idle = b_.is_idle(dev(st.device));
+        return record(st, idle == (st.pred == predicate::is_true), idle ? "idle" : "busy");
+      }
+      case subject::memory: {
+        auto got = static_cast<int64_t>(b_.get_used_memory(dev(st.device)));
+        bool held = st.cmp == "="    ? got == st.number
+                    : st.cmp == "<=" ? got <= st.number
+                    : st.cmp == ">=" ? got >= st.number
+                    : st.cmp == "<"  ? got < st.number
+                                     : got > st.number;
+        return record(st, held, fmt::format("{} bytes", got));
+      }
+      case subject::checksum: {
+        sync_event(st, st.ev);
+        auto r = b_.result(p_.events[st.ev].name);
+        if (!r)
+          return record(st, false, "no result was published");
+        bool held = true;
+        if (st.sum)
+          held = held && close(r->sum, *st.sum, st.tolerance);
+        if (st.count)
+          held = held && static_cast<int64_t>(r->count) == *st.count;
+        return record(st, held, fmt::format("(sum {}) (count {}) (hash {})", r->sum, r->count,
+                                            r->hash));
+      }
+      case subject::host:
+        return expect_host(st);
+    }
+  }
+
+  void expect_host(const step& st) {
+    if (!host_done_[st.host])
+      return record(st, false, "the to-host copy never ran");
+    const auto& done = *host_done_[st.host];
+    bounded(st, "the to-host copy", [&] { return b_.state(done) != event_state::pending; });
+    if (b_.state(done) != event_state::done)
+      return record(st, false, fmt::format("the to-host copy did not complete ({})",
+                                           to_string(b_.state(done))));
+    const auto& h = hosts_[st.host];
+    double sum = 0;
+    for (float x : h)
+      sum += x;
+    std::vector<std::string> bad;
+    if (st.sum && !close(sum, *st.sum, st.tolerance))
+      bad.push_back(fmt::format("sum {}", sum));
+    if (st.all)
+      for (std::size_t i = 0; i < h.size(); ++i)
+        if (!close(h[i], *st.all, st.tolerance)) {
+          bad.push_back(fmt::format("element {} is {}", i, h[i]));
+          break;
+        }
+    if (st.at) {
+      auto [i, v] = *st.at;
+      if (i < 0 || static_cast<std::size_t>(i) >= h.size())
+        bad.push_back(fmt::format("index {} is outside the {} elements", i, h.size()));
+      else if (!close(h[i], v, st.tolerance))
+        bad.push_back(fmt::format("element {} is {}", i, h[i]));
+    }
+    if (st.expect_values) {
+      const auto& want = *st.expect_values;
+      if (want.size() != h.size())
+        bad.push_back(fmt::format("{} elements, expected {}", h.size(), want.size()));
+      else
+        for (std::size_t i = 0; i < h.size(); ++i)
+          if (!close(h[i], want[i], st.tolerance)) {
+            bad.push_back(fmt::format("element {} is {}", i, h[i]));
+            break;
+          }
+    }
+    if (bad.empty())
+      return record(st, true, fmt::format("{} elements, sum {}", h.size(), sum));
+    std::string obs;
+    for (const auto& x : bad)
+      obs += (obs.empty() ? "" : "; ") + x;
+    record(st, false, obs);
+  }
+
+  void expect_action(const step& st) {
+    std::optional<std::string> error;
+    std::optional<device_error> derr;
+    bool cancellation = false;
+    try {
+      execute(*st.action);
+    } catch (const step_timeout& e) {
+      record(st, false, e.what());
+      stopped_ = true;
+      return;
+    } catch (const device_error& e) {
+      derr.emplace(e);
+      cancellation = dynamic_cast<const cancelled_error*>(&e) != nullptr;
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (st.pred == predicate::ok)
+      return record(st, !error, error ? "failed: " + *error : "ok");
+    if (!error)
+      return record(st, false, "it succeeded");
+    std::vector<std::string> bad;
+    check_failure(st, *error, derr ? &*derr : nullptr, cancellation, bad);
+    std::string obs = "failed: " + *error;
+    for (const auto& x : bad)
+      obs += "; " + x;
+    record(st, bad.empty(), obs);
+  }
+
+  void check_failure(const step& st, const std::string& what, const device_error* de,
+                     bool cancellation, std::vector<std::string>& bad) {
+    if (st.matches && !std::regex_search(what, std::regex{*st.matches}))
+      bad.push_back(fmt::format("the message does not match \"{}\"", *st.matches));
+    if (st.origin) {
+      auto want = dev(*st.origin).name();
+      if (!de)
+        bad.push_back("not a device error, so it has no origin");
+      else if (de->origin_device() != want)
+        bad.push_back(fmt::format("it started on {}, not {}", de->origin_device(), want));
+    }
+    if (st.task) {
+      if (!de)
+        bad.push_back("not a device error, so it has no origin task");
+      else if (de->origin_task() != *st.task)
+        bad.push_back(fmt::format("its origin task is '{}', not '{}'", de->origin_task(),
+                                  *st.task));
+    }
+    if (st.cancelled && !cancellation)
+      bad.push_back("it was not a cancellation");
+  }
+
+  // -- the end -----------------------------------------------------------------
+
+  void release_holds() {
+    for (auto& h : holds_)
+      if (h)
+        h->release();
+  }
+
+  /// Releases the holds, lets every device finish, then checks what needed
+  /// the whole run (order, DAG edges) against the devices' traces.
+  void finish() {
+    release_holds();
+    for (int d = 0; d < p_.devices; ++d) {
+      auto deadline = clock::now() + std::chrono::duration<double>(opts_.step_timeout_s);
+      while (!b_.is_idle(dev(d)) && clock::now() < deadline)
+        std::this_thread::sleep_for(200us);
+      if (!b_.is_idle(dev(d)))
+        result_.unexpected.push_back(expectation_result{
+          location{p_.file, 0, 0}, fmt::format("(end of run)"), false,
+          fmt::format("device {} was still busy {} s after the last step", d,
+                      opts_.step_timeout_s)});
+    }
+    for (int d = 0; d < p_.devices; ++d) {
+      traces_.push_back(b_.trace(dev(d)));
+      result_.dropped_records += traces_.back().dropped;
+    }
+    for (auto [st, slot] : deferred_)
+      result_.expectations[slot] = expect_before(*st);
+    for (const auto& dag : p_.dags)
+      check_dag(dag);
+  }
+
+  /// The record of an event's item, or nullptr.
+  const trace_record* record_of(int id) const {
+    if (!events_[id])
+      return nullptr;
+    auto [d, item] = event_items_[id];
+    if (d < 0)
+      return nullptr;
+    auto seq = events_[id]->seq();
+    const auto& rs = traces_[d].records;
+    auto it = std::lower_bound(rs.begin(), rs.end(), seq,
+                               [](const trace_record& r, uint64_t s) { return r.seq < s; });
+    return it != rs.end() && it->seq == seq ? &*it : nullptr;
+  }
+
+  expectation_result expect_before(const step& st) const {
+    auto* a = record_of(st.ev);
+    auto* b = record_of(st.ev2);
+    const auto& an = p_.events[st.ev].name;
+    const auto& bn = p_.events[st.ev2].name;
+    auto result = [&](bool held, std::string observed) {
+      return expectation_result{st.where, st.text, held, std::move(observed)};
+    };
+    if (!a || !b)
+      return result(false, fmt::format("no trace record of {}", !a ? an : bn));
+    bool ran_a = a->kind != trace_kind::cancel && !a->failed;
+    bool ran_b = b->kind != trace_kind::cancel;
+    if (!ran_a || !ran_b)
+      return result(false, fmt::format("{} did not run", !ran_a ? an : bn));
+    return result(a->end_ns <= b->start_ns,
+                  fmt::format("{} ended at {} ns, {} started at {} ns", an, a->end_ns - start_,
+                              bn, b->start_ns - start_));
+  }
+
+  void check_dag(const dag_decl& dag) {
+    std::size_t checked = 0;
+    std::string bad;
+    for (auto [from, to] : dag.edges) {
+      auto* a = record_of(dag.events[from]);
+      auto* b = record_of(dag.events[to]);
+      if (!a || !b || a->kind == trace_kind::cancel || b->kind == trace_kind::cancel
+          || a->failed || b->failed) {
+        if (bad.empty())
+          bad = fmt::format("{}.{} -> {}.{}: a task has no record or did not run", dag.name,
+                            from, dag.name, to);
+        continue;
+      }
+      ++checked;
+      if (a->end_ns > b->start_ns && bad.empty())
+        bad = fmt::format("{}.{} ended at {} ns, after {}.{} started at {} ns", dag.name, from,
+                          a->end_ns - start_, dag.name, to, b->start_ns - start_);
+    }
+    result_.expectations.push_back(expectation_result{
+      dag.where, fmt::format("(random-dag {}): every edge respected", dag.name), bad.empty(),
+      bad.empty() ? fmt::format("{} tasks, {} edges, all in order", dag.events.size(), checked)
+                  : bad});
+  }
+
+  void build_outputs() {
+    run_record rec;
+    rec.start_ns = start_;
+    rec.traces = std::move(traces_);
+    rec.host_slices = std::move(host_slices_);
+    rec.model = std::move(model_);
+    rec.edges = std::move(edges_);
+    for (int d = 0; d < p_.devices; ++d)
+      rec.device_names.push_back(dev(d).name());
+    result_.tl = make_timeline(rec, p_.devices);
+    result_.logical = make_logical(rec, result_);
+  }
+
+  // -- progress ----------------------------------------------------------------
+
+  void start_progress() {
+    if (!opts_.on_progress)
+      return;
+    progress_ = std::thread{[this] {
+      auto first = clock::now() + std::chrono::duration<double>(opts_.progress_after_s);
+      std::unique_lock lock{progress_mu_};
+      if (progress_cv_.wait_until(lock, first, [&] { return progress_stop_; }))
+        return;
+      for (;;) {
+        lock.unlock();
+        std::vector<device_progress> ps;
+        for (int d = 0; d < p_.devices; ++d)
+          ps.push_back(progress_of(d));
+        opts_.on_progress(ps);
+        lock.lock();
+        if (progress_cv_.wait_for(lock, std::chrono::duration<double>(opts_.progress_interval_s),
+                                  [&] { return progress_stop_; }))
+          return;
+      }
+    }};
+  }
+
+  device_progress progress_of(int d) const {
+    auto last = b_.all_work(dev(d));
+    const auto& r = dev(d).get_runner();
+    auto resolved = [&](uint64_t s) { return b_.state(event{r, s}) != event_state::pending; };
+    uint64_t lo = 0, hi = last.seq(); // resolved(lo) holds (seq 0 is done), find the last
+    while (lo < hi) {
+      auto mid = lo + (hi - lo + 1) / 2;
+      if (resolved(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return device_progress{lo, last.seq()};
+  }
+
+  void stop_progress() {
+    {
+      std::lock_guard guard{progress_mu_};
+      progress_stop_ = true;
+    }
+    progress_cv_.notify_all();
+    if (progress_.joinable())
+      progress_.join();
+  }
+
+  const program& p_;
+  const run_options& opts_;
+  run_result result_;
+  std::unique_ptr<backend> bp_;
+  backend& b_;
+  std::vector<device> devices_;
+  std::vector<std::optional<context>> contexts_;
+  std::vector<std::optional<event>> events_;
+  std::vector<std::pair<int, int>> event_items_;
+  std::vector<std::vector<float>> hosts_;
+  std::vector<std::optional<event>> host_done_;
+  std::deque<std::vector<float>> host_data_;
+  std::vector<std::shared_ptr<hold_latch>> holds_;
+  std::vector<std::vector<model_item>> model_;
+  std::vector<model_edge> edges_;
+  std::map<std::pair<int, int>, std::pair<int, int>> writers_;
+  std::vector<std::pair<const step*, std::size_t>> deferred_;
+  std::vector<device_trace> traces_;
+  std::vector<slice> host_slices_;
+  int64_t start_ = 0;
+  uint64_t next_order_ = 0;
+  bool stopped_ = false;
+  std::thread progress_;
+  std::mutex progress_mu_;
+  std::condition_variable progress_cv_;
+  bool progress_stop_ = false;
+};
+
+} // namespace
+
+run_result run(const program& p, const run_options& opts) {
+  runner_state rs{p, opts};
+  return rs.go();
+}
+
+} // namespace multidev::scenario

@@ -1,0 +1,185 @@
+#pragma once
+/// \file
+/// Scenario scripts: a schedule written as s-expressions (docs/scenarios.md),
+/// loaded into a checked program, run on a backend of local devices, and
+/// turned into a report, a Chrome trace, a logical trace and an SVG timeline.
+/// `multidev run` is a thin layer over this; tests use it directly.
+///
+/// Loading finds every mistake a script can make before anything runs
+/// (syntax, unknown names, wrong types, duplicate names, bad devices) and
+/// throws `script_error` with the `file:line:col` of the offending text.
+/// Running never throws for what the schedule does (failed tasks, killed
+/// devices): those are outcomes, checked by the script's expectations.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <multidev/sexp.hpp>
+#include <multidev/trace.hpp>
+
+namespace caf {
+class actor_system;
+} // namespace caf
+
+namespace multidev::scenario {
+
+/// A place in a script.
+struct location {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  /// `file:line:col`.
+  std::string str() const;
+};
+
+/// The script is wrong (exit status 2 of `multidev run`): `what()` is
+/// `file:line:col: message`.
+class script_error : public std::runtime_error {
+public:
+  script_error(location where, const std::string& message);
+  const location& where() const noexcept { return where_; }
+  /// The message without the location.
+  const std::string& message() const noexcept { return message_; }
+
+private:
+  location where_;
+  std::string message_;
+};
+
+/// A loaded script: every name resolved, every loop and generator expanded.
+class program;
+
+/// Loads a script from text; `file` names it in errors. `seed` overrides the
+/// script's `(seed N)` (and the default, 1). Throws `script_error`.
+std::shared_ptr<const program> load(std::string_view text, const std::string& file,
+                                    std::optional<uint64_t> seed = std::nullopt);
+
+/// Reads and loads a file; an unreadable file is a `script_error` at `file:0:0`.
+std::shared_ptr<const program> load_file(const std::string& path,
+                                         std::optional<uint64_t> seed = std::nullopt);
+
+/// Items done and scheduled on one device, for live progress.
+struct device_progress {
+  uint64_t done = 0;
+  uint64_t scheduled = 0;
+};
+
+struct run_options {
+  /// The actor system the devices live in; a system of the backend's own
+  /// when null.
+  caf::actor_system* system = nullptr;
+  /// The longest a blocking step (`sync`, `await`, `kill`...) may take before
+  /// it counts as a failed expectation and the run is stopped.
+  double step_timeout_s = 60;
+  /// Called on a progress thread every `progress_interval_s` once the run has
+  /// taken `progress_after_s`; not called when empty.
+  std::function<void(const std::vector<device_progress>&)> on_progress;
+  double progress_after_s = 1.0;
+  double progress_interval_s = 0.2;
+};
+
+/// What an expectation observed.
+struct expectation_result {
+  location where;
+  /// The expectation as written.
+  std::string text;
+  bool held = false;
+  /// What was seen (a value, an outcome, an error message).
+  std::string observed;
+};
+
+/// One slice of the timeline: an item a runner handled, or a blocking host
+/// step (on the host lane).
+struct slice {
+  int lane = 0;
+  std::string name;
+  /// `task`, `copy`, `memset`, `pool`, `gate` (a wait), `cancel`, or `host`.
+  std::string kind;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  bool failed = false;
+  /// The item's seq on its device (0 on the host lane).
+  uint64_t seq = 0;
+  /// The script's name for the item's event (`(as NAME)`), if any.
+  std::string event;
+};
+
+/// A dependency arrow: `from` finished before `to` could go on.
+struct flow {
+  int from_lane = 0;
+  int64_t from_ns = 0;
+  int to_lane = 0;
+  int64_t to_ns = 0;
+  /// `wait` (a will_wait_for of the script or of a transfer).
+  std::string kind;
+  /// Indices into `timeline::slices`.
+  std::size_t from_slice = 0;
+  std::size_t to_slice = 0;
+};
+
+/// The run as drawn: lanes (one per device, then the host), slices, arrows.
+/// Times are `trace_clock_ns()`; `start_ns` is the run's start.
+struct timeline {
+  std::vector<std::string> lanes;
+  std::vector<slice> slices;
+  std::vector<flow> flows;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+/// Everything a run produced.
+struct run_result {
+  std::string file;
+  std::string scenario;
+  uint64_t seed = 0;
+  std::string backend;
+  int devices = 0;
+  std::vector<expectation_result> expectations;
+  /// Steps that went wrong without an expectation saying they would (a
+  /// `sync` that threw, a step that timed out): each fails the run.
+  std::vector<expectation_result> unexpected;
+  /// Items the script scheduled per device.
+  std::vector<uint64_t> items;
+  int64_t wall_ns = 0;
+  timeline tl;
+  /// The schedule with logical clocks only (see `logical_trace`).
+  sexp logical;
+  /// Records a device's trace ring overwrote (0 unless the run is huge).
+  uint64_t dropped_records = 0;
+
+  /// Whether every expectation held and nothing unexpected happened.
+  bool ok() const noexcept;
+};
+
+/// Runs a loaded program on a fresh backend of its devices. Throws
+/// `script_error` only for what loading could not see (an argument the
+/// backend refuses at run time, e.g. a memset past its pool).
+run_result run(const program& p, const run_options& opts = {});
+
+/// A few lines for a human: the scenario, its devices and items, each
+/// failed expectation with what was observed, and the verdict.
+std::string summary(const run_result& r);
+
+/// The full result: `(report (scenario ..) (file ..) (seed ..) (verdict
+/// passed|failed) (expectations (expect ..) ...) (unexpected ..) (devices ..))`.
+sexp report(const run_result& r);
+
+/// Chrome trace-event JSON (opens in Perfetto and chrome://tracing): one
+/// thread per device plus the host, a complete event per slice, a flow
+/// (`s`/`f` pair) per arrow.
+std::string chrome_trace_json(const run_result& r);
+
+/// A self-contained SVG Gantt chart of the timeline.
+std::string timeline_svg(const run_result& r);
+
+/// The logical trace: `r.logical` printed one item per line, so the same
+/// script and seed give the same text.
+std::string logical_trace(const run_result& r);
+
+} // namespace multidev::scenario

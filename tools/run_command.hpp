@@ -1,0 +1,30 @@
+#pragma once
+// `multidev run FILE`: loads a scenario, runs it, prints the summary and
+// writes the files asked for.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace caf {
+class actor_system;
+} // namespace caf
+
+namespace multidev::tools {
+
+struct run_command_options {
+  std::string file;
+  std::string trace;
+  std::string report;
+  std::string logical_trace;
+  std::string timeline;
+  std::optional<uint64_t> seed;
+  double step_timeout_s = 60;
+  bool quiet = false;
+};
+
+/// Returns the exit status: 0 every expectation held, 1 one did not (or an
+/// output could not be written), 2 the script is wrong.
+int run_scenario(caf::actor_system& sys, const run_command_options& opts);
+
+} // namespace multidev::tools
