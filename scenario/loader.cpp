@@ -21,10 +21,27 @@ std::string location::str() const {
   return fmt::format("{}:{}:{}", file, line, column);
 }
 
+namespace {
+
+/// The message with bytes that are not printable ASCII written as `\xNN`,
+/// so that a binary script gets a readable one-line error.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f)
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+} // namespace
+
 script_error::script_error(location where, const std::string& message)
-  : std::runtime_error(where.str() + ": " + message),
+  : std::runtime_error(where.str() + ": " + printable(message)),
     where_(std::move(where)),
-    message_(message) {
+    message_(printable(message)) {
 }
 
 namespace {
@@ -137,7 +154,7 @@ private:
     if (s.is_list()) {
       const auto& xs = s.items();
       if (xs.empty() || !xs[0].is_atom())
-        fail(s, fmt::format("expected {} (a whole number or (+ a b) ...), got {}", what,
+        fail(s, fmt::format("{} must be a whole number or (+ a b ...), got {}", what,
                             s.to_string()));
       auto o = xs[0].as_atom();
       if (o != "+" && o != "-" && o != "*" && o != "mod" && o != "/")
@@ -167,7 +184,7 @@ private:
     int64_t v = 0;
     auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
     if (ec != std::errc{} || end != t.data() + t.size())
-      fail(s, fmt::format("expected {} (a whole number), got '{}'", what, t));
+      fail(s, fmt::format("{} must be a whole number, got '{}'", what, t));
     return v;
   }
 
@@ -185,7 +202,7 @@ private:
     double v = 0;
     auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
     if (ec != std::errc{} || end != t.data() + t.size() || !std::isfinite(v))
-      fail(s, fmt::format("expected {} (a number), got '{}'", what, t));
+      fail(s, fmt::format("{} must be a number, got '{}'", what, t));
     return v;
   }
 
@@ -281,7 +298,8 @@ private:
   /// Splits `s` into positional arguments (between `min` and `max`) and
   /// the options named in `known`.
   form split(const sexp& s, std::size_t min, std::size_t max,
-             std::initializer_list<const char*> known, const char* usage) const {
+             std::initializer_list<const char*> known, const char* usage,
+             bool takes_forms = false) const {
     form f{&s, s.items()[0].as_atom(), {}, {}};
     const auto& xs = s.items();
     for (std::size_t i = 1; i < xs.size(); ++i) {
@@ -298,7 +316,7 @@ private:
         }
         bool arithmetic = h == "+" || h == "-" || h == "*" || h == "/" || h == "mod"
                           || h == "fill" || h == "iota" || h == "values";
-        if (!arithmetic && f.pos.size() >= min) {
+        if (!arithmetic && !takes_forms && f.pos.size() >= min) {
           std::string ks;
           for (auto k : known)
             ks += fmt::format("{}({} ...)", ks.empty() ? "" : ", ", k);
@@ -623,11 +641,11 @@ private:
       const auto& a = *f.pos[i + 2];
       switch (def->params[i]) {
         case arg_kind::integer:
-          st.args.emplace_back(integer(a, fmt::format("argument {} of kernel '{}' (an int)", i + 1,
+          st.args.emplace_back(integer(a, fmt::format("argument {} of kernel '{}'", i + 1,
                                                       st.kernel).c_str()));
           break;
         case arg_kind::real:
-          st.args.emplace_back(real(a, fmt::format("argument {} of kernel '{}' (a float)", i + 1,
+          st.args.emplace_back(real(a, fmt::format("argument {} of kernel '{}'", i + 1,
                                                    st.kernel).c_str()));
           break;
         case arg_kind::string:
@@ -833,7 +851,7 @@ private:
   }
 
   void repeat_form(const sexp& s, std::vector<step>& out) {
-    auto f = split(s, 1, SIZE_MAX, {"var"}, "(repeat N [(var NAME)] FORM...)");
+    auto f = split(s, 1, SIZE_MAX, {"var"}, "(repeat N [(var NAME)] FORM...)", true);
     auto n = integer_in(*f.pos[0], "the repeat count", 0, int64_t{max_steps});
     std::string var = "i";
     if (f.opts.count("var")) {
