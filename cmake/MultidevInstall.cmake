@@ -9,7 +9,7 @@ set(MULTIDEV_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/multidev")
 install(TARGETS multidev EXPORT multidevTargets
         ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
         LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
-install(TARGETS multidev_tool RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+install(TARGETS multidev_tool EXPORT multidevTargets RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.hpp")
 install(EXPORT multidevTargets NAMESPACE multidev:: DESTINATION "${MULTIDEV_CMAKE_DIR}")
@@ -23,6 +23,7 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/multidevConfigVersion.cm
 install(FILES "${PROJECT_BINARY_DIR}/multidevConfig.cmake"
               "${PROJECT_BINARY_DIR}/multidevConfigVersion.cmake"
               "${PROJECT_SOURCE_DIR}/cmake/FindCAF.cmake"
+              "${PROJECT_SOURCE_DIR}/cmake/MultidevScenarioTest.cmake"
         DESTINATION "${MULTIDEV_CMAKE_DIR}")
 
 # pkg-config: the library is static, so its dependencies go in Libs (CAF has

@@ -46,8 +46,9 @@ script_error::script_error(location where, const std::string& message)
 
 namespace {
 
-/// Loops may not expand a script past this many steps.
-constexpr std::size_t max_steps = 10'000'000;
+/// Loops may not expand a script past this many steps (each step is a few
+/// hundred bytes until the run; 2 M of them load in a few seconds).
+constexpr std::size_t max_steps = 2'000'000;
 
 enum class sym { tnode, context, event, host, hold, dag };
 
@@ -351,7 +352,8 @@ private:
 
   void push(std::vector<step>& out, step st) {
     if (++total_steps_ > max_steps)
-      fail(*current_, fmt::format("the script expands to more than {} steps", max_steps));
+      fail(*current_, fmt::format("the script expands to more than the limit of {} steps",
+                                  max_steps));
     if (st.device >= 0 && counts_item(st.kind))
       prog_.items[st.device] += st.kind == op::copy ? 2 : 1;
     out.push_back(std::move(st));
@@ -866,8 +868,19 @@ private:
       fail(s, fmt::format("loop variable '${}' is already used by an enclosing repeat", var));
     for (int64_t i = 0; i < n; ++i) {
       vars_[var] = i;
+      auto before = total_steps_;
       for (std::size_t k = 1; k < f.pos.size(); ++k)
         statement(*f.pos[k], out);
+      current_ = &s;
+      // One iteration tells the size of all: refuse a loop that would pass
+      // the limit before expanding it.
+      auto per_iteration = total_steps_ - before;
+      if (i == 0 && per_iteration > 0
+          && static_cast<double>(per_iteration) * static_cast<double>(n)
+               > static_cast<double>(max_steps - before))
+        fail(s, fmt::format("(repeat {} ...) would expand to {} steps, more than the limit of {}",
+                            n, static_cast<double>(per_iteration) * static_cast<double>(n),
+                            max_steps));
     }
     vars_.erase(var);
   }

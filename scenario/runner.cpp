@@ -36,8 +36,8 @@ using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
 
 /// A `(hold ...)`: the held device's runner waits on it until `(release
-/// ...)` or the end of the run (or the step timeout: a forgotten release
-/// must not hang the tool).
+/// ...)` or the end of the run (a step that times out behind a forgotten
+/// release ends the run, which releases it).
 struct hold_latch {
   std::mutex mu;
   std::condition_variable cv;
@@ -353,12 +353,11 @@ private:
       case op::hold: {
         auto before = last_seq(st.device);
         auto latch = holds_[st.hold];
-        auto limit = std::chrono::duration<double>(opts_.step_timeout_s);
         auto desc = "hold " + p_.holds[st.hold];
-        b_.schedule_task(dev(st.device), {desc, [latch, limit] {
+        // Open at (release ...), or at the end of the run at the latest.
+        b_.schedule_task(dev(st.device), {desc, [latch] {
                                             std::unique_lock lock{latch->mu};
-                                            latch->cv.wait_for(lock, limit,
-                                                               [&] { return latch->open; });
+                                            latch->cv.wait(lock, [&] { return latch->open; });
                                           }});
         add_item(st.device, before, "task", desc, -1, st);
         break;

@@ -1,0 +1,352 @@
+// Scenario scripts: each class of script error points at the exact
+// line:col, no input crashes or hangs the loader or the tool, the outputs of
+// a run describe every item and edge, and the same script and seed give the
+// same logical trace.
+#define BOOST_TEST_MODULE scenario
+#include <boost/test/unit_test.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+
+#include "scenario/scenario.hpp"
+
+using namespace multidev;
+namespace scn = multidev::scenario;
+
+namespace {
+
+/// The script error `text` gets, as `line:col: message`.
+std::string error_of(const std::string& text) {
+  try {
+    scn::load(text, "t.scn");
+  } catch (const scn::script_error& e) {
+    return std::to_string(e.where().line) + ":" + std::to_string(e.where().column) + ": "
+           + e.message();
+  }
+  return "no error";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+std::string examples_dir() {
+  return std::string{MULTIDEV_SOURCE_DIR} + "/examples/scenarios/";
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in{path, std::ios::binary};
+  return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+}
+
+} // namespace
+
+// -- script errors, one test per class ----------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_scenario_syntax_errors_point_at_the_character) {
+  auto e = error_of("(devices 2)\n(kernel 0 spin_ns 0\n");
+  BOOST_TEST(e == "2:1: unclosed '(' (end of input reached)");
+  e = error_of("(devices 2)\n  (sync a))\n");
+  BOOST_TEST(e == "2:11: unexpected ')'");
+  e = error_of("(devices 2)\n(scenario \"open\n");
+  BOOST_TEST(e == "2:11: unterminated string");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_unknown_names_point_at_the_name) {
+  auto e = error_of("(devices 2)\n(tnode w (floats 4))\n(context c 0)\n(alloc c w)\n"
+                    "(kernel c scale v 2.0)\n");
+  BOOST_TEST(e == "5:17: unknown tnode 'v'");
+  e = error_of("(devices 2)\n(sync nowhere)\n");
+  BOOST_TEST(e == "2:7: unknown event 'nowhere'");
+  e = error_of("(devices 2)\n(frobnicate 1)\n");
+  BOOST_TEST(starts_with(e, "2:2: unknown form 'frobnicate'"), e);
+  e = error_of("(devices 2)\n(kernel 1 no_such_kernel)\n");
+  BOOST_TEST(starts_with(e, "2:11: unknown kernel 'no_such_kernel'; the kernels are "), e);
+  e = error_of("(devices 2)\n(kernel 2 spin_ns 0)\n");
+  BOOST_TEST(e == "2:9: device 2 does not exist: the scenario has 2 device(s), ordinals 0 to 1");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_wrong_types_point_at_the_value) {
+  auto e = error_of("(devices 2)\n(tnode w (floats 4))\n(context c 0)\n(alloc c w)\n"
+                    "(kernel c scale w two)\n");
+  BOOST_TEST(e == "5:19: argument 2 of kernel 'scale' must be a number, got 'two'");
+  e = error_of("(devices 2)\n(tnode w (floats 4))\n(sync w)\n");
+  BOOST_TEST(e == "3:7: 'w' is a tnode (declared at 2:8), expected an event");
+  e = error_of("(devices two)\n");
+  BOOST_TEST(e == "1:10: the number of devices must be a whole number, got 'two'");
+  e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as a))\n(expect (state a) finished)\n");
+  BOOST_TEST(starts_with(e, "3:19: unknown state 'finished'"), e);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_duplicate_names_point_at_the_second) {
+  auto e = error_of("(devices 2)\n(tnode w (floats 4))\n(context w 0)\n");
+  BOOST_TEST(e == "3:10: duplicate name 'w': already a tnode declared at 2:8");
+  e = error_of("(devices 2)\n(kernel 0 spin_ns 0 (as a))\n  (kernel 1 spin_ns 0 (as a))\n");
+  BOOST_TEST(e == "3:27: duplicate name 'a': already an event declared at 2:25");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_errors_inside_loops_name_the_iteration_text) {
+  // The error points into the loop body, and the message shows the name the
+  // loop variable made.
+  auto e = error_of("(devices 2)\n(repeat 3\n  (kernel 0 spin_ns 0 (as a$i))\n"
+                    "  (kernel 0 spin_ns 0 (as a1)))\n");
+  BOOST_TEST(e == "3:27: duplicate name 'a1': already an event declared at 4:27");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_fault_that_never_triggers_is_an_error) {
+  auto e = error_of("(devices 1)\n(fail-at 0 3 \"boom\")\n(kernel 0 spin_ns 0)\n");
+  BOOST_TEST(e == "2:1: fail-at: device 0 runs only 1 kernel(s), never a kernel number 3");
+}
+
+// -- no input crashes the loader -----------------------------------------------
+
+/// Loads `text`: it must load or throw script_error, nothing else.
+void loads_or_refuses(const std::string& text, const std::string& what) {
+  try {
+    scn::load(text, "corpus.scn");
+  } catch (const scn::script_error&) {
+  } catch (const std::exception& e) {
+    BOOST_ERROR(what << ": threw " << e.what() << " instead of a script_error");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_loader_survives_truncated_unbalanced_huge_and_binary_input) {
+  for (const auto& entry : std::filesystem::directory_iterator{examples_dir()}) {
+    auto text = read(entry.path());
+    // Every prefix (truncated input), and every prefix with a stray ')' or
+    // '(' after it (unbalanced input).
+    for (std::size_t n = 0; n <= text.size(); n += 3) {
+      loads_or_refuses(text.substr(0, n), entry.path().string() + " truncated");
+      loads_or_refuses(text.substr(0, n) + ")", entry.path().string() + " unbalanced");
+      loads_or_refuses(text.substr(0, n) + "(", entry.path().string() + " unbalanced");
+    }
+  }
+  // Huge: deep nesting, a huge atom, a loop asking for too many steps.
+  loads_or_refuses(std::string(200'000, '(') + std::string(200'000, ')'), "deep");
+  loads_or_refuses("(devices 1)\n(sync " + std::string(1 << 20, 'x') + ")", "huge atom");
+  auto e = error_of("(devices 1)\n(repeat 100000 (repeat 1000 (var j) (kernel 0 spin_ns 0)))\n");
+  BOOST_TEST(e == "2:1: (repeat 100000 ...) would expand to 100000000 steps, more than the limit of 2000000", e);
+  // Binary: random bytes, and random bytes after a valid header.
+  std::mt19937 rng{7};
+  for (int i = 0; i < 300; ++i) {
+    std::string bytes(1 + rng() % 400, '\0');
+    for (auto& c : bytes)
+      c = static_cast<char>(rng());
+    loads_or_refuses(bytes, "binary");
+    loads_or_refuses("(devices 2)\n(" + bytes, "binary after a header");
+  }
+}
+
+// -- the tool's exit status on bad input ---------------------------------------
+
+/// Runs the tool (its path is the test's first argument) on `args`; returns
+/// its exit status, and its stderr in `err`.
+int run_tool(const std::vector<std::string>& args, std::string& err) {
+  auto& suite = boost::unit_test::framework::master_test_suite();
+  BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
+  auto err_file = std::filesystem::temp_directory_path()
+                  / ("scenario-err-" + std::to_string(getpid()));
+  std::vector<std::string> all{suite.argv[1]};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  BOOST_TEST_REQUIRE(rc == 0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  err = read(err_file);
+  std::filesystem::remove(err_file);
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_tool_exits_2_with_the_location_on_bad_scripts) {
+  auto dir = std::filesystem::temp_directory_path() / ("scenario-corpus-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng{11};
+  std::string binary(2048, '\0');
+  for (auto& c : binary)
+    c = static_cast<char>(rng());
+  std::string quick = read(examples_dir() + "quickstart.scn");
+  std::map<std::string, std::string> corpus = {
+    {"truncated.scn", quick.substr(0, quick.find("(kernel c0 scale") + 10)},
+    {"unbalanced.scn", quick + ")"},
+    {"deep.scn", std::string(100'000, '(')},
+    {"huge.scn", "(devices 1)\n(repeat 1000000 (repeat 1000000 (var j) (kernel 0 spin_ns 0)))\n"},
+    {"binary.scn", binary},
+    {"empty.scn", ""},
+  };
+  for (const auto& [name, text] : corpus) {
+    auto path = (dir / name).string();
+    std::ofstream{path, std::ios::binary} << text;
+    std::string err;
+    int status = run_tool({"run", path}, err);
+    BOOST_TEST(status == 2, name << ": exit status " << status << ", stderr: " << err);
+    BOOST_TEST(starts_with(err, path + ":"), name << ": stderr: " << err);
+    BOOST_TEST(std::count(err.begin(), err.end(), '\n') == 1, name << ": stderr: " << err);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_tool_exits_1_when_an_expectation_fails) {
+  auto path = std::filesystem::temp_directory_path() / ("scenario-fails-" + std::to_string(getpid()) + ".scn");
+  std::ofstream{path} << "(devices 1)\n(kernel 0 spin_ns 0 (as a))\n(expect (state a) failed)\n";
+  std::string err;
+  BOOST_TEST(run_tool({"run", path.string()}, err) == 1, err);
+  std::filesystem::remove(path);
+}
+
+// -- what a run produces -------------------------------------------------------
+
+scn::run_result run_example(const std::string& name, std::optional<uint64_t> seed = {}) {
+  auto p = scn::load_file(examples_dir() + name, seed);
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  return r;
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_chrome_trace_has_every_item_and_every_edge) {
+  auto r = run_example("pipeline.scn");
+  auto doc = nlohmann::json::parse(scn::chrome_trace_json(r));
+  const auto& events = doc.at("traceEvents");
+  // Slices by (tid, name), flows by id.
+  std::multimap<std::pair<int, std::string>, const nlohmann::json*> slices;
+  std::map<uint64_t, std::pair<const nlohmann::json*, const nlohmann::json*>> flows;
+  std::set<int> named_threads;
+  for (const auto& e : events) {
+    auto ph = e.at("ph").get<std::string>();
+    if (ph == "X")
+      slices.emplace(std::pair{e.at("tid").get<int>(), e.at("name").get<std::string>()}, &e);
+    else if (ph == "s")
+      flows[e.at("id").get<uint64_t>()].first = &e;
+    else if (ph == "f")
+      flows[e.at("id").get<uint64_t>()].second = &e;
+    else if (ph == "M" && e.at("name") == "thread_name")
+      named_threads.insert(e.at("tid").get<int>());
+  }
+  BOOST_TEST(named_threads.size() == 5u); // four devices and the host
+  // Every item of the logical trace is a slice on its device's track.
+  std::map<std::pair<int, int>, std::string> desc;
+  std::size_t items = 0;
+  for (const auto& x : r.logical.items()) {
+    if (!x.is_list() || x.items()[0].as_atom() != "device")
+      continue;
+    int d = std::stoi(x.items()[1].as_atom());
+    for (std::size_t i = 2; i < x.items().size(); ++i) {
+      const auto& it = x.items()[i];
+      auto name = it.find("description")->items()[1].as_atom();
+      auto step = std::stoi(it.find("step")->items()[1].as_atom());
+      desc[{d, step}] = name;
+      ++items;
+      BOOST_TEST(slices.count({d, name}) > 0, "no slice '" << name << "' on device " << d);
+    }
+  }
+  BOOST_TEST(items == 36u);
+  // Every edge between devices is a flow from a slice of the awaited item to
+  // the device that waited, each end inside a slice of its track.
+  auto inside = [&](const nlohmann::json& f, const std::string& name) {
+    auto [lo, hi] = slices.equal_range({f.at("tid").get<int>(), name});
+    for (auto it = lo; it != hi; ++it) {
+      double ts = it->second->at("ts"), dur = it->second->at("dur");
+      if (f.at("ts").get<double>() >= ts && f.at("ts").get<double>() <= ts + dur)
+        return true;
+    }
+    return false;
+  };
+  std::size_t edges = 0;
+  for (const auto& e : r.logical.find("edges")->items()) {
+    if (e.is_atom())
+      continue;
+    int fd = std::stoi(e.items()[1].items()[1].as_atom());
+    int fs = std::stoi(e.items()[1].items()[2].as_atom());
+    int td = std::stoi(e.items()[2].items()[1].as_atom());
+    if (fd == td)
+      continue;
+    ++edges;
+    bool found = false;
+    for (const auto& [id, f] : flows) {
+      if (!f.first || !f.second || f.first->at("tid") != fd || f.second->at("tid") != td)
+        continue;
+      if (inside(*f.first, desc[{fd, fs}])) {
+        found = true;
+        BOOST_TEST(f.second->at("bp") == "e");
+      }
+    }
+    BOOST_TEST(found, "no flow for the edge " << e.to_string());
+  }
+  BOOST_TEST(edges == 12u); // three hops for each of four batches
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_same_script_and_seed_give_the_same_logical_trace) {
+  auto a = scn::logical_trace(run_example("random_dag.scn", 5));
+  auto b = scn::logical_trace(run_example("random_dag.scn", 5));
+  auto c = scn::logical_trace(run_example("random_dag.scn", 6));
+  BOOST_TEST(a == b);
+  BOOST_TEST(a != c); // the seed draws another DAG
+  // No wall time in it: the timeline has times, the logical trace has none.
+  BOOST_TEST(a.find("start_ns") == std::string::npos);
+  BOOST_TEST(a.find("end_ns") == std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_failed_expectations_report_what_was_observed) {
+  auto p = scn::load("(devices 2)\n(tnode w (floats 8))\n(context c 1)\n"
+                     "(from-host c w (fill 2))\n(to-host c w (as h))\n"
+                     "(expect (host h) (all 3))\n(expect (host h) (sum 16))\n",
+                     "obs.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST(!r.ok());
+  BOOST_TEST_REQUIRE(r.expectations.size() == 2u);
+  BOOST_TEST(!r.expectations[0].held);
+  BOOST_TEST(r.expectations[0].observed == "element 0 is 2");
+  BOOST_TEST(r.expectations[0].where.str() == "obs.scn:6:1");
+  BOOST_TEST(r.expectations[1].held);
+  auto rep = scn::report(r);
+  BOOST_TEST(rep.find("verdict")->items()[1].as_atom() == "failed");
+  BOOST_TEST(scn::summary(r).find("FAILED obs.scn:6:1") != std::string::npos, scn::summary(r));
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_forgotten_hold_does_not_hang_a_sync) {
+  // The sync waits behind a hold that is never released: the step timeout
+  // ends it as an unexpected failure, and the end of the run releases the hold.
+  auto p = scn::load("(devices 1)\n(hold 0 (as h))\n(kernel 0 spin_ns 0 (as a))\n(sync a)\n",
+                     "hold.scn");
+  scn::run_options o;
+  o.step_timeout_s = 0.5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(!r.ok());
+  BOOST_TEST_REQUIRE(r.unexpected.size() == 1u);
+  BOOST_TEST(r.unexpected[0].where.str() == "hold.scn:4:1");
+  BOOST_TEST(r.unexpected[0].observed.find("did not finish within 0.5 s") != std::string::npos,
+             r.unexpected[0].observed);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_timeline_svg_is_well_formed_with_a_lane_per_device) {
+  auto r = run_example("gradient_merge.scn");
+  auto svg = scn::timeline_svg(r);
+  BOOST_TEST(starts_with(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  BOOST_TEST(svg.find("</svg>") != std::string::npos);
+  for (int d = 0; d < 4; ++d)
+    BOOST_TEST(svg.find(">device " + std::to_string(d) + " (") != std::string::npos);
+  BOOST_TEST(svg.find("marker-end=\"url(#arrow)\"") != std::string::npos);
+}
