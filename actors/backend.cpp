@@ -324,10 +324,18 @@ sexp backend::get_debug_info(const device& d) const {
 
 void backend::await(const device& d) const {
   auto& rec = record_of(d);
-  if (auto* c = rec.r.local_core())
-    c->sync(c->scheduled());
-  else
+  if (auto* c = rec.r.local_core()) {
+    try {
+      c->sync(c->scheduled());
+    } catch (const device_error&) {
+      // The last item failed; a device recovered since is not failed, and
+      // the failure stays on the items' own events.
+      if (c->failed())
+        throw;
+    }
+  } else {
     rec.ep().await();
+  }
 }
 
 event backend::all_work(const device& d) const {

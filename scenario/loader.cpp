@@ -123,8 +123,10 @@ private:
 
   // -- reading values ----------------------------------------------------------
 
-  /// The atom's text with loop variables (`$i`) substituted.
-  std::string text(const sexp& s, const char* what) const {
+  /// The atom's text with loop variables (`$i`) substituted. In a name an
+  /// unknown `$x` is an error; in a string (`strict` false: messages,
+  /// regular expressions, kernel strings) it stays as written.
+  std::string text(const sexp& s, const char* what, bool strict = true) const {
     if (!s.is_atom())
       fail(s, fmt::format("expected {}, got a list {}", what, s.to_string()));
     const auto& a = s.as_atom();
@@ -141,8 +143,13 @@ private:
         ++j;
       auto var = a.substr(i + 1, j - i - 1);
       auto it = vars_.find(var);
-      if (var.empty() || it == vars_.end())
-        fail(s, fmt::format("unknown loop variable '${}' in '{}'", var, a));
+      if (var.empty() || it == vars_.end()) {
+        if (strict)
+          fail(s, fmt::format("unknown loop variable '${}' in '{}'", var, a));
+        out += a.substr(i, j - i);
+        i = j;
+        continue;
+      }
       out += std::to_string(it->second);
       i = j;
     }
@@ -275,6 +282,11 @@ private:
   /// A tnode that must be in the context of `st`.
   int node_in(const sexp& s, const step& st) const {
     int t = lookup(s, sym::tnode).id;
+    if (st.ctx < 0)
+      fail(s, fmt::format("tnode '{}' needs a context that holds it; device {} given as a number "
+                          "is a fresh context with no buffers: declare (context NAME {}) and "
+                          "give it '{}' first",
+                          prog_.tnodes[t].label, st.device, st.device, prog_.tnodes[t].label));
     if (st.ctx < 0 || !ctx_nodes_[st.ctx].count(t))
       fail(s, fmt::format("tnode '{}' is not in {}: give it a buffer there first with "
                           "(alloc CTX {}), (from-host CTX {} ...) or (copy {} ...)",
@@ -493,13 +505,17 @@ private:
     auto f = split(s, 1, 1, {}, "(seed N)");
     if (script_seed_)
       fail(s, "(seed ...) is given twice");
+    if (!prog_.dags.empty())
+      fail(s, fmt::format("(seed ...) comes after (random-dag {} ...), which was drawn with seed "
+                          "{}: give the seed first",
+                          prog_.dags.front().name, prog_.seed));
     script_seed_ = static_cast<uint64_t>(integer_in(*f.pos[0], "the seed", 0, INT64_MAX));
     prog_.seed = seed_override_.value_or(*script_seed_);
   }
 
   void tnode_form(const sexp& s) {
     auto f = split(s, 1, 1, {"floats", "bytes", "mode"},
-                   "(tnode NAME (floats N) [(mode M)]) or (tnode NAME (bytes N))");
+                   "(tnode NAME (floats N)|(bytes N) [(mode M)])");
     auto n = new_name(*f.pos[0], sym::tnode);
     if (f.opts.count("floats") == f.opts.count("bytes"))
       fail(s, fmt::format("tnode '{}' needs its size: (floats N) or (bytes N)", n));
@@ -651,7 +667,7 @@ private:
                                                    st.kernel).c_str()));
           break;
         case arg_kind::string:
-          st.args.emplace_back(text(a, "a string"));
+          st.args.emplace_back(text(a, "a string", false));
           break;
         case arg_kind::buffer:
           st.args.emplace_back(prog_.tnodes[node_in(a, st)]);
@@ -802,7 +818,7 @@ private:
     auto f = split(s, 1, 2, {}, "(kill DEVICE [REASON])");
     auto st = make(s, op::kill);
     st.device = device(*f.pos[0]);
-    st.message = f.pos.size() > 1 ? text(*f.pos[1], "a reason") : "killed by the scenario";
+    st.message = f.pos.size() > 1 ? text(*f.pos[1], "a reason", false) : "killed by the scenario";
     push(out, std::move(st));
   }
 
@@ -843,13 +859,13 @@ private:
     int d = device(*f.pos[0]);
     auto n = integer_in(*f.pos[1], "the step (the device's n-th kernel, from 1)", 1, INT64_MAX);
     if (n <= static_cast<int64_t>(kernels_on_[d]))
-      fail(*f.pos[1], fmt::format("fail-at: device {} has already run {} kernel(s); step {} "
-                                  "is behind this form",
-                                  d, kernels_on_[d], n));
+      fail(*f.pos[1], fmt::format("fail-at: the script schedules {} kernel(s) on device {} "
+                                  "before this form, so kernel number {} is behind it",
+                                  kernels_on_[d], d, n));
     auto& faults = pending_faults_[d];
     if (faults.count(static_cast<uint64_t>(n)))
       fail(s, fmt::format("fail-at: step {} of device {} already fails", n, d));
-    faults[static_cast<uint64_t>(n)] = {text(*f.pos[2], "a message"), at(s)};
+    faults[static_cast<uint64_t>(n)] = {text(*f.pos[2], "a message", false), at(s)};
   }
 
   void repeat_form(const sexp& s, std::vector<step>& out) {
@@ -976,7 +992,7 @@ private:
         fail(o, fmt::format("({} ...) takes one value", k));
       const auto& v = o.items()[1];
       if (k == "matches") {
-        auto re = text(v, "a regular expression");
+        auto re = text(v, "a regular expression", false);
         try {
           std::regex{re};
         } catch (const std::regex_error& e) {
@@ -986,7 +1002,7 @@ private:
       } else if (k == "origin") {
         st.origin = device(v);
       } else if (k == "task") {
-        st.task = text(v, "a task name");
+        st.task = text(v, "a task name", false);
       } else {
         fail(o.items()[0], fmt::format("unknown (fails ...) check '{}'; use matches, origin, "
                                        "task or cancelled", k));
@@ -1084,7 +1100,7 @@ private:
       if (st.cmp != "=" && st.cmp != "<=" && st.cmp != ">=" && st.cmp != "<" && st.cmp != ">")
         fail(p.items()[0], fmt::format("unknown comparison '{}'", st.cmp));
       st.number = integer(p.items()[1], "a number of bytes");
-    } else if (head == "checksum" || head == "host") {
+    } else if ((head == "checksum" && subj.items().size() == 2) || head == "host") {
       args(1, head == "host" ? "(host HOST)" : "(checksum NAME)");
       preds(1, 5);
       bool host = head == "host";

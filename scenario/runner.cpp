@@ -17,9 +17,11 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <thread>
 
 namespace multidev::scenario {
@@ -77,7 +79,9 @@ public:
       h = std::make_shared<hold_latch>();
     model_.resize(p.devices);
     result_.file = p.file;
-    result_.scenario = p.name.empty() ? p.file : p.name;
+    // Named after the file, not the path it was given by, so a logical
+    // trace does not depend on the directory it was run from.
+    result_.scenario = p.name.empty() ? std::filesystem::path{p.file}.stem().string() : p.name;
     result_.seed = p.seed;
     result_.backend = b_.name();
     result_.devices = p.devices;
@@ -259,10 +263,19 @@ private:
         contexts_[st.ctx] = b_.make_child(*contexts_[st.parent]);
         break;
       case op::alloc_node:
-        for (int t : st.tnodes)
+        for (int t : st.tnodes) {
+          check_pool_room(st.device, st.ctx, t);
           contexts_[st.ctx] = b_.alloc_node(*contexts_[st.ctx], p_.tnodes[t]);
+        }
         break;
       case op::alloc_pool:
+        if (st.pool_id != 0 && st.pool_id < dev(st.device).next_pool_id()
+            && !script_pools_[st.device].count(st.pool_id))
+          throw std::invalid_argument(fmt::format(
+            "pool {} of device {} holds a tnode's buffer (alloc, from-host and copy number their "
+            "pools 1, 2, ...): give (pool ...) ids they do not reach, e.g. from 1000",
+            st.pool_id, st.device));
+        script_pools_[st.device].insert(st.pool_id);
         b_.alloc_pool(dev(st.device), static_cast<int>(st.pool_id),
                       static_cast<std::size_t>(st.bytes), static_cast<std::size_t>(st.align));
         break;
@@ -371,6 +384,21 @@ private:
     }
   }
 
+  /// Refuses to let `alloc`, `from-host` or `copy` give tnode `t` a pool
+  /// whose id the script took with `(pool ...)`: the backend would replace it.
+  void check_pool_room(int d, int ctx, int t) const {
+    if (contexts_[ctx]->buffers.count(p_.tnodes[t]))
+      return;
+    auto next = dev(d).next_pool_id();
+    auto taken = script_pools_.find(d);
+    if (taken != script_pools_.end() && taken->second.count(next))
+      throw std::invalid_argument(fmt::format(
+        "tnode '{}' would get pool {} of device {}, which a (pool ...) form took: give (pool "
+        "...) ids that alloc, from-host and copy do not reach (they number pools 1, 2, ...), "
+        "e.g. from 1000",
+        p_.tnodes[t].label, next, d));
+  }
+
   std::pair<int, int> writer(int d, int t) const {
     auto it = writers_.find({d, t});
     return it == writers_.end() ? std::pair{-1, -1} : it->second;
@@ -434,6 +462,7 @@ private:
         data = st.data.values;
         break;
     }
+    check_pool_room(st.device, st.ctx, st.tnodes[0]);
     auto before = last_seq(st.device);
     contexts_[st.ctx] = b_.init_from_host(*contexts_[st.ctx], t, std::as_bytes(std::span{data}));
     int idx = add_item(st.device, before, "copy", "from_host " + t.label, st.as, st);
@@ -453,6 +482,7 @@ private:
       contexts_[st.ctx] = r->context;
       desc = fmt::format("copy {} from {} into merge", t.label, src_dev);
     } else {
+      check_pool_room(st.device, st.ctx, st.tnodes[0]);
       contexts_[st.ctx] = b_.init_from_device(t, *contexts_[st.ctx], *contexts_[st.ctx2]);
       desc = fmt::format("copy {} from {}", t.label, src_dev);
     }
@@ -497,6 +527,19 @@ private:
   }
 
   void expect(const step& st) {
+    try {
+      evaluate(st);
+    } catch (const step_timeout& e) {
+      record(st, false, e.what());
+      stopped_ = true;
+    } catch (const std::exception& e) {
+      // What the expectation looks at failed (a checksum's item threw, an
+      // event was never made): the expectation did not hold.
+      record(st, false, std::string{"failed: "} + e.what());
+    }
+  }
+
+  void evaluate(const step& st) {
     switch (st.what) {
       case subject::action:
         return expect_action(st);
@@ -808,6 +851,7 @@ private:
   std::vector<std::vector<model_item>> model_;
   std::vector<model_edge> edges_;
   std::map<std::pair<int, int>, std::pair<int, int>> writers_;
+  std::map<int, std::set<int64_t>> script_pools_;
   std::vector<std::pair<const step*, std::size_t>> deferred_;
   std::vector<device_trace> traces_;
   std::vector<slice> host_slices_;

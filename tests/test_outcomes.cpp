@@ -224,6 +224,8 @@ BOOST_AUTO_TEST_CASE(test_outcomes_recover_brings_a_failed_device_back_with_its_
   BOOST_CHECK_THROW(b.schedule_task(d, {"refused", [] {}}), device_error);
   BOOST_TEST(b.recover(d));
   BOOST_TEST(!b.recover(d)); // once
+  // A recovered device is not failed: await returns though its last item failed.
+  bounded([&] { b.await(d); }, "await after recovery");
   BOOST_TEST(b.get_used_memory(d) == used);
   std::atomic<int> ran{0};
   b.schedule_task(d, {"after recovery", [&] { ++ran; }});

@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   auto* step_timeout_opt =
     run->add_option("--step-timeout", step_timeout,
                     "seconds a blocking step (sync, await, kill) may take before the run stops "
-                    "as failed (default 60)")->type_name("S");
+                    "as failed (default 60; fractions allowed)")->type_name("S");
   run->add_flag("--quiet", ropts.quiet, "print only failures and the verdict");
 
   auto* bench = app.add_subcommand(
@@ -208,10 +208,17 @@ int main(int argc, char** argv) {
     ropts.seed = static_cast<uint64_t>(count);
   }
   if (step_timeout_opt->count() > 0) {
-    if (auto bad = read_count("--step-timeout", step_timeout, 1, 86'400, count))
-      return usage(*bad);
-    ropts.step_timeout_s = static_cast<double>(count);
+    double v = 0;
+    auto [end, ec] = std::from_chars(step_timeout.data(), step_timeout.data() + step_timeout.size(), v);
+    if (ec != std::errc{} || end != step_timeout.data() + step_timeout.size() || !(v > 0)
+        || v > 86'400)
+      return usage("--step-timeout must be a number of seconds above 0 and at most 86400, got '"
+                   + step_timeout + "'");
+    ropts.step_timeout_s = v;
   }
+  if (*run && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
+    return usage("run takes its devices from the script's (devices N ...) form; -n and "
+                 "--queue-capacity do not apply to it");
   if (repeats_opt->count() > 0) {
     if (auto bad = read_count("--repeats", repeats, 1, 1'000'000, count))
       return usage(*bad);

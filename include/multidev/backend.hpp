@@ -182,7 +182,9 @@ public:
 
   // -- Work ------------------------------------------------------------------
 
-  /// Blocks until `d` has finished everything scheduled on it.
+  /// Blocks until `d` has finished everything scheduled on it. Throws
+  /// `device_error` when `d` is failed (a device recovered since its last
+  /// item failed is not: that failure stays on the item's event).
   void await(const device& d) const;
   /// Done exactly when everything scheduled on `d` before the call finished.
   event all_work(const device& d) const;

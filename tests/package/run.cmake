@@ -17,7 +17,8 @@ set(prefix "${WORK_DIR}/prefix")
 file(REMOVE_RECURSE "${WORK_DIR}")
 run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 
-foreach(f IN ITEMS ${LIBDIR}/libmultidev.a include/multidev/multidev.hpp
+foreach(f IN ITEMS ${LIBDIR}/libmultidev.a include/multidev/multidev.hpp bin/multidev
+                   ${LIBDIR}/cmake/multidev/MultidevScenarioTest.cmake
                    ${LIBDIR}/cmake/multidev/multidevConfig.cmake
                    ${LIBDIR}/cmake/multidev/multidevConfigVersion.cmake
                    ${LIBDIR}/cmake/multidev/multidevTargets.cmake
@@ -43,6 +44,20 @@ message("find_package: ${out}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "package test: the find_package program failed (${rc})")
 endif()
+
+# multidev_add_scenario_test: the passing scenario passes, the one whose
+# expectation fails fails.
+execute_process(COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${WORK_DIR}/build" -R "^package_scenario$"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "package test: the scenario test failed (${rc}):\n${out}")
+endif()
+execute_process(COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${WORK_DIR}/build" -R "^package_scenario_fails$"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "package test: a scenario whose expectation fails passed as a test:\n${out}")
+endif()
+message("scenario tests: package_scenario passed, package_scenario_fails failed as it must")
 
 # pkg-config.
 set(ENV{PKG_CONFIG_PATH} "${prefix}/${LIBDIR}/pkgconfig")
