@@ -3,9 +3,11 @@
 # default build, then the same suite built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (the `sanitize` preset, in build-sanitize/; about
 # 10-15 minutes from scratch on 2 cores). MULTIDEV_SANITIZE=0 skips the second.
+# Chromium (Debian `chromium`) is installed for the test that renders a
+# scenario's SVG timeline to a PNG.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-scripts/setup.sh
+MULTIDEV_EXTRA_PACKAGES=chromium scripts/setup.sh
 ctest --preset default
 
 if [ "${MULTIDEV_SANITIZE:-1}" != 0 ]; then

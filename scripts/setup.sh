@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages multidev needs (when missing), then configures
 # and builds it with the default preset: everything, or the targets given as
-# arguments. Used by run-main.sh and run-tests.sh.
+# arguments. Used by run-main.sh and run-tests.sh. MULTIDEV_EXTRA_PACKAGES
+# adds packages (run-tests.sh: chromium, which renders the SVG timeline).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(cmake g++ make ccache pkgconf libcaf-dev libboost-test-dev libcli11-dev libfmt-dev
-          nlohmann-json3-dev)
+          nlohmann-json3-dev ${MULTIDEV_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
