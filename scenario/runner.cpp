@@ -354,6 +354,10 @@ private:
                                                st.device));
         break;
       case op::delay: {
+        if (st.ms > opts_.step_timeout_s * 1e3)
+          throw std::invalid_argument(fmt::format("a delay of {} ms is longer than the step "
+                                                  "timeout ({} s)",
+                                                  st.ms, opts_.step_timeout_s));
         auto before = last_seq(st.device);
         auto ms = st.ms;
         auto desc = fmt::format("delay {} ms", ms);
@@ -425,6 +429,13 @@ private:
   }
 
   void kernel(const step& st) {
+    // A task cannot be interrupted: one longer than a step may wait would
+    // hold the run past every bound.
+    if (st.kernel == "spin_ns" && static_cast<double>(std::get<int64_t>(st.args[0]))
+                                    > opts_.step_timeout_s * 1e9)
+      throw std::invalid_argument(fmt::format(
+        "spin_ns {} is longer than the step timeout ({} s)", std::get<int64_t>(st.args[0]),
+        opts_.step_timeout_s));
     auto c = ctx_of(st);
     auto r = b_.link(c, st.kernel, st.args);
     // Errors name the task as the script wrote it: "task 'scale w 2' failed".
