@@ -333,6 +333,8 @@ void backend::await(const device& d) const {
       if (c->failed())
         throw;
     }
+    // Failed (or killed) after its last item finished: it is failed all the same.
+    c->throw_if_failed();
   } else {
     rec.ep().await();
   }

@@ -170,6 +170,10 @@ public:
   bool recover();
   /// Whether the device is failed now (refusing work until `recover`).
   bool failed() const noexcept { return failed_flag_.load(std::memory_order_acquire); }
+  /// Throws the `device_error` new work would get when the device is failed
+  /// (or killed); returns otherwise. For `await` on a device whose last item
+  /// finished before it failed.
+  void throw_if_failed() const;
 
   /// The failure message, if the device failed.
   std::optional<std::string> error() const;

@@ -46,6 +46,12 @@ uint64_t device_core::push(task&& t, bool may_wait) {
   return enqueue(std::move(t), nullptr, may_wait);
 }
 
+void device_core::throw_if_failed() const {
+  std::lock_guard guard{mu_};
+  if (failed_)
+    throw refusal_locked();
+}
+
 device_error device_core::refusal_locked() const {
   if (killed_)
     return device_error(name_, fmt::format("{}; no new work is accepted",

@@ -506,9 +506,9 @@ private:
     if (script_seed_)
       fail(s, "(seed ...) is given twice");
     if (!prog_.dags.empty())
-      fail(s, fmt::format("(seed ...) comes after (random-dag {} ...), which was drawn with seed "
-                          "{}: give the seed first",
-                          prog_.dags.front().name, prog_.seed));
+      fail(s, fmt::format("(seed ...) comes after (random-dag {} ...), which is drawn where it "
+                          "stands: give the seed first",
+                          prog_.dags.front().name));
     script_seed_ = static_cast<uint64_t>(integer_in(*f.pos[0], "the seed", 0, INT64_MAX));
     prog_.seed = seed_override_.value_or(*script_seed_);
   }

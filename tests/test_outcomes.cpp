@@ -271,6 +271,22 @@ BOOST_AUTO_TEST_CASE(test_outcomes_exit_to_the_device_actor_kills_it_and_its_dep
   BOOST_TEST(!b.recover(d0));
 }
 
+BOOST_AUTO_TEST_CASE(test_outcomes_await_on_a_device_killed_while_idle_throws) {
+  // Every item finished before the kill: the device is failed all the same,
+  // and await says so (as schedule_task does).
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  b.schedule_task(d, {"before the kill", [] {}});
+  bounded([&] { b.await(d); }, "await before the kill");
+  auto a = device_actor_of(b, d);
+  caf::scoped_actor self{b.system()};
+  self->monitor(a);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  self->receive([](caf::down_msg&) {}, caf::after(30s) >> [] {});
+  auto e = expect_throw<device_error>([&] { b.await(d); }, "await after the kill");
+  BOOST_TEST(contains(e.what(), "killed"), e.what());
+}
+
 BOOST_AUTO_TEST_CASE(test_outcomes_a_wait_owed_when_the_device_actor_is_killed_is_answered) {
   // The reply to a `wait` request comes from the core when the seq resolves,
   // not from the actor: one still owed when the actor stops is answered
