@@ -391,8 +391,9 @@ private:
   /// Refuses to let `alloc`, `from-host` or `copy` give tnode `t` a pool
   /// whose id the script took with `(pool ...)`: the backend would replace it.
   void check_pool_room(int d, int ctx, int t) const {
-    if (contexts_[ctx]->buffers.count(p_.tnodes[t]))
-      return;
+    const auto& node = p_.tnodes[t];
+    if (contexts_[ctx]->buffers.count(node) || dev(d).constant_buffer(node))
+      return; // no new pool: held already, or a cached constant reused
     auto next = dev(d).next_pool_id();
     auto taken = script_pools_.find(d);
     if (taken != script_pools_.end() && taken->second.count(next))
