@@ -159,8 +159,12 @@ device backend::get_device(int ordinal) {
       "get_device: ordinal {} is out of range: {} has {} device{} (ordinals 0..{})",
       ordinal, name(), n, n == 1 ? "" : "s", n - 1));
   std::lock_guard guard{impl_->mu};
+  // The ordinals after the local devices are the attached nodes' devices.
+  auto local = impl_->drv->device_count();
+  if (ordinal >= local)
+    return impl_->node_devices.at(static_cast<std::size_t>(ordinal - local));
   if (impl_->devices.empty()) {
-    impl_->devices.resize(static_cast<std::size_t>(n));
+    impl_->devices.resize(static_cast<std::size_t>(local));
   }
   auto& slot = impl_->devices[static_cast<std::size_t>(ordinal)];
   if (slot)
@@ -187,7 +191,8 @@ device backend::get_device(int ordinal) {
 }
 
 int backend::num_devices() const {
-  return impl_->drv->device_count();
+  std::lock_guard guard{impl_->mu};
+  return impl_->drv->device_count() + static_cast<int>(impl_->node_devices.size());
 }
 
 context backend::make_context(const device& d, ctx_buffers buffers, optimize_ctx opt) {
@@ -266,7 +271,24 @@ void backend::will_wait_for(const context& ctx, const event& e) {
 }
 
 sexp backend::static_properties() const {
-  return impl_->drv->properties();
+  auto props = impl_->drv->properties();
+  std::lock_guard guard{impl_->mu};
+  if (impl_->nodes.empty())
+    return props;
+  // The attached nodes' devices, with their ordinals here and their names
+  // ("<node>/<name there>").
+  auto nodes = sexp::list({sexp::atom("nodes")});
+  for (const auto& n : impl_->nodes) {
+    auto node = sexp::list({sexp::atom("node"), sexp::field("name", n.name),
+                            sexp::field("address", n.address)});
+    for (const auto& d : n.devices)
+      node.push_back(sexp::list({sexp::atom("device"),
+                                 sexp::field("ordinal", std::to_string(d.ordinal())),
+                                 sexp::field("name", d.name())}));
+    nodes.push_back(std::move(node));
+  }
+  props.push_back(std::move(nodes));
+  return props;
 }
 
 multidev::hardware_limits backend::hardware_limits() const {

@@ -58,7 +58,7 @@ device_actor backend_impl::actor_for(const device& d) const {
   return ep.actor();
 }
 
-device backend_impl::attach(const device_actor& a) {
+device backend_impl::attach(const device_actor& a, const std::string& prefix) {
   if (!a)
     throw std::invalid_argument("attach_device: invalid device actor handle");
   {
@@ -70,7 +70,7 @@ device backend_impl::attach(const device_actor& a) {
           if (d.get_runner().local_core() == core)
             return d;
   }
-  auto remote = attach_remote(*sys, a);
+  auto remote = attach_remote(*sys, a, prefix);
   std::lock_guard guard{mu};
   auto key = remote.ep->key();
   if (auto i = attached.find(key); i != attached.end()) {

@@ -83,6 +83,18 @@ struct backend_impl {
   std::map<device_key, device> attached;  // attach_device results, by key
   std::vector<caf::actor> links;          // their link actors, stopped at shutdown
 
+  /// A node attached with `attach_node`: its devices take the ordinals after
+  /// the local ones, in attachment order; attaching a node of the same name
+  /// again (restarted) gives its new devices the same ordinals.
+  struct attached_node {
+    std::string name;
+    std::string address;
+    std::vector<device> devices;
+  };
+  std::vector<attached_node> nodes;
+  /// The devices of `nodes`, by ordinal minus the local device count.
+  std::vector<device> node_devices;
+
   /// `d`'s endpoint; throws `std::invalid_argument` when the device does not
   /// belong to this backend (made or attached here).
   endpoint& endpoint_of(const device& d) const;
@@ -92,8 +104,9 @@ struct backend_impl {
   /// backend.
   device_actor actor_for(const device& d) const;
 
-  /// `a` as a device of this backend (see `attach_device`).
-  device attach(const device_actor& a);
+  /// `a` as a device of this backend (see `attach_device`); `prefix`
+  /// ("<node>/") goes in front of its name, so errors name its node.
+  device attach(const device_actor& a, const std::string& prefix = {});
 
   void shutdown();
 };

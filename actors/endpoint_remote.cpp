@@ -479,7 +479,8 @@ private:
 
 } // namespace
 
-remote_device attach_remote(caf::actor_system& sys, const device_actor& target) {
+remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
+                            const std::string& prefix) {
   if (!target)
     throw std::invalid_argument("attach_device: invalid device actor handle");
   auto shared = std::make_shared<link_shared>();
@@ -495,6 +496,7 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target) 
     auto [node, id, name, driver, ordinal] =
       call<std::string, uint32_t, std::string, std::string, int32_t>(
         shared, "attach_device", false, request_timeout, identify_atom::value);
+    name = prefix + name;
     shared->set_name(name);
     auto ep = std::make_shared<remote_endpoint>(device_key{node_ref{node}, id}, name, shared);
     register_endpoint(ep);

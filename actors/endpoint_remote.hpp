@@ -41,7 +41,8 @@ struct remote_device {
 /// Spawns a link actor on `sys` for `target`, asks the device who it is (a
 /// blocking round trip from this thread) and registers its endpoint. Throws
 /// `device_error` when `target` does not answer; the link is stopped then.
-remote_device attach_remote(caf::actor_system& sys, const device_actor& target);
+remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
+                            const std::string& prefix = {});
 
 /// Why the calls of a link stopped by its backend fail.
 inline constexpr const char* link_closed_at_shutdown =

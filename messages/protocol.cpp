@@ -77,6 +77,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<device_trace>("multidev::device_trace");
   cfg.add_message_type<device_key>("multidev::device_key");
   cfg.add_message_type<event>("multidev::event");
+  cfg.add_message_type<std::vector<caf::actor>>("std::vector<caf::actor>");
 }
 
 wire_arg to_wire(const kernel_arg& x) {

@@ -4,6 +4,9 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/config_option_set.hpp>
+#include <caf/io/middleman.hpp>
+
+#include <signal.h>
 
 #include <algorithm>
 #include <charconv>
@@ -20,6 +23,7 @@
 #include <multidev/protocol.hpp>
 
 #include "bench.hpp"
+#include "node_command.hpp"
 #include "run_command.hpp"
 
 namespace {
@@ -55,6 +59,10 @@ public:
 std::optional<std::string> configure_caf(tool_config& cfg, std::vector<std::string> extras,
                                          bool have_command) {
   multidev::register_types(cfg);
+  // Nodes and the runs that attach them find a silent peer by heartbeat: one
+  // a second, and a connection quiet for 5 s is dropped (its devices fail).
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds{1}});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{5}});
   cfg.set("scheduler.max-threads",
           static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())));
   for (auto& a : extras) {
@@ -64,7 +72,7 @@ std::optional<std::string> configure_caf(tool_config& cfg, std::vector<std::stri
       if (a.rfind('-', 0) == 0)
         return "unknown option '" + a + "'";
       if (!have_command)
-        return "unknown command '" + a + "'; the commands are devices, kernels, run, bench";
+        return "unknown command '" + a + "'; the commands are devices, kernels, run, node, bench";
       return "unexpected argument '" + a + "'";
     }
     if (!cfg.knows(a))
@@ -155,6 +163,29 @@ int main(int argc, char** argv) {
                     "as failed (default 60; fractions allowed)")->type_name("S");
   run->add_flag("--quiet", ropts.quiet, "print only failures and the verdict");
 
+  auto* node = app.add_subcommand(
+    "node", "serve this process's CPU devices to other processes over CAF's middleman; prints "
+            "'listening on ADDR:PORT' when ready; SIGINT or SIGTERM stops it");
+  node->fallthrough();
+  multidev::tools::node_command_options nopts;
+  node->add_option("--bind", nopts.bind, "the address to listen on (default 127.0.0.1; one that "
+                                         "is not loopback needs --allow-remote)")
+    ->type_name("ADDR");
+  std::string node_port;
+  auto* node_port_opt =
+    node->add_option("--port", node_port, "the port (default 0: pick one and print it)")
+      ->type_name("P");
+  std::string cpu_devices;
+  auto* cpu_devices_opt =
+    node->add_option("--cpu-devices", cpu_devices, "CPU devices to serve (default 1)")
+      ->type_name("N");
+  node->add_option("--name", nopts.name,
+                   "the node's name, which its devices' names start with (default node-<pid>)");
+  bool allow_remote = false;
+  node->add_flag("--allow-remote", allow_remote,
+                 "allow a --bind address that is not loopback (other machines can then drive "
+                 "this node's devices)");
+
   auto* bench = app.add_subcommand(
     "bench", "run the benchmark suite; each figure beside a baseline measured in the same run");
   bench->fallthrough();
@@ -216,6 +247,21 @@ int main(int argc, char** argv) {
                    + step_timeout + "'");
     ropts.step_timeout_s = v;
   }
+  if (node_port_opt->count() > 0) {
+    if (auto bad = read_count("--port", node_port, 0, 65535, count))
+      return usage(*bad);
+    nopts.port = static_cast<uint16_t>(count);
+  }
+  if (cpu_devices_opt->count() > 0) {
+    if (auto bad = read_count("--cpu-devices", cpu_devices, 1, max_devices, count))
+      return usage(*bad);
+    nopts.cpu_devices = static_cast<int>(count);
+  }
+  if (*node && !allow_remote && !multidev::tools::is_loopback(nopts.bind))
+    return usage("--bind " + nopts.bind + " is not a loopback address: other machines could "
+                 "drive this node's devices; say --allow-remote to mean it");
+  if (*node && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
+    return usage("node serves --cpu-devices N devices; -n and --queue-capacity do not apply to it");
   if (*run && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("run takes its devices from the script's (devices N ...) form; -n and "
                  "--queue-capacity do not apply to it");
@@ -229,7 +275,7 @@ int main(int argc, char** argv) {
   if (auto err = configure_caf(cfg, app.remaining(true), app.get_subcommands().size() > 0))
     return usage(*err);
   if (app.get_subcommands().empty())
-    return usage("a command is required: devices, kernels, run or bench");
+    return usage("a command is required: devices, kernels, run, node or bench");
 
   try {
     if (*devices) {
@@ -244,6 +290,18 @@ int main(int argc, char** argv) {
       for (const auto& name : multidev::kernel_names())
         std::cout << multidev::find_kernel(name)->doc << "\n";
       return 0;
+    }
+    if (*node) {
+      // Blocked before the actor system starts its threads, which inherit
+      // the mask: serve_node takes them with sigwait.
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGINT);
+      sigaddset(&set, SIGTERM);
+      pthread_sigmask(SIG_BLOCK, &set, nullptr);
+      cfg.load<caf::io::middleman>();
+      caf::actor_system sys{cfg};
+      return multidev::tools::serve_node(sys, nopts);
     }
     if (*run) {
       caf::actor_system sys{cfg};

@@ -22,10 +22,12 @@
 /// producer therefore cannot grow a queue without bound: it is held back by
 /// its replies (use `request`, not `send`, for a bounded number in flight).
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/actor_system_config.hpp>
@@ -64,6 +66,7 @@ using result_atom = caf::atom_constant<caf::atom("result")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using recover_atom = caf::atom_constant<caf::atom("recover")>;
 using trace_atom = caf::atom_constant<caf::atom("trace")>;
+using list_atom = caf::atom_constant<caf::atom("list")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -121,6 +124,14 @@ using device_actor = caf::typed_actor<
   /// the device's process's trace clock: steady-clock nanoseconds, which the
   /// processes of one machine share).
   caf::replies_to<atoms::trace_atom>::with<device_trace>>;
+
+/// A node: the devices of one process, served to other processes
+/// (`multidev node` publishes one with CAF's middleman; `attach_node`
+/// attaches all its devices). One actor per node lists them, so a node needs
+/// one port, not one per device.
+using node_actor = caf::typed_actor<
+  /// Replies with the node's name and its device actors, in ordinal order.
+  caf::replies_to<atoms::list_atom>::with<std::string, std::vector<caf::actor>>>;
 
 /// Error codes of the `multidev` error category. The error's context holds
 /// two strings, the device name (may be empty) and the message, and for an
@@ -302,5 +313,25 @@ device_actor device_actor_of(const backend& b, const device& d);
 /// `device_error`, and so does every local device waiting for it. Throws
 /// `device_error` when `a` does not answer.
 device attach_device(backend& b, const device_actor& a);
+
+/// Spawns, on `b`'s actor system, the node actor that lists `b`'s devices
+/// (all `b.num_devices()` local ones, made now) under `name`. Publish it
+/// with `sys.middleman().publish(node, port, addr)` to serve them.
+node_actor spawn_node_actor(backend& b, std::string name);
+
+/// Attaches every device of the node published on `host:port` to `b` and
+/// returns them. They take the ordinals after `b`'s local devices
+/// (`get_device`, `num_devices`), in the node's order, and are named
+/// `"<node name>/<their name there>"`, so errors name the node;
+/// `static_properties` lists them under `(nodes (node (name ..) (address ..)
+/// (device (ordinal ..) (name ..)) ...))`. Attaching a node of a name
+/// attached before (a restarted node) gives its devices the ordinals the old
+/// ones had; the old devices stay failed. `b`'s actor system needs CAF's
+/// middleman (`cfg.load<caf::io::middleman>()` and `register_types(cfg)`).
+/// Throws `std::invalid_argument` without a middleman, `device_error` naming
+/// `host:port` when the node cannot be reached or does not answer within
+/// `timeout`.
+std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
+                                std::chrono::milliseconds timeout = std::chrono::seconds{10});
 
 } // namespace multidev

@@ -1,0 +1,98 @@
+// Nodes: one actor per process lists its devices to other processes
+// (spawn_node_actor), and a backend attaches all the devices of a node at
+// once (attach_node), after its own in ordinal order.
+#include "actors/backend_impl.hpp"
+#include "actors/logger_tie.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <fmt/format.h>
+
+#include <multidev/protocol.hpp>
+
+namespace multidev {
+
+node_actor spawn_node_actor(backend& b, std::string name) {
+  std::vector<caf::actor> devices;
+  for (int i = 0; i < b.num_devices(); ++i) {
+    auto d = b.get_device(i);
+    if (!d.is_local())
+      continue; // a node serves its own devices, not the ones it attached
+    devices.push_back(caf::actor_cast<caf::actor>(device_actor_of(b, d)));
+  }
+  detail::logger_tie_guard untie; // spawning ties this thread to the system
+  return b.system().spawn([name = std::move(name), devices = std::move(devices)]()
+                            -> node_actor::behavior_type {
+    return {
+      [name, devices](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
+        return {name, devices};
+      },
+    };
+  });
+}
+
+std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
+                                std::chrono::milliseconds timeout) {
+  auto& sys = b.system();
+  auto address = fmt::format("{}:{}", host, port);
+  if (!sys.has_middleman())
+    throw std::invalid_argument(fmt::format(
+      "attach_node {}: the backend's actor system has no middleman (load caf::io::middleman "
+      "and call multidev::register_types on its config)",
+      address));
+  auto node = sys.middleman().remote_actor<node_actor>(host, port);
+  if (!node)
+    throw device_error(address, fmt::format("attach_node: cannot reach a node at {}: {}", address,
+                                            sys.render(node.error())));
+  std::string name;
+  std::vector<caf::actor> actors;
+  {
+    caf::scoped_actor self{sys};
+    std::optional<caf::error> err;
+    self->request(*node, timeout, atoms::list_atom::value)
+      .receive([&](std::string& n, std::vector<caf::actor>& as) { name = std::move(n), actors = std::move(as); },
+               [&](caf::error& e) { err = std::move(e); });
+    if (err)
+      throw device_error(address, fmt::format("attach_node: the node at {} did not list its "
+                                              "devices: {}",
+                                              address, sys.render(*err)));
+  }
+  std::vector<device> result;
+  for (auto& a : actors)
+    result.push_back(b.impl().attach(caf::actor_cast<device_actor>(a), name + "/"));
+  auto& impl = b.impl();
+  std::lock_guard guard{impl.mu};
+  auto local = impl.drv->device_count();
+  // A node attached before under this name (restarted): its ordinals again.
+  auto it = std::find_if(impl.nodes.begin(), impl.nodes.end(),
+                         [&](const auto& n) { return n.name == name; });
+  int first = it != impl.nodes.end() && !it->devices.empty()
+                ? it->devices.front().ordinal()
+                : local + static_cast<int>(impl.node_devices.size());
+  if (it != impl.nodes.end() && it->devices.size() != result.size())
+    throw std::invalid_argument(fmt::format(
+      "attach_node {}: node '{}' was attached before with {} device(s), it has {} now",
+      address, name, it->devices.size(), result.size()));
+  for (std::size_t i = 0; i < result.size(); ++i) {
+    // The record is this backend's view of the device: its ordinal here.
+    auto& rec = *result[i].record();
+    rec.ordinal = first + static_cast<int>(i);
+    auto slot = static_cast<std::size_t>(rec.ordinal - local);
+    if (slot < impl.node_devices.size())
+      impl.node_devices[slot] = result[i];
+    else
+      impl.node_devices.push_back(result[i]);
+  }
+  if (it != impl.nodes.end()) {
+    it->address = address;
+    it->devices = result;
+  } else {
+    impl.nodes.push_back({name, address, result});
+  }
+  return result;
+}
+
+} // namespace multidev

@@ -1,0 +1,249 @@
+// Nodes: `multidev node` processes serving their devices over CAF's
+// middleman on 127.0.0.1, attached with attach_node: their devices take the
+// ordinals after the local ones, named after the node; named tasks and waits
+// cross both ways; `kill -9` of a node fails its pending work and the local
+// work waiting on it with errors naming the node; a restarted node attaches
+// again under the same ordinals; SIGTERM stops a node cleanly.
+//
+// The tool's path is the test's first argument. Every node process is
+// reaped: the fixture kills what is still running.
+#define BOOST_TEST_MODULE nodes
+#include <boost/test/unit_test.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+
+#include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
+
+#include "test_support.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+using namespace std::chrono_literals;
+using namespace multidev;
+using test_support::contains;
+
+namespace {
+
+/// A `multidev node` process; reaped (SIGKILL if need be) when destroyed.
+class node_process {
+public:
+  explicit node_process(const std::vector<std::string>& args) {
+    auto& suite = boost::unit_test::framework::master_test_suite();
+    BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
+    std::vector<std::string> all{suite.argv[1], "node"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2];
+    BOOST_TEST_REQUIRE(pipe(out) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    BOOST_TEST_REQUIRE(rc == 0);
+    out_ = out[0];
+    // "listening on 127.0.0.1:PORT", within 30 s.
+    std::string line;
+    auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0)
+        continue;
+      char buf[256];
+      auto n = read(out_, buf, sizeof buf);
+      if (n <= 0)
+        break;
+      line.append(buf, static_cast<std::size_t>(n));
+    }
+    auto at = line.find("listening on 127.0.0.1:");
+    BOOST_TEST_REQUIRE(at != std::string::npos, "the node did not say where it listens: " << line);
+    port = static_cast<uint16_t>(std::stoi(line.substr(at + 23)));
+  }
+
+  ~node_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0)
+      close(out_);
+  }
+
+  /// `kill -9`, and reaps it.
+  void kill9() {
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  /// SIGTERM; returns the exit status (or 128 + signal), within 30 s.
+  int terminate() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 3000; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+  uint16_t port = 0;
+
+private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+};
+
+/// An actor system that can reach nodes, and a backend of one local device
+/// on it.
+struct cluster {
+  cluster() : sys(make_cfg()), b(sys, {.num_devices = 1}) {
+  }
+
+  static caf::actor_system_config& make_cfg() {
+    static caf::actor_system_config* cfg = [] {
+      auto c = new caf::actor_system_config;
+      c->load<caf::io::middleman>();
+      register_types(*c);
+      c->set("scheduler.max-threads", size_t{2});
+      return c;
+    }();
+    return *cfg;
+  }
+
+  caf::actor_system sys;
+  backend b;
+};
+
+buffer_arg buffer(int pool, std::size_t bytes) {
+  return buffer_arg{buffer_loc{pool, 0}, bytes};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_nodes_devices_come_after_the_local_ones_and_work_crosses_both_ways) {
+  node_process node{{"--port", "0", "--cpu-devices", "2", "--name", "b"}};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node.port);
+  BOOST_TEST_REQUIRE(ds.size() == 2u);
+  BOOST_TEST(b.num_devices() == 3);
+  BOOST_TEST((b.get_device(1) == ds[0]));
+  BOOST_TEST((b.get_device(2) == ds[1]));
+  BOOST_TEST(ds[0].ordinal() == 1);
+  BOOST_TEST(ds[1].name().rfind("b/", 0) == 0, ds[1].name());
+  auto props = b.static_properties().to_string();
+  BOOST_TEST(contains(props, "(nodes (node (name b) (address 127.0.0.1:"), props);
+  BOOST_TEST(contains(props, "(ordinal 2)"), props);
+  // A named kernel on the node, its result read back.
+  b.alloc_pool(ds[0], 1000, 4096, 64);
+  b.schedule_named(ds[0], {"fill", {buffer(1000, 4096), 2.0}});
+  auto sum = b.schedule_named(ds[0], {"checksum", {buffer(1000, 4096), std::string{"node_sum"}}});
+  b.sync(sum);
+  auto r = b.result(ds[0], "node_sum");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 2048.0);
+  // The local device waits for the node's device, and the node's other
+  // device waits for the local one.
+  auto local = b.get_device(0);
+  auto spin = b.schedule_named(ds[0], {"spin_ns", {int64_t{2'000'000}}});
+  b.will_wait_for(b.make_context(local), spin);
+  std::atomic<bool> saw_done{false};
+  b.schedule_task(local, {"after the node", [&] { saw_done = b.is_done(spin); }});
+  auto local_done = b.all_work(local);
+  b.will_wait_for(b.make_context(ds[1]), local_done);
+  auto last = b.schedule_named(ds[1], {"spin_ns", {int64_t{0}}});
+  b.sync(last);
+  BOOST_TEST(saw_done.load());
+  BOOST_TEST(b.is_done(local_done));
+  // A closure cannot travel.
+  try {
+    b.schedule_task(ds[1], {"closure", [] {}});
+    BOOST_ERROR("a closure was sent to a remote device");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "b/"), e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_restart_reattaches) {
+  auto n1 = std::make_unique<node_process>(std::vector<std::string>{
+    "--port", "0", "--cpu-devices", "1", "--name", "b"});
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", n1->port);
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  // Busy for 30 s, with work queued behind, and a local device waiting.
+  b.schedule_named(ds[0], {"spin_ns", {int64_t{30'000'000'000}}});
+  auto pending = b.schedule_named(ds[0], {"spin_ns", {int64_t{0}}});
+  auto local = b.get_device(0);
+  b.will_wait_for(b.make_context(local), pending);
+  b.schedule_task(local, {"dependent", [] {}});
+  auto dependent = b.all_work(local);
+  n1->kill9();
+  auto start = std::chrono::steady_clock::now();
+  try {
+    test_support::bounded([&] { b.sync(pending); }, "sync on the dead node");
+    BOOST_ERROR("sync on the dead node's work returned");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "b/"), e.what());
+  }
+  try {
+    test_support::bounded([&] { b.sync(dependent); }, "sync on the local dependent");
+    BOOST_ERROR("the local dependent of the dead node's work succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "b/"), e.what());
+    BOOST_TEST(e.device_name() == local.name());
+  }
+  BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
+  // The local device recovers; the node comes back under the same name and
+  // its device takes the same ordinal.
+  BOOST_TEST(b.recover(local));
+  node_process n2{{"--port", "0", "--cpu-devices", "1", "--name", "b"}};
+  auto again = attach_node(b, "127.0.0.1", n2.port);
+  BOOST_TEST_REQUIRE(again.size() == 1u);
+  BOOST_TEST(again[0].ordinal() == 1);
+  BOOST_TEST((b.get_device(1) == again[0]));
+  BOOST_TEST(b.num_devices() == 2);
+  b.sync(b.schedule_named(again[0], {"spin_ns", {int64_t{0}}}));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_sigterm_stops_a_node_cleanly) {
+  node_process node{{"--port", "0", "--cpu-devices", "2"}};
+  cluster c;
+  auto ds = attach_node(c.b, "127.0.0.1", node.port);
+  BOOST_TEST(ds.size() == 2u);
+  BOOST_TEST(node.terminate() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_attach_to_nothing_names_the_address) {
+  cluster c;
+  try {
+    attach_node(c.b, "127.0.0.1", 1); // nobody listens on port 1
+    BOOST_ERROR("attached a node on a port nobody listens on");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "127.0.0.1:1"), e.what());
+  }
+}

@@ -1,0 +1,56 @@
+#include "node_command.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/send.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
+
+namespace multidev::tools {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+int serve_node(caf::actor_system& sys, const node_command_options& opts) {
+  auto name = opts.name.empty() ? "node-" + std::to_string(getpid()) : opts.name;
+  int status = 0;
+  {
+    // Work accepted and not started when the node stops is cancelled, so the
+    // peers waiting on it get an error naming the node instead of a hang.
+    backend b{sys, {.num_devices = opts.cpu_devices,
+                    .on_destroy = backend_options::destroy_policy::cancel}};
+    auto node = spawn_node_actor(b, name);
+    auto port = sys.middleman().publish(node, opts.port, opts.bind.c_str(), true);
+    if (!port) {
+      std::cerr << "multidev node: cannot listen on " << opts.bind << ":" << opts.port << ": "
+                << sys.render(port.error()) << "\n";
+      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+      return 1;
+    }
+    std::cout << "listening on " << opts.bind << ":" << *port << std::endl;
+    std::cerr << "multidev node " << name << ": " << opts.cpu_devices
+              << " CPU device(s); SIGINT or SIGTERM stops it\n";
+    // The signals were blocked before the actor system started its threads,
+    // so they wait here for sigwait.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    int sig = 0;
+    sigwait(&set, &sig);
+    std::cerr << "multidev node " << name << ": " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+              << ": stopping; work not started is cancelled\n";
+    sys.middleman().unpublish(node, *port);
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+  } // ~backend: cancels queued work, joins the runners, stops the device actors
+  return status;
+}
+
+} // namespace multidev::tools

@@ -1,0 +1,30 @@
+#pragma once
+// `multidev node`: serves this process's CPU devices to other processes.
+
+#include <cstdint>
+#include <string>
+
+namespace caf {
+class actor_system;
+} // namespace caf
+
+namespace multidev::tools {
+
+struct node_command_options {
+  std::string bind = "127.0.0.1";
+  uint16_t port = 0;
+  int cpu_devices = 1;
+  /// Empty: "<bind>:<port>".
+  std::string name;
+};
+
+/// Whether `addr` is a loopback address (127.0.0.0/8, ::1, localhost).
+bool is_loopback(const std::string& addr);
+
+/// Publishes a node actor listing `cpu_devices` CPU devices on `sys` (which
+/// has the middleman loaded), prints `listening on ADDR:PORT`, and serves
+/// until SIGINT or SIGTERM, which the caller blocked before `sys` started
+/// its threads. Returns the exit status.
+int serve_node(caf::actor_system& sys, const node_command_options& opts);
+
+} // namespace multidev::tools
