@@ -50,7 +50,7 @@ namespace {
 /// hundred bytes until the run; 2 M of them load in a few seconds).
 constexpr std::size_t max_steps = 2'000'000;
 
-enum class sym { tnode, context, event, host, hold, dag };
+enum class sym { tnode, context, event, host, hold, dag, node };
 
 const char* sym_name(sym s) {
   switch (s) {
@@ -60,6 +60,7 @@ const char* sym_name(sym s) {
     case sym::host: return "a host buffer";
     case sym::hold: return "a hold";
     case sym::dag: return "a random-dag";
+    case sym::node: return "a node";
   }
   return "a name";
 }
@@ -217,12 +218,44 @@ private:
   int device(const sexp& s) const {
     if (prog_.devices == 0)
       fail(s, "a device is used before (devices N) declares them");
+    // NODE/K: the K-th device of a node.
+    if (s.is_atom()) {
+      auto t = text(s, "a device");
+      if (auto slash = t.find('/'); slash != std::string::npos && !looks_numeric(t)) {
+        auto name = t.substr(0, slash);
+        auto it = std::find_if(prog_.nodes.begin(), prog_.nodes.end(),
+                               [&](const auto& n) { return n.name == name; });
+        if (it == prog_.nodes.end())
+          fail(s, fmt::format("unknown node '{}' in '{}'", name, t));
+        int64_t k = 0;
+        auto rest = t.substr(slash + 1);
+        auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), k);
+        if (ec != std::errc{} || end != rest.data() + rest.size() || k < 0 || k >= it->devices)
+          fail(s, fmt::format("'{}': node {} has {} device(s), {}/0 to {}/{}", t, name,
+                              it->devices, name, name, it->devices - 1));
+        return it->first + static_cast<int>(k);
+      }
+    }
     auto v = integer(s, "a device ordinal");
     if (v < 0 || v >= prog_.devices)
       fail(s, fmt::format("device {} does not exist: the scenario has {} device(s), "
                           "ordinals 0 to {}",
                           v, prog_.devices, prog_.devices - 1));
     return static_cast<int>(v);
+  }
+
+  /// Refuses `what` on a device of a node: it needs host memory or a
+  /// closure, which do not travel (named kernels, waits, pools do).
+  void local_only(const sexp& at_, int d, const char* what) const {
+    if (d < prog_.local_devices)
+      return;
+    const auto& n = *std::find_if(prog_.nodes.begin(), prog_.nodes.end(), [&](const auto& x) {
+      return d >= x.first && d < x.first + x.devices;
+    });
+    fail(at_, fmt::format("{} needs host memory or a closure, which do not travel: device {} is "
+                          "{}/{} on node {} (named kernels, checksums, waits, pools and memsets "
+                          "work there)",
+                          what, d, n.name, d - n.first, n.name));
   }
 
   static bool looks_numeric(const std::string& t) {
@@ -465,6 +498,10 @@ private:
       return release_form(s, out);
     if (head == "fail-at")
       return fail_at_form(s);
+    if (head == "nodes")
+      return nodes_form(s);
+    if (head == "kill-node")
+      return kill_node_form(s, out);
     if (head == "repeat")
       return repeat_form(s, out);
     if (head == "random-dag")
@@ -487,6 +524,7 @@ private:
     if (prog_.devices != 0)
       fail(s, "(devices ...) is given twice");
     prog_.devices = static_cast<int>(integer_in(*f.pos[0], "the number of devices", 1, 256));
+    prog_.local_devices = prog_.devices;
     if (f.opts.count("backend")) {
       const auto& b = opt_value(f, "backend");
       auto name = text(b, "a backend");
@@ -499,6 +537,33 @@ private:
         integer_in(opt_value(f, "queue-capacity"), "the queue capacity", 1, int64_t{1} << 32));
     prog_.items.assign(prog_.devices, 0);
     kernels_on_.assign(prog_.devices, 0);
+  }
+
+  void nodes_form(const sexp& s) {
+    auto f = split(s, 1, 64, {}, "(nodes (NAME N) ...)", true);
+    if (!prog_.nodes.empty())
+      fail(s, "(nodes ...) is given twice");
+    if (total_steps_ > 0)
+      fail(s, "(nodes ...) comes right after (devices ...), before any work");
+    for (const auto* x : f.pos) {
+      if (!x->is_list() || x->items().size() != 2)
+        fail(*x, "a node is (NAME N): its name and how many devices it serves");
+      auto n = new_name(x->items()[0], sym::node);
+      int count = static_cast<int>(integer_in(x->items()[1], "the node's devices", 1, 256));
+      declare(n, x->items()[0], sym::node, static_cast<int>(prog_.nodes.size()));
+      prog_.nodes.push_back(node_decl{n, count, prog_.devices, at(*x)});
+      prog_.devices += count;
+    }
+    prog_.items.assign(prog_.devices, 0);
+    kernels_on_.assign(prog_.devices, 0);
+  }
+
+  void kill_node_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(kill-node NAME)");
+    auto st = make(s, op::kill_node);
+    st.device = -1;
+    st.host = lookup(*f.pos[0], sym::node).id; // the node's index
+    push(out, std::move(st));
   }
 
   void seed_form(const sexp& s) {
@@ -736,6 +801,7 @@ private:
     auto st = make(s, op::from_host);
     st.ctx = context_var(*f.pos[0]);
     st.device = ctx_device_[st.ctx];
+    local_only(s, st.device, "from-host");
     int t = lookup(*f.pos[1], sym::tnode).id;
     st.tnodes = {t};
     const auto& d = *f.pos[2];
@@ -774,6 +840,7 @@ private:
     auto st = make(s, op::to_host);
     st.ctx = context_var(*f.pos[0]);
     st.device = ctx_device_[st.ctx];
+    local_only(s, st.device, "to-host");
     int t = node_in(*f.pos[1], st);
     if (prog_.tnodes[t].size_in_bytes % sizeof(float) != 0)
       fail(*f.pos[1], fmt::format("tnode '{}' is not a whole number of floats",
@@ -802,6 +869,8 @@ private:
     st.tnodes = {t};
     if (ctx_device_[st.ctx] == ctx_device_[st.ctx2])
       fail(s, fmt::format("copy: from and to are both on device {}", st.device));
+    local_only(s, ctx_device_[st.ctx2], "copy");
+    local_only(s, st.device, "copy");
     if (f.opts.count("into")) {
       const auto& i = opt_value(f, "into");
       if (text(i, "merge") != "merge")
@@ -818,6 +887,7 @@ private:
     auto f = split(s, 1, 2, {}, "(kill DEVICE [REASON])");
     auto st = make(s, op::kill);
     st.device = device(*f.pos[0]);
+    local_only(s, st.device, "kill (use (kill-node NAME) for a node)");
     st.message = f.pos.size() > 1 ? text(*f.pos[1], "a reason", false) : "killed by the scenario";
     push(out, std::move(st));
   }
@@ -826,6 +896,7 @@ private:
     auto f = split(s, 2, 2, {"as"}, "(delay DEVICE MS [(as EV)])");
     auto st = make(s, op::delay);
     st.device = device(*f.pos[0]);
+    local_only(s, st.device, "delay");
     st.ms = real(*f.pos[1], "the delay in milliseconds");
     if (st.ms < 0 || st.ms > 60'000)
       fail(*f.pos[1], fmt::format("a delay must be 0 to 60000 ms, got {}", st.ms));
@@ -839,6 +910,7 @@ private:
       fail(s, "(hold DEVICE) needs (as HOLD): the name (release HOLD) uses");
     auto st = make(s, op::hold);
     st.device = device(*f.pos[0]);
+    local_only(s, st.device, "hold");
     const auto& h = opt_value(f, "as");
     auto n = new_name(h, sym::hold);
     st.hold = static_cast<int>(prog_.holds.size());

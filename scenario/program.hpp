@@ -17,7 +17,7 @@ namespace multidev::scenario {
 enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
-  delay, hold, release, expect,
+  delay, hold, release, expect, kill_node,
 };
 
 /// Host data for `from-host`.
@@ -110,13 +110,25 @@ struct dag_decl {
   std::vector<std::pair<int, int>> edges; // (from, to): from finishes before to starts
 };
 
+/// A node of other processes' devices (`(nodes (NAME N) ...)`): its
+/// devices take the ordinals `first .. first + devices - 1`.
+struct node_decl {
+  std::string name;
+  int devices = 0;
+  int first = 0;
+  location where;
+};
+
 class program {
 public:
   std::string file;
   std::string name;
   uint64_t seed = 1;
   std::string backend = "cpu";
+  /// All devices: the local ones, then the nodes'.
   int devices = 0;
+  int local_devices = 0;
+  std::vector<node_decl> nodes;
   std::size_t queue_capacity = std::size_t{1} << 16;
   std::vector<tnode> tnodes;
   std::vector<std::string> contexts;

@@ -1,9 +1,12 @@
 // Running a loaded scenario on a backend of local devices, step by step on
 // the calling thread, and collecting what the traces and the report need.
 #include "scenario/program.hpp"
+#include "scenario/node_process.hpp"
 #include "scenario/record.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -20,9 +23,11 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <cstring>
 #include <regex>
 #include <set>
 #include <thread>
+
 
 namespace multidev::scenario {
 
@@ -59,14 +64,31 @@ struct step_timeout : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The actor system of a run whose script has nodes, when the caller gave
+/// none: one with CAF's middleman.
+std::unique_ptr<caf::actor_system> network_system(const program& p, const run_options& opts,
+                                                  std::unique_ptr<caf::actor_system_config>& cfg) {
+  if (p.nodes.empty() || opts.system)
+    return nullptr;
+  cfg = std::make_unique<caf::actor_system_config>();
+  cfg->load<caf::io::middleman>();
+  register_types(*cfg);
+  cfg->set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds{1}});
+  cfg->set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{5}});
+  return std::make_unique<caf::actor_system>(*cfg);
+}
+
 class runner_state {
 public:
   runner_state(const program& p, const run_options& opts)
     : p_(p),
       opts_(opts),
-      bp_(opts.system ? std::make_unique<backend>(*opts.system, options_for(p))
-                      : std::make_unique<backend>(options_for(p))),
+      own_sys_(network_system(p, opts, own_cfg_)),
+      bp_(opts.system    ? std::make_unique<backend>(*opts.system, options_for(p))
+          : own_sys_     ? std::make_unique<backend>(*own_sys_, options_for(p))
+                         : std::make_unique<backend>(options_for(p))),
       b_(*bp_) {
+    attach_nodes();
     for (int i = 0; i < p.devices; ++i)
       devices_.push_back(b_.get_device(i));
     contexts_.resize(p.contexts.size());
@@ -116,7 +138,7 @@ private:
   static backend_options options_for(const program& p) {
     backend_options o;
     o.driver = p.backend;
-    o.num_devices = p.devices;
+    o.num_devices = p.local_devices;
     o.queue_capacity = p.queue_capacity;
     o.on_destroy = backend_options::destroy_policy::cancel;
     uint64_t most = 0;
@@ -125,6 +147,57 @@ private:
     // Room for every item (and the gates transfers add), up to 4 Mi records.
     o.trace_capacity = static_cast<std::size_t>(std::min<uint64_t>(2 * most + 256, 1u << 22));
     return o;
+  }
+
+  /// Attaches each node (at its address, or a process started for it), so
+  /// its devices take the ordinals the script gave them.
+  void attach_nodes() {
+    for (const auto& n : p_.nodes) {
+      std::string address;
+      if (auto it = opts_.nodes.find(n.name); it != opts_.nodes.end()) {
+        address = it->second;
+      } else if (opts_.spawn_nodes) {
+        spawned_.emplace(n.name, std::make_unique<node_process>(opts_.tool, n.devices, n.name));
+        address = spawned_.at(n.name)->address();
+      } else {
+        throw script_error(n.where, fmt::format("node '{}' has no address: give --node "
+                                                "{}=HOST:PORT, or --spawn-nodes",
+                                                n.name, n.name));
+      }
+      auto colon = address.rfind(':');
+      int port = colon == std::string::npos ? -1 : std::atoi(address.c_str() + colon + 1);
+      if (port <= 0 || port > 65535)
+        throw script_error(n.where, fmt::format("node '{}': '{}' is not HOST:PORT", n.name,
+                                                address));
+      std::vector<device> ds;
+      try {
+        ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port));
+      } catch (const std::exception& e) {
+        throw script_error(n.where, fmt::format("node '{}': {}", n.name, e.what()));
+      }
+      if (static_cast<int>(ds.size()) != n.devices || ds.front().ordinal() != n.first)
+        throw script_error(n.where, fmt::format("node '{}' at {} serves {} device(s), the script "
+                                                "declares {}",
+                                                n.name, address, ds.size(), n.devices));
+    }
+  }
+
+  void kill_node(const step& st) {
+    const auto& n = p_.nodes[st.host];
+    auto it = spawned_.find(n.name);
+    if (it == spawned_.end())
+      throw std::invalid_argument(fmt::format("kill-node {}: the run did not start this node "
+                                              "(--spawn-nodes), so it cannot kill it",
+                                              n.name));
+    // What its devices did so far, for the traces: they cannot be asked later.
+    for (int d = n.first; d < n.first + n.devices; ++d)
+      try {
+        last_traces_[d] = b_.trace(dev(d));
+      } catch (const std::exception&) {
+      }
+    auto start = trace_clock_ns();
+    it->second->kill9();
+    host_slice("kill-node " + n.name, start, false);
   }
 
   // -- steps -------------------------------------------------------------------
@@ -385,6 +458,9 @@ private:
       case op::expect:
         expect(st);
         break;
+      case op::kill_node:
+        kill_node(st);
+        break;
     }
   }
 
@@ -438,6 +514,8 @@ private:
         "spin_ns {} is longer than the step timeout ({} s)", std::get<int64_t>(st.args[0]),
         opts_.step_timeout_s));
     auto c = ctx_of(st);
+    if (!dev(st.device).is_local())
+      return remote_kernel(st, c);
     auto r = b_.link(c, st.kernel, st.args);
     // Errors name the task as the script wrote it: "task 'scale w 2' failed".
     r.schedule.description = describe_kernel(st);
@@ -457,6 +535,29 @@ private:
     for (int i : def->writes)
       if (auto* t = std::get_if<tnode>(&st.args[i]))
         writers_[{st.device, t->id - 1}] = {st.device, idx};
+  }
+
+  /// A kernel on a device of a node: a named task with the context's
+  /// buffers (link and run need the device here).
+  void remote_kernel(const step& st, const context& c) {
+    task_spec spec{st.kernel, {}};
+    for (const auto& a : st.args)
+      std::visit(
+        [&](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, tnode>)
+            spec.args.emplace_back(buffer_arg{c.buffers.at(v), v.size_in_bytes});
+          else
+            spec.args.emplace_back(v);
+        },
+        a);
+    if (st.fail_with)
+      spec = task_spec{"fail", {*st.fail_with}};
+    auto before = last_seq(st.device);
+    auto e = b_.schedule_named(dev(st.device), spec);
+    add_item(st.device, before, "task", describe_kernel(st), st.as, st);
+    if (st.as >= 0)
+      events_[st.as] = e;
   }
 
   void from_host(const step& st) {
@@ -582,7 +683,9 @@ private:
       }
       case subject::checksum: {
         sync_event(st, st.ev);
-        auto r = b_.result(p_.events[st.ev].name);
+        auto d = event_items_[st.ev].first;
+        auto r = d >= 0 ? b_.result(dev(d), p_.events[st.ev].name)
+                        : b_.result(p_.events[st.ev].name);
         if (!r)
           return record(st, false, "no result was published");
         bool held = true;
@@ -719,7 +822,15 @@ private:
                       opts_.step_timeout_s)});
     }
     for (int d = 0; d < p_.devices; ++d) {
-      traces_.push_back(b_.trace(dev(d)));
+      try {
+        traces_.push_back(b_.trace(dev(d)));
+      } catch (const std::exception&) {
+        // A device of a node that is gone: what it did until the script
+        // killed the node, if it did.
+        auto it = last_traces_.find(d);
+        traces_.push_back(it != last_traces_.end() ? it->second
+                                                   : device_trace{dev(d).name(), 0, {}, 0});
+      }
       result_.dropped_records += traces_.back().dropped;
     }
     for (auto [st, slot] : deferred_)
@@ -850,6 +961,10 @@ private:
   const program& p_;
   const run_options& opts_;
   run_result result_;
+  std::unique_ptr<caf::actor_system_config> own_cfg_;
+  std::unique_ptr<caf::actor_system> own_sys_;
+  std::map<std::string, std::unique_ptr<node_process>> spawned_;
+  std::map<int, device_trace> last_traces_;
   std::unique_ptr<backend> bp_;
   backend& b_;
   std::vector<device> devices_;

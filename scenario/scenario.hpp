@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -72,8 +73,14 @@ struct device_progress {
 
 struct run_options {
   /// The actor system the devices live in; a system of the backend's own
-  /// when null.
+  /// when null (with CAF's middleman when the script has nodes).
   caf::actor_system* system = nullptr;
+  /// Where the script's nodes run: name -> "host:port" of a `multidev node`.
+  std::map<std::string, std::string> nodes;
+  /// Start a `multidev node` process (the `tool`) for each node without an
+  /// address, and stop them at the end.
+  bool spawn_nodes = false;
+  std::string tool;
   /// The longest a blocking step (`sync`, `await`, `kill`...) may take before
   /// it counts as a failed expectation and the run is stopped.
   double step_timeout_s = 60;

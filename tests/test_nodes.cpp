@@ -6,7 +6,7 @@
 // again under the same ordinals; SIGTERM stops a node cleanly.
 //
 // The tool's path is the test's first argument. Every node process is
-// reaped: the fixture kills what is still running.
+// reaped (scenario/node_process.hpp, which `multidev run --spawn-nodes` uses).
 #define BOOST_TEST_MODULE nodes
 #include <boost/test/unit_test.hpp>
 
@@ -17,13 +17,9 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "scenario/node_process.hpp"
 #include "test_support.hpp"
 
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -31,91 +27,20 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
-
 using namespace std::chrono_literals;
 using namespace multidev;
 using test_support::contains;
 
 namespace {
 
-/// A `multidev node` process; reaped (SIGKILL if need be) when destroyed.
-class node_process {
-public:
-  explicit node_process(const std::vector<std::string>& args) {
-    auto& suite = boost::unit_test::framework::master_test_suite();
-    BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
-    std::vector<std::string> all{suite.argv[1], "node"};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int out[2];
-    BOOST_TEST_REQUIRE(pipe(out) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    BOOST_TEST_REQUIRE(rc == 0);
-    out_ = out[0];
-    // "listening on 127.0.0.1:PORT", within 30 s.
-    std::string line;
-    auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0)
-        continue;
-      char buf[256];
-      auto n = read(out_, buf, sizeof buf);
-      if (n <= 0)
-        break;
-      line.append(buf, static_cast<std::size_t>(n));
-    }
-    auto at = line.find("listening on 127.0.0.1:");
-    BOOST_TEST_REQUIRE(at != std::string::npos, "the node did not say where it listens: " << line);
-    port = static_cast<uint16_t>(std::stoi(line.substr(at + 23)));
-  }
+using multidev::scenario::node_process;
 
-  ~node_process() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0)
-      close(out_);
-  }
-
-  /// `kill -9`, and reaps it.
-  void kill9() {
-    ::kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  /// SIGTERM; returns the exit status (or 128 + signal), within 30 s.
-  int terminate() {
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 3000; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
-
-  uint16_t port = 0;
-
-private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-};
+/// The multidev tool: the test's argument.
+std::string tool() {
+  auto& suite = boost::unit_test::framework::master_test_suite();
+  BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
+  return suite.argv[1];
+}
 
 /// An actor system that can reach nodes, and a backend of one local device
 /// on it.
@@ -145,10 +70,10 @@ buffer_arg buffer(int pool, std::size_t bytes) {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_nodes_devices_come_after_the_local_ones_and_work_crosses_both_ways) {
-  node_process node{{"--port", "0", "--cpu-devices", "2", "--name", "b"}};
+  node_process node{tool(), 2, "b", true};
   cluster c;
   auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", node.port);
+  auto ds = attach_node(b, "127.0.0.1", node.port());
   BOOST_TEST_REQUIRE(ds.size() == 2u);
   BOOST_TEST(b.num_devices() == 3);
   BOOST_TEST((b.get_device(1) == ds[0]));
@@ -189,11 +114,10 @@ BOOST_AUTO_TEST_CASE(test_nodes_devices_come_after_the_local_ones_and_work_cross
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_restart_reattaches) {
-  auto n1 = std::make_unique<node_process>(std::vector<std::string>{
-    "--port", "0", "--cpu-devices", "1", "--name", "b"});
+  auto n1 = std::make_unique<node_process>(tool(), 1, "b", true);
   cluster c;
   auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", n1->port);
+  auto ds = attach_node(b, "127.0.0.1", n1->port());
   BOOST_TEST_REQUIRE(ds.size() == 1u);
   // Busy for 30 s, with work queued behind, and a local device waiting.
   b.schedule_named(ds[0], {"spin_ns", {int64_t{30'000'000'000}}});
@@ -221,8 +145,8 @@ BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_r
   // The local device recovers; the node comes back under the same name and
   // its device takes the same ordinal.
   BOOST_TEST(b.recover(local));
-  node_process n2{{"--port", "0", "--cpu-devices", "1", "--name", "b"}};
-  auto again = attach_node(b, "127.0.0.1", n2.port);
+  node_process n2{tool(), 1, "b", true};
+  auto again = attach_node(b, "127.0.0.1", n2.port());
   BOOST_TEST_REQUIRE(again.size() == 1u);
   BOOST_TEST(again[0].ordinal() == 1);
   BOOST_TEST((b.get_device(1) == again[0]));
@@ -231,9 +155,9 @@ BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_r
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_sigterm_stops_a_node_cleanly) {
-  node_process node{{"--port", "0", "--cpu-devices", "2"}};
+  node_process node{tool(), 2, "", true};
   cluster c;
-  auto ds = attach_node(c.b, "127.0.0.1", node.port);
+  auto ds = attach_node(c.b, "127.0.0.1", node.port());
   BOOST_TEST(ds.size() == 2u);
   BOOST_TEST(node.terminate() == 0);
 }

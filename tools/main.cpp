@@ -162,6 +162,13 @@ int main(int argc, char** argv) {
                     "seconds a blocking step (sync, await, kill) may take before the run stops "
                     "as failed (default 60; fractions allowed)")->type_name("S");
   run->add_flag("--quiet", ropts.quiet, "print only failures and the verdict");
+  std::vector<std::string> node_addresses;
+  run->add_option("--node", node_addresses,
+                  "where a node of the script's (nodes ...) runs: NAME=HOST:PORT of a "
+                  "multidev node (repeat for each)")->type_name("NAME=HOST:PORT");
+  run->add_flag("--spawn-nodes", ropts.spawn_nodes,
+                "start a multidev node process for each node given no --node, and stop it at "
+                "the end");
 
   auto* node = app.add_subcommand(
     "node", "serve this process's CPU devices to other processes over CAF's middleman; prints "
@@ -262,6 +269,12 @@ int main(int argc, char** argv) {
                  "drive this node's devices; say --allow-remote to mean it");
   if (*node && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("node serves --cpu-devices N devices; -n and --queue-capacity do not apply to it");
+  for (const auto& spec : node_addresses) {
+    auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || spec.find(':', eq) == std::string::npos)
+      return usage("--node takes NAME=HOST:PORT, got '" + spec + "'");
+    ropts.nodes[spec.substr(0, eq)] = spec.substr(eq + 1);
+  }
   if (*run && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("run takes its devices from the script's (devices N ...) form; -n and "
                  "--queue-capacity do not apply to it");
@@ -304,6 +317,7 @@ int main(int argc, char** argv) {
       return multidev::tools::serve_node(sys, nopts);
     }
     if (*run) {
+      cfg.load<caf::io::middleman>(); // for scripts with (nodes ...)
       caf::actor_system sys{cfg};
       return multidev::tools::run_scenario(sys, ropts);
     }

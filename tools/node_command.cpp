@@ -24,8 +24,11 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
   {
     // Work accepted and not started when the node stops is cancelled, so the
     // peers waiting on it get an error naming the node instead of a hang.
+    // Each runner keeps a trace of its last 65,536 items (`trace` message),
+    // so the runs that attach the node can draw its devices.
     backend b{sys, {.num_devices = opts.cpu_devices,
-                    .on_destroy = backend_options::destroy_policy::cancel}};
+                    .on_destroy = backend_options::destroy_policy::cancel,
+                    .trace_capacity = std::size_t{1} << 16}};
     auto node = spawn_node_actor(b, name);
     auto port = sys.middleman().publish(node, opts.port, opts.bind.c_str(), true);
     if (!port) {

@@ -39,6 +39,12 @@ int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   }
   run_options ro;
   ro.system = &sys;
+  ro.nodes = opts.nodes;
+  ro.spawn_nodes = opts.spawn_nodes;
+  // --spawn-nodes starts this very binary as `multidev node`.
+  char self[4096];
+  auto n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ro.tool = n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string{"multidev"};
   ro.step_timeout_s = opts.step_timeout_s;
   // Live progress only on a terminal: piped output stays clean.
   bool live = !opts.quiet && isatty(STDOUT_FILENO) == 1;

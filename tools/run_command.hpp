@@ -3,6 +3,7 @@
 // writes the files asked for.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -21,6 +22,9 @@ struct run_command_options {
   std::optional<uint64_t> seed;
   double step_timeout_s = 60;
   bool quiet = false;
+  /// --node NAME=HOST:PORT
+  std::map<std::string, std::string> nodes;
+  bool spawn_nodes = false;
 };
 
 /// Returns the exit status: 0 every expectation held, 1 one did not (or an

@@ -1,0 +1,110 @@
+#include "scenario/node_process.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace multidev::scenario {
+
+using namespace std::chrono_literals;
+
+node_process::node_process(const std::string& tool, int devices, const std::string& name,
+                           bool keep_stderr) {
+  std::vector<std::string> args{tool, "node", "--port", "0", "--cpu-devices",
+                                std::to_string(devices)};
+  if (!name.empty()) {
+    args.push_back("--name");
+    args.push_back(name);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int out[2];
+  if (pipe(out) != 0)
+    throw std::runtime_error("starting node " + name + ": pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  // Its start and stop lines would mix into the caller's output.
+  if (!keep_stderr)
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    pid_ = -1;
+    throw std::runtime_error(
+      fmt::format("cannot start node {} ({}): {}", name, tool, std::strerror(rc)));
+  }
+  out_ = out[0];
+  std::string line;
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{out_, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0)
+      continue;
+    char buf[256];
+    auto got = read(out_, buf, sizeof buf);
+    if (got <= 0)
+      break;
+    line.append(buf, static_cast<std::size_t>(got));
+  }
+  auto at = line.find("listening on ");
+  auto colon = line.rfind(':', line.find('\n', at));
+  if (at == std::string::npos || colon == std::string::npos || colon < at) {
+    kill9();
+    close(out_);
+    out_ = -1;
+    throw std::runtime_error(fmt::format("node {} did not start listening within 30 s", name));
+  }
+  address_ = line.substr(at + 13, line.find('\n', at) - at - 13);
+  port_ = static_cast<uint16_t>(std::stoi(line.substr(colon + 1)));
+}
+
+node_process::~node_process() {
+  if (pid_ > 0 && terminate() < 0)
+    kill9();
+  if (out_ >= 0)
+    close(out_);
+}
+
+void node_process::kill9() {
+  if (pid_ <= 0)
+    return;
+  ::kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+int node_process::terminate() {
+  if (pid_ <= 0)
+    return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 3000; ++i) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
+} // namespace multidev::scenario

@@ -1,0 +1,42 @@
+#pragma once
+// A `multidev node` process started by this one (`multidev run
+// --spawn-nodes`, the node tests): started on port 0, its address read from
+// its "listening on ADDR:PORT" line, stopped and reaped when destroyed.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace multidev::scenario {
+
+class node_process {
+public:
+  /// Starts `tool node --port 0 --cpu-devices N [--name NAME]` and waits
+  /// (30 s at most) for its address; throws `std::runtime_error` otherwise.
+  /// The node's stderr goes to /dev/null unless `keep_stderr`.
+  node_process(const std::string& tool, int devices, const std::string& name,
+               bool keep_stderr = false);
+  /// SIGTERM, then SIGKILL after 10 s; reaps it.
+  ~node_process();
+  node_process(const node_process&) = delete;
+  node_process& operator=(const node_process&) = delete;
+
+  /// `kill -9`, and reaps it.
+  void kill9();
+  /// SIGTERM; returns its exit status (128 + signal when killed; -1 when it
+  /// did not exit within 30 s).
+  int terminate();
+
+  /// "ADDR:PORT".
+  const std::string& address() const noexcept { return address_; }
+  uint16_t port() const noexcept { return port_; }
+
+private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string address_;
+  uint16_t port_ = 0;
+};
+
+} // namespace multidev::scenario
