@@ -320,6 +320,47 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto c = self->state.core;
       return ordered(self, [c, id, offset, size] { return c->memset_zero(id, offset, size); });
     },
+    [self](write_atom, int32_t id, uint64_t offset,
+           const std::string& bytes) -> caf::result<uint64_t> {
+      auto c = self->state.core;
+      auto data = std::make_shared<const std::string>(bytes);
+      return ordered(self, [c, id, offset, data] { return c->write_bytes(id, offset, data); });
+    },
+    [self](read_atom, int32_t id, uint64_t offset, uint64_t size) -> caf::result<std::string> {
+      // Pushed in mailbox order (behind deferred requests, like `ordered`);
+      // the reply comes from the runner once the read is done.
+      auto c = self->state.core;
+      auto go = [self, c, id, offset, size,
+                 to = reply_to{self->current_sender(), self->current_message_id(),
+                               self->current_forwarding_stack()}](bool refuse) mutable {
+        if (refuse) {
+          reply_from_runner(to, caf::make_message(make_error(
+                                  errc::device_failed, c->name(),
+                                  "the device actor stopped before this request was handled")));
+          return;
+        }
+        auto out = std::make_shared<std::string>(size, '\0');
+        auto push_read = [&] {
+          auto seq = c->read_bytes(id, offset, out);
+          c->when_resolved(seq, [to, out](const failure* cause) mutable {
+            reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
+                                        : caf::make_message(std::move(*out)));
+          });
+          return true;
+        };
+        auto r = attempt(*c, push_read);
+        if (!r)
+          reply_from_runner(to, caf::make_message(std::move(r.error())));
+      };
+      auto& st = self->state;
+      if (st.deferred.empty() && st.core->has_room()) {
+        go(false);
+      } else {
+        st.deferred.emplace_back(std::move(go));
+        drain(self);
+      }
+      return caf::delegated<std::string>{};
+    },
     [self](all_work_atom) -> caf::result<uint64_t> {
       auto c = self->state.core;
       return ordered(self, [c] { return c->scheduled(); });

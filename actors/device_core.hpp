@@ -206,6 +206,13 @@ public:
                   std::optional<memory_mode> mode);
   void free_pool(int id);
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
+  /// Copies `bytes` into pool `id` at `offset`, ordered with the work (a
+  /// transfer from another process); returns its seq. Never waits for room.
+  uint64_t write_bytes(int id, std::size_t offset, std::shared_ptr<const std::string> bytes);
+  /// Copies `out->size()` bytes of pool `id` at `offset` into `*out`,
+  /// ordered with the work; returns its seq (`*out` is filled once it is
+  /// done). Never waits for room.
+  uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
   /// The pool now in the table, or nullptr.
   std::shared_ptr<pool> try_pool(int id) const;
   /// The pool now in the table that holds bytes `[offset, offset + size)`.

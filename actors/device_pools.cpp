@@ -107,6 +107,35 @@ uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) 
               false);
 }
 
+uint64_t device_core::write_bytes(int id, std::size_t offset,
+                                  std::shared_ptr<const std::string> bytes) {
+  auto p = pool_span(id, offset, bytes->size(), "write");
+  auto* d = driver_.get();
+  auto n = bytes->size();
+  return push(task{fmt::format("write pool {} [{}, {})", id, offset, offset + n),
+                   [d, p, offset, bytes] {
+                     d->copy(p->base() + offset, reinterpret_cast<const std::byte*>(bytes->data()),
+                             bytes->size());
+                   },
+                   {},
+                   trace_kind::copy},
+              false);
+}
+
+uint64_t device_core::read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out) {
+  auto p = pool_span(id, offset, out->size(), "read");
+  auto* d = driver_.get();
+  auto n = out->size();
+  return push(task{fmt::format("read pool {} [{}, {})", id, offset, offset + n),
+                   [d, p, offset, out] {
+                     d->copy(reinterpret_cast<std::byte*>(out->data()), p->base() + offset,
+                             out->size());
+                   },
+                   {},
+                   trace_kind::copy},
+              false);
+}
+
 std::shared_ptr<pool> device_core::try_pool(int id) const {
   std::lock_guard guard{pools_mu_};
   auto i = pools_.find(id);

@@ -175,6 +175,16 @@ public:
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
     return c_.memset_zero(id, offset, size);
   }
+  uint64_t write_bytes(int id, std::size_t offset, std::string bytes) override {
+    c_.wait_for_room();
+    return c_.write_bytes(id, offset, std::make_shared<const std::string>(std::move(bytes)));
+  }
+  std::string read_bytes(int id, std::size_t offset, std::size_t size) override {
+    c_.wait_for_room();
+    auto out = std::make_shared<std::string>(size, '\0');
+    c_.sync(c_.read_bytes(id, offset, out));
+    return std::move(*out);
+  }
   std::size_t used_memory() override { return c_.used_memory(); }
   sexp debug_info() override { return c_.debug_info(); }
   device_trace trace() override { return c_.trace(); }

@@ -94,6 +94,13 @@ public:
                           std::optional<memory_mode> mode) = 0;
   virtual void free_pool(int id) = 0;
   virtual uint64_t memset_zero(int id, std::size_t offset, std::size_t size) = 0;
+  /// Writes `bytes` into pool `id` at `offset`, ordered with the work;
+  /// returns its seq (a transfer between processes).
+  virtual uint64_t write_bytes(int id, std::size_t offset, std::string bytes) = 0;
+  /// Reads `size` bytes of pool `id` at `offset` after the work scheduled
+  /// before it; blocks until they are read (throws `device_error` when the
+  /// read fails).
+  virtual std::string read_bytes(int id, std::size_t offset, std::size_t size) = 0;
   virtual std::size_t used_memory() = 0;
   virtual sexp debug_info() = 0;
   /// `backend::trace`: a copy of the runner trace.

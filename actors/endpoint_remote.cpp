@@ -425,6 +425,16 @@ public:
                    static_cast<int32_t>(id));
   }
 
+  uint64_t write_bytes(int id, std::size_t offset, std::string bytes) override {
+    return std::get<0>(call<uint64_t>(shared_, "write", true, request_timeout, write_atom::value,
+                                      static_cast<int32_t>(id), static_cast<uint64_t>(offset),
+                                      std::move(bytes)));
+  }
+  std::string read_bytes(int id, std::size_t offset, std::size_t size) override {
+    return std::get<0>(call<std::string>(shared_, "read", true, request_timeout, read_atom::value,
+                                         static_cast<int32_t>(id), static_cast<uint64_t>(offset),
+                                         static_cast<uint64_t>(size)));
+  }
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
     return std::get<0>(call<uint64_t>(shared_, "memset_zero", true, request_timeout,
                                       memset_atom::value, static_cast<int32_t>(id),

@@ -220,6 +220,11 @@ routine backend::link(const context& ctx, const std::string& kernel,
 }
 
 event backend::run(const routine& r) {
+  if (!r.schedule.work)
+    throw std::invalid_argument(fmt::format(
+      "run: routine '{}' has no task to run again (a copy across processes happens in "
+      "device_to_device itself: call it again)",
+      r.name));
   auto& rec = local_record(r.context.device, "run", use_named);
   auto& core = rec.r.core();
   for (const auto& pin : r.pinned_pools) {
@@ -267,6 +272,31 @@ event backend::run(const routine& r) {
   return done;
 }
 
+/// Whether a transfer touches a device of another process: then its bytes
+/// travel in messages (`write`/`read` of the device actors) instead of a
+/// copy task on one runner.
+static bool crosses_processes(const context& a, const context* b = nullptr) {
+  return !a.device.is_local() || (b && !b->device.is_local());
+}
+
+/// The bytes of `t` in `ctx`, read after the work scheduled on its device
+/// so far (which includes `t`'s last writer there); blocks until read.
+static std::string read_node(backend& b, const context& ctx, const tnode& t, const char* what) {
+  auto loc = ctx.buffers.find(t);
+  if (loc == ctx.buffers.end())
+    throw std::invalid_argument(fmt::format("{}: node {} is not in the context of {}", what,
+                                            node_name(t), ctx.device.name()));
+  return b.impl().endpoint_of(ctx.device).read_bytes(loc->second.pool_id, loc->second.offset,
+                                                     t.size_in_bytes);
+}
+
+/// Writes `bytes` into `loc` of `d` as ordered work; returns its event.
+static event write_bytes(backend& b, const device& d, const buffer_loc& loc, std::string bytes) {
+  auto& ep = b.impl().endpoint_of(d);
+  auto seq = ep.write_bytes(loc.pool_id, loc.offset, std::move(bytes));
+  return event{ep.shared_from_this(), seq};
+}
+
 /// A copy between `t`'s buffer in `ctx` and host memory, as a routine on
 /// `ctx.device`: `to_device` writes the node, otherwise it reads it. Null when
 /// `ctx` does not hold `t`.
@@ -299,6 +329,19 @@ static std::optional<routine> host_copy(const context& ctx, const tnode& t, std:
 }
 
 bool backend::from_host(const context& ctx, const tnode& t, std::span<const std::byte> host) {
+  if (crosses_processes(ctx)) {
+    // The bytes travel in the message: the host's may change once it returns.
+    auto loc = ctx.buffers.find(t);
+    if (loc == ctx.buffers.end())
+      return false;
+    check_size(t, host.size(), "from_host");
+    auto done = write_bytes(*this, ctx.device, loc->second,
+                            std::string(reinterpret_cast<const char*>(host.data()), host.size()));
+    auto& rec = record_of(ctx.device);
+    std::lock_guard guard{rec.mu};
+    rec.updating_for[t] = done;
+    return true;
+  }
   // The routine only reads through this pointer.
   auto r = host_copy(ctx, t, const_cast<std::byte*>(host.data()), host.size(), true);
   if (r)
@@ -308,6 +351,12 @@ bool backend::from_host(const context& ctx, const tnode& t, std::span<const std:
 
 context backend::init_from_host(const context& ctx, const tnode& t,
                                 std::span<const std::byte> host) {
+  if (crosses_processes(ctx)) {
+    check_size(t, host.size(), "init_from_host");
+    auto c = ctx.buffers.contains(t) ? ctx : alloc_node(ctx, t);
+    from_host(c, t, host);
+    return c;
+  }
   local_record(ctx.device, "init_from_host", no_host_memory);
   check_size(t, host.size(), "init_from_host");
   auto p = place_node(*this, ctx, t, false);
@@ -320,6 +369,15 @@ context backend::init_from_host(const context& ctx, const tnode& t,
 }
 
 bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> host) {
+  if (crosses_processes(ctx)) {
+    // Blocks until the bytes are here (after the device's work so far).
+    if (!ctx.buffers.contains(t))
+      return false;
+    check_size(t, host.size(), "to_host");
+    auto bytes = read_node(*this, ctx, t, "to_host");
+    std::memcpy(host.data(), bytes.data(), bytes.size());
+    return true;
+  }
   auto r = host_copy(ctx, t, host.data(), host.size(), false);
   if (r)
     run(*r);
@@ -328,6 +386,48 @@ bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> h
 
 std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,
                                                  const context& dst, const context& src) {
+  if (crosses_processes(dst, &src)) {
+    // Across processes the bytes go through this host: read from the source
+    // after its work so far (its writer of `t` included; this call blocks
+    // until then), then written to the destination as ordered work there.
+    if (!src.buffers.contains(t))
+      return std::nullopt;
+    if (into == merge_buffer_use::no && !dst.buffers.contains(t))
+      return std::nullopt;
+    auto bytes = read_node(*this, src, t, "device_to_device");
+    routine r;
+    r.name = fmt::format("device_to_device {} {} -> {}{} (across processes)", node_name(t),
+                         src.device.name(), dst.device.name(),
+                         into == merge_buffer_use::copy ? " (merge buffer)" : "");
+    r.copy_source = std::make_shared<const context>(src);
+    r.inputs.insert(t);
+    auto& drec = record_of(dst.device);
+    if (into == merge_buffer_use::no) {
+      r.context = dst;
+      r.outputs.insert(t);
+      auto done = write_bytes(*this, dst.device, dst.buffers.at(t), std::move(bytes));
+      std::lock_guard guard{drec.mu};
+      drec.updating_for[t] = done;
+    } else {
+      bool grow;
+      {
+        std::lock_guard guard{drec.mu};
+        grow = drec.merge_buffer_capacity < t.size_in_bytes;
+      }
+      if (grow) {
+        alloc_pool(dst.device, 0, t.size_in_bytes, node_alignment, memory_mode::device_only);
+        std::lock_guard guard{drec.mu};
+        drec.merge_buffer_capacity = t.size_in_bytes;
+      }
+      r.context = make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
+      auto done = write_bytes(*this, dst.device, buffer_loc{0, 0}, std::move(bytes));
+      std::lock_guard guard{drec.mu};
+      drec.updating_for_merge_buffer.emplace(t, done);
+    }
+    // No task to run again: `run` refuses it (call device_to_device again).
+    r.schedule = task{r.name, nullptr, {}, trace_kind::copy};
+    return r;
+  }
   auto& srec = local_record(src.device, "device_to_device", no_copy);
   auto& drec = local_record(dst.device, "device_to_device", no_copy);
   auto sloc = src.buffers.find(t);
@@ -392,6 +492,15 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
 }
 
 context backend::init_from_device(const tnode& t, const context& dst, const context& src) {
+  if (crosses_processes(dst, &src)) {
+    if (!src.buffers.contains(t))
+      throw std::invalid_argument(fmt::format(
+        "init_from_device: node {} is not in the source context of {}", node_name(t),
+        src.device.name()));
+    auto c = dst.buffers.contains(t) ? dst : alloc_node(dst, t);
+    device_to_device(t, merge_buffer_use::no, c, src);
+    return c;
+  }
   local_record(src.device, "init_from_device", no_copy);
   local_record(dst.device, "init_from_device", no_copy);
   if (!src.buffers.contains(t))

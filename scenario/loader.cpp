@@ -244,17 +244,18 @@ private:
     return static_cast<int>(v);
   }
 
-  /// Refuses `what` on a device of a node: it needs host memory or a
-  /// closure, which do not travel (named kernels, waits, pools do).
+  /// Refuses `what` on a device of a node: it needs a closure on the
+  /// device's runner, which does not travel (named kernels, transfers,
+  /// waits, pools do).
   void local_only(const sexp& at_, int d, const char* what) const {
     if (d < prog_.local_devices)
       return;
     const auto& n = *std::find_if(prog_.nodes.begin(), prog_.nodes.end(), [&](const auto& x) {
       return d >= x.first && d < x.first + x.devices;
     });
-    fail(at_, fmt::format("{} needs host memory or a closure, which do not travel: device {} is "
-                          "{}/{} on node {} (named kernels, checksums, waits, pools and memsets "
-                          "work there)",
+    fail(at_, fmt::format("{} needs a closure on the device's runner, which does not travel: "
+                          "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
+                          "waits, pools and memsets work there)",
                           what, d, n.name, d - n.first, n.name));
   }
 
@@ -500,7 +501,7 @@ private:
       return fail_at_form(s);
     if (head == "nodes")
       return nodes_form(s);
-    if (head == "kill-node")
+    if (head == "kill-node" || head == "cut-node")
       return kill_node_form(s, out);
     if (head == "repeat")
       return repeat_form(s, out);
@@ -559,8 +560,9 @@ private:
   }
 
   void kill_node_form(const sexp& s, std::vector<step>& out) {
-    auto f = split(s, 1, 1, {}, "(kill-node NAME)");
-    auto st = make(s, op::kill_node);
+    bool cut = s.items()[0].as_atom() == "cut-node";
+    auto f = split(s, 1, 1, {}, cut ? "(cut-node NAME)" : "(kill-node NAME)");
+    auto st = make(s, cut ? op::cut_node : op::kill_node);
     st.device = -1;
     st.host = lookup(*f.pos[0], sym::node).id; // the node's index
     push(out, std::move(st));
@@ -801,7 +803,6 @@ private:
     auto st = make(s, op::from_host);
     st.ctx = context_var(*f.pos[0]);
     st.device = ctx_device_[st.ctx];
-    local_only(s, st.device, "from-host");
     int t = lookup(*f.pos[1], sym::tnode).id;
     st.tnodes = {t};
     const auto& d = *f.pos[2];
@@ -840,7 +841,6 @@ private:
     auto st = make(s, op::to_host);
     st.ctx = context_var(*f.pos[0]);
     st.device = ctx_device_[st.ctx];
-    local_only(s, st.device, "to-host");
     int t = node_in(*f.pos[1], st);
     if (prog_.tnodes[t].size_in_bytes % sizeof(float) != 0)
       fail(*f.pos[1], fmt::format("tnode '{}' is not a whole number of floats",
@@ -869,8 +869,6 @@ private:
     st.tnodes = {t};
     if (ctx_device_[st.ctx] == ctx_device_[st.ctx2])
       fail(s, fmt::format("copy: from and to are both on device {}", st.device));
-    local_only(s, ctx_device_[st.ctx2], "copy");
-    local_only(s, st.device, "copy");
     if (f.opts.count("into")) {
       const auto& i = opt_value(f, "into");
       if (text(i, "merge") != "merge")

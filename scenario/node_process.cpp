@@ -92,7 +92,18 @@ void node_process::kill9() {
   pid_ = -1;
 }
 
+void node_process::pause() {
+  if (pid_ > 0)
+    ::kill(pid_, SIGSTOP);
+}
+
+void node_process::resume() {
+  if (pid_ > 0)
+    ::kill(pid_, SIGCONT);
+}
+
 int node_process::terminate() {
+  resume(); // a paused node cannot handle SIGTERM
   if (pid_ <= 0)
     return -1;
   ::kill(pid_, SIGTERM);

@@ -186,8 +186,9 @@ private:
     const auto& n = p_.nodes[st.host];
     auto it = spawned_.find(n.name);
     if (it == spawned_.end())
-      throw std::invalid_argument(fmt::format("kill-node {}: the run did not start this node "
-                                              "(--spawn-nodes), so it cannot kill it",
+      throw std::invalid_argument(fmt::format("{} {}: the run did not start this node "
+                                              "(--spawn-nodes), so it cannot stop it",
+                                              st.kind == op::cut_node ? "cut-node" : "kill-node",
                                               n.name));
     // What its devices did so far, for the traces: they cannot be asked later.
     for (int d = n.first; d < n.first + n.devices; ++d)
@@ -196,8 +197,12 @@ private:
       } catch (const std::exception&) {
       }
     auto start = trace_clock_ns();
-    it->second->kill9();
-    host_slice("kill-node " + n.name, start, false);
+    bool cut = st.kind == op::cut_node;
+    if (cut)
+      it->second->pause(); // silent, connection open: found out by heartbeat
+    else
+      it->second->kill9();
+    host_slice((cut ? "cut-node " : "kill-node ") + n.name, start, false);
   }
 
   // -- steps -------------------------------------------------------------------
@@ -459,6 +464,7 @@ private:
         expect(st);
         break;
       case op::kill_node:
+      case op::cut_node:
         kill_node(st);
         break;
     }

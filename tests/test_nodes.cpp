@@ -23,7 +23,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,10 @@ struct cluster {
       c->load<caf::io::middleman>();
       register_types(*c);
       c->set("scheduler.max-threads", size_t{2});
+      // A silent peer is found by heartbeat: one every 500 ms, and a
+      // connection quiet for 3 s is dropped.
+      c->set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds{500}});
+      c->set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{3}});
       return c;
     }();
     return *cfg;
@@ -152,6 +158,78 @@ BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_r
   BOOST_TEST((b.get_device(1) == again[0]));
   BOOST_TEST(b.num_devices() == 2);
   b.sync(b.schedule_named(again[0], {"spin_ns", {int64_t{0}}}));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_transfers_move_the_bytes_exactly_in_every_direction) {
+  // host -> node a, a/0 -> b/0 (between nodes), b/0 -> local, local -> b/1,
+  // and into a/0's merge buffer, summed there by a named kernel.
+  node_process a{tool(), 1, "a", true};
+  node_process nb{tool(), 2, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto on_a = attach_node(b, "127.0.0.1", a.port());
+  auto on_b = attach_node(b, "127.0.0.1", nb.port());
+  BOOST_TEST_REQUIRE(on_a.size() == 1u);
+  BOOST_TEST_REQUIRE(on_b.size() == 2u);
+  constexpr std::size_t n = 4096;
+  tnode t{1, "t", n * sizeof(float), memory_mode::on_device};
+  // Values that a lost, doubled or shifted byte would change.
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i)
+    host[i] = static_cast<float>(i) * 1.25f + 0.5f;
+  auto ca = b.init_from_host(b.make_context(on_a[0]), t, std::as_bytes(std::span{host}));
+  auto cb = b.init_from_device(t, b.make_context(on_b[0]), ca);
+  auto local = b.init_from_device(t, b.make_context(b.get_device(0)), cb);
+  auto cb1 = b.init_from_device(t, b.make_context(on_b[1]), local);
+  std::vector<float> back(n), back_b1(n);
+  BOOST_TEST(b.to_host(local, t, std::as_writable_bytes(std::span{back})));
+  b.sync(b.all_work(local.device));
+  BOOST_TEST(std::memcmp(back.data(), host.data(), n * sizeof(float)) == 0);
+  BOOST_TEST(b.to_host(cb1, t, std::as_writable_bytes(std::span{back_b1})));
+  BOOST_TEST(std::memcmp(back_b1.data(), host.data(), n * sizeof(float)) == 0);
+  // b/0's node into a/0's merge buffer, added to a/0's own copy there.
+  auto copy = b.device_to_device(t, merge_buffer_use::copy, ca, cb);
+  BOOST_TEST_REQUIRE(copy.has_value());
+  auto buf = buffer_arg{ca.buffers.at(t), t.size_in_bytes};
+  b.sync(b.schedule_named(on_a[0], {"add_from_merge", {buf, buf}}));
+  std::vector<float> sum(n);
+  BOOST_TEST(b.to_host(ca, t, std::as_writable_bytes(std::span{sum})));
+  bool exact = true;
+  for (std::size_t i = 0; i < n; ++i)
+    exact = exact && sum[i] == host[i] + host[i];
+  BOOST_TEST(exact);
+  // A copy across processes is done by device_to_device itself: its routine
+  // does not run again.
+  BOOST_CHECK_THROW(b.run(*copy), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_silent_node_fails_its_work_by_heartbeat) {
+  // SIGSTOP: the connection stays open but nothing comes from the node, as
+  // behind a cut link. The heartbeat timeout (3 s here) drops it, and the
+  // work on it and waiting for it fails naming it, within 10 s.
+  node_process silent{tool(), 1, "s", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", silent.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto local = b.get_device(0);
+  b.schedule_named(ds[0], {"spin_ns", {int64_t{20'000'000'000}}});
+  auto pending = b.schedule_named(ds[0], {"spin_ns", {int64_t{0}}});
+  b.will_wait_for(b.make_context(local), pending);
+  b.schedule_task(local, {"dependent", [] {}});
+  auto dependent = b.all_work(local);
+  silent.pause();
+  auto start = std::chrono::steady_clock::now();
+  try {
+    test_support::bounded([&] { b.sync(dependent); }, "sync behind the silent node");
+    BOOST_ERROR("work waiting for a silent node succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "s/"), e.what());
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  BOOST_TEST((took < 10s), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                             << " ms");
+  silent.kill9(); // its runner still spins: no need to wait for it
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_sigterm_stops_a_node_cleanly) {

@@ -15,11 +15,14 @@
 /// core when it lives in this process, its actor when it lives in another
 /// (`attach_device` in `multidev/protocol.hpp` attaches one). Every member
 /// that takes a device or an event works on both, by message for the latter,
-/// except the ones that need a host closure or host memory (`schedule_task`,
-/// `link`, `run`, `from_host`, `init_from_host`, `to_host`,
-/// `device_to_device`, `init_from_device`): those throw
-/// `std::invalid_argument` saying the device is remote and what to use
-/// instead. On a remote device, members that wait for a reply the device may
+/// except the ones that need a closure on the device's runner
+/// (`schedule_task`, `link`, `run`): those throw `std::invalid_argument`
+/// saying the device is remote and what to use instead. Transfers to, from
+/// and between devices of other processes move the bytes in messages:
+/// `from_host` sends them with the request, `to_host` and a copy out of
+/// another process block until the source's bytes (read after the work
+/// scheduled there so far) have arrived, and the write is ordered work on
+/// the destination; the routine such a copy returns cannot be `run` again. On a remote device, members that wait for a reply the device may
 /// defer behind a full queue (`schedule_named`, the pool calls, `all_work`,
 /// `await`, `flush`, `sync_device`) throw `deadlock_error` from a task.
 

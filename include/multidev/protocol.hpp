@@ -67,6 +67,8 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using recover_atom = caf::atom_constant<caf::atom("recover")>;
 using trace_atom = caf::atom_constant<caf::atom("trace")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
+using write_atom = caf::atom_constant<caf::atom("write")>;
+using read_atom = caf::atom_constant<caf::atom("read")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -120,6 +122,13 @@ using device_actor = caf::typed_actor<
   /// Brings a failed device back, as `backend::recover`; replies whether it
   /// had failed and came back.
   caf::replies_to<atoms::recover_atom>::with<bool>,
+  /// Copies the bytes into pool `id` at `offset`, ordered with the work (a
+  /// transfer from another process); replies with its seq.
+  caf::replies_to<atoms::write_atom, int32_t, uint64_t, std::string>::with<uint64_t>,
+  /// Reads `size` bytes of pool `id` at `offset`, ordered with the work
+  /// (after everything scheduled before it); replies with them once read, an
+  /// error if the read fails or is cancelled.
+  caf::replies_to<atoms::read_atom, int32_t, uint64_t, uint64_t>::with<std::string>,
   /// Replies with a copy of the runner trace, as `backend::trace` (times in
   /// the device's process's trace clock: steady-clock nanoseconds, which the
   /// processes of one machine share).
@@ -303,9 +312,9 @@ device_actor device_actor_of(const backend& b, const device& d);
 /// `trace`, `make_context`, `alloc_node`, `sync`/`is_done`/`state` on its
 /// events, `cancel`, `recover`, `result`, `flush`, `sync_device`, and
 /// `will_wait_for` in all four directions (its events and its
-/// contexts with local ones and with other remote ones). What needs a host
-/// closure or host memory (`schedule_task`, `link`/`run`, `from_host`,
-/// `to_host`, `device_to_device`, `init_from_*`) throws
+/// contexts with local ones and with other remote ones). Transfers move
+/// the bytes in `write`/`read` messages (see `backend`). What needs a
+/// closure on the device's runner (`schedule_task`, `link`/`run`) throws
 /// `std::invalid_argument` saying the device is remote. Calls that wait for
 /// a reply the device may defer behind a full queue (`schedule_named`, the
 /// pool calls, `all_work`, `await`, `flush`) throw `deadlock_error` from a
