@@ -284,7 +284,7 @@ private:
 
   /// Waits, at most the step timeout, for `done()` to hold.
   template <class F>
-  void bounded(const step& st, const char* what, F done) {
+  void bounded(const char* what, F done) {
     auto deadline = clock::now() + std::chrono::duration<double>(opts_.step_timeout_s);
     for (int i = 0; !done(); ++i) {
       if (clock::now() > deadline)
@@ -295,18 +295,17 @@ private:
       else
         std::this_thread::sleep_for(i < 1000 ? 50us : 1ms);
     }
-    (void) st;
   }
 
   void host_slice(const std::string& name, int64_t start, bool failed) {
     host_slices_.push_back(slice{p_.devices, name, "host", start, trace_clock_ns(), failed, 0, {}});
   }
 
-  void sync_event(const step& st, int id) {
+  void sync_event(int id) {
     const auto& e = ev(id);
     auto start = trace_clock_ns();
     try {
-      bounded(st, fmt::format("sync {}", p_.events[id].name).c_str(),
+      bounded(fmt::format("sync {}", p_.events[id].name).c_str(),
               [&] { return b_.state(e) != event_state::pending; });
       b_.sync(e);
     } catch (...) {
@@ -316,11 +315,11 @@ private:
     host_slice("sync " + p_.events[id].name, start, false);
   }
 
-  void await_device(const step& st, int d, bool forget) {
+  void await_device(int d, bool forget) {
     auto start = trace_clock_ns();
     auto name = fmt::format("{} {}", forget ? "sync-device" : "await", d);
     try {
-      bounded(st, name.c_str(), [&] { return settled(d); });
+      bounded(name.c_str(), [&] { return settled(d); });
       if (forget)
         b_.sync_device(dev(d));
       else
@@ -394,13 +393,13 @@ private:
         break;
       }
       case op::sync:
-        sync_event(st, st.ev);
+        sync_event(st.ev);
         break;
       case op::await:
-        await_device(st, st.device, false);
+        await_device(st.device, false);
         break;
       case op::sync_device:
-        await_device(st, st.device, true);
+        await_device(st.device, true);
         break;
       case op::from_host:
         from_host(st);
@@ -590,8 +589,7 @@ private:
 
   void copy(const step& st) {
     const auto& t = p_.tnodes[st.tnodes[0]];
-    auto src_dev = devices_[st.device] == contexts_[st.ctx2]->device ? st.device
-                                                                     : contexts_[st.ctx2]->device.ordinal();
+    int src_dev = contexts_[st.ctx2]->device.ordinal();
     auto before = last_seq(st.device);
     std::string desc;
     if (st.into_merge) {
@@ -665,7 +663,7 @@ private:
       case subject::state: {
         const auto& e = ev(st.ev);
         if (st.state != "pending")
-          bounded(st, "the event", [&] { return b_.state(e) != event_state::pending; });
+          bounded("the event", [&] { return b_.state(e) != event_state::pending; });
         auto got = to_string(b_.state(e));
         return record(st, got == st.state, got);
       }
@@ -688,7 +686,7 @@ private:
         return record(st, held, fmt::format("{} bytes", got));
       }
       case subject::checksum: {
-        sync_event(st, st.ev);
+        sync_event(st.ev);
         auto d = event_items_[st.ev].first;
         auto r = d >= 0 ? b_.result(dev(d), p_.events[st.ev].name)
                         : b_.result(p_.events[st.ev].name);
@@ -711,7 +709,7 @@ private:
     if (!host_done_[st.host])
       return record(st, false, "the to-host copy never ran");
     const auto& done = *host_done_[st.host];
-    bounded(st, "the to-host copy", [&] { return b_.state(done) != event_state::pending; });
+    bounded("the to-host copy", [&] { return b_.state(done) != event_state::pending; });
     if (b_.state(done) != event_state::done)
       return record(st, false, fmt::format("the to-host copy did not complete ({})",
                                            to_string(b_.state(done))));

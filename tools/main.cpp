@@ -139,8 +139,8 @@ int main(int argc, char** argv) {
   kernels->fallthrough();
 
   auto* run = app.add_subcommand(
-    "run", "run a scenario script (docs/scenarios.md) on local devices; exit status 0: every "
-           "expectation held, 1: one failed, 2: the script is wrong");
+    "run", "run a scenario script (docs/scenarios.md) on local devices and the nodes it names; "
+           "exit status 0: every expectation held, 1: one failed, 2: the script is wrong");
   run->fallthrough();
   multidev::tools::run_command_options ropts;
   run->add_option("FILE", ropts.file, "the scenario script (.scn)")->required();
