@@ -330,7 +330,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       // Pushed in mailbox order (behind deferred requests, like `ordered`);
       // the reply comes from the runner once the read is done.
       auto c = self->state.core;
-      auto go = [self, c, id, offset, size,
+      auto go = [c, id, offset, size,
                  to = reply_to{self->current_sender(), self->current_message_id(),
                                self->current_forwarding_stack()}](bool refuse) mutable {
         if (refuse) {
@@ -339,8 +339,12 @@ device_actor_full::behavior_type device_impl(self_ptr self,
                                   "the device actor stopped before this request was handled")));
           return;
         }
-        auto out = std::make_shared<std::string>(size, '\0');
         auto push_read = [&] {
+          // Sized here, inside `attempt`: a size no pool holds is refused
+          // (read_bytes checks the span; an impossible allocation throws
+          // before it), never fatal to the actor.
+          c->pool_span(id, offset, size, "read");
+          auto out = std::make_shared<std::string>(size, '\0');
           auto seq = c->read_bytes(id, offset, out);
           c->when_resolved(seq, [to, out](const failure* cause) mutable {
             reply_from_runner(to, cause ? caf::make_message(make_error(*cause))

@@ -13,6 +13,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
 
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
@@ -201,6 +202,18 @@ BOOST_AUTO_TEST_CASE(test_nodes_transfers_move_the_bytes_exactly_in_every_direct
   // A copy across processes is done by device_to_device itself: its routine
   // does not run again.
   BOOST_CHECK_THROW(b.run(*copy), std::invalid_argument);
+  // A read of a size no pool holds (here: more bytes than memory) is
+  // refused with an error; the node goes on.
+  {
+    caf::scoped_actor self{c.sys};
+    bool refused = false;
+    self->request(device_actor_of(b, on_a[0]), 30s, atoms::read_atom::value,
+                  static_cast<int32_t>(ca.buffers.at(t).pool_id), uint64_t{0},
+                  uint64_t{1} << 62)
+      .receive([&](const std::string&) {}, [&](caf::error&) { refused = true; });
+    BOOST_TEST(refused);
+  }
+  b.sync(b.schedule_named(on_a[0], {"spin_ns", {int64_t{0}}}));
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_a_silent_node_fails_its_work_by_heartbeat) {
