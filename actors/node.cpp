@@ -15,6 +15,21 @@
 
 namespace multidev {
 
+namespace {
+
+/// The node actor: answers `list` with its name and devices.
+node_actor::behavior_type node_impl(node_actor::pointer, std::string name,
+                                    std::vector<caf::actor> devices) {
+  return {
+    [name = std::move(name), devices = std::move(devices)](
+      atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
+      return {name, devices};
+    },
+  };
+}
+
+} // namespace
+
 node_actor spawn_node_actor(backend& b, std::string name) {
   std::vector<caf::actor> devices;
   for (int i = 0; i < b.num_devices(); ++i) {
@@ -24,14 +39,9 @@ node_actor spawn_node_actor(backend& b, std::string name) {
     devices.push_back(caf::actor_cast<caf::actor>(device_actor_of(b, d)));
   }
   detail::logger_tie_guard untie; // spawning ties this thread to the system
-  return b.system().spawn([name = std::move(name), devices = std::move(devices)]()
-                            -> node_actor::behavior_type {
-    return {
-      [name, devices](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
-        return {name, devices};
-      },
-    };
-  });
+  // Spawned from a function with arguments: CAF 0.17 dereferences a null
+  // argument tuple for a function (or lambda) that takes none (UBSan).
+  return b.system().spawn(node_impl, std::move(name), std::move(devices));
 }
 
 std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
