@@ -49,14 +49,14 @@ backend::backend(backend_options opts) : impl_(make_impl(std::move(opts))) {
   auto threads = impl_->opts.scheduler_threads > 0
                    ? impl_->opts.scheduler_threads
                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  impl_->own_cfg->set("scheduler.max-threads", static_cast<size_t>(threads));
   // The work-sharing scheduler sleeps on a condition variable when idle: an
   // idle backend costs next to no CPU (the default work-stealing workers poll
   // every few microseconds, ~1 % of a core for 8 devices here), and its
   // remote hops are faster (NOTES.md). The local hot path does not go through
-  // CAF's scheduler at all.
-  impl_->own_cfg->set("scheduler.policy", caf::atom("sharing"));
-  register_types(*impl_->own_cfg);
+  // CAF's scheduler at all. The middleman and heartbeats let it attach
+  // nodes (configure_system).
+  configure_system(*impl_->own_cfg);
+  impl_->own_cfg->set("scheduler.max-threads", static_cast<size_t>(threads));
   // Built on a helper thread, so that no caller thread stays tied to the
   // system's logger (see logger_tie_guard): the backend may be destroyed on
   // any thread.
@@ -387,6 +387,16 @@ void backend::schedule_task(const device& d, task t) {
 event backend::schedule_named(const device& d, const task_spec& spec) {
   auto& rec = record_of(d);
   return event{rec.r.endpoint(), rec.ep().schedule_named(spec)};
+}
+
+std::vector<event> backend::schedule_batch(const device& d, std::span<const task_spec> specs) {
+  auto& rec = record_of(d);
+  auto seqs = rec.ep().schedule_batch(specs);
+  std::vector<event> events;
+  events.reserve(seqs.size());
+  for (auto seq : seqs)
+    events.push_back(event{rec.r.endpoint(), seq});
+  return events;
 }
 
 std::optional<kernel_result> backend::result(const std::string& name) const {

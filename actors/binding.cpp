@@ -94,4 +94,17 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
   return result;
 }
 
+std::vector<uint64_t> push_batch(const std::shared_ptr<device_core>& core,
+                                 std::span<const task_spec> specs, bool may_wait) {
+  std::vector<bound_task> bound;
+  bound.reserve(specs.size());
+  for (const auto& spec : specs)
+    bound.push_back(bind_spec(core, spec));
+  std::vector<uint64_t> seqs;
+  seqs.reserve(bound.size());
+  for (auto& b : bound)
+    seqs.push_back(core->push(std::move(b.work), may_wait));
+  return seqs;
+}
+
 } // namespace multidev::detail

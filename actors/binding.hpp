@@ -5,7 +5,9 @@
 /// merge-buffer kernel, pool 0) resolved through the device's pool table now
 /// (at schedule time) and held until the task is gone.
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "actors/device_core.hpp"
@@ -23,5 +25,11 @@ struct bound_task {
 /// and the device when the spec does not fit, or the kernel's preconditions
 /// (`check_preconditions`) refuse it; nothing is queued then.
 bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& spec);
+
+/// Schedules `specs` in order on `core` (`backend::schedule_batch`): every
+/// one is bound first, so a spec that does not fit schedules none; returns
+/// their seqs. `may_wait` as for `device_core::push` (actor handlers: false).
+std::vector<uint64_t> push_batch(const std::shared_ptr<device_core>& core,
+                                 std::span<const task_spec> specs, bool may_wait = false);
 
 } // namespace multidev::detail

@@ -213,6 +213,11 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto c = self->state.core;
       return ordered(self, [c, spec] { return c->push(bind_spec(c, spec).work, false); });
     },
+    [self](schedule_atom, const std::vector<task_spec>& specs)
+      -> caf::result<std::vector<uint64_t>> {
+      auto c = self->state.core;
+      return ordered(self, [c, specs] { return push_batch(c, specs); });
+    },
     [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
       auto& st = self->state;
       if (st.core->is_done(seq))

@@ -101,6 +101,9 @@ public:
   uint64_t schedule_named(const task_spec& spec) override {
     return c_.push(bind_spec(core(), spec).work);
   }
+  std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) override {
+    return push_batch(core(), specs, true);
+  }
   uint64_t all_work() override { return c_.scheduled(); }
   void await() override { c_.sync(c_.scheduled()); }
   bool is_idle() override { return c_.is_idle(); }

@@ -20,7 +20,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <caf/actor_addr.hpp>
 
@@ -72,6 +74,8 @@ public:
   // -- Work ------------------------------------------------------------------
 
   virtual uint64_t schedule_named(const task_spec& spec) = 0;
+  /// `specs` in order; a spec that does not fit schedules none of them.
+  virtual std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) = 0;
   virtual uint64_t all_work() = 0;
   virtual void await() = 0;
   virtual bool is_idle() = 0;

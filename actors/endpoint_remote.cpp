@@ -44,6 +44,9 @@ using post_atom = caf::atom_constant<caf::atom("post")>;
 
 const caf::duration request_timeout{std::chrono::minutes(5)};
 
+/// Tasks per message of `schedule_batch`.
+constexpr std::size_t batch_limit = 4096;
+
 /// What a link actor and its endpoint share.
 struct link_shared {
   caf::actor_addr link;   // written once, before the endpoint is published
@@ -361,6 +364,25 @@ public:
   uint64_t schedule_named(const task_spec& spec) override {
     return std::get<0>(call<uint64_t>(shared_, "schedule_named", true, request_timeout,
                                       schedule_atom::value, spec));
+  }
+
+  std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) override {
+    // In messages of at most `batch_limit` specs, each a round trip: one
+    // message of a million tasks would be hundreds of MB to serialize at
+    // once, and would hold the device actor that long.
+    std::vector<uint64_t> seqs;
+    seqs.reserve(specs.size());
+    for (std::size_t i = 0; i < specs.size(); i += batch_limit) {
+      auto chunk = specs.subspan(i, std::min(batch_limit, specs.size() - i));
+      auto part = std::get<0>(call<std::vector<uint64_t>>(
+        shared_, "schedule_batch", true, request_timeout, schedule_atom::value,
+        std::vector<task_spec>(chunk.begin(), chunk.end())));
+      if (part.size() != chunk.size())
+        throw device_error(name(), fmt::format("schedule_batch: {} seqs for {} tasks",
+                                               part.size(), chunk.size()));
+      seqs.insert(seqs.end(), part.begin(), part.end());
+    }
+    return seqs;
   }
 
   uint64_t all_work() override {

@@ -50,8 +50,16 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
   auto address = fmt::format("{}:{}", host, port);
   if (!sys.has_middleman())
     throw std::invalid_argument(fmt::format(
-      "attach_node {}: the backend's actor system has no middleman (load caf::io::middleman "
-      "and call multidev::register_types on its config)",
+      "attach_node {}: the backend's actor system has no middleman (call "
+      "multidev::configure_system on its config)",
+      address));
+  if (caf::get_or(sys.config(), "middleman.heartbeat-interval", caf::timespan{0})
+      <= caf::timespan{0})
+    throw std::invalid_argument(fmt::format(
+      "attach_node {}: the backend's actor system sends no heartbeats "
+      "(middleman.heartbeat-interval is 0), so a node behind a cut link would hang every "
+      "wait on it; set middleman.heartbeat-interval and middleman.connection-timeout, or call "
+      "multidev::configure_system on its config",
       address));
   auto node = sys.middleman().remote_actor<node_actor>(host, port);
   if (!node)

@@ -1,7 +1,11 @@
 #include "multidev/protocol.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
 #include <caf/message.hpp>
+
+#include <chrono>
 
 #include <memory>
 #include <optional>
@@ -78,6 +82,17 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<device_key>("multidev::device_key");
   cfg.add_message_type<event>("multidev::event");
   cfg.add_message_type<std::vector<caf::actor>>("std::vector<caf::actor>");
+  cfg.add_message_type<std::vector<task_spec>>("std::vector<multidev::task_spec>");
+  cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");
+}
+
+void configure_system(caf::actor_system_config& cfg) {
+  register_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds{1}});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{5}});
+  cfg.set("middleman.workers", size_t{0});
+  cfg.set("scheduler.policy", caf::atom("sharing"));
 }
 
 wire_arg to_wire(const kernel_arg& x) {

@@ -64,29 +64,13 @@ struct step_timeout : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The actor system of a run whose script has nodes, when the caller gave
-/// none: one with CAF's middleman.
-std::unique_ptr<caf::actor_system> network_system(const program& p, const run_options& opts,
-                                                  std::unique_ptr<caf::actor_system_config>& cfg) {
-  if (p.nodes.empty() || opts.system)
-    return nullptr;
-  cfg = std::make_unique<caf::actor_system_config>();
-  cfg->load<caf::io::middleman>();
-  register_types(*cfg);
-  cfg->set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds{1}});
-  cfg->set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{5}});
-  return std::make_unique<caf::actor_system>(*cfg);
-}
-
 class runner_state {
 public:
   runner_state(const program& p, const run_options& opts)
     : p_(p),
       opts_(opts),
-      own_sys_(network_system(p, opts, own_cfg_)),
-      bp_(opts.system    ? std::make_unique<backend>(*opts.system, options_for(p))
-          : own_sys_     ? std::make_unique<backend>(*own_sys_, options_for(p))
-                         : std::make_unique<backend>(options_for(p))),
+      bp_(opts.system ? std::make_unique<backend>(*opts.system, options_for(p))
+                      : std::make_unique<backend>(options_for(p))),
       b_(*bp_) {
     attach_nodes();
     for (int i = 0; i < p.devices; ++i)
@@ -965,8 +949,6 @@ private:
   const program& p_;
   const run_options& opts_;
   run_result result_;
-  std::unique_ptr<caf::actor_system_config> own_cfg_;
-  std::unique_ptr<caf::actor_system> own_sys_;
   std::map<std::string, std::unique_ptr<node_process>> spawned_;
   std::map<int, device_trace> last_traces_;
   std::unique_ptr<backend> bp_;

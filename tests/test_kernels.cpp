@@ -174,6 +174,34 @@ BOOST_FIXTURE_TEST_CASE(test_kernels_spin_ns_runs_in_order, fixture) {
   BOOST_TEST(v[0] == 9.0f);
 }
 
+BOOST_AUTO_TEST_CASE(test_kernels_schedule_batch_runs_each_task_once_and_refuses_a_bad_batch_whole) {
+  auto b = make_backend(1);
+  auto d = b.get_device(0);
+  b.alloc_pool(d, 1000, 8, 64);
+  auto y = buffer_arg{multidev::buffer_loc{1000, 0}, 4};
+  auto x = buffer_arg{multidev::buffer_loc{1000, 4}, 4};
+  b.schedule_named(d, task_spec{"fill", {buffer_arg{multidev::buffer_loc{1000, 0}, 8}, 1.0}});
+  b.schedule_named(d, task_spec{"fill", {y, 0.0}});
+  std::vector<task_spec> specs(5'000, task_spec{"axpy", {y, 1.0, x}});
+  auto events = b.schedule_batch(d, specs);
+  BOOST_TEST_REQUIRE(events.size() == specs.size());
+  BOOST_TEST(events.back().seq() - events.front().seq() == specs.size() - 1);
+  auto before = b.all_work(d).seq();
+  std::vector<task_spec> bad{{"axpy", {y, 1.0, x}},
+                             {"axpy", {buffer_arg{multidev::buffer_loc{77, 0}, 4}, 1.0, x}}};
+  try {
+    b.schedule_batch(d, bad);
+    BOOST_ERROR("a batch naming an unknown pool was scheduled");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "77"), e.what());
+  }
+  BOOST_TEST(b.all_work(d).seq() == before);
+  b.sync(b.schedule_named(d, task_spec{"checksum", {y, std::string{"local_batch"}}}));
+  auto r = b.result(d, "local_batch");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 5000.0);
+}
+
 BOOST_AUTO_TEST_CASE(test_kernels_fail_fails_device_with_message) {
   auto b = make_backend(2);
   auto d = b.get_device(0), other = b.get_device(1);

@@ -120,6 +120,46 @@ BOOST_AUTO_TEST_CASE(test_nodes_devices_come_after_the_local_ones_and_work_cross
   }
 }
 
+BOOST_AUTO_TEST_CASE(test_nodes_a_batch_of_named_tasks_runs_each_task_once_in_order) {
+  // 10,000 `y += 1 * x` with x = 1 on a node's device, sent by schedule_batch
+  // (three messages): y counts the tasks that ran, exactly (floats count
+  // exactly up to 2^24). A batch with an unknown kernel in the middle
+  // schedules none of it.
+  node_process node{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  b.alloc_pool(d, 1000, 8, 64);
+  auto y = buffer_arg{buffer_loc{1000, 0}, 4};
+  auto x = buffer_arg{buffer_loc{1000, 4}, 4};
+  b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
+  b.schedule_named(d, {"fill", {y, 0.0}});
+  constexpr int n = 10'000;
+  std::vector<task_spec> specs(n, task_spec{"axpy", {y, 1.0, x}});
+  auto events = b.schedule_batch(d, specs);
+  BOOST_TEST_REQUIRE(events.size() == std::size_t{n});
+  bool increasing = true;
+  for (std::size_t i = 1; i < events.size(); ++i)
+    increasing = increasing && events[i].seq() > events[i - 1].seq();
+  BOOST_TEST(increasing);
+  auto before = b.all_work(d);
+  std::vector<task_spec> bad{{"axpy", {y, 1.0, x}}, {"no_such_kernel", {}}, {"axpy", {y, 1.0, x}}};
+  try {
+    b.schedule_batch(d, bad);
+    BOOST_ERROR("a batch with an unknown kernel was scheduled");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "no_such_kernel"), e.what());
+  }
+  BOOST_TEST(b.all_work(d).seq() == before.seq());
+  b.sync(b.schedule_named(d, {"checksum", {y, std::string{"batch_count"}}}));
+  BOOST_TEST(b.is_done(events.back()));
+  auto r = b.result(d, "batch_count");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == static_cast<double>(n));
+}
+
 BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_restart_reattaches) {
   auto n1 = std::make_unique<node_process>(tool(), 1, "b", true);
   cluster c;
@@ -260,5 +300,27 @@ BOOST_AUTO_TEST_CASE(test_nodes_attach_to_nothing_names_the_address) {
     BOOST_ERROR("attached a node on a port nobody listens on");
   } catch (const device_error& e) {
     BOOST_TEST(contains(e.what(), "127.0.0.1:1"), e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_backend_of_its_own_attaches_and_a_system_without_heartbeats_is_refused) {
+  node_process node{tool(), 1, "b", true};
+  {
+    backend own{{.num_devices = 1}}; // its own system: middleman and heartbeats
+    auto ds = attach_node(own, "127.0.0.1", node.port());
+    BOOST_TEST_REQUIRE(ds.size() == 1u);
+    own.sync(own.schedule_named(ds[0], {"spin_ns", {int64_t{0}}}));
+  }
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  register_types(cfg);
+  caf::actor_system sys{cfg};
+  backend b{sys, {.num_devices = 1}};
+  try {
+    attach_node(b, "127.0.0.1", node.port());
+    BOOST_ERROR("attached a node from a system without heartbeats");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "heartbeat"), e.what());
+    BOOST_TEST(contains(e.what(), node.address()), e.what());
   }
 }

@@ -299,15 +299,14 @@ double spsc_ring_ns_per_item(spsc_ring& q, int n) {
 // -- CAF baselines ---------------------------------------------------------------
 
 /// `cfg` set up as a backend's own actor system is (actors/backend.cpp, kept in
-/// step by hand): the work-sharing scheduler with `opts.scheduler_threads`
-/// workers (0: the hardware threads) and multidev's message types.
+/// step by hand): `configure_system` (the middleman, the work-sharing
+/// scheduler) with `opts.scheduler_threads` workers (0: the hardware threads).
 void configure_like_backend(caf::actor_system_config& cfg, const backend_options& opts) {
   auto threads = opts.scheduler_threads > 0
                    ? opts.scheduler_threads
                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  configure_system(cfg);
   cfg.set("scheduler.max-threads", static_cast<size_t>(threads));
-  cfg.set("scheduler.policy", caf::atom("sharing"));
-  register_types(cfg);
 }
 
 using hop_atom = caf::atom_constant<caf::atom("hop")>;
@@ -472,7 +471,6 @@ public:
   explicit remote_pair(const backend_options& opts) {
     for (auto* cfg : {&server_cfg_, &client_cfg_}) {
       configure_like_backend(*cfg, opts);
-      cfg->load<caf::io::middleman>();
     }
     server_.emplace(server_cfg_);
     client_.emplace(client_cfg_);

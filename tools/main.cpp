@@ -58,11 +58,10 @@ public:
 /// is wrong with them in one line, or nothing.
 std::optional<std::string> configure_caf(tool_config& cfg, std::vector<std::string> extras,
                                          bool have_command) {
-  multidev::register_types(cfg);
-  // Nodes and the runs that attach them find a silent peer by heartbeat: one
-  // a second, and a connection quiet for 5 s is dropped (its devices fail).
-  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds{1}});
-  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{5}});
+  // The middleman, heartbeats (a peer silent for 5 s is dropped, its
+  // devices fail), the work-sharing scheduler: what a backend's own system
+  // has. The command line and a config file override each.
+  multidev::configure_system(cfg);
   cfg.set("scheduler.max-threads",
           static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())));
   for (auto& a : extras) {
@@ -312,12 +311,10 @@ int main(int argc, char** argv) {
       sigaddset(&set, SIGINT);
       sigaddset(&set, SIGTERM);
       pthread_sigmask(SIG_BLOCK, &set, nullptr);
-      cfg.load<caf::io::middleman>();
       caf::actor_system sys{cfg};
       return multidev::tools::serve_node(sys, nopts);
     }
     if (*run) {
-      cfg.load<caf::io::middleman>(); // for scripts with (nodes ...)
       caf::actor_system sys{cfg};
       return multidev::tools::run_scenario(sys, ropts);
     }

@@ -80,6 +80,10 @@ using device_actor = caf::typed_actor<
   /// Schedules a named kernel (resolved through the kernel registry here);
   /// replies with its seq.
   caf::replies_to<atoms::schedule_atom, task_spec>::with<uint64_t>,
+  /// Schedules named kernels in order (`backend::schedule_batch`): all are
+  /// resolved first, so an unknown kernel or a bad argument schedules none;
+  /// replies with their seqs.
+  caf::replies_to<atoms::schedule_atom, std::vector<task_spec>>::with<std::vector<uint64_t>>,
   /// Replies with `seq` once this device has finished it (at once when it
   /// has); an error if it never will (the device failed or shut down first),
   /// `invalid_argument` at once when `seq` was never scheduled.
@@ -181,6 +185,19 @@ std::string describe_error(const caf::error& err);
 /// Registers the protocol's message types on `cfg` (needed before the system
 /// starts when devices are driven across processes).
 void register_types(caf::actor_system_config& cfg);
+
+/// The settings of the actor systems multidev makes itself (a backend's own
+/// system, the `multidev` tool's), for a system of your own that drives
+/// devices across processes: `register_types`; CAF's middleman loaded, so
+/// `attach_node` works; heartbeats (one a second, and a peer silent for 5 s
+/// is dropped: its devices fail instead of hanging their waiters);
+/// `middleman.workers` 0 (messages from other nodes are deserialized on the
+/// I/O thread: one thread hand-off less per remote hop); and the
+/// work-sharing scheduler (idle workers sleep instead of polling, and remote
+/// hops are ~3x faster than under work stealing, NOTES.md). Call it once,
+/// before a command line or config file is parsed into `cfg`, so that those
+/// can override each value.
+void configure_system(caf::actor_system_config& cfg);
 
 // -- inspect overloads: the wire form of the messages' value types ----------
 
@@ -336,8 +353,10 @@ node_actor spawn_node_actor(backend& b, std::string name);
 /// (device (ordinal ..) (name ..)) ...))`. Attaching a node of a name
 /// attached before (a restarted node) gives its devices the ordinals the old
 /// ones had; the old devices stay failed. `b`'s actor system needs CAF's
-/// middleman (`cfg.load<caf::io::middleman>()` and `register_types(cfg)`).
-/// Throws `std::invalid_argument` without a middleman, `device_error` naming
+/// middleman and heartbeats (a backend's own system has both; for yours,
+/// `configure_system(cfg)`). Throws `std::invalid_argument` without a
+/// middleman or with heartbeats off (a node cut off by a silent link would
+/// hang every wait on it), `device_error` naming
 /// `host:port` when the node cannot be reached or does not answer within
 /// `timeout`.
 std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
