@@ -12,11 +12,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 
 #include "actors/binding.hpp"
 
@@ -34,6 +36,13 @@ struct device_state {
   uint64_t key = 0;
   /// Gates waiting on remote owners, so a vanished owner fails them.
   std::multimap<caf::actor_addr, std::weak_ptr<gate>> remote_gates;
+  /// Requesters of other nodes with `wait`s registered here, monitored: when
+  /// one goes (its node died or was cut off), its waits are dropped instead
+  /// of holding its handle until the awaited seqs resolve, maybe never.
+  std::set<caf::actor_addr> remote_waiters;
+  /// Owners of remote gates seen going down, the latest few: a `depend` on
+  /// one of them is refused.
+  std::deque<caf::actor_addr> dead_owners;
   /// Ordered requests held back while the device's queue is full, oldest
   /// first; each one replies when it runs (`refuse`: with an error instead).
   std::deque<std::function<void(bool refuse)>> deferred;
@@ -91,6 +100,18 @@ void reply_from_runner(reply_to& to, caf::message msg) noexcept {
     // Out of memory: the requester's monitor or timeout ends its wait.
   }
 }
+
+/// The reply a `wait` owes, registered with the core: `requester` is set for
+/// a requester of another node, whose waits its down message drops.
+struct wait_reply {
+  caf::actor_addr requester;
+  reply_to to;
+  uint64_t seq;
+  void operator()(const failure* cause) {
+    reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
+                                : caf::make_message(seq));
+  }
+};
 
 /// Runs the oldest deferred request.
 void run_next(self_ptr self) {
@@ -155,6 +176,94 @@ void answer_everything(self_ptr self) {
   }
 }
 
+/// Fails the gates waiting on `owner` with `msg` and remembers it dead (a
+/// later `depend` on it is refused).
+void fail_owner(self_ptr self, const caf::actor_addr& owner, const std::string& msg) {
+  auto& st = self->state;
+  // Remembered even without gates: a `lost` may overtake the `depend` it
+  // is about (they come from different actors).
+  if (std::find(st.dead_owners.begin(), st.dead_owners.end(), owner) == st.dead_owners.end()) {
+    st.dead_owners.push_back(owner);
+    if (st.dead_owners.size() > 256)
+      st.dead_owners.pop_front();
+  }
+  auto [first, last] = st.remote_gates.equal_range(owner);
+  for (auto i = first; i != last; ++i)
+    if (auto g = i->second.lock())
+      st.core->resolve_gate(*g, &msg); // no-op for gates already open
+  st.remote_gates.erase(first, last);
+}
+
+/// `depend`: a gate on `owner`'s `seq`, opened by the reply to a `wait`
+/// request; `owner_name` (may be empty) names it in the errors.
+caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t seq,
+                                std::string owner_name) {
+  auto c = self->state.core;
+  return ordered(self, [self, c, owner, seq, owner_name]() -> uint64_t {
+    if (!owner)
+      throw std::invalid_argument(
+        fmt::format("depend on {}: the owner is an invalid actor handle", c->name()));
+    if (owner == caf::actor_cast<caf::actor>(self))
+      return c->scheduled(); // waiting on our own schedule: a no-op
+    auto& dead = self->state.dead_owners;
+    auto who = owner_name.empty() ? fmt::format("actor {}", owner.id()) : owner_name;
+    if (std::find(dead.begin(), dead.end(), owner.address()) != dead.end()) {
+      // Refused, and a failed wait queued all the same: the work sent after
+      // this message must not run as if it had waited.
+      auto why = fmt::format("cannot wait for seq {} of {}: it is down", seq, who);
+      auto g = std::make_shared<gate>();
+      g->owner_seq = seq;
+      g->remote = true;
+      g->owner_name = who;
+      c->push_gate(g);
+      c->resolve_gate(*g, &why);
+      throw device_error(c->name(), why);
+    }
+    auto g = std::make_shared<gate>();
+    g->owner_seq = seq;
+    g->remote = true;
+    g->owner_name = owner_name;
+    g->label = owner_name.empty() ? fmt::format("seq {} of actor {}", seq, owner.id())
+                                  : fmt::format("{} seq {}", owner_name, seq);
+    c->push_gate(g);
+    try {
+      // A vanished owner (a node gone) may never answer: the monitor's
+      // down message fails the gate instead. One monitor per owner; gates
+      // already resolved are dropped here.
+      auto& gates = self->state.remote_gates;
+      std::erase_if(gates, [](const auto& kv) { return kv.second.expired(); });
+      if (gates.find(owner.address()) == gates.end())
+        self->monitor(owner);
+      gates.emplace(owner.address(), g);
+      std::weak_ptr<device_core> weak = c;
+      self->request(owner, caf::infinite, wait_atom::value, seq)
+        .then(
+          [weak, g](uint64_t) {
+            if (auto me = weak.lock())
+              me->resolve_gate(*g, nullptr);
+          },
+          [self, weak, g](caf::error& err) {
+            auto me = weak.lock();
+            if (!me)
+              return;
+            if (auto f = failure_of(err)) { // the owner's provenance
+              me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
+              return;
+            }
+            auto msg = describe_error(self->system(), err);
+            me->resolve_gate(*g, &msg);
+          });
+    } catch (...) {
+      // Queued but never to be answered: fail it rather than hold the
+      // device forever.
+      static const std::string why = "could not send the wait request";
+      c->resolve_gate(*g, &why);
+      throw;
+    }
+    return g->seq;
+  });
+}
+
 device_actor_full::behavior_type device_impl(self_ptr self,
                                              std::shared_ptr<device_core> core,
                                              device_identity id) {
@@ -163,13 +272,14 @@ device_actor_full::behavior_type device_impl(self_ptr self,
   self->state.key = random_key();
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
-    auto [first, last] = st.remote_gates.equal_range(dm.source);
-    auto msg = fmt::format("the actor owning the awaited event is down ({})",
-                           self->system().render(dm.reason));
-    for (auto i = first; i != last; ++i)
-      if (auto g = i->second.lock())
-        st.core->resolve_gate(*g, &msg); // no-op for gates already open
-    st.remote_gates.erase(first, last);
+    if (st.remote_waiters.erase(dm.source) > 0)
+      st.core->drop_waiters([&dm](const device_core::resolver& r) {
+        auto* w = r.target<wait_reply>();
+        return w != nullptr && w->requester == dm.source;
+      });
+    fail_owner(self, dm.source,
+               fmt::format("the actor owning the awaited event is down ({})",
+                           self->system().render(dm.reason)));
   });
   // The actor owns its device's life: once it is gone (a kill, an exit
   // message, an exception), nothing is accepted any more and the work not
@@ -223,17 +333,20 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       if (st.core->is_done(seq))
         return seq;
       auto c = st.core;
-      reply_to to{self->current_sender(), self->current_message_id(),
-                  self->current_forwarding_stack()};
+      const auto& sender = self->current_sender();
+      caf::actor_addr remote;
+      if (sender && sender->node() != self->node())
+        remote = caf::actor_cast<caf::actor_addr>(sender);
+      reply_to to{sender, self->current_message_id(), self->current_forwarding_stack()};
       auto registered = [&] {
         c->check_scheduled(seq, "wait");
+        if (remote && st.remote_waiters.insert(remote).second)
+          self->monitor(remote);
         // Every registered seq resolves once (done, failed, cancelled, or
         // killed with the device), so every wait gets exactly one reply,
-        // even after this actor has stopped.
-        c->when_resolved(seq, [to = std::move(to), seq](const failure* cause) mutable {
-          reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
-                                      : caf::make_message(seq));
-        });
+        // even after this actor has stopped -- unless its requester went
+        // away first (the down handler).
+        c->when_resolved(seq, wait_reply{remote, std::move(to), seq});
         return true;
       };
       auto r = attempt(*c, registered);
@@ -253,54 +366,15 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       drain(self);
     },
     [self](depend_atom, const caf::actor& owner, uint64_t seq) -> caf::result<uint64_t> {
-      auto c = self->state.core;
-      return ordered(self, [self, c, owner, seq]() -> uint64_t {
-        if (!owner)
-          throw std::invalid_argument(
-            fmt::format("depend on {}: the owner is an invalid actor handle", c->name()));
-        if (owner == caf::actor_cast<caf::actor>(self))
-          return c->scheduled(); // waiting on our own schedule: a no-op
-        auto g = std::make_shared<gate>();
-        g->owner_seq = seq;
-        g->remote = true;
-        g->label = fmt::format("seq {} of actor {}", seq, owner.id());
-        c->push_gate(g);
-        try {
-          // A vanished owner (a node gone) may never answer: the monitor's
-          // down message fails the gate instead. One monitor per owner; gates
-          // already resolved are dropped here.
-          auto& gates = self->state.remote_gates;
-          std::erase_if(gates, [](const auto& kv) { return kv.second.expired(); });
-          if (gates.find(owner.address()) == gates.end())
-            self->monitor(owner);
-          gates.emplace(owner.address(), g);
-          std::weak_ptr<device_core> weak = c;
-          self->request(owner, caf::infinite, wait_atom::value, seq)
-            .then(
-              [weak, g](uint64_t) {
-                if (auto me = weak.lock())
-                  me->resolve_gate(*g, nullptr);
-              },
-              [self, weak, g](caf::error& err) {
-                auto me = weak.lock();
-                if (!me)
-                  return;
-                if (auto f = failure_of(err)) { // the owner's provenance
-                  me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
-                  return;
-                }
-                auto msg = describe_error(self->system(), err);
-                me->resolve_gate(*g, &msg);
-              });
-        } catch (...) {
-          // Queued but never to be answered: fail it rather than hold the
-          // device forever.
-          static const std::string why = "could not send the wait request";
-          c->resolve_gate(*g, &why);
-          throw;
-        }
-        return g->seq;
-      });
+      return depend_on(self, owner, seq, {});
+    },
+    [self](depend_atom, const caf::actor& owner, uint64_t seq,
+           std::string& owner_name) -> caf::result<uint64_t> {
+      return depend_on(self, owner, seq, std::move(owner_name));
+    },
+    [self](lost_atom, const caf::actor& owner, const std::string& why) {
+      if (owner)
+        fail_owner(self, owner.address(), why);
     },
     [self](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
            int32_t mode) -> caf::result<uint64_t> {

@@ -149,6 +149,9 @@ public:
   void when_resolved(uint64_t seq, resolver r);
   /// `when_resolved` with the cause rendered as a message naming the device.
   void when_done(uint64_t seq, waiter w);
+  /// Forgets the waiters for which `pred` holds, uncalled (their requester
+  /// is gone: a node that went away); returns how many.
+  std::size_t drop_waiters(const std::function<bool(const resolver&)>& pred);
   /// For tests: registers `w` without looking at progress, as a waiter does
   /// that loses the race with `complete` (it stores itself after the runner
   /// read the waiter minimum, and before it re-checks progress).

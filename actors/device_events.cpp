@@ -149,6 +149,22 @@ void device_core::when_resolved(uint64_t seq, resolver r) {
   }
 }
 
+std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>& pred) {
+  std::size_t n = 0;
+  std::lock_guard guard{waiters_mu_};
+  for (auto i = waiters_.begin(); i != waiters_.end();) {
+    if (pred(i->second)) {
+      i = waiters_.erase(i);
+      ++n;
+    } else {
+      ++i;
+    }
+  }
+  min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
+                    std::memory_order_seq_cst);
+  return n;
+}
+
 void device_core::when_done(uint64_t seq, waiter w) {
   when_resolved(seq, [w = std::move(w)](const failure* cause) mutable {
     if (!cause) {

@@ -213,6 +213,13 @@ std::shared_ptr<endpoint> make_local_endpoint(device_key key, std::shared_ptr<de
 void wait_for(endpoint& waiting, endpoint& owner, uint64_t seq) {
   if (&owner == &waiting || owner.key() == waiting.key() || owner.known_done(seq))
     return;
+  // Refused rather than queued to fail later: nothing can come from there.
+  if (auto why = owner.gone())
+    throw device_error(owner.name(), fmt::format("{} cannot wait for its seq {}: {}",
+                                                 waiting.name(), seq, *why));
+  if (auto why = waiting.gone())
+    throw device_error(waiting.name(), fmt::format("it cannot wait for {} seq {}: {}",
+                                                   owner.name(), seq, *why));
   waiting.depend(owner, seq);
 }
 

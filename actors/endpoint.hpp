@@ -87,6 +87,8 @@ public:
   /// `owner`'s `seq`. `owner` is another device and `seq` not known done (the
   /// caller, `wait_for`, has checked). Returns at once.
   virtual void depend(endpoint& owner, uint64_t seq) = 0;
+  /// Why the device can no longer be reached (its node is gone), if so.
+  virtual std::optional<std::string> gone() const { return std::nullopt; }
   /// `backend::cancel`: drops the work queued and not yet started.
   virtual void cancel() = 0;
   /// `backend::recover`: brings a failed device back.

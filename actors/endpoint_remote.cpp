@@ -13,9 +13,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -83,6 +87,26 @@ struct link_shared {
     if (closed_.empty())
       closed_ = why;
   }
+  /// Has `waiting` (a device actor of another node, waiting on this link's
+  /// device) told `lost` when this link closes; false when it is closed.
+  bool watch(const caf::actor& waiting) {
+    std::lock_guard guard{mu};
+    if (!closed_.empty())
+      return false;
+    watchers_.emplace(waiting.address(), waiting);
+    return true;
+  }
+  std::map<caf::actor_addr, caf::actor> take_watchers() {
+    std::lock_guard guard{mu};
+    return std::move(watchers_);
+  }
+  /// Why it was closed, if it was.
+  std::optional<std::string> closed_reason() const {
+    std::lock_guard guard{mu};
+    if (closed_.empty())
+      return std::nullopt;
+    return closed_;
+  }
   /// The error every call gets once closed; none while open.
   caf::error closed_error() const {
     std::lock_guard guard{mu};
@@ -97,6 +121,7 @@ private:
   std::string name_;
   std::string closed_;
   std::set<uint64_t> done_;
+  std::map<caf::actor_addr, caf::actor> watchers_;
 };
 
 /// One request to the device's actor, from the caller's side: how to send it
@@ -167,6 +192,36 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
   return std::make_shared<remote_op>(std::move(issue), std::move(on_error), std::move(shared));
 }
 
+/// `err`, from the device named `remote` here (`"b/multidev_cpu:0:1"`), as
+/// this process should read it: the names of devices of that node (given
+/// there without a node, so without a '/') get its prefix (`"b/"`). A
+/// device attached alone (no node) keeps its names.
+caf::error in_our_names(const caf::error& err, const std::string& remote) {
+  auto cut = remote.rfind('/');
+  if (cut == std::string::npos)
+    return err;
+  auto prefix = remote.substr(0, cut + 1);
+  auto ours = [&prefix](std::string& n) {
+    if (!n.empty() && n.find('/') == std::string::npos)
+      n.insert(0, prefix);
+  };
+  if (auto f = failure_of(err)) {
+    ours(f->device);
+    for (auto& hop : f->path) {
+      ours(hop.waiter);
+      ours(hop.device);
+    }
+    return make_error(*f);
+  }
+  const auto& ctx = err.context();
+  if (err.category() != error_category || ctx.size() != 2
+      || !ctx.match_element<std::string>(0) || !ctx.match_element<std::string>(1))
+    return err;
+  auto device = ctx.get_as<std::string>(0);
+  ours(device);
+  return make_error(static_cast<errc>(err.code()), std::move(device), ctx.get_as<std::string>(1));
+}
+
 /// Hands `op` to the link actor, or fails it at once when the link is closed.
 void post(const link_shared& shared, std::shared_ptr<remote_op> op) {
   if (auto err = shared.closed_error()) {
@@ -219,7 +274,7 @@ std::tuple<Rs...> call(const std::shared_ptr<link_shared>& shared, const char* w
   while ((v = s->flag.load()) == 0)
     s->flag.wait(0);
   if (v == 2)
-    throw_error(s->err, shared->name());
+    throw_error(in_our_names(s->err, shared->name()), shared->name());
   return std::move(s->value);
 }
 
@@ -240,6 +295,11 @@ using link_ptr = caf::stateful_actor<link_state>*;
 void close_link(link_ptr self, const std::string& why) {
   auto& st = self->state;
   st.shared->close(why);
+  // Devices of other nodes that wait here through this process learn it
+  // from us: their own route to the device may run through this process.
+  auto lost = fmt::format("{}: {}", st.shared->name(), why);
+  for (auto& [addr, waiting] : st.shared->take_watchers())
+    self->send(waiting, lost_atom::value, caf::actor_cast<caf::actor>(st.target), lost);
   auto err = st.shared->closed_error();
   auto pending = std::move(st.pending);
   st.pending.clear();
@@ -285,6 +345,22 @@ caf::behavior link_impl(link_ptr self, device_actor target,
 }
 
 // -- the endpoint ---------------------------------------------------------------
+
+/// `owner`'s name as another process should print it: a device of this
+/// process gets this host and process id in front (`host:pid/name`), since
+/// the devices of every process are named alike; an attached one is named
+/// after its node already.
+std::string qualified_name(const endpoint& owner) {
+  if (!owner.core())
+    return owner.name();
+  static const std::string here = [] {
+    std::array<char, 256> host{};
+    if (::gethostname(host.data(), host.size() - 1) != 0)
+      host[0] = '\0';
+    return fmt::format("{}:{}", host.data(), ::getpid());
+  }();
+  return here + "/" + owner.name();
+}
 
 class remote_endpoint final : public endpoint {
 public:
@@ -348,7 +424,7 @@ public:
                      [cb, name = name()](const caf::error& e) {
                        // A failure of the device travels whole; anything
                        // else (its actor down, the link closed) starts here.
-                       auto f = failure_of(e);
+                       auto f = failure_of(in_our_names(e, name));
                        if (!f) {
                          f.emplace();
                          f->device = name;
@@ -419,11 +495,20 @@ public:
     // Answered once the gate is queued there; the calls after this one go
     // through the same link, so they are handled after it. A refusal (the
     // device failed) needs no answer here: the calls after it fail too.
+    // An owner of a third node: when this process loses it, it tells the
+    // device waiting here (see `lost`).
+    auto* remote_owner = dynamic_cast<remote_endpoint*>(&owner);
+    if (remote_owner && !remote_owner->shared_->watch(caf::actor_cast<caf::actor>(shared_->target)))
+      throw device_error(owner.name(),
+                         fmt::format("{} cannot wait for its seq {}: {}", name(), seq,
+                                     remote_owner->gone().value_or("its link is closed")));
     post(*shared_,
          make_op<uint64_t>(
            shared_, request_timeout, [](uint64_t) {}, [](const caf::error&) {},
-           depend_atom::value, caf::actor_cast<caf::actor>(a), seq));
+           depend_atom::value, caf::actor_cast<caf::actor>(a), seq, qualified_name(owner)));
   }
+
+  std::optional<std::string> gone() const override { return shared_->closed_reason(); }
 
   void cancel() override {
     call<uint64_t>(shared_, "cancel", false, request_timeout, cancel_atom::value);

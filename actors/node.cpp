@@ -5,11 +5,17 @@
 #include "actors/logger_tie.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/expected.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <fmt/format.h>
+
+#include <fstream>
 
 #include <multidev/protocol.hpp>
 
@@ -44,6 +50,33 @@ node_actor spawn_node_actor(backend& b, std::string name) {
   return b.system().spawn(node_impl, std::move(name), std::move(devices));
 }
 
+caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,
+                                     const std::string& address) {
+  if (!node)
+    return caf::sec::cannot_publish_invalid_actor;
+  auto& sys = node.home_system();
+  if (sys.has_openssl_manager())
+    return caf::openssl::publish(node, port, address.c_str(), true);
+  return sys.middleman().publish(node, port, address.c_str(), true);
+}
+
+void configure_tls(caf::actor_system_config& cfg, const tls_files& files) {
+  auto readable = [](const std::string& what, const std::string& path) {
+    if (path.empty())
+      throw std::invalid_argument(fmt::format("TLS: no {} file given", what));
+    if (!std::ifstream{path})
+      throw std::invalid_argument(fmt::format("TLS: cannot read the {} file '{}'", what, path));
+  };
+  readable("certificate", files.certificate);
+  readable("private key", files.key);
+  readable("CA certificate", files.ca_file);
+  cfg.openssl_certificate = files.certificate;
+  cfg.openssl_key = files.key;
+  cfg.openssl_cafile = files.ca_file;
+  cfg.openssl_passphrase = files.passphrase;
+  cfg.load<caf::openssl::manager>();
+}
+
 std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
                                 std::chrono::milliseconds timeout) {
   auto& sys = b.system();
@@ -61,10 +94,17 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
       "wait on it; set middleman.heartbeat-interval and middleman.connection-timeout, or call "
       "multidev::configure_system on its config",
       address));
-  auto node = sys.middleman().remote_actor<node_actor>(host, port);
-  if (!node)
-    throw device_error(address, fmt::format("attach_node: cannot reach a node at {}: {}", address,
-                                            sys.render(node.error())));
+  bool tls = sys.has_openssl_manager();
+  auto node = tls ? caf::openssl::remote_actor<node_actor>(sys, host, port)
+                  : sys.middleman().remote_actor<node_actor>(host, port);
+  if (!node) {
+    auto why = sys.render(node.error());
+    if (node.error() == caf::sec::disconnect_during_handshake)
+      why += tls ? " (does the node use TLS, and did the same CA sign both certificates?)"
+                 : " (does the node use TLS? then this side needs it too)";
+    throw device_error(address, fmt::format("attach_node: cannot reach a node at {}{}: {}", address,
+                                            tls ? " over TLS" : "", why));
+  }
   std::string name;
   std::vector<caf::actor> actors;
   {

@@ -1,7 +1,7 @@
 # FindCAF: locate the C++ Actor Framework 0.17 as Debian ships it (libcaf-dev),
 # which installs headers and libraries but no CMake package configuration.
 #
-# Imported targets: CAF::core, CAF::io (and CAF::openssl when found).
+# Imported targets: CAF::core, CAF::io, CAF::openssl (TLS between nodes).
 # Result variables: CAF_FOUND, CAF_VERSION, CAF_INCLUDE_DIR.
 
 find_path(CAF_INCLUDE_DIR caf/config.hpp)
@@ -21,7 +21,7 @@ endif()
 
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(CAF
-  REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY
+  REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY
   VERSION_VAR CAF_VERSION)
 
 if(CAF_FOUND)

@@ -22,13 +22,14 @@ namespace multidev::scenario {
 using namespace std::chrono_literals;
 
 node_process::node_process(const std::string& tool, int devices, const std::string& name,
-                           bool keep_stderr) {
-  std::vector<std::string> args{tool, "node", "--port", "0", "--cpu-devices",
-                                std::to_string(devices)};
+                           bool keep_stderr, const std::vector<std::string>& extra) {
+  std::vector<std::string> args{tool,          "node", "--port", "0", "--cpu-devices",
+                                std::to_string(devices), "--stop-with-parent"};
   if (!name.empty()) {
     args.push_back("--name");
     args.push_back(name);
   }
+  args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (auto& a : args)
     argv.push_back(a.data());

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace multidev::scenario {
 
@@ -15,8 +16,11 @@ public:
   /// Starts `tool node --port 0 --cpu-devices N [--name NAME]` and waits
   /// (30 s at most) for its address; throws `std::runtime_error` otherwise.
   /// The node's stderr goes to /dev/null unless `keep_stderr`.
+  /// `extra` goes after those arguments. The node is started with
+  /// `--stop-with-parent`: should this process die without stopping it, the
+  /// node stops too.
   node_process(const std::string& tool, int devices, const std::string& name,
-               bool keep_stderr = false);
+               bool keep_stderr = false, const std::vector<std::string>& extra = {});
   /// SIGTERM, then SIGKILL after 10 s; reaps it.
   ~node_process();
   node_process(const node_process&) = delete;

@@ -141,7 +141,8 @@ private:
       if (auto it = opts_.nodes.find(n.name); it != opts_.nodes.end()) {
         address = it->second;
       } else if (opts_.spawn_nodes) {
-        spawned_.emplace(n.name, std::make_unique<node_process>(opts_.tool, n.devices, n.name));
+        spawned_.emplace(n.name, std::make_unique<node_process>(opts_.tool, n.devices, n.name,
+                                                                  false, opts_.node_args));
         address = spawned_.at(n.name)->address();
       } else {
         throw script_error(n.where, fmt::format("node '{}' has no address: give --node "
@@ -921,7 +922,19 @@ private:
     }};
   }
 
+  /// What is known of device `d`'s progress; for a device that cannot be
+  /// asked any more (its node is gone), what was known last.
   device_progress progress_of(int d) const {
+    try {
+      auto p = ask_progress(d);
+      last_progress_[d] = p;
+      return p;
+    } catch (const std::exception&) {
+      return last_progress_[d];
+    }
+  }
+
+  device_progress ask_progress(int d) const {
     auto last = b_.all_work(dev(d));
     const auto& r = dev(d).get_runner();
     auto resolved = [&](uint64_t s) { return b_.state(event{r, s}) != event_state::pending; };
@@ -948,6 +961,7 @@ private:
 
   const program& p_;
   const run_options& opts_;
+  mutable std::map<int, device_progress> last_progress_; // the progress thread's
   run_result result_;
   std::map<std::string, std::unique_ptr<node_process>> spawned_;
   std::map<int, device_trace> last_traces_;

@@ -81,6 +81,9 @@ struct run_options {
   /// address, and stop them at the end.
   bool spawn_nodes = false;
   std::string tool;
+  /// More arguments for the `multidev node` processes it starts (the TLS
+  /// files, so that they speak as the run does).
+  std::vector<std::string> node_args;
   /// The longest a blocking step (`sync`, `await`, `kill`...) may take before
   /// it counts as a failed expectation and the run is stopped.
   double step_timeout_s = 60;

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-packages=(cmake g++ make ccache pkgconf libcaf-dev libboost-test-dev libcli11-dev libfmt-dev
+packages=(cmake g++ make ccache pkgconf openssl libcaf-dev libboost-test-dev libcli11-dev libfmt-dev
           nlohmann-json3-dev ${MULTIDEV_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do

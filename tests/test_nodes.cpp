@@ -19,6 +19,7 @@
 #include <multidev/protocol.hpp>
 
 #include "scenario/node_process.hpp"
+#include "scenario/scenario.hpp"
 #include "test_support.hpp"
 
 
@@ -28,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -37,6 +39,7 @@ using test_support::contains;
 namespace {
 
 using multidev::scenario::node_process;
+namespace scenario = multidev::scenario;
 
 /// The multidev tool: the test's argument.
 std::string tool() {
@@ -189,9 +192,23 @@ BOOST_AUTO_TEST_CASE(test_nodes_kill9_fails_pending_work_naming_the_node_and_a_r
     BOOST_TEST(e.device_name() == local.name());
   }
   BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
-  // The local device recovers; the node comes back under the same name and
-  // its device takes the same ordinal.
+  // The local device recovers. Waiting on the dead node's work, or making
+  // its device wait, is refused at the call.
   BOOST_TEST(b.recover(local));
+  try {
+    b.will_wait_for(b.make_context(local), pending);
+    BOOST_ERROR("a wait on the dead node's work was accepted");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "b/"), e.what());
+  }
+  try {
+    b.will_wait_for(b.make_context(ds[0]), b.all_work(local));
+    BOOST_ERROR("the dead node's device was made to wait");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "b/"), e.what());
+  }
+  // The node comes back under the same name and its device takes the same
+  // ordinal.
   node_process n2{tool(), 1, "b", true};
   auto again = attach_node(b, "127.0.0.1", n2.port());
   BOOST_TEST_REQUIRE(again.size() == 1u);
@@ -323,4 +340,95 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_backend_of_its_own_attaches_and_a_system_witho
     BOOST_TEST(contains(e.what(), "heartbeat"), e.what());
     BOOST_TEST(contains(e.what(), node.address()), e.what());
   }
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_waits_of_a_node_that_went_away_are_dropped_by_their_owner) {
+  // A node's device waits for a local event that is held back; the node is
+  // killed. The local device forgets that wait (it held the node's handle
+  // until the event resolved, maybe never) instead of answering a dead peer.
+  auto node = std::make_unique<node_process>(tool(), 1, "b", true);
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node->port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto local = b.get_device(0);
+  std::atomic<bool> go{false};
+  b.schedule_task(local, {"hold", [&go] { go.wait(false); }});
+  auto held = b.all_work(local);
+  b.will_wait_for(b.make_context(ds[0]), held);
+  auto after = b.schedule_named(ds[0], {"spin_ns", {int64_t{0}}});
+  auto waiters = [&] { return b.get_debug_info(local).to_string(); };
+  auto until = [&](const std::string& what) {
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!contains(waiters(), what) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    return contains(waiters(), what);
+  };
+  BOOST_TEST(until("(waiters 1)"), waiters());
+  node->kill9();
+  BOOST_TEST(until("(waiters 0)"), waiters());
+  go.store(true);
+  go.notify_one();
+  b.sync(held);
+  BOOST_CHECK_THROW(test_support::bounded([&] { b.sync(after); }, "sync on the dead node"),
+                    device_error);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_and_a_later_depend_is_refused) {
+  // b/0 waits for a/0's work; a is killed. b/0's work behind the wait fails
+  // naming a's device, and a `depend` on a's actor sent to b/0 afterwards is
+  // refused at once.
+  auto a = std::make_unique<node_process>(tool(), 1, "a", true);
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto on_a = attach_node(b, "127.0.0.1", a->port());
+  auto on_b = attach_node(b, "127.0.0.1", nb.port());
+  BOOST_TEST_REQUIRE(on_a.size() == 1u);
+  BOOST_TEST_REQUIRE(on_b.size() == 1u);
+  b.schedule_named(on_a[0], {"spin_ns", {int64_t{30'000'000'000}}});
+  auto pending = b.schedule_named(on_a[0], {"spin_ns", {int64_t{0}}});
+  b.will_wait_for(b.make_context(on_b[0]), pending);
+  auto behind = b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}});
+  a->kill9();
+  try {
+    test_support::bounded([&] { b.sync(behind); }, "sync behind the dead node");
+    BOOST_ERROR("work behind a wait on a dead node succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "a/multidev_cpu"), e.what());
+    BOOST_TEST(contains(e.what(), "b/"), e.what());
+  }
+  BOOST_TEST(b.recover(on_b[0]));
+  caf::scoped_actor self{c.sys};
+  std::string refusal;
+  self->request(device_actor_of(b, on_b[0]), 30s, atoms::depend_atom::value,
+                caf::actor_cast<caf::actor>(device_actor_of(b, on_a[0])), pending.seq(),
+                std::string{"a/multidev_cpu:0:0"})
+    .receive([&](uint64_t) {}, [&](caf::error& e) { refusal = describe_error(e); });
+  BOOST_TEST(contains(refusal, "it is down"), refusal);
+  // The work sent after the refused depend does not run as if it had
+  // waited: it fails. Recovered, the device works again.
+  BOOST_CHECK_THROW(
+    test_support::bounded([&] { b.sync(b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}})); },
+                          "sync after the refused depend"),
+    device_error);
+  BOOST_TEST(b.recover(on_b[0]));
+  b.sync(b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}}));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_live_progress_survives_a_node_killed_mid_run) {
+  // The progress thread asks every device how far it got, also the devices
+  // of a node the script kills: it must go on with what it knew (it threw
+  // out of the thread before, which terminated the run on a terminal).
+  auto p = scenario::load_file(std::string{MULTIDEV_SOURCE_DIR} + "/examples/scenarios/two_nodes.scn");
+  scenario::run_options o;
+  o.spawn_nodes = true;
+  o.tool = tool();
+  std::atomic<int> reports{0};
+  o.on_progress = [&](const std::vector<scenario::device_progress>&) { ++reports; };
+  o.progress_after_s = 0;
+  o.progress_interval_s = 0.001;
+  auto r = scenario::run(*p, o);
+  BOOST_TEST(r.ok(), scenario::summary(r));
+  BOOST_TEST(reports.load() > 0);
 }

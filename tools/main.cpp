@@ -187,10 +187,27 @@ int main(int argc, char** argv) {
       ->type_name("N");
   node->add_option("--name", nopts.name,
                    "the node's name, which its devices' names start with (default node-<pid>)");
+  node->add_flag("--stop-with-parent", nopts.stop_with_parent,
+                 "stop as on SIGTERM once nobody reads this process's stdout (for a parent "
+                 "that started it through a pipe, as run --spawn-nodes does)");
   bool allow_remote = false;
   node->add_flag("--allow-remote", allow_remote,
                  "allow a --bind address that is not loopback (other machines can then drive "
                  "this node's devices)");
+
+  // TLS between nodes: the same three files on `node` and on `run`.
+  multidev::tls_files tls;
+  for (auto* sub : {run, node}) {
+    sub->add_option("--tls-cert", tls.certificate,
+                    "TLS between nodes: this side's certificate (PEM); with --tls-key and "
+                    "--tls-ca")
+      ->type_name("FILE");
+    sub->add_option("--tls-key", tls.key, "TLS: this side's private key (PEM)")->type_name("FILE");
+    sub->add_option("--tls-ca", tls.ca_file,
+                    "TLS: the CA certificate that signed the peers' certificates; a peer "
+                    "without one is refused")
+      ->type_name("FILE");
+  }
 
   auto* bench = app.add_subcommand(
     "bench", "run the benchmark suite; each figure beside a baseline measured in the same run");
@@ -283,9 +300,25 @@ int main(int argc, char** argv) {
     bopts.repeats = static_cast<int>(count);
   }
 
+  bool use_tls = !tls.certificate.empty() || !tls.key.empty() || !tls.ca_file.empty();
+  if (use_tls) {
+    if (tls.certificate.empty() || tls.key.empty() || tls.ca_file.empty())
+      return usage("TLS needs all three of --tls-cert, --tls-key and --tls-ca");
+    // The nodes a run starts speak TLS with the same files.
+    ropts.node_args = {"--tls-cert", tls.certificate, "--tls-key", tls.key, "--tls-ca",
+                       tls.ca_file};
+  }
+
   tool_config cfg;
   if (auto err = configure_caf(cfg, app.remaining(true), app.get_subcommands().size() > 0))
     return usage(*err);
+  if (use_tls) {
+    try {
+      multidev::configure_tls(cfg, tls);
+    } catch (const std::invalid_argument& e) {
+      return usage(e.what());
+    }
+  }
   if (app.get_subcommands().empty())
     return usage("a command is required: devices, kernels, run, node or bench");
 

@@ -4,10 +4,13 @@
 #include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
 
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <iostream>
+#include <thread>
 
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
@@ -30,7 +33,7 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
                     .on_destroy = backend_options::destroy_policy::cancel,
                     .trace_capacity = std::size_t{1} << 16}};
     auto node = spawn_node_actor(b, name);
-    auto port = sys.middleman().publish(node, opts.port, opts.bind.c_str(), true);
+    auto port = publish_node(node, opts.port, opts.bind);
     if (!port) {
       std::cerr << "multidev node: cannot listen on " << opts.bind << ":" << opts.port << ": "
                 << sys.render(port.error()) << "\n";
@@ -38,6 +41,14 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
       return 1;
     }
     std::cout << "listening on " << opts.bind << ":" << *port << std::endl;
+    if (opts.stop_with_parent)
+      std::thread([] {
+        // A pipe's write end polls as an error once its reader is gone.
+        pollfd p{STDOUT_FILENO, 0, 0};
+        while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+        }
+        ::kill(::getpid(), SIGTERM);
+      }).detach();
     std::cerr << "multidev node " << name << ": " << opts.cpu_devices
               << " CPU device(s); SIGINT or SIGTERM stops it\n";
     // The signals were blocked before the actor system started its threads,

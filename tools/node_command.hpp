@@ -16,6 +16,9 @@ struct node_command_options {
   int cpu_devices = 1;
   /// Empty: "<bind>:<port>".
   std::string name;
+  /// Stop (as on SIGTERM) once nobody reads stdout any more: the process
+  /// that started this node through a pipe is gone.
+  bool stop_with_parent = false;
 };
 
 /// Whether `addr` is a loopback address (127.0.0.0/8, ::1, localhost).

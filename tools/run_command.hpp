@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace caf {
 class actor_system;
@@ -25,6 +26,8 @@ struct run_command_options {
   /// --node NAME=HOST:PORT
   std::map<std::string, std::string> nodes;
   bool spawn_nodes = false;
+  /// Passed to the nodes --spawn-nodes starts (the TLS files).
+  std::vector<std::string> node_args;
 };
 
 /// Returns the exit status: 0 every expectation held, 1 one did not (or an

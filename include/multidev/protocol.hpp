@@ -69,6 +69,7 @@ using trace_atom = caf::atom_constant<caf::atom("trace")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
 using write_atom = caf::atom_constant<caf::atom("write")>;
 using read_atom = caf::atom_constant<caf::atom("read")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -91,6 +92,17 @@ using device_actor = caf::typed_actor<
   /// Work scheduled here after this message waits until `owner` (a device
   /// actor, local or remote) has finished `seq`; replies with the wait's seq.
   caf::replies_to<atoms::depend_atom, caf::actor, uint64_t>::with<uint64_t>,
+  /// The same, with the owner's name for the errors of the wait (the
+  /// sender's name for it, with its node: `b/multidev_cpu:0:1`). An owner
+  /// this device has seen go down is refused at once.
+  caf::replies_to<atoms::depend_atom, caf::actor, uint64_t, std::string>::with<uint64_t>,
+  /// `owner` (a device actor this one waits on) cannot be reached any more,
+  /// because of `why`: the waits on it fail with `why`, and a later `depend`
+  /// on it is refused. Sent by the process that made this device wait when
+  /// its own connection to the owner's node is lost: CAF routes the messages
+  /// between two nodes that never connected through it, and tells neither
+  /// when the route breaks.
+  caf::reacts_to<atoms::lost_atom, caf::actor, std::string>,
   /// Allocates (or replaces) pool `id` with `size` bytes aligned to
   /// `alignment`; `mode` is a `memory_mode` or -1. Replies with used memory.
   caf::replies_to<atoms::alloc_atom, int32_t, uint64_t, uint64_t, int32_t>::with<uint64_t>,
@@ -342,8 +354,30 @@ device attach_device(backend& b, const device_actor& a);
 
 /// Spawns, on `b`'s actor system, the node actor that lists `b`'s devices
 /// (all `b.num_devices()` local ones, made now) under `name`. Publish it
-/// with `sys.middleman().publish(node, port, addr)` to serve them.
+/// with `publish_node` to serve them.
 node_actor spawn_node_actor(backend& b, std::string name);
+
+/// Publishes `node` on `address:port` (port 0: one the system picks) and
+/// returns the port: over TLS when its actor system has libcaf_openssl
+/// loaded (`configure_tls`), over plain TCP otherwise. `SO_REUSEADDR` is set.
+caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,
+                                     const std::string& address);
+
+/// The files of a TLS identity (PEM): this side's certificate and private
+/// key, and the CA certificate that signs the peers' certificates.
+struct tls_files {
+  std::string certificate;
+  std::string key;
+  std::string ca_file;
+  /// For an encrypted key; empty otherwise.
+  std::string passphrase;
+};
+
+/// Loads libcaf_openssl on `cfg` (after `configure_system`) with `files`:
+/// nodes are then published and attached over TLS, each side presenting
+/// its certificate and refusing a peer whose certificate `ca_file` did not
+/// sign. Throws `std::invalid_argument` naming a file that cannot be read.
+void configure_tls(caf::actor_system_config& cfg, const tls_files& files);
 
 /// Attaches every device of the node published on `host:port` to `b` and
 /// returns them. They take the ordinals after `b`'s local devices
@@ -352,7 +386,8 @@ node_actor spawn_node_actor(backend& b, std::string name);
 /// `static_properties` lists them under `(nodes (node (name ..) (address ..)
 /// (device (ordinal ..) (name ..)) ...))`. Attaching a node of a name
 /// attached before (a restarted node) gives its devices the ordinals the old
-/// ones had; the old devices stay failed. `b`'s actor system needs CAF's
+/// ones had; the old devices stay failed. Over TLS when `b`'s system has
+/// libcaf_openssl loaded (`configure_tls`). `b`'s actor system needs CAF's
 /// middleman and heartbeats (a backend's own system has both; for yours,
 /// `configure_system(cfg)`). Throws `std::invalid_argument` without a
 /// middleman or with heartbeats off (a node cut off by a silent link would

@@ -1,0 +1,200 @@
+#!/bin/bash
+# node_bad_input.sh TOOL: oversized or malformed messages do not crash a
+# `multidev node`. Starts a node (1 device, name b) on 127.0.0.1 and, over
+# bash's /dev/tcp, sends it (a) 64 KiB of random bytes, (b) a 40-byte
+# BASP-looking header of all 0xFF (operation 0xFF, a payload of ~4 GiB),
+# (c) a connection closed at once, (d) half a header on a connection kept
+# open; after each the node must still be running. Then a scenario attaches
+# the node and must pass, and SIGTERM must stop the node with exit status 0.
+#
+# MULTIDEV_BASP_HUGE_PAYLOAD=1 adds step (e): a well-formed direct_message
+# header claiming a payload of ~4 GiB. CAF 0.17 allocates and zeroes the whole
+# payload buffer before reading it (the node's RSS grows by GiBs and its
+# multiplexer stalls for seconds), so it is not run by default.
+#
+# No step sleeps to synchronise: the node's "listening on" line is read from
+# a fifo, and the node's exit is seen as the end of that fifo.
+set -euo pipefail
+
+tool=${1:?usage: node_bad_input.sh TOOL}
+if [ ! -x "$tool" ]; then
+  echo "FAILED: $tool is not an executable"
+  exit 1
+fi
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/node_bad_input.XXXXXX")
+node_pid=
+node_fd_open=0
+
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+
+# alive PID: the process exists and is not a zombie (kill -0 alone succeeds
+# on a child that died and was not reaped yet).
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# stop_node SECONDS: SIGTERM, then waits at most SECONDS for the node to exit
+# (its stdout, the fifo on fd 3, ends), then SIGKILL; reaps it and sets
+# node_status to its exit status (128+N for a signal).
+node_status=
+stop_node() {
+  local pid=$node_pid rest got=0
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  if [ "$node_fd_open" = 1 ]; then
+    # The node prints nothing more on stdout: read returns 1 at its end (the
+    # node exited), above 128 when SECONDS pass first.
+    while :; do
+      IFS= read -r -t "$1" -u 3 rest || { got=$?; break; }
+    done
+    if [ "$got" -gt 128 ]; then
+      echo "the node did not stop within $1 s of SIGTERM: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  else
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  node_status=0
+  wait "$pid" 2>/dev/null || node_status=$?
+  node_pid=
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  exec 5>&-
+  if [ -n "$node_pid" ]; then
+    stop_node 5
+    echo "node stopped by the cleanup (exit status $node_status)"
+  fi
+  if [ "$rc" -ne 0 ] && [ -s "$dir/node.err" ]; then
+    echo "--- the node's stderr:"
+    cat "$dir/node.err"
+  fi
+  exec 3<&-
+  rm -rf "$dir"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# -- the node ------------------------------------------------------------------
+mkfifo "$dir/node.out"
+"$tool" node --port 0 --cpu-devices 1 --name b >"$dir/node.out" 2>"$dir/node.err" &
+node_pid=$!
+# Opening the fifo returns once the node's side has it open for writing.
+exec 3<"$dir/node.out"
+node_fd_open=1
+line=
+if ! IFS= read -r -t 30 -u 3 line || [[ $line != "listening on "* ]]; then
+  fail "the node did not print 'listening on ADDR:PORT' within 30 s (got '$line')"
+fi
+port=${line##*:}
+echo "node b (pid $node_pid): $line"
+
+check_alive() {
+  alive "$node_pid" || fail "the node died after $1"
+  echo "  node still running"
+}
+
+# send_bytes FILE: connects, sends FILE, then waits at most 5 s for the node
+# to close the connection (its answer to a bad header), and says what it saw.
+send_bytes() {
+  timeout 20 bash -c '
+    exec 4<>"/dev/tcp/127.0.0.1/$1" || exit 10
+    cat "$2" >&4 2>/dev/null || echo "  the node cut the connection while the bytes were sent"
+    rc=0
+    timeout 5 cat <&4 >/dev/null 2>&1 || rc=$?
+    case $rc in
+      0) echo "  the node closed the connection" ;;
+      124) echo "  the connection was still open after 5 s; closing it" ;;
+      *) echo "  the node reset the connection" ;;
+    esac' _ "$port" "$1" || {
+    rc=$?
+    [ "$rc" -ne 10 ] || fail "cannot connect to 127.0.0.1:$port"
+    fail "sending $1 ended with status $rc"
+  }
+}
+
+# (a) 64 KiB of random bytes. The payload length field of the first header
+# (bytes 4-7, big endian) is cleared to 0000FFFF at most: a random header
+# whose operation byte happens to be valid (7 in 256) would otherwise claim
+# up to 4 GiB, which is step (e), not run by default.
+echo "(a) 64 KiB of random bytes from /dev/urandom"
+head -c 65536 /dev/urandom >"$dir/random.bin"
+printf '\0\0' | dd of="$dir/random.bin" bs=1 seek=4 conv=notrunc status=none
+send_bytes "$dir/random.bin"
+check_alive "64 KiB of random bytes"
+
+# (b) A header of all 0xFF: operation 0xFF, payload length 0xFFFFFFFF.
+echo "(b) a 40-byte header of 0xFF (payload length 0xFFFFFFFF)"
+head -c 40 /dev/zero | tr '\0' '\377' >"$dir/ff.bin"
+send_bytes "$dir/ff.bin"
+check_alive "a header of 0xFF"
+
+# (c) A connection closed at once.
+echo "(c) a connection opened and closed at once"
+timeout 10 bash -c 'exec 4<>"/dev/tcp/127.0.0.1/$1"' _ "$port" ||
+  fail "cannot connect to 127.0.0.1:$port"
+echo "  connected and closed"
+check_alive "a connection closed at once"
+
+# (e) optional: a well-formed direct_message header with a ~4 GiB payload.
+if [ "${MULTIDEV_BASP_HUGE_PAYLOAD:-0}" = 1 ]; then
+  echo "(e) a direct_message header claiming a payload of 0xFFFFFFF0 bytes"
+  printf '\002\0\0\0\377\377\377\360\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\001\0\0\0\0\0\0\0\001' \
+    >"$dir/huge.bin"
+  send_bytes "$dir/huge.bin"
+  check_alive "a header claiming ~4 GiB"
+  echo "  node RSS: $(sed -n 's/^VmRSS:[[:space:]]*//p' "/proc/$node_pid/status")"
+fi
+
+# (d) Half a header (16 of 32 bytes) on a connection that stays open while
+# the scenario runs. Connecting to a listening port on 127.0.0.1 cannot hang.
+echo "(d) half a header on a connection kept open"
+exec 5<>"/dev/tcp/127.0.0.1/$port"
+printf '\001\0\0\0\0\0\0\020\0\0\0\0\0\0\0\0' >&5
+echo "  16 bytes sent, connection open"
+check_alive "half a header"
+
+# -- the node still serves -----------------------------------------------------
+cat >"$dir/served.scn" <<'EOF'
+(scenario node-still-serves)
+(devices 1)
+(nodes (b 1))
+(tnode x (floats 256))
+(context cb b/0)
+(from-host cb x (fill 2))
+(kernel cb scale x 3)
+(checksum cb x (as sum))
+(kernel cb spin_ns 1000000 (as spun))
+(expect (sync spun) ok)
+(expect (checksum sum) (sum 1536) (count 256))
+EOF
+echo "a scenario attaching b=127.0.0.1:$port (half a header still pending)"
+rc=0
+timeout 60 "$tool" run "$dir/served.scn" --node "b=127.0.0.1:$port" --step-timeout 20 \
+  >"$dir/run.out" 2>&1 3<&- 5>&- || rc=$?
+sed 's/^/  /' "$dir/run.out"
+[ "$rc" -eq 0 ] || fail "the scenario exited $rc, not 0"
+check_alive "the scenario"
+
+exec 5>&-
+echo "closed the half-header connection"
+check_alive "closing the half-header connection"
+
+# -- a clean stop --------------------------------------------------------------
+echo "SIGTERM to the node"
+stop_node 20
+[ "$node_status" -eq 0 ] || fail "the node exited with status $node_status after SIGTERM, not 0"
+echo "  the node exited 0"
+echo "PASSED: the node survived every bad input and still served"
