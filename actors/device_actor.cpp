@@ -21,6 +21,7 @@
 #include <set>
 
 #include "actors/binding.hpp"
+#include "actors/reply_sink.hpp"
 
 namespace multidev::detail {
 
@@ -43,6 +44,10 @@ struct device_state {
   /// Owners of remote gates seen going down, the latest few: a `depend` on
   /// one of them is refused.
   std::deque<caf::actor_addr> dead_owners;
+  /// Where the owners' replies to this device's `wait`s land, opening the
+  /// gates on the thread that delivers them (reply_sink.hpp); made on the
+  /// first remote gate, closed when the state goes.
+  std::shared_ptr<reply_sink> sink;
   /// Ordered requests held back while the device's queue is full, oldest
   /// first; each one replies when it runs (`refuse`: with an error instead).
   std::deque<std::function<void(bool refuse)>> deferred;
@@ -236,23 +241,29 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
         self->monitor(owner);
       gates.emplace(owner.address(), g);
       std::weak_ptr<device_core> weak = c;
-      self->request(owner, caf::infinite, wait_atom::value, seq)
-        .then(
-          [weak, g](uint64_t) {
-            if (auto me = weak.lock())
-              me->resolve_gate(*g, nullptr);
-          },
-          [self, weak, g](caf::error& err) {
-            auto me = weak.lock();
-            if (!me)
-              return;
-            if (auto f = failure_of(err)) { // the owner's provenance
-              me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
-              return;
-            }
-            auto msg = describe_error(self->system(), err);
-            me->resolve_gate(*g, &msg);
-          });
+      auto& sink = self->state.sink;
+      if (!sink)
+        sink = reply_sink::make(self->system());
+      caf::actor_system* sys = &self->system();
+      bool sent = sink->wait(owner, seq, [weak, g, sys](const caf::message& m) {
+        auto me = weak.lock();
+        if (!me)
+          return;
+        if (m.match_elements<uint64_t>()) {
+          me->resolve_gate(*g, nullptr);
+          return;
+        }
+        auto err = m.match_elements<caf::error>() ? m.get_as<caf::error>(0)
+                                                  : caf::make_error(caf::sec::unexpected_response);
+        if (auto f = failure_of(err)) { // the owner's provenance
+          me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
+          return;
+        }
+        auto msg = describe_error(*sys, err);
+        me->resolve_gate(*g, &msg);
+      });
+      if (!sent)
+        throw std::runtime_error("the reply sink is closed");
     } catch (...) {
       // Queued but never to be answered: fail it rather than hold the
       // device forever.

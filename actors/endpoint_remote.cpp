@@ -28,6 +28,7 @@
 
 #include "actors/device_core.hpp"
 #include "actors/logger_tie.hpp"
+#include "actors/reply_sink.hpp"
 
 namespace multidev::detail {
 namespace {
@@ -55,6 +56,8 @@ constexpr std::size_t batch_limit = 4096;
 struct link_shared {
   caf::actor_addr link;   // written once, before the endpoint is published
   caf::actor_addr target; // likewise
+  /// Where the replies to `wait`s land (see reply_sink.hpp); likewise.
+  std::shared_ptr<reply_sink> sink;
 
   /// Remembers that a reply said `seq` was done: done forever. Seqs resolve
   /// in order but not all to done (a failure, a cancellation, then a
@@ -295,6 +298,8 @@ using link_ptr = caf::stateful_actor<link_state>*;
 void close_link(link_ptr self, const std::string& why) {
   auto& st = self->state;
   st.shared->close(why);
+  if (st.shared->sink)
+    st.shared->sink->close(st.shared->closed_error());
   // Devices of other nodes that wait here through this process learn it
   // from us: their own route to the device may run through this process.
   auto lost = fmt::format("{}: {}", st.shared->name(), why);
@@ -414,27 +419,39 @@ public:
       cb(nullptr);
       return;
     }
+    auto failed = [cb, name = name()](const caf::error& e) {
+      // A failure of the device travels whole; anything else (its actor
+      // down, the link closed) starts here.
+      auto f = failure_of(in_our_names(e, name));
+      if (!f) {
+        f.emplace();
+        f->device = name;
+        f->message = describe_error(e);
+        if (f->message.starts_with(name + ": "))
+          f->message.erase(0, name.size() + 2);
+      }
+      cb(&*f);
+    };
+    // Straight to the device's actor, the reply handled where it arrives
+    // (reply_sink.hpp): a wait needs no order with the other calls, as its
+    // seq is scheduled there already (this process learned it from a reply).
     auto shared = shared_;
-    post(*shared_, make_op<uint64_t>(
-                     shared_, caf::infinite,
-                     [shared, cb, seq](uint64_t) {
-                       shared->note_done(seq);
-                       cb(nullptr);
-                     },
-                     [cb, name = name()](const caf::error& e) {
-                       // A failure of the device travels whole; anything
-                       // else (its actor down, the link closed) starts here.
-                       auto f = failure_of(in_our_names(e, name));
-                       if (!f) {
-                         f.emplace();
-                         f->device = name;
-                         f->message = describe_error(e);
-                         if (f->message.starts_with(name + ": "))
-                           f->message.erase(0, name.size() + 2);
-                       }
-                       cb(&*f);
-                     },
-                     wait_atom::value, seq));
+    bool sent = shared_->sink->wait(
+      caf::actor_cast<caf::actor>(shared_->target), seq,
+      [shared, cb, seq, failed](const caf::message& m) {
+        if (m.match_elements<uint64_t>()) {
+          shared->note_done(seq);
+          cb(nullptr);
+        } else if (m.match_elements<caf::error>()) {
+          failed(m.get_as<caf::error>(0));
+        } else {
+          failed(make_error(errc::device_failed, shared->name(), "an unexpected reply to wait"));
+        }
+      });
+    if (!sent) {
+      auto err = shared_->closed_error();
+      failed(err ? err : make_error(errc::device_failed, name(), "its actor is gone"));
+    }
   }
 
   uint64_t schedule_named(const task_spec& spec) override {
@@ -602,6 +619,7 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
     throw std::invalid_argument("attach_device: invalid device actor handle");
   auto shared = std::make_shared<link_shared>();
   shared->set_name(fmt::format("device actor {}", target->id()));
+  shared->sink = reply_sink::make(sys);
   caf::actor link;
   {
     logger_tie_guard untie; // spawning ties this thread to the system

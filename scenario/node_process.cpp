@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -94,8 +95,18 @@ void node_process::kill9() {
 }
 
 void node_process::pause() {
-  if (pid_ > 0)
-    ::kill(pid_, SIGSTOP);
+  if (pid_ <= 0)
+    return;
+  ::kill(pid_, SIGSTOP);
+  // Returns once it has stopped: a signal is delivered when the process is
+  // next scheduled, and a request sent meanwhile (the run's next step, on a
+  // loaded machine) would still be answered.
+  int status = 0;
+  pid_t got;
+  while ((got = waitpid(pid_, &status, WUNTRACED)) == -1 && errno == EINTR) {
+  }
+  if (got == pid_ && (WIFEXITED(status) || WIFSIGNALED(status)))
+    pid_ = -1; // it had ended already: reaped
 }
 
 void node_process::resume() {

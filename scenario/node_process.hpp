@@ -28,8 +28,9 @@ public:
 
   /// `kill -9`, and reaps it.
   void kill9();
-  /// SIGSTOP: the node stays connected but falls silent, as behind a cut
-  /// link (its peers find out by heartbeat); `resume` sends SIGCONT.
+  /// SIGSTOP, and returns once the node has stopped: it stays connected but
+  /// falls silent, as behind a cut link (its peers find out by heartbeat);
+  /// `resume` sends SIGCONT.
   void pause();
   void resume();
   /// SIGTERM; returns its exit status (128 + signal when killed; -1 when it

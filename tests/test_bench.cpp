@@ -49,6 +49,8 @@ BOOST_AUTO_TEST_CASE(test_bench_reports_every_figure_beside_its_baseline) {
                                     "independent_tasks_trace",
                                     "caf_remote_round_trip",
                                     "remote_hop",
+                                    "remote_hop_vs_tcp",
+                                    "remote_named_tasks",
                                     "idle_cpu_8dev"};
   BOOST_TEST(names == expected, boost::test_tools::per_element());
   for (const auto& r : rs) {
@@ -168,13 +170,30 @@ BOOST_AUTO_TEST_CASE(test_bench_new_baselines_share_one_measurement_of_multidev)
   BOOST_TEST(remote.baseline_value > 0);
   BOOST_TEST(!remote.target.has_value());
   BOOST_TEST(!remote.value_target.has_value());
-  // A multidev hop across that connection, beside a CAF ping-pong hop on it.
+  // A multidev hop across that connection (to a node's device), beside a
+  // CAF ping-pong hop on it and beside a raw TCP round trip: one
+  // measurement of multidev for both.
   const auto& hop = find("remote_hop");
   BOOST_TEST(hop.unit == "us/hop");
   BOOST_TEST(hop.value > 0);
   BOOST_TEST(hop.baseline_value > 0);
   BOOST_TEST_REQUIRE(hop.target.has_value());
-  BOOST_TEST(*hop.target == 1.5);
+  BOOST_TEST(*hop.target == 1.0);
+  const auto& tcp = find("remote_hop_vs_tcp");
+  BOOST_TEST(tcp.value == hop.value);
+  BOOST_TEST(tcp.baseline == "raw TCP round trip, 64 B");
+  BOOST_TEST_REQUIRE(tcp.target.has_value());
+  BOOST_TEST(*tcp.target == 5.0);
+  // Batched named tasks to the node: tasks per second, higher is better,
+  // with a floor on the value.
+  const auto& tasks = find("remote_named_tasks");
+  BOOST_TEST(tasks.unit == "tasks/s");
+  BOOST_TEST(tasks.better == "higher");
+  BOOST_TEST(tasks.value > 0);
+  BOOST_TEST(tasks.baseline_value > 0);
+  BOOST_TEST(!tasks.target.has_value());
+  BOOST_TEST_REQUIRE(tasks.value_target.has_value());
+  BOOST_TEST(*tasks.value_target == 200'000.0);
 }
 
 BOOST_AUTO_TEST_CASE(test_bench_filter_selects_one_baseline_of_a_figure) {

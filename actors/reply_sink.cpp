@@ -1,0 +1,111 @@
+#include "actors/reply_sink.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_companion.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/mailbox_element.hpp>
+#include <caf/message_id.hpp>
+#include <caf/scoped_execution_unit.hpp>
+
+#include <vector>
+
+#include "actors/logger_tie.hpp"
+#include "multidev/protocol.hpp"
+
+namespace multidev::detail {
+
+namespace {
+
+caf::actor_companion* companion_of(const caf::strong_actor_ptr& p) {
+  return static_cast<caf::actor_companion*>(caf::actor_cast<caf::abstract_actor*>(p));
+}
+
+} // namespace
+
+std::shared_ptr<reply_sink> reply_sink::make(caf::actor_system& sys) {
+  std::shared_ptr<reply_sink> s{new reply_sink};
+  {
+    logger_tie_guard untie; // spawning ties this thread to the system
+    s->companion_ = caf::actor_cast<caf::strong_actor_ptr>(sys.spawn<caf::actor_companion>());
+  }
+  std::weak_ptr<reply_sink> weak = s;
+  companion_of(s->companion_)->on_enqueue([weak](caf::mailbox_element_ptr ptr) {
+    auto me = weak.lock();
+    if (!me || !ptr || !ptr->mid.is_response())
+      return;
+    me->deliver(ptr->mid.request_id().integer_value(), ptr->move_content_to_message());
+  });
+  return s;
+}
+
+reply_sink::~reply_sink() {
+  close(caf::make_error(caf::sec::request_receiver_down));
+}
+
+bool reply_sink::wait(const caf::actor& target, uint64_t seq, handler h) {
+  if (!target)
+    return false;
+  uint64_t id = 0;
+  caf::strong_actor_ptr from;
+  {
+    std::lock_guard guard{mu_};
+    if (closed_)
+      return false;
+    id = next_id_++;
+    pending_.emplace(id, std::move(h));
+    from = companion_;
+  }
+  caf::actor_cast<caf::abstract_actor*>(target)->enqueue(
+    caf::make_mailbox_element(std::move(from), caf::make_message_id(id), {},
+                              atoms::wait_atom::value, seq),
+    nullptr);
+  return true;
+}
+
+void reply_sink::deliver(uint64_t id, const caf::message& reply) {
+  handler h;
+  {
+    std::lock_guard guard{mu_};
+    auto it = pending_.find(id);
+    if (it == pending_.end())
+      return;
+    h = std::move(it->second);
+    pending_.erase(it);
+  }
+  try {
+    h(reply);
+  } catch (...) {
+    // The gate's business; the sink goes on.
+  }
+}
+
+void reply_sink::close(const caf::error& err) {
+  std::unordered_map<uint64_t, handler> pending;
+  caf::strong_actor_ptr companion;
+  {
+    std::lock_guard guard{mu_};
+    if (closed_)
+      return;
+    closed_ = true;
+    pending.swap(pending_);
+    companion.swap(companion_);
+  }
+  if (companion) {
+    // What actor_companion::disconnect does (not exported by Debian's
+    // libcaf_core 0.17.6): no more handler, then the companion ends.
+    auto* c = companion_of(companion);
+    c->on_enqueue({});
+    caf::scoped_execution_unit host{&c->home_system()};
+    c->cleanup(caf::exit_reason::normal, &host);
+  }
+  auto msg = caf::make_message(err);
+  for (auto& [id, h] : pending) {
+    try {
+      h(msg);
+    } catch (...) {
+    }
+  }
+}
+
+} // namespace multidev::detail
