@@ -3,9 +3,9 @@
 /// The endpoint of a device of another actor system (another process,
 /// usually): every call becomes a request to the device's actor.
 ///
-/// All requests to one remote device go through one *link* actor spawned on
-/// the attaching backend's system, so the device's actor handles them in the
-/// order of the calls, whichever host thread made them (CAF orders messages
+/// All requests to one remote device but `wait` go through one *link* actor
+/// spawned on the attaching backend's system, so the device's actor handles
+/// them in the order of the calls, whichever host thread made them (CAF orders messages
 /// per sender and receiver): a `will_wait_for` on a remote context, which
 /// sends `depend` and returns at once, is handled before the
 /// `schedule_named` that follows it. A host thread that needs the reply
@@ -13,7 +13,9 @@
 /// device's actor: when it goes down (its node vanished, its backend was
 /// destroyed), every pending and later call fails with `device_error`
 /// instead of waiting forever. The backend stops the link when it is
-/// destroyed, with the same effect.
+/// destroyed, with the same effect. A `wait` (`when_done`) goes from the
+/// link's reply sink instead (reply_sink.hpp), its reply handled on the
+/// thread that delivers it; the link closes the sink when it closes.
 
 #include <memory>
 #include <string>
