@@ -50,7 +50,7 @@ run_pid=
 made_ns1=0
 made_ns2=0
 
-. "$(dirname "$0")/node_lib.sh" # stop_node
+. "$(dirname "$0")/node_lib.sh" # stop_node, cleanup_node
 
 cleanup() {
   local rc=$?
@@ -60,14 +60,7 @@ cleanup() {
     kill -TERM "$run_pid" 2>/dev/null
     wait "$run_pid" 2>/dev/null
   fi
-  if [ -n "$node_pid" ]; then
-    stop_node 5
-    echo "node stopped by the cleanup (exit status $node_status)"
-  fi
-  if [ "$rc" -ne 0 ] && [ -s "$dir/node.err" ]; then
-    echo "--- the node's stderr:"
-    cat "$dir/node.err"
-  fi
+  cleanup_node "$rc"
   exec 3<&- 4<&-
   # Deleting a namespace deletes the veth end in it, and with it the pair.
   [ "$made_ns1" = 0 ] || ip netns del "$ns1" 2>/dev/null

@@ -41,20 +41,13 @@ alive() {
   [ "${stat%% *}" != Z ]
 }
 
-. "$(dirname "$0")/node_lib.sh" # stop_node
+. "$(dirname "$0")/node_lib.sh" # stop_node, cleanup_node
 
 cleanup() {
   local rc=$?
   set +e
   exec 5>&-
-  if [ -n "$node_pid" ]; then
-    stop_node 5
-    echo "node stopped by the cleanup (exit status $node_status)"
-  fi
-  if [ "$rc" -ne 0 ] && [ -s "$dir/node.err" ]; then
-    echo "--- the node's stderr:"
-    cat "$dir/node.err"
-  fi
+  cleanup_node "$rc"
   exec 3<&-
   rm -rf "$dir"
   exit "$rc"

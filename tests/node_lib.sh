@@ -29,3 +29,16 @@ stop_node() {
   node_pid=
 }
 
+
+# cleanup_node RC: for a test's exit trap: stops the node if it still runs,
+# and shows its stderr ($dir/node.err) when the test failed (RC not 0).
+cleanup_node() {
+  if [ -n "$node_pid" ]; then
+    stop_node 5
+    echo "node stopped by the cleanup (exit status $node_status)"
+  fi
+  if [ "$1" -ne 0 ] && [ -s "$dir/node.err" ]; then
+    echo "--- the node's stderr:"
+    cat "$dir/node.err"
+  fi
+}
