@@ -45,6 +45,8 @@ public:
 
   const std::string& device_name() const override { return core_->name(); }
 
+  const std::string& kernel() const { return spec_.kernel; }
+
 private:
   std::shared_ptr<device_core> core_;
   task_spec spec_;
@@ -65,6 +67,11 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
                                                     : std::nullopt});
   if (def->merge_buffer_param < 0)
     merge.reset();
+  if (!core->drv().host_kernels() && !core->drv().has_kernel(spec.kernel))
+    throw std::invalid_argument(fmt::format(
+      "kernel '{}' has no {} implementation (its memory is not the host's; built-in "
+      "kernels only, see docs/kernels.md)",
+      spec.kernel, core->drv().backend_name()));
   bound_task result;
   std::vector<std::span<std::byte>> spans(spec.args.size());
   for (std::size_t i = 0; i < spec.args.size(); ++i) {
@@ -88,9 +95,14 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
   for (auto& [id, p] : result.pools)
     held.push_back(p);
   auto keep = std::make_shared<std::vector<std::shared_ptr<pool>>>(std::move(held));
-  result.work = task{to_sexp(spec).to_string(),
-                     [def, call] { def->body(*call); },
-                     std::move(keep)};
+  auto& drv = core->drv();
+  if (drv.host_kernels())
+    result.work = task{to_sexp(spec).to_string(), [def, call] { def->body(*call); },
+                       std::move(keep)};
+  else
+    result.work = task{to_sexp(spec).to_string(),
+                       [d = &drv, call] { d->run_kernel(call->kernel(), *call); },
+                       std::move(keep)};
   return result;
 }
 

@@ -256,7 +256,9 @@ private:
   /// resolution, in a window of `window_` slots reused in seq order.
   struct flight {
     enum kind_t : uint8_t { task, gate, dropped };
-    enum state_t : uint8_t { flying, ran, threw, skipped };
+    /// `gated`: a gate the driver ordered on the device (`order_after`),
+    /// settled once the gate itself opens or fails.
+    enum state_t : uint8_t { flying, ran, threw, skipped, gated };
     item it;
     uint64_t seq = 0;
     kind_t kind = task;
@@ -315,7 +317,17 @@ private:
   /// Runner only: places `it`, whose seq is `started_ + 1`, in the window and
   /// submits it unless it is a gate (which the caller saw end) or dropped.
   /// `parked_ns`: for a gate, when the runner began waiting on it (trace).
-  void start(item&& it, int64_t parked_ns);
+  void start(item&& it, int64_t parked_ns, bool gate_on_device = false);
+  /// Whether the driver ordered this device's stream behind `g`'s event on
+  /// the hardware (a wait between two streams of one driver), so the runner
+  /// may go on past `g` without waiting for it.
+  bool order_on_device(const gate& g);
+  /// Set (and the runner rung) when a gate's producer submitted more, so the
+  /// runner asks `order_on_device` again.
+  std::atomic<bool> reask_{false};
+  /// On the runner: settles the oldest unresolved item when it is a gate
+  /// ordered on the device that has ended; whether it did.
+  bool settle_gated() noexcept;
   /// Whether the oldest item in the window is settled (reported by the
   /// stream, or settled by the runner) and not yet resolved.
   bool retirable() const noexcept;

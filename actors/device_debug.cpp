@@ -37,6 +37,8 @@ sexp device_core::debug_info() const {
                           sexp::field("error", err ? *err : std::string{"none"}),
                           sexp::field("used_memory", std::to_string(used_memory())),
                           pools});
+  if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
+    info.push_back(std::move(extra));
   if (trace_)
     info.push_back(trace_info());
   return info;

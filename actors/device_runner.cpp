@@ -274,13 +274,24 @@ void device_core::run_async() {
            started_.load(std::memory_order_relaxed) + 1 <=
              drop_upto_.load(std::memory_order_seq_cst);
   };
+  // A gate the driver ordered on the device (asked when the runner reaches
+  // it, and again whenever the producer submitted more: reask_).
+  const gate* on_device = nullptr;
+  const gate* asked = nullptr;
   auto startable = [&] {
     auto retired = retired_.load(std::memory_order_seq_cst);
     if (started_.load(std::memory_order_relaxed) - retired >= window_ || retired < barrier)
       return false;
     if (next < batch.size()) {
       auto* g = batch[next].as_gate();
-      return !g || ended(*g);
+      if (!g || ended(*g) || g == on_device)
+        return true;
+      if (g != asked || reask_.exchange(false, std::memory_order_seq_cst)) {
+        asked = g;
+        if (order_on_device(*g))
+          on_device = g;
+      }
+      return g == on_device;
     }
     return scheduled_.load(std::memory_order_acquire) != taken_;
   };
@@ -300,6 +311,7 @@ void device_core::run_async() {
     parked_on_ = parked = g;
   };
   for (;;) {
+    settle_gated();
     if (retirable())
       retire_ready();
     if (startable()) {
@@ -311,13 +323,16 @@ void device_core::run_async() {
       }
       auto& it = batch[next++];
       int64_t waited_since = 0;
+      bool gate_on_device = false;
       if (auto* g = it.as_gate()) {
         waited_since = parked == g ? parked_ns : 0;
         park(nullptr);
+        gate_on_device = g == on_device && !ended(*g);
+        on_device = asked = nullptr; // a later gate may reuse the address
         if (g->state.load() == gate::failed)
           barrier = started_.load(std::memory_order_relaxed) + 1;
       }
-      start(std::move(it), waited_since);
+      start(std::move(it), waited_since, gate_on_device);
       continue;
     }
     if (idle()) {
@@ -330,7 +345,7 @@ void device_core::run_async() {
     if (next < batch.size())
       if (auto* g = batch[next].as_gate(); g && !ended(*g))
         park(g);
-    auto ready = [&] { return retirable() || startable() || idle(); };
+    auto ready = [&] { return settle_gated() || retirable() || startable() || idle(); };
     if (spin_until(ready, 16))
       continue;
     // Sleep until a completion, a gate or a cancel rings, or a producer
@@ -347,7 +362,37 @@ void device_core::run_async() {
   }
 }
 
-void device_core::start(item&& it, int64_t parked_ns) {
+bool device_core::settle_gated() noexcept {
+  // Only the runner reads a gated flight's gate: nothing retires it (or
+  // frees the gate) while it is `gated`.
+  auto r = retired_.load(std::memory_order_acquire);
+  if (r >= started_.load(std::memory_order_relaxed))
+    return false;
+  auto& f = flights_[(r + 1) % window_];
+  if (f.state.load(std::memory_order_seq_cst) != flight::gated)
+    return false;
+  auto gs = f.it.as_gate()->state.load(std::memory_order_seq_cst);
+  if (gs != gate::open && gs != gate::failed &&
+      f.seq > drop_upto_.load(std::memory_order_seq_cst))
+    return false;
+  f.state.store(flight::ran, std::memory_order_seq_cst);
+  return true;
+}
+
+bool device_core::order_on_device(const gate& g) {
+  if (g.remote)
+    return false;
+  auto owner = g.owner.lock();
+  // Streams of one driver instance only (one backend's devices).
+  if (!owner || owner.get() == this || &owner->drv() != driver_.get())
+    return false;
+  return driver_->order_after(ordinal_, owner->ordinal(), g.owner_seq, [this] {
+    reask_.store(true, std::memory_order_seq_cst);
+    ring();
+  });
+}
+
+void device_core::start(item&& it, int64_t parked_ns, bool gate_on_device) {
   auto seq = started_.load(std::memory_order_relaxed) + 1;
   auto& f = flights_[seq % window_];
   f.it = std::move(it);
@@ -364,8 +409,12 @@ void device_core::start(item&& it, int64_t parked_ns) {
   if (seq <= drop_upto_.load(std::memory_order_acquire))
     f.kind = flight::dropped;
   bool submit = f.kind == flight::task && f.it.work;
-  // Settled here unless submitted. Published (with the slot) by started_.
-  f.state.store(submit ? flight::flying : flight::ran, std::memory_order_relaxed);
+  // Settled here unless submitted (or a gate ordered on the device, settled
+  // when it ends). Published (with the slot) by started_.
+  f.state.store(submit                                       ? flight::flying
+                : gate_on_device && f.kind == flight::gate ? flight::gated
+                                                           : flight::ran,
+                std::memory_order_relaxed);
   started_.store(seq, std::memory_order_seq_cst);
   if (!submit)
     return;
@@ -419,8 +468,10 @@ void device_core::completed(uint64_t seq, std::exception_ptr error) noexcept {
 
 bool device_core::retirable() const noexcept {
   auto r = retired_.load(std::memory_order_acquire);
-  return r < started_.load(std::memory_order_seq_cst) &&
-         flights_[(r + 1) % window_].state.load(std::memory_order_seq_cst) != flight::flying;
+  if (r >= started_.load(std::memory_order_seq_cst))
+    return false;
+  auto st = flights_[(r + 1) % window_].state.load(std::memory_order_seq_cst);
+  return st != flight::flying && st != flight::gated;
 }
 
 void device_core::retire_ready() noexcept {

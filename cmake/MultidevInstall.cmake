@@ -37,6 +37,10 @@ set(MULTIDEV_PC_CAF_CFLAGS "")
 if(NOT CAF_INCLUDE_DIR IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
   set(MULTIDEV_PC_CAF_CFLAGS "-I${CAF_INCLUDE_DIR}")
 endif()
+set(MULTIDEV_PC_CUDA_LIBS "")
+if(MULTIDEV_HAVE_CUDA)
+  set(MULTIDEV_PC_CUDA_LIBS "-L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+endif()
 # Relocatable: the prefix is found from the .pc file's own directory, so
 # `cmake --install --prefix` anywhere works.
 file(RELATIVE_PATH MULTIDEV_PC_PREFIX_FROM_PCDIR "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig"

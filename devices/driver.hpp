@@ -15,9 +15,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "multidev/sexp.hpp"
 #include "multidev/types.hpp"
+
+namespace multidev {
+class kernel_call;
+} // namespace multidev
 
 namespace multidev::detail {
 
@@ -89,6 +94,41 @@ public:
     (void)ordinal;
     (void)sink;
     return nullptr;
+  }
+  /// Orders what device `ordinal`'s stream runs next behind item `seq` of
+  /// device `other`'s stream (both this driver's), on the hardware itself
+  /// (`cudaStreamWaitEvent`), so the runner need not wait on the host.
+  /// Returns false when it cannot (no streams, or `seq` is not an item
+  /// submitted there): the runner then waits for the event on the host.
+  /// When `seq` may be submitted there later, `wake` is called (once, from
+  /// any thread) after `other`'s next submission, so the runner can ask
+  /// again. Called by `ordinal`'s runner only, between two submissions.
+  virtual bool order_after(int ordinal, int other, uint64_t seq,
+                           const std::function<void()>& wake) {
+    (void)ordinal;
+    (void)other;
+    (void)seq;
+    (void)wake;
+    return false;
+  }
+  /// Whether kernel bodies (`kernel_def::body`) can run on the host against
+  /// this driver's memory. True for the CPU and the fake; false for a GPU,
+  /// whose named kernels go through `run_kernel`.
+  virtual bool host_kernels() const { return true; }
+  /// For a driver without host kernels: whether `run_kernel` implements the
+  /// named kernel (others are refused before anything is queued).
+  virtual bool has_kernel(std::string_view name) const {
+    (void)name;
+    return false;
+  }
+  /// Launches the named kernel on the device (inside a stream item's work,
+  /// like `zero` and `copy`). Throws what a kernel body would.
+  virtual void run_kernel(const std::string& name, const kernel_call& call);
+  /// Driver-specific lines for device `ordinal`'s debug info (free and total
+  /// memory, a quarantine); an empty list when there is nothing to add.
+  virtual sexp debug_info(int ordinal) const {
+    (void)ordinal;
+    return sexp::list();
   }
 };
 

@@ -1,6 +1,8 @@
 // The kernel registry and the built-in kernels (float32 buffers).
 #include "multidev/kernels.hpp"
 
+#include "devices/checksum.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -73,16 +75,25 @@ std::size_t kernel_args::buffer_size(int i) const {
   wrong_kind(*spec_, i, arg_kind::buffer);
 }
 
-namespace {
+namespace detail {
 
-uint64_t fnv1a(std::span<const std::byte> bytes) {
+kernel_result checksum_of(std::span<const std::byte> bytes) {
   uint64_t h = 14695981039346656037ull;
   for (auto b : bytes) {
     h ^= static_cast<uint8_t>(b);
     h *= 1099511628211ull;
   }
-  return h;
+  auto n = bytes.size() / sizeof(float);
+  const auto* xs = reinterpret_cast<const float*>(bytes.data());
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    sum += xs[i];
+  return {sum, h, n};
 }
+
+} // namespace detail
+
+namespace {
 
 std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
   using k = arg_kind;
@@ -174,11 +185,9 @@ std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
                    .reads = {0},
                    .body =
                      [](kernel_call& c) {
-                       auto xs = c.floats(0);
-                       double sum = 0;
-                       for (auto x : xs)
-                         sum += x;
-                       c.publish(c.string(1), sum, fnv1a(c.buffer(0)), xs.size());
+                       (void)c.floats(0); // a whole number of floats
+                       auto r = detail::checksum_of(c.buffer(0));
+                       c.publish(c.string(1), r.sum, r.hash, r.count);
                      },
                    .doc = "checksum SRC NAME: publishes the sum and FNV-1a hash of SRC as "
                           "result NAME"});

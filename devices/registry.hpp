@@ -2,7 +2,9 @@
 /// \file
 /// Drivers by name: `backend_options::driver` picks one. `cpu` runs tasks on
 /// the device's runner thread; `fake` stands in for an asynchronous device
-/// (tests), completing work on its own threads.
+/// (tests), completing work on its own threads; `cuda` drives the GPUs
+/// through the CUDA runtime (none without a GPU); `fake_cuda` is the same
+/// driver over a fake runtime (tests).
 
 #include <functional>
 #include <memory>

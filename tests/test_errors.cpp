@@ -564,7 +564,7 @@ BOOST_AUTO_TEST_CASE(test_errors_backend_options_reject_unknown_driver) {
   auto msg = expect_invalid("unknown driver",
                             [] { backend b{backend_options{.driver = "quantum_foam"}}; });
   BOOST_TEST(contains(msg, "quantum_foam"), msg);
-  BOOST_TEST(contains(msg, "this build has: cpu, fake"), msg); // the registered drivers
+  BOOST_TEST(contains(msg, "this build has: cpu, cuda, fake, fake_cuda"), msg); // the registered drivers
   auto neg = expect_invalid("negative device count",
                             [] { backend b{backend_options{.num_devices = -3}}; });
   BOOST_TEST(contains(neg, "-3"), neg);

@@ -119,8 +119,9 @@ int main(int argc, char** argv) {
   // one plain line instead of CLI11's range of the type.
   std::string num_devices;
   auto* num_devices_opt = app.add_option("-n,--num-devices", num_devices,
-                                         "number of CPU devices, 1 to 4096 "
-                                         "(default: hardware threads)")
+                                         "number of devices, 1 to 4096 (default: the "
+                                         "hardware threads; with --backend cuda, the "
+                                         "GPUs found, at most N)")
                             ->type_name("N");
   std::string queue_capacity;
   auto* queue_capacity_opt = app.add_option(
@@ -133,6 +134,12 @@ int main(int argc, char** argv) {
   devices->fallthrough();
   bool limits = false;
   devices->add_flag("--limits", limits, "also print hardware_limits");
+  std::string backend_kind = "cpu";
+  devices->add_option("--backend", backend_kind,
+                      "the driver: cpu (default) or cuda (the GPUs; with none, says why "
+                      "and exits 0)")
+    ->type_name("KIND")
+    ->check(CLI::IsMember({"cpu", "cuda"}));
 
   auto* kernels = app.add_subcommand("kernels", "list the named kernels");
   kernels->fallthrough();
@@ -325,6 +332,7 @@ int main(int argc, char** argv) {
   try {
     if (*devices) {
       caf::actor_system sys{cfg};
+      opts.driver = backend_kind;
       multidev::backend b{sys, opts};
       std::cout << b.static_properties().to_string() << "\n";
       if (limits)

@@ -54,12 +54,16 @@ namespace multidev {
 
 /// How a backend is built.
 struct backend_options {
-  /// Driver kind: `"cpu"` (tasks run on the device's runner thread) or
+  /// Driver kind: `"cpu"` (tasks run on the device's runner thread),
+  /// `"cuda"` (backend `multidev_cuda`: the GPUs, through the CUDA runtime;
+  /// no device where there is no GPU, and `static_properties` says why),
   /// `"fake"` (for tests: an asynchronous device whose items complete on a
-  /// driver thread after a short pseudo-random delay). Another name throws
+  /// driver thread after a short pseudo-random delay) or `"fake_cuda"` (for
+  /// tests: the CUDA driver over a fake runtime). Another name throws
   /// `std::invalid_argument` listing these.
   std::string driver = "cpu";
-  /// Number of devices; default: the machine's hardware threads.
+  /// Number of devices; default: the machine's hardware threads (CPU), the
+  /// GPUs found (CUDA; at most this many when set).
   std::optional<int> num_devices;
   /// Tasks a device's queue holds before `schedule_task` waits for room.
   std::size_t queue_capacity = std::size_t{1} << 16;
@@ -99,7 +103,7 @@ public:
   backend(const backend&) = delete;
   backend& operator=(const backend&) = delete;
 
-  /// `"multidev_cpu"`.
+  /// The driver's backend name: `"multidev_cpu"`, `"multidev_cuda"`, ...
   const std::string& name() const;
 
   // -- Slab_alloc ------------------------------------------------------------

@@ -6,6 +6,7 @@
 
 #include "multidev/backend.hpp"
 #include "multidev/context.hpp"
+#include "multidev/cuda.hpp"
 #include "multidev/device.hpp"
 #include "multidev/event.hpp"
 #include "multidev/fwd.hpp"

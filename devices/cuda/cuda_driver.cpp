@@ -1,0 +1,977 @@
+// The CUDA driver's logic over the thin runtime layer (see cuda_driver.hpp).
+#include "devices/cuda/cuda_driver.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "devices/checksum.hpp"
+#include "multidev/cuda.hpp"
+#include "multidev/kernels.hpp"
+
+namespace multidev::detail {
+
+namespace {
+
+using cuda::status;
+namespace code = cuda::code;
+
+class cuda_driver;
+class cuda_stream;
+
+/// The item the calling thread launches (set by `cuda_stream::submit`).
+struct launch {
+  cuda_stream* stream = nullptr;
+  /// Done when the item completes (or its stream is quarantined): what
+  /// must live until then, like staging buffers. Never a CUDA call.
+  std::vector<std::function<void()>> after;
+};
+thread_local launch* current = nullptr;
+/// Set while a host callback runs: no CUDA call may be made there.
+thread_local bool in_host_callback = false;
+
+/// A pinned host buffer from a stream's staging pool.
+struct staging {
+  std::byte* p = nullptr;
+  std::size_t capacity = 0;
+};
+
+std::size_t staging_class(std::size_t n) {
+  std::size_t c = std::size_t{64} << 10;
+  while (c < n)
+    c <<= 1;
+  return c;
+}
+
+/// One device's state in the driver. Guarded by `cuda_driver::mu_` unless
+/// atomic.
+struct device_slot {
+  cuda_stream* stream = nullptr;
+  std::atomic<bool> quarantined{false};
+  std::string quarantine_cause;   // set once, before `quarantined`
+  std::vector<void*> deferred;    // frees asked for in host callbacks
+  std::atomic<std::size_t> deferred_count{0}; // deferred.size(), read without mu_
+  std::size_t bytes = 0;          // held by allocations
+  bool pool_configured = false;
+  /// Wakers waiting for this device's next submission (`wakers_` entries);
+  /// counted before the waiter looks, so a submission never misses one.
+  std::atomic<int> wakers{0};
+};
+
+/// One device's stream (see the file comment of cuda_driver.hpp).
+class cuda_stream final : public stream {
+public:
+  cuda_stream(std::shared_ptr<cuda_driver> d, int ordinal, completion_sink& sink,
+              cuda::stream_t s);
+  ~cuda_stream() override;
+
+  void submit(uint64_t seq, std::function<void()> work) override;
+
+  cuda::stream_t handle() const noexcept { return s_; }
+  int ordinal() const noexcept { return ordinal_; }
+
+  /// Makes `waiter` wait on the device for item `seq` of this stream;
+  /// false when `seq` is neither in flight here nor completed, and then
+  /// `later` says whether it may still be submitted.
+  bool order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq, bool& later);
+  /// A pinned buffer of at least `n` bytes, back in the pool once the
+  /// launching item completes.
+  std::byte* stage(launch& l, std::size_t n);
+  /// The device turned sticky: the watchdog fails what is in flight.
+  void quarantine_now();
+  /// Wakes the watchdog (frees were deferred).
+  void poke() { cv_.notify_all(); }
+  /// Counters for debug info.
+  std::size_t staging_bytes() const;
+  std::size_t in_flight() const;
+
+private:
+  static void host_done(void* self) noexcept;
+  void watchdog();
+  cuda::event_t take_event();
+  void fail_in_flight(std::unique_lock<std::mutex>& lk);
+
+  std::shared_ptr<cuda_driver> d_;
+  cuda::api& api_;
+  int ordinal_;
+  completion_sink& sink_;
+  cuda::stream_t s_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  struct flying {
+    uint64_t seq;
+    cuda::event_t event;
+    std::vector<std::function<void()>> after;
+  };
+  std::deque<flying> fifo_;           // in submission order
+  std::vector<cuda::event_t> events_; // the pool: completed, ready to record
+  std::size_t events_made_ = 0;
+  uint64_t completed_upto_ = 0;       // the last seq whose callback ran
+  int callbacks_running_ = 0;
+  bool quarantine_ = false;
+  bool stop_ = false;
+  std::multimap<std::size_t, std::byte*> staging_free_; // by capacity
+  std::vector<staging> staging_all_;
+  std::vector<std::function<void()>> carry_; // from items that threw at launch
+  std::thread watchdog_;
+};
+
+class cuda_driver final : public driver, public std::enable_shared_from_this<cuda_driver> {
+public:
+  cuda_driver(std::shared_ptr<cuda::api> api, std::optional<int> n, std::string name)
+    : api_(std::move(api)), requested_(n), name_(std::move(name)) {}
+
+  ~cuda_driver() override = default;
+
+  const std::string& backend_name() const override { return name_; }
+
+  int device_count() const override {
+    probe();
+    return count_;
+  }
+
+  sexp properties() const override {
+    probe();
+    auto props = sexp::list({sexp::atom(name_), sexp::field("num_devices", std::to_string(count_))});
+    if (!why_none_.empty())
+      props.push_back(sexp::field("unavailable", why_none_));
+    auto devices = sexp::list({sexp::atom("devices")});
+    for (int i = 0; i < count_; ++i) {
+      const auto& p = props_[static_cast<std::size_t>(i)];
+      devices.push_back(sexp::list(
+        {sexp::atom("device"), sexp::field("ordinal", std::to_string(i)),
+         sexp::field("kind", "cuda"), sexp::field("name", p.name),
+         sexp::field("compute_capability", fmt::format("{}.{}", p.major, p.minor)),
+         sexp::field("multiprocessors", std::to_string(p.multiprocessors)),
+         sexp::field("memory", std::to_string(p.total_memory)),
+         sexp::field("async_engines", std::to_string(p.async_engines))}));
+    }
+    props.push_back(std::move(devices));
+    return props;
+  }
+
+  hardware_limits limits() const override {
+    probe();
+    hardware_limits h;
+    for (int i = 0; i < count_; ++i) {
+      const auto& p = props_[static_cast<std::size_t>(i)];
+      auto low = [](std::optional<int>& v, int x) { v = v ? std::min(*v, x) : x; };
+      low(h.max_threads_per_block, p.max_threads_per_block);
+      low(h.max_block_dim_x, p.max_block_dims[0]);
+      low(h.max_grid_dim_x, p.max_grid_dims[0]);
+      low(h.shared_memory_per_block, static_cast<int>(std::min<std::size_t>(
+                                         p.shared_memory_per_block, INT32_MAX)));
+    }
+    return h;
+  }
+
+  std::unique_ptr<allocation> allocate(int ordinal, std::size_t size, std::size_t alignment,
+                                       std::optional<memory_mode> mode) override;
+  void zero(std::byte* p, std::size_t n) override;
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) override;
+  std::unique_ptr<stream> open_stream(int ordinal, completion_sink& sink) override;
+  bool order_after(int ordinal, int other, uint64_t seq,
+                   const std::function<void()>& wake) override;
+  /// After `ordinal`'s stream took an item: wakes the runners that asked
+  /// `order_after` for an item of it not yet submitted.
+  void submitted(int ordinal) {
+    if (slots_[static_cast<std::size_t>(ordinal)].wakers.load(std::memory_order_seq_cst) == 0)
+      [[likely]]
+      return;
+    std::vector<std::function<void()>> wake;
+    {
+      std::lock_guard guard{mu_};
+      std::erase_if(wakers_, [&](waker& w) {
+        if (w.producer != ordinal)
+          return false;
+        wake.push_back(std::move(w.wake));
+        return true;
+      });
+      slots_[static_cast<std::size_t>(ordinal)].wakers.fetch_sub(static_cast<int>(wake.size()));
+    }
+    for (auto& w : wake)
+      w();
+  }
+  bool host_kernels() const override { return false; }
+  bool has_kernel(std::string_view name) const override;
+  void run_kernel(const std::string& name, const kernel_call& call) override;
+  sexp debug_info(int ordinal) const override;
+
+  /// Non-null once a device exists (streams are opened on devices only).
+  cuda::api& api() const noexcept { return *api_; }
+  cuda::api* api_ptr() const noexcept { return api_.get(); }
+
+  /// Throws a `cuda_error` for a failed call on `ordinal`; a sticky one
+  /// quarantines the device first.
+  void check(int ordinal, status s, const char* call) {
+    if (s != code::success) [[unlikely]]
+      fail(ordinal, s, call);
+  }
+  [[noreturn]] void fail(int ordinal, status s, const char* call);
+  /// Quarantines `ordinal` for sticky error `s` reported by `call`.
+  void quarantine(int ordinal, status s, const char* call);
+  /// Throws the quarantine's cause when `ordinal` is quarantined.
+  void refuse_if_quarantined(int ordinal) const {
+    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+    if (slot.quarantined.load(std::memory_order_acquire)) [[unlikely]]
+      throw cuda_error(slot.quarantine_cause, code::unknown, true);
+  }
+  std::string describe(int ordinal, status s, const char* call) const {
+    return fmt::format("cuda device {}: {}: {} ({})", ordinal, call, api_->error_name(s),
+                       api_->error_string(s));
+  }
+
+  void stream_closed(int ordinal) {
+    std::lock_guard guard{mu_};
+    slots_[static_cast<std::size_t>(ordinal)].stream = nullptr;
+    // Its runner asks no more, and nobody waits for it to submit (their
+    // gates resolve on the host).
+    std::erase_if(wakers_, [&](const waker& w) {
+      if (w.waiter != ordinal && w.producer != ordinal)
+        return false;
+      slots_[static_cast<std::size_t>(w.producer)].wakers.fetch_sub(1);
+      return true;
+    });
+  }
+  /// Frees `p` of `ordinal`; deferred when called in a host callback.
+  void release(int ordinal, void* p, std::size_t bytes);
+  /// Frees what host callbacks deferred (on a thread that may call CUDA,
+  /// with `ordinal` current).
+  void flush_deferred(int ordinal, cuda::stream_t s);
+  /// Read without locks (a stream's watchdog asks holding its own).
+  bool has_deferred(int ordinal) const {
+    return slots_[static_cast<std::size_t>(ordinal)].deferred_count.load(
+             std::memory_order_acquire) > 0;
+  }
+
+private:
+  /// Enumerates the devices once (first asked).
+  void probe() const;
+  void check_ordinal(int ordinal, const char* what) const {
+    if (ordinal < 0 || ordinal >= device_count())
+      throw std::invalid_argument(fmt::format("{}: cuda device {} does not exist ({} device(s))",
+                                              what, ordinal, count_));
+  }
+  /// The device of `p` (an allocation of this driver), or -1 for host memory.
+  int owner_of(const void* p) const;
+  launch& launching(const char* what) const {
+    if (!current || !current->stream)
+      throw std::logic_error(fmt::format("{}: not inside a CUDA item's work", what));
+    return *current;
+  }
+
+  std::shared_ptr<cuda::api> api_;
+  std::optional<int> requested_;
+  std::string name_;
+  mutable std::once_flag probed_;
+  mutable int count_ = 0;
+  mutable std::string why_none_;
+  mutable std::vector<cuda::device_props> props_;
+  mutable std::unique_ptr<device_slot[]> slots_;
+
+  mutable std::mutex mu_; // slots_' guarded members, allocs_
+  struct alloc_info {
+    std::size_t size;
+    int ordinal;
+  };
+  std::map<uintptr_t, alloc_info> allocs_; // by base address
+  /// Runners to wake when `producer` submits (see `order_after`).
+  struct waker {
+    int waiter;
+    int producer;
+    std::function<void()> wake;
+  };
+  std::vector<waker> wakers_;
+};
+
+class cuda_allocation final : public allocation {
+public:
+  cuda_allocation(std::shared_ptr<cuda_driver> d, int ordinal, void* raw, std::byte* base,
+                  std::size_t bytes)
+    : d_(std::move(d)), ordinal_(ordinal), raw_(raw), base_(base), bytes_(bytes) {}
+  ~cuda_allocation() override { d_->release(ordinal_, raw_, bytes_); }
+  std::byte* base() const noexcept override { return base_; }
+
+private:
+  std::shared_ptr<cuda_driver> d_;
+  int ordinal_;
+  void* raw_;
+  std::byte* base_;
+  std::size_t bytes_;
+};
+
+// -- cuda_driver ------------------------------------------------------------------
+
+void cuda_driver::probe() const {
+  std::call_once(probed_, [this] {
+    if (!api_) {
+      why_none_ = "this build has no CUDA runtime (configured with MULTIDEV_CUDA=OFF or "
+                  "without the CUDA Toolkit)";
+    } else {
+      int n = 0;
+      auto s = api_->get_device_count(&n);
+      if (s != code::success) {
+        why_none_ = fmt::format("the CUDA runtime reports no usable device: {} ({})",
+                                api_->error_name(s), api_->error_string(s));
+        n = 0;
+      } else if (n <= 0) {
+        why_none_ = "the CUDA runtime reports no device";
+        n = 0;
+      }
+      if (requested_)
+        n = std::min(n, *requested_);
+      for (int i = 0; i < n; ++i) {
+        cuda::device_props p;
+        if (auto s = api_->get_device_properties(&p, i); s != code::success) {
+          why_none_ = fmt::format("cudaGetDeviceProperties({}) failed: {} ({})", i,
+                                  api_->error_name(s), api_->error_string(s));
+          n = i;
+          break;
+        }
+        props_.push_back(std::move(p));
+      }
+      count_ = n;
+    }
+    slots_ = std::make_unique<device_slot[]>(static_cast<std::size_t>(std::max(count_, 1)));
+  });
+}
+
+void cuda_driver::fail(int ordinal, status s, const char* call) {
+  bool sticky = cuda::is_sticky(s);
+  if (sticky) {
+    quarantine(ordinal, s, call);
+    refuse_if_quarantined(ordinal); // throws the quarantine's cause
+  } else if (!in_host_callback)
+    (void)api_->get_last_error(); // clear a non-sticky error: it is reported here
+  throw cuda_error(describe(ordinal, s, call), s, sticky);
+}
+
+void cuda_driver::quarantine(int ordinal, status s, const char* call) {
+  cuda_stream* st = nullptr;
+  {
+    std::lock_guard guard{mu_};
+    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+    if (slot.quarantined.load())
+      return;
+    slot.quarantine_cause = fmt::format(
+      "cuda device {} is quarantined: {} reported the sticky error {} ({}); no more work "
+      "runs on it",
+      ordinal, call, api_->error_name(s), api_->error_string(s));
+    slot.quarantined.store(true, std::memory_order_release);
+    st = slot.stream;
+    if (st)
+      st->quarantine_now();
+  }
+}
+
+std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
+                                                  std::size_t alignment,
+                                                  std::optional<memory_mode>) {
+  check_ordinal(ordinal, "allocate");
+  refuse_if_quarantined(ordinal);
+  check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
+  cuda::stream_t s = nullptr;
+  bool configure = false;
+  {
+    std::lock_guard guard{mu_};
+    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+    s = slot.stream ? slot.stream->handle() : nullptr;
+    configure = !std::exchange(slot.pool_configured, true);
+  }
+  // Outside mu_: a failed check may quarantine, which takes it.
+  if (configure)
+    check(ordinal, api_->configure_mem_pool(), "cudaMemPoolSetAttribute");
+  // cudaMallocAsync aligns to 256 bytes; more is made by over-allocating.
+  std::size_t extra = alignment > 256 ? alignment : 0;
+  std::size_t bytes = std::max<std::size_t>(size, 1) + extra;
+  void* raw = nullptr;
+  auto st = api_->malloc_async(&raw, bytes, s);
+  if (st == code::memory_allocation) {
+    (void)api_->get_last_error();
+    throw std::bad_alloc{};
+  }
+  check(ordinal, st, "cudaMallocAsync");
+  auto addr = reinterpret_cast<uintptr_t>(raw);
+  auto aligned = (addr + (alignment - 1)) & ~(uintptr_t{alignment} - 1);
+  auto* base = reinterpret_cast<std::byte*>(aligned);
+  {
+    std::lock_guard guard{mu_};
+    allocs_[reinterpret_cast<uintptr_t>(base)] = {std::max<std::size_t>(size, 1), ordinal};
+    slots_[static_cast<std::size_t>(ordinal)].bytes += bytes;
+  }
+  try {
+    return std::make_unique<cuda_allocation>(shared_from_this(), ordinal, raw, base, bytes);
+  } catch (...) {
+    release(ordinal, raw, bytes);
+    throw;
+  }
+}
+
+void cuda_driver::release(int ordinal, void* raw, std::size_t bytes) {
+  cuda::stream_t s = nullptr;
+  {
+    std::lock_guard guard{mu_};
+    // The base is at or after raw, within `bytes`.
+    auto it = allocs_.lower_bound(reinterpret_cast<uintptr_t>(raw));
+    if (it != allocs_.end() && it->first < reinterpret_cast<uintptr_t>(raw) + bytes)
+      allocs_.erase(it);
+    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+    slot.bytes -= std::min(slot.bytes, bytes);
+    if (in_host_callback) {
+      slot.deferred.push_back(raw);
+      slot.deferred_count.store(slot.deferred.size(), std::memory_order_release);
+      if (slot.stream)
+        slot.stream->poke();
+      return; // the next submission or the watchdog frees it
+    }
+    s = slot.stream ? slot.stream->handle() : nullptr;
+  }
+  // Nothing to report to from a destructor: a failed free (a lost
+  // context) leaves the memory to the runtime, which frees it at exit.
+  if (api_->set_device(ordinal) == code::success)
+    (void)api_->free_async(raw, s);
+}
+
+void cuda_driver::flush_deferred(int ordinal, cuda::stream_t s) {
+  std::vector<void*> frees;
+  {
+    std::lock_guard guard{mu_};
+    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+    frees.swap(slot.deferred);
+    slot.deferred_count.store(0, std::memory_order_release);
+  }
+  for (void* p : frees)
+    (void)api_->free_async(p, s);
+}
+
+int cuda_driver::owner_of(const void* p) const {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard guard{mu_};
+  auto it = allocs_.upper_bound(a);
+  if (it == allocs_.begin())
+    return -1;
+  --it;
+  return a < it->first + it->second.size ? it->second.ordinal : -1;
+}
+
+void cuda_driver::zero(std::byte* p, std::size_t n) {
+  if (n == 0)
+    return;
+  auto& l = launching("zero");
+  auto ord = l.stream->ordinal();
+  check(ord, api_->memset_async(p, 0, n, l.stream->handle()), "cudaMemsetAsync");
+}
+
+namespace {
+/// A host-side copy run by a host callback, in stream order.
+struct host_copy_job {
+  void* dst;
+  const void* src;
+  std::size_t n;
+  static void run(void* self) noexcept {
+    auto* j = static_cast<host_copy_job*>(self);
+    std::memcpy(j->dst, j->src, j->n);
+  }
+};
+} // namespace
+
+void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
+  if (n == 0)
+    return;
+  auto& l = launching("copy");
+  auto ord = l.stream->ordinal();
+  auto s = l.stream->handle();
+  int dd = owner_of(dst);
+  int sd = owner_of(src);
+  auto host_step = [&](void* to, const void* from) {
+    auto job = std::make_shared<host_copy_job>(host_copy_job{to, from, n});
+    check(ord, api_->launch_host_func(s, &host_copy_job::run, job.get()), "cudaLaunchHostFunc");
+    l.after.push_back([job] {}); // lives until the item completes
+  };
+  if (dd >= 0 && sd >= 0) {
+    if (dd == sd)
+      check(ord, api_->memcpy_async(dst, src, n, s), "cudaMemcpyAsync");
+    else
+      check(ord, api_->memcpy_peer_async(dst, dd, src, sd, n, s), "cudaMemcpyPeerAsync");
+  } else if (dd >= 0) {
+    // Host to device through a pinned buffer, filled in stream order (the
+    // host bytes may be written by work ordered before this copy).
+    auto* buf = l.stream->stage(l, n);
+    host_step(buf, src);
+    check(ord, api_->memcpy_async(dst, buf, n, s), "cudaMemcpyAsync");
+  } else if (sd >= 0) {
+    auto* buf = l.stream->stage(l, n);
+    check(ord, api_->memcpy_async(buf, src, n, s), "cudaMemcpyAsync");
+    host_step(dst, buf);
+  } else {
+    host_step(dst, src);
+  }
+}
+
+std::unique_ptr<stream> cuda_driver::open_stream(int ordinal, completion_sink& sink) {
+  check_ordinal(ordinal, "open_stream");
+  refuse_if_quarantined(ordinal);
+  check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
+  cuda::stream_t s = nullptr;
+  check(ordinal, api_->stream_create(&s), "cudaStreamCreateWithFlags");
+  auto st = std::make_unique<cuda_stream>(shared_from_this(), ordinal, sink, s);
+  std::lock_guard guard{mu_};
+  auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+  if (slot.stream)
+    throw std::logic_error(fmt::format("cuda device {} already has a stream open", ordinal));
+  slot.stream = st.get();
+  return st;
+}
+
+bool cuda_driver::order_after(int ordinal, int other, uint64_t seq,
+                              const std::function<void()>& wake) {
+  std::lock_guard guard{mu_}; // the streams stay open meanwhile
+  if (ordinal < 0 || other < 0 || ordinal >= count_ || other >= count_ || ordinal == other)
+    return false;
+  auto* mine = slots_[static_cast<std::size_t>(ordinal)].stream;
+  auto* theirs = slots_[static_cast<std::size_t>(other)].stream;
+  if (!mine || !theirs || slots_[static_cast<std::size_t>(ordinal)].quarantined.load())
+    return false;
+  // Counted before looking: a submission after the look sees the count and
+  // waits for mu_, under which the waker is registered below (Dekker with
+  // `submitted`, which pushes before it reads the count).
+  auto& count = slots_[static_cast<std::size_t>(other)].wakers;
+  count.fetch_add(1, std::memory_order_seq_cst);
+  bool later = false;
+  bool ok = theirs->order_waiter(*api_, mine->handle(), seq, later);
+  if (ok || !later || !wake) {
+    count.fetch_sub(1, std::memory_order_seq_cst);
+    return ok;
+  }
+  wakers_.push_back({ordinal, other, wake});
+  return false;
+}
+
+bool cuda_driver::has_kernel(std::string_view name) const {
+  static constexpr std::string_view known[] = {"fill",     "iota",   "scale", "axpy",
+                                               "add_from_merge", "checksum", "spin_ns",
+                                               "fail"};
+  return std::find(std::begin(known), std::end(known), name) != std::end(known);
+}
+
+namespace {
+struct checksum_job {
+  const kernel_call* call;
+  std::string name;
+  const std::byte* bytes;
+  std::size_t n;
+  static void run(void* self) noexcept {
+    auto* j = static_cast<checksum_job*>(self);
+    try {
+      auto r = checksum_of({j->bytes, j->n});
+      j->call->publish(j->name, r.sum, r.hash, r.count);
+    } catch (...) {
+      // Publishing only allocates; out of memory loses this one result.
+    }
+  }
+};
+} // namespace
+
+void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
+  auto& l = launching(name.c_str());
+  auto ord = l.stream->ordinal();
+  auto s = l.stream->handle();
+  if (name == "fill") {
+    auto xs = c.floats(0);
+    check(ord, api_->launch_fill(xs.data(), xs.size(), static_cast<float>(c.real(1)), s),
+          "fill kernel launch");
+  } else if (name == "iota") {
+    auto xs = c.floats(0);
+    check(ord, api_->launch_iota(xs.data(), xs.size(), c.real(1), s), "iota kernel launch");
+  } else if (name == "scale") {
+    auto xs = c.floats(0);
+    check(ord, api_->launch_scale(xs.data(), xs.size(), static_cast<float>(c.real(1)), s),
+          "scale kernel launch");
+  } else if (name == "axpy") {
+    auto y = c.floats(0);
+    auto x = c.floats(2);
+    if (x.size() != y.size()) // refused by the kernel's check; defensive
+      throw std::invalid_argument(
+        fmt::format("axpy: Y has {} elements but X has {}", y.size(), x.size()));
+    check(ord, api_->launch_axpy(y.data(), static_cast<float>(c.real(1)), x.data(), y.size(), s),
+          "axpy kernel launch");
+  } else if (name == "add_from_merge") {
+    auto dst = c.floats(0);
+    auto mb = c.merge_buffer();
+    if (c.buffer(1).size() != dst.size_bytes() || mb.size() < dst.size_bytes())
+      throw std::invalid_argument(fmt::format(
+        "add_from_merge: DST has {} bytes, the merge node {} and the merge buffer {}",
+        dst.size_bytes(), c.buffer(1).size(), mb.size()));
+    check(ord,
+          api_->launch_add(dst.data(), reinterpret_cast<const float*>(mb.data()), dst.size(), s),
+          "add_from_merge kernel launch");
+  } else if (name == "checksum") {
+    auto src = c.buffer(0);
+    (void)c.floats(0);
+    // The bytes come to the host in stream order; a host callback sums,
+    // hashes and publishes them before the item completes.
+    auto* buf = l.stream->stage(l, std::max<std::size_t>(src.size(), 1));
+    if (!src.empty())
+      check(ord, api_->memcpy_async(buf, src.data(), src.size(), s), "cudaMemcpyAsync");
+    auto job = std::make_shared<checksum_job>(checksum_job{&c, c.string(1), buf, src.size()});
+    check(ord, api_->launch_host_func(s, &checksum_job::run, job.get()), "cudaLaunchHostFunc");
+    l.after.push_back([job] {});
+  } else if (name == "spin_ns") {
+    check(ord, api_->launch_spin(c.integer(0), s), "spin_ns kernel launch");
+  } else if (name == "fail") {
+    throw std::runtime_error(c.string(0));
+  } else {
+    driver::run_kernel(name, c);
+  }
+}
+
+sexp cuda_driver::debug_info(int ordinal) const {
+  auto info = sexp::list({sexp::atom("cuda")});
+  if (ordinal < 0 || ordinal >= device_count())
+    return info;
+  std::size_t held = 0;
+  std::size_t staging = 0;
+  std::size_t flying = 0;
+  std::string cause;
+  {
+    std::lock_guard guard{mu_};
+    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+    held = slot.bytes;
+    if (slot.quarantined.load())
+      cause = slot.quarantine_cause;
+    if (slot.stream) {
+      staging = slot.stream->staging_bytes();
+      flying = slot.stream->in_flight();
+    }
+  }
+  info.push_back(sexp::field("pool_bytes", std::to_string(held)));
+  info.push_back(sexp::field("staging_bytes", std::to_string(staging)));
+  info.push_back(sexp::field("in_flight", std::to_string(flying)));
+  if (!in_host_callback) {
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (api_->set_device(ordinal) == code::success &&
+        api_->mem_get_info(&free, &total) == code::success) {
+      info.push_back(sexp::field("memory_free", std::to_string(free)));
+      info.push_back(sexp::field("memory_total", std::to_string(total)));
+    }
+  }
+  info.push_back(sexp::field("quarantined", cause.empty() ? std::string{"no"} : cause));
+  return info;
+}
+
+// -- cuda_stream ------------------------------------------------------------------
+
+cuda_stream::cuda_stream(std::shared_ptr<cuda_driver> d, int ordinal, completion_sink& sink,
+                         cuda::stream_t s)
+  : d_(std::move(d)), api_(d_->api()), ordinal_(ordinal), sink_(sink), s_(s) {
+  watchdog_ = std::thread([this] { watchdog(); });
+}
+
+cuda_stream::~cuda_stream() {
+  // Everything submitted completes (or fails, on a lost device) and is
+  // reported before the stream goes.
+  if (api_.set_device(ordinal_) == code::success) {
+    auto st = api_.stream_synchronize(s_);
+    if (cuda::is_sticky(st))
+      d_->quarantine(ordinal_, st, "cudaStreamSynchronize");
+  }
+  d_->stream_closed(ordinal_);
+  {
+    std::unique_lock lk{mu_};
+    cv_.wait(lk, [&] { return fifo_.empty() && callbacks_running_ == 0; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  watchdog_.join();
+  for (auto& f : carry_)
+    f();
+  carry_.clear();
+  d_->flush_deferred(ordinal_, s_);
+  for (auto* e : events_)
+    (void)api_.event_destroy(e);
+  (void)api_.stream_synchronize(s_); // the frees above
+  for (auto& b : staging_all_)
+    (void)api_.free_host(b.p);
+  (void)api_.stream_destroy(s_);
+}
+
+cuda::event_t cuda_stream::take_event() {
+  {
+    std::lock_guard guard{mu_};
+    if (!events_.empty()) {
+      auto e = events_.back();
+      events_.pop_back();
+      return e;
+    }
+  }
+  cuda::event_t e = nullptr;
+  d_->check(ordinal_, api_.event_create(&e), "cudaEventCreateWithFlags");
+  std::lock_guard guard{mu_};
+  ++events_made_;
+  return e;
+}
+
+std::byte* cuda_stream::stage(launch& l, std::size_t n) {
+  auto cap = staging_class(n);
+  std::byte* p = nullptr;
+  {
+    std::lock_guard guard{mu_};
+    if (auto it = staging_free_.find(cap); it != staging_free_.end()) {
+      p = it->second;
+      staging_free_.erase(it);
+    }
+  }
+  if (!p) {
+    void* raw = nullptr;
+    auto st = api_.malloc_host(&raw, cap);
+    if (st == code::memory_allocation) {
+      (void)api_.get_last_error();
+      throw std::bad_alloc{};
+    }
+    d_->check(ordinal_, st, "cudaMallocHost");
+    p = static_cast<std::byte*>(raw);
+    std::lock_guard guard{mu_};
+    staging_all_.push_back({p, cap});
+  }
+  l.after.push_back([this, p, cap] {
+    std::lock_guard guard{mu_};
+    staging_free_.emplace(cap, p);
+  });
+  return p;
+}
+
+void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
+  d_->refuse_if_quarantined(ordinal_);
+  d_->check(ordinal_, api_.set_device(ordinal_), "cudaSetDevice");
+  if (d_->has_deferred(ordinal_))
+    d_->flush_deferred(ordinal_, s_);
+  launch l{this, {}};
+  current = &l;
+  try {
+    work();
+  } catch (...) {
+    current = nullptr;
+    // What it launched before it threw still runs: its buffers stay until
+    // a later item completes.
+    std::lock_guard guard{mu_};
+    for (auto& f : l.after)
+      carry_.push_back(std::move(f));
+    throw;
+  }
+  current = nullptr;
+  auto keep_after = [&] {
+    std::lock_guard guard{mu_};
+    for (auto& f : l.after)
+      carry_.push_back(std::move(f));
+  };
+  cuda::event_t ev = nullptr;
+  try {
+    ev = take_event();
+    d_->check(ordinal_, api_.event_record(ev, s_), "cudaEventRecord");
+  } catch (...) {
+    if (ev) {
+      std::lock_guard guard{mu_};
+      events_.push_back(ev);
+    }
+    keep_after();
+    throw;
+  }
+  {
+    std::lock_guard guard{mu_};
+    for (auto& f : carry_)
+      l.after.push_back(std::move(f));
+    carry_.clear();
+    fifo_.push_back({seq, ev, std::move(l.after)});
+  }
+  d_->submitted(ordinal_);
+  auto st = api_.launch_host_func(s_, &cuda_stream::host_done, this);
+  if (st != code::success) {
+    {
+      std::lock_guard guard{mu_};
+      auto f = std::move(fifo_.back());
+      fifo_.pop_back();
+      events_.push_back(f.event);
+      for (auto& a : f.after)
+        carry_.push_back(std::move(a));
+    }
+    d_->fail(ordinal_, st, "cudaLaunchHostFunc");
+  }
+  cv_.notify_all(); // the watchdog watches what is in flight
+}
+
+void cuda_stream::host_done(void* p) noexcept {
+  auto* self = static_cast<cuda_stream*>(p);
+  in_host_callback = true;
+  flying f;
+  {
+    std::lock_guard guard{self->mu_};
+    if (self->fifo_.empty() || self->quarantine_) {
+      in_host_callback = false;
+      return; // failed by the quarantine already
+    }
+    f = std::move(self->fifo_.front());
+    self->fifo_.pop_front();
+    // Waits recorded on it keep what they captured: it may be recorded again.
+    self->events_.push_back(f.event);
+    self->completed_upto_ = f.seq;
+    ++self->callbacks_running_;
+  }
+  for (auto& a : f.after)
+    a();
+  f.after.clear();
+  self->sink_.completed(f.seq, nullptr);
+  {
+    std::lock_guard guard{self->mu_};
+    --self->callbacks_running_;
+  }
+  self->cv_.notify_all();
+  in_host_callback = false;
+}
+
+bool cuda_stream::order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq,
+                               bool& later) {
+  std::lock_guard guard{mu_};
+  if (quarantine_)
+    return false; // the host fails the wait
+  for (auto& f : fifo_)
+    if (f.seq == seq) {
+      if (api.stream_wait_event(waiter, f.event) != code::success) {
+        (void)api.get_last_error();
+        return false; // the host waits instead
+      }
+      return true;
+    }
+  if (seq <= completed_upto_)
+    return true;
+  // Not taken yet, unless something after it was (then it is not an item
+  // the stream runs: a wait, or dropped; the host resolves it).
+  later = fifo_.empty() || fifo_.back().seq < seq;
+  return false;
+}
+
+void cuda_stream::quarantine_now() {
+  {
+    std::lock_guard guard{mu_};
+    quarantine_ = true;
+  }
+  cv_.notify_all();
+}
+
+void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
+  std::deque<flying> lost;
+  lost.swap(fifo_);
+  ++callbacks_running_;
+  lk.unlock();
+  std::exception_ptr err;
+  try {
+    throw cuda_error(d_->describe(ordinal_, code::unknown, "the stream"), code::unknown, true);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  try {
+    d_->refuse_if_quarantined(ordinal_);
+  } catch (...) {
+    err = std::current_exception(); // the quarantine's own cause
+  }
+  for (auto& f : lost) {
+    for (auto& a : f.after)
+      a();
+    sink_.completed(f.seq, err);
+  }
+  lk.lock();
+  for (auto& f : lost)
+    events_.push_back(f.event); // destroyed with the stream
+  --callbacks_running_;
+  cv_.notify_all();
+}
+
+void cuda_stream::watchdog() {
+  using namespace std::chrono_literals;
+  std::unique_lock lk{mu_};
+  for (;;) {
+    cv_.wait(lk, [&] {
+      return stop_ || !fifo_.empty() || d_->has_deferred(ordinal_);
+    });
+    if (quarantine_ && !fifo_.empty()) {
+      fail_in_flight(lk);
+      continue;
+    }
+    if (d_->has_deferred(ordinal_) && !stop_) {
+      lk.unlock();
+      (void)api_.set_device(ordinal_); // on failure the frees fail too: dropped
+      d_->flush_deferred(ordinal_, s_);
+      lk.lock();
+      continue;
+    }
+    if (stop_)
+      return;
+    if (fifo_.empty())
+      continue;
+    // Items in flight: wait for progress, then ask the stream.
+    auto front = fifo_.front().seq;
+    if (cv_.wait_for(lk, 20ms, [&] {
+          return stop_ || quarantine_ || fifo_.empty() || fifo_.front().seq != front;
+        }))
+      continue;
+    lk.unlock();
+    status st = api_.set_device(ordinal_);
+    if (st == code::success)
+      st = api_.stream_query(s_);
+    if (st != code::success && st != code::not_ready && cuda::is_sticky(st))
+      d_->quarantine(ordinal_, st, "cudaStreamQuery");
+    lk.lock();
+  }
+}
+
+std::size_t cuda_stream::staging_bytes() const {
+  std::lock_guard guard{mu_};
+  std::size_t n = 0;
+  for (auto& b : staging_all_)
+    n += b.capacity;
+  return n;
+}
+
+std::size_t cuda_stream::in_flight() const {
+  std::lock_guard guard{mu_};
+  return fifo_.size();
+}
+
+} // namespace
+
+std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
+                                         std::optional<int> num_devices, std::string backend) {
+  return std::make_shared<cuda_driver>(std::move(api), num_devices, std::move(backend));
+}
+
+cuda::api* api_of(driver& d) noexcept {
+  auto* c = dynamic_cast<cuda_driver*>(&d);
+  return c ? c->api_ptr() : nullptr;
+}
+
+void* current_cuda_stream() noexcept {
+  return current && current->stream ? current->stream->handle() : nullptr;
+}
+
+} // namespace multidev::detail
+
+namespace multidev {
+
+void* current_cuda_stream() noexcept {
+  return detail::current_cuda_stream();
+}
+
+} // namespace multidev

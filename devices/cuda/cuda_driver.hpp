@@ -1,0 +1,79 @@
+#pragma once
+/// \file
+/// The CUDA driver (`multidev_cuda`): one non-blocking stream per device,
+/// stream-ordered pools, CUDA events for cross-device waits, host callbacks
+/// for completion. Every runtime call goes through `cuda::api`, so its logic
+/// runs in CI against `cuda::fake_api` and on a GPU against `real_api()`.
+///
+/// - **Items**: the runner submits an item on its own thread; its work
+///   *launches* device work on the device's stream (a kernel, a memset, a
+///   copy; a closure may launch its own on `current_cuda_stream()`). Then
+///   the driver records a CUDA event (taken from a per-device pool) and
+///   enqueues a host callback that reports the item to the device core:
+///   callbacks of a stream run in order, so items complete in seq order.
+///   Host callbacks make no CUDA call: what must be freed in one is freed
+///   later, by the next submission or the device's watchdog thread.
+/// - **Waits**: between two CUDA devices of one driver, `order_after` makes
+///   the waiting stream wait for the producer item's event on the device
+///   (`cudaStreamWaitEvent`); an event is recorded once and any number of
+///   streams may wait on it (fan-out), and it returns to the pool when its
+///   item has completed (a recorded wait keeps what it captured). Waits on
+///   anything else (a CPU device of another backend, a node) are resolved
+///   on the host, by the runner's gate.
+/// - **Errors**: every status is checked. A failed call fails the item that
+///   made it, naming the call, `cudaGetErrorName` and `cudaGetErrorString`
+///   (the device core then poisons the device). A sticky error (the
+///   context is lost) quarantines the device: the items it has in flight
+///   fail with it, and every later submission or allocation is refused
+///   with the same cause. The watchdog asks the stream for such an error
+///   whenever items stay in flight for 20 ms without completing (a stream
+///   that hit one runs no more host callbacks); an idle device has no
+///   thread awake.
+/// - **Memory**: pools come from `cudaMallocAsync` on the device's stream
+///   (the device's default memory pool, which keeps freed memory); copies
+///   with host memory go through page-locked staging buffers, and copies
+///   between devices through `cudaMemcpyPeerAsync`.
+/// - **No GPU**: with no runtime, no driver or no device, `device_count()`
+///   is 0 and `properties()` says why. Nothing is enumerated until asked.
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "devices/cuda/cuda_api.hpp"
+#include "devices/driver.hpp"
+
+namespace multidev::detail {
+
+/// A CUDA call failed: `what()` names the device, the call, the error's
+/// name and its description.
+class cuda_error : public std::runtime_error {
+public:
+  cuda_error(const std::string& what, cuda::status code, bool sticky)
+    : std::runtime_error(what), code_(code), sticky_(sticky) {}
+  cuda::status code() const noexcept { return code_; }
+  /// Whether the device is quarantined for it.
+  bool sticky() const noexcept { return sticky_; }
+
+private:
+  cuda::status code_;
+  bool sticky_;
+};
+
+/// The CUDA driver over `api` (null: a build without the CUDA Toolkit),
+/// exposing at most `num_devices` of the devices the runtime reports.
+/// `backend` is its backend name.
+std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
+                                         std::optional<int> num_devices,
+                                         std::string backend = "multidev_cuda");
+
+/// The runtime layer of a CUDA driver made by `make_cuda_driver` (tests
+/// steer a fake through it); null for another driver.
+cuda::api* api_of(driver& d) noexcept;
+
+/// The stream (`cudaStream_t`) of the item the calling thread is
+/// launching, or null outside a CUDA item's work.
+void* current_cuda_stream() noexcept;
+
+} // namespace multidev::detail

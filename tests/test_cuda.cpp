@@ -1,0 +1,519 @@
+// The CUDA driver (devices/cuda). By default against a fake of the CUDA
+// runtime (devices/cuda/fake_cuda_api: streams on host threads), which lets
+// the tests steer the "hardware": pause a device's streams so the runner's
+// device-side waits can be seen, inject failed calls and sticky faults, count
+// events, host callbacks and frees. With MULTIDEV_TEST_CUDA=real the same
+// suite runs against the CUDA runtime (CTest's test_cuda_gpu, label gpu);
+// with no GPU it exits 77, which CTest shows as skipped. Cases that steer
+// the fake, or need more devices than the machine has, are skipped there
+// with a message.
+#define BOOST_TEST_MODULE cuda
+#define BOOST_TEST_NO_MAIN
+#include <boost/test/unit_test.hpp>
+
+#include "actors/backend_impl.hpp"
+#include "devices/cuda/cuda_driver.hpp"
+#include "devices/cuda/fake_cuda_api.hpp"
+#include "multidev/multidev.hpp"
+#include "test_support.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace multidev;
+using namespace std::chrono_literals;
+using namespace test_support;
+namespace cuda = multidev::detail::cuda;
+
+namespace {
+
+bool real_mode() {
+  auto* m = std::getenv("MULTIDEV_TEST_CUDA");
+  return m && std::string{m} == "real";
+}
+
+/// A CUDA backend: `n` fake GPUs, or at most `n` real ones.
+backend_options cuda_opts(int n, std::size_t in_flight = 64) {
+  return backend_options{.driver = real_mode() ? "cuda" : "fake_cuda",
+                         .num_devices = n,
+                         .max_in_flight = in_flight,
+                         .scheduler_threads = 2};
+}
+
+cuda::fake_api* fake_of(backend& b) {
+  return dynamic_cast<cuda::fake_api*>(detail::api_of(*b.impl().drv));
+}
+
+cuda::fake_api& the_fake(backend& b) {
+  auto* f = fake_of(b);
+  BOOST_TEST_REQUIRE(f != nullptr);
+  return *f;
+}
+
+/// Skips the calling case (visibly) unless the fake runtime is in use.
+struct fake_only {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    boost::test_tools::assertion_result r{!real_mode()};
+    r.message() << "steers the fake CUDA runtime";
+    return r;
+  }
+};
+
+/// Whether `b` has at least `n` devices; says so when not.
+bool has_devices(backend& b, int n) {
+  if (b.num_devices() >= n)
+    return true;
+  BOOST_TEST_MESSAGE("skipped: needs " << n << " CUDA devices, this machine has "
+                                       << b.num_devices());
+  return false;
+}
+
+task_spec spec(std::string kernel, std::vector<kernel_arg> args) {
+  return task_spec{std::move(kernel), std::move(args)};
+}
+
+kernel_arg buf(int pool, std::size_t offset, std::size_t bytes) {
+  return buffer_arg{{pool, offset}, bytes};
+}
+
+/// The same program of built-in kernels on device `d`: returns its checksum.
+kernel_result kernel_program(backend& b, const device& d) {
+  constexpr std::size_t n = 3000;
+  constexpr std::size_t bytes = n * sizeof(float);
+  b.alloc_pool(d, 1, 2 * bytes, 256);
+  auto x = buf(1, 0, bytes);
+  auto y = buf(1, bytes, bytes);
+  b.schedule_named(d, spec("iota", {x, 0.25}));
+  b.schedule_named(d, spec("scale", {x, 1.1}));
+  b.schedule_named(d, spec("fill", {y, 0.3}));
+  b.schedule_named(d, spec("axpy", {y, 0.7, x}));
+  b.schedule_named(d, spec("iota", {x, -1000.5}));
+  b.schedule_named(d, spec("axpy", {x, -3.3, y}));
+  auto e = b.schedule_named(d, spec("checksum", {x, std::string{"program"}}));
+  sync(b, e);
+  auto r = b.result(d, "program");
+  BOOST_TEST_REQUIRE(r.has_value());
+  return *r;
+}
+
+std::vector<float> iota_floats(std::size_t n, float start) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = start + static_cast<float>(i);
+  return v;
+}
+
+std::string failure_text(backend& b, const event& e) {
+  try {
+    bounded([&] { b.sync(e); });
+  } catch (const device_error& err) {
+    return err.what();
+  }
+  BOOST_FAIL("the event completed; a failure was expected");
+  return {};
+}
+
+} // namespace
+
+// -- Properties ----------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(properties_are_lazy_and_limits_are_the_minimum) {
+  backend b{cuda_opts(2)};
+  if (auto* f = fake_of(b))
+    BOOST_TEST(f->stats().calls.count("get_device_count") == 0u); // nothing asked yet
+  auto props = b.static_properties();
+  BOOST_TEST(props.items().at(0).as_atom() == b.name());
+  auto n = b.num_devices();
+  BOOST_TEST_REQUIRE(n >= 1);
+  auto* devs = props.find("devices");
+  BOOST_TEST_REQUIRE(devs != nullptr);
+  BOOST_TEST(devs->items().size() == static_cast<std::size_t>(n) + 1);
+  for (std::size_t i = 1; i < devs->items().size(); ++i) {
+    const auto& d = devs->items()[i];
+    BOOST_TEST(field_of(d, "kind") == "cuda");
+    BOOST_TEST(field_of(d, "compute_capability").find('.') != std::string::npos);
+    BOOST_TEST(std::stoll(field_of(d, "multiprocessors")) > 0);
+    BOOST_TEST(std::stoull(field_of(d, "memory")) > 0u);
+    BOOST_TEST(std::stoll(field_of(d, "async_engines")) >= 0);
+  }
+  auto h = b.hardware_limits();
+  BOOST_TEST_REQUIRE(h.max_threads_per_block.has_value());
+  BOOST_TEST(*h.max_threads_per_block > 0);
+  BOOST_TEST(h.max_block_dim_x.value_or(0) > 0);
+  BOOST_TEST(h.max_grid_dim_x.value_or(0) > 0);
+  BOOST_TEST(h.shared_memory_per_block.value_or(0) > 0);
+  if (fake_of(b)) {
+    // The fake's device 1 is the smaller one: the minimum is its.
+    BOOST_TEST(*h.max_threads_per_block == 512);
+    BOOST_TEST(*h.shared_memory_per_block == 32768);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(no_runtime_or_no_device_means_zero_devices_and_says_why) {
+  auto fake = std::make_shared<cuda::fake_api>(2);
+  fake->set_no_driver(true);
+  auto drv = detail::make_cuda_driver(fake, std::nullopt);
+  BOOST_TEST(drv->device_count() == 0);
+  auto why = field_of(drv->properties(), "unavailable");
+  BOOST_TEST(contains(why, "cudaErrorInsufficientDriver"), why);
+  BOOST_TEST(contains(why, "CUDA driver version is insufficient"), why);
+  BOOST_TEST(!drv->limits().max_threads_per_block.has_value());
+  auto none = detail::make_cuda_driver(nullptr, std::nullopt);
+  BOOST_TEST(none->device_count() == 0);
+  BOOST_TEST(contains(field_of(none->properties(), "unavailable"), "no CUDA runtime"));
+  // The real runtime here: devices, or none and the reason.
+  backend real{backend_options{.driver = "cuda", .scheduler_threads = 2}};
+  BOOST_TEST(real.name() == "multidev_cuda");
+  if (real.num_devices() == 0) {
+    auto reason = field_of(real.static_properties(), "unavailable");
+    BOOST_TEST_MESSAGE("multidev_cuda here: " << reason);
+    BOOST_TEST(reason.size() > 10u, reason);
+    BOOST_CHECK_THROW(real.get_device(0), std::invalid_argument);
+  }
+}
+
+// -- Kernels and copies ---------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(built_in_kernels_match_the_cpu_bit_for_bit) {
+  backend cpu{backend_options{.num_devices = 1, .scheduler_threads = 2}};
+  backend gpu{cuda_opts(1)};
+  auto want = kernel_program(cpu, cpu.get_device(0));
+  auto got = kernel_program(gpu, gpu.get_device(0));
+  BOOST_TEST(got.count == want.count);
+  BOOST_TEST(got.hash == want.hash);
+  BOOST_TEST(got.sum == want.sum);
+}
+
+BOOST_AUTO_TEST_CASE(copies_host_device_peer_and_merge_buffer) {
+  backend b{cuda_opts(2)};
+  constexpr std::size_t n = 50000; // beyond one 64 KiB staging buffer
+  auto t = node(1, "w", n);
+  auto src = iota_floats(n, 0.5f);
+  auto d0 = b.get_device(0);
+  auto c0 = b.init_from_host(b.make_context(d0), t, std::as_bytes(std::span{src}));
+  BOOST_TEST(read_back(b, c0, t) == src);
+  if (!has_devices(b, 2))
+    return;
+  auto d1 = b.get_device(1);
+  // Peer copy into d1's buffer.
+  auto c1 = b.init_from_device(t, b.make_context(d1), c0);
+  BOOST_TEST(read_back(b, c1, t) == src);
+  // Into d1's merge buffer, then added to d1's node (which holds src).
+  auto r = b.device_to_device(t, merge_buffer_use::copy, c1, c0);
+  BOOST_TEST_REQUIRE(r.has_value());
+  b.run(b.link(r->context, "add_from_merge", {t, t}));
+  auto sum = read_back(b, c1, t);
+  std::vector<float> twice(n);
+  for (std::size_t i = 0; i < n; ++i)
+    twice[i] = src[i] + src[i];
+  BOOST_TEST(sum == twice);
+  if (auto* f = fake_of(b))
+    BOOST_TEST(f->stats().peer_copies >= 2u);
+}
+
+BOOST_AUTO_TEST_CASE(memset_zero_and_used_memory) {
+  backend b{cuda_opts(1)};
+  auto d = b.get_device(0);
+  constexpr std::size_t bytes = std::size_t{1} << 20;
+  b.alloc_pool(d, 3, bytes, 4096);
+  BOOST_TEST(b.get_used_memory(d) >= bytes);
+  b.schedule_named(d, spec("fill", {buf(3, 0, bytes), 2.0}));
+  b.memset_zero(d, 3, 4096, 8192);
+  auto e = b.schedule_named(d, spec("checksum", {buf(3, 0, bytes), std::string{"z"}}));
+  sync(b, e);
+  auto r = b.result(d, "z");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 2.0 * static_cast<double>(bytes / 4 - 8192 / 4));
+  auto info = b.get_debug_info(d);
+  auto* c = info.find("cuda");
+  BOOST_TEST_REQUIRE(c != nullptr, info.to_string());
+  BOOST_TEST(std::stoull(field_of(*c, "pool_bytes")) >= bytes);
+  BOOST_TEST(std::stoull(field_of(*c, "memory_total")) > 0u);
+  BOOST_TEST(field_of(*c, "quarantined") == "no");
+  if (auto* f = fake_of(b))
+    BOOST_TEST(f->bytes_held(0) >= bytes);
+}
+
+BOOST_AUTO_TEST_CASE(a_kernel_without_a_cuda_version_is_refused_before_queuing) {
+  register_kernel("host_only_twice", {.params = {arg_kind::buffer},
+                                      .reads = {0},
+                                      .writes = {0},
+                                      .body =
+                                        [](kernel_call& c) {
+                                          for (auto& x : c.floats(0))
+                                            x *= 2;
+                                        }});
+  backend b{cuda_opts(1)};
+  auto d = b.get_device(0);
+  b.alloc_pool(d, 1, 64, 64);
+  auto before = scheduled_count(b, d);
+  try {
+    b.schedule_named(d, spec("host_only_twice", {buf(1, 0, 64)}));
+    BOOST_FAIL("a host-only kernel was accepted on a CUDA device");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "host_only_twice"), e.what());
+    BOOST_TEST(contains(e.what(), "no " + b.name() + " implementation"), e.what());
+  }
+  BOOST_TEST(scheduled_count(b, d) == before);
+  sync(b, b.schedule_named(d, spec("fill", {buf(1, 0, 64), 1.0}))); // not failed
+}
+
+BOOST_AUTO_TEST_CASE(a_closure_launches_on_the_current_stream) {
+  backend b{cuda_opts(1)};
+  auto d = b.get_device(0);
+  auto seen = std::make_shared<std::atomic<void*>>(nullptr);
+  b.schedule_task(d, {"look", [seen] { seen->store(current_cuda_stream()); }});
+  sync(b, b.all_work(d));
+  BOOST_TEST(seen->load() != nullptr);
+  BOOST_TEST(current_cuda_stream() == nullptr); // not on this thread
+  backend cpu{backend_options{.num_devices = 1, .scheduler_threads = 2}};
+  auto on_cpu = std::make_shared<std::atomic<bool>>(true);
+  cpu.schedule_task(cpu.get_device(0),
+                    {"look", [on_cpu] { on_cpu->store(current_cuda_stream() != nullptr); }});
+  sync(cpu, cpu.all_work(cpu.get_device(0)));
+  BOOST_TEST(!on_cpu->load());
+}
+
+// -- Events: in order, reused, fanned out, waited on the device ------------------------
+
+BOOST_AUTO_TEST_CASE(completions_resolve_in_seq_order_and_events_are_reused) {
+  backend b{cuda_opts(1, 16)};
+  auto d = b.get_device(0);
+  auto* f = fake_of(b);
+  b.alloc_pool(d, 1, 4096, 256);
+  if (f)
+    f->pause(0);
+  std::vector<event> evs;
+  for (int i = 0; i < 400; ++i)
+    evs.push_back(b.schedule_named(d, spec("fill", {buf(1, 0, 4096), double(i)})));
+  if (f)
+    f->resume(0);
+  // At every moment the done events are a prefix of the schedule.
+  bool prefix = true;
+  while (!b.is_done(evs.back())) {
+    bool seen_pending = false;
+    for (auto& e : evs) {
+      bool done = b.is_done(e);
+      if (done && seen_pending)
+        prefix = false;
+      seen_pending |= !done;
+    }
+  }
+  sync(b, evs.back());
+  BOOST_TEST(prefix);
+  for (auto& e : evs)
+    BOOST_TEST_REQUIRE((b.state(e) == event_state::done));
+  if (f) {
+    auto s = f->stats();
+    // One event per item in flight at most, reused from the pool.
+    BOOST_TEST(s.event_records >= 400u);
+    BOOST_TEST(s.events_created <= 16u + 1u);
+    BOOST_TEST(s.host_funcs_run >= 400u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_wait_between_cuda_devices_is_ordered_on_the_device, *boost::unit_test::precondition(fake_only{})) {
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  constexpr std::size_t n = 4096;
+  auto t = node(1, "w", n);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  auto c0 = b.alloc_node(b.make_context(d0), t);
+  auto c1 = b.alloc_node(b.make_context(d1), t);
+  sync(b, b.all_work(d0));
+  sync(b, b.all_work(d1));
+  f.pause(0); // device 0's work is submitted but does not run
+  b.run(b.link(c0, "fill", {t, 4.0}));
+  auto copy = b.device_to_device(t, merge_buffer_use::no, c1, c0);
+  BOOST_TEST_REQUIRE(copy.has_value());
+  auto done = b.all_work(d1);
+  // Device 1's runner passed the wait without the host: its stream waits on
+  // device 0's event, and the copy behind it is already launched.
+  BOOST_TEST_REQUIRE(f.wait_until([](const cuda::fake_stats& s) {
+    return s.stream_waits >= 1 && s.calls.count("memcpy_peer_async") && s.calls.at("memcpy_peer_async") >= 1;
+  }));
+  BOOST_TEST(!b.is_done(done));
+  f.resume(0);
+  auto got = read_back(b, c1, t);
+  BOOST_TEST(got == std::vector<float>(n, 4.0f));
+}
+
+BOOST_AUTO_TEST_CASE(one_event_fans_out_to_many_waiting_devices) {
+  backend b{cuda_opts(4)};
+  if (!has_devices(b, 2))
+    return;
+  auto* f = fake_of(b);
+  int n_dev = b.num_devices();
+  constexpr std::size_t n = 1024;
+  auto t = node(1, "w", n);
+  auto d0 = b.get_device(0);
+  auto c0 = b.alloc_node(b.make_context(d0), t);
+  std::vector<context> others;
+  for (int i = 1; i < n_dev; ++i) {
+    auto di = b.get_device(i);
+    others.push_back(b.alloc_node(b.make_context(di), t));
+    sync(b, b.all_work(di));
+  }
+  if (f)
+    f->pause(0);
+  b.run(b.link(c0, "iota", {t, 3.0}));
+  for (auto& c : others)
+    b.device_to_device(t, merge_buffer_use::no, c, c0);
+  if (f) {
+    auto waiters = static_cast<uint64_t>(n_dev - 1);
+    BOOST_TEST_REQUIRE(f->wait_until(
+      [waiters](const cuda::fake_stats& s) { return s.stream_waits >= waiters; }));
+    f->resume(0);
+  }
+  auto want = iota_floats(n, 3.0f);
+  for (auto& c : others)
+    BOOST_TEST(read_back(b, c, t) == want);
+}
+
+// -- Waits across kinds: a CPU backend and a CUDA one in one process -----------------
+
+BOOST_AUTO_TEST_CASE(waits_between_cpu_and_cuda_devices_go_both_ways) {
+  backend cpu{backend_options{.num_devices = 1, .scheduler_threads = 2}};
+  backend gpu{cuda_opts(1)};
+  auto cd = cpu.get_device(0);
+  auto gd = gpu.get_device(0);
+  constexpr std::size_t n = 2048;
+  auto t = node(1, "w", n);
+  auto gc = gpu.alloc_node(gpu.make_context(gd), t);
+  sync(gpu, gpu.all_work(gd));
+  // CPU -> CUDA: the copy from host memory waits for the CPU task that
+  // writes it (held on a latch until the copy is queued).
+  std::vector<float> host(n, 0.0f);
+  auto release = std::make_shared<latch_gate>();
+  cpu.schedule_task(cd, {"write host", [release, &host] {
+                           BOOST_REQUIRE(release->wait());
+                           std::fill(host.begin(), host.end(), 7.0f);
+                         }});
+  gpu.will_wait_for(gc, cpu.all_work(cd));
+  gpu.from_host(gc, t, std::as_bytes(std::span{host}));
+  release->open();
+  BOOST_TEST(read_back(gpu, gc, t) == std::vector<float>(n, 7.0f));
+  // CUDA -> CPU: the CPU task reads what the device copied out.
+  gpu.run(gpu.link(gc, "fill", {t, 3.0}));
+  std::vector<float> out(n, 0.0f);
+  gpu.to_host(gc, t, std::as_writable_bytes(std::span{out}));
+  auto cc = cpu.make_context(cd);
+  cpu.will_wait_for(cc, gpu.all_work(gd));
+  auto seen = std::make_shared<std::atomic<float>>(-1.0f);
+  cpu.schedule_task(cd, {"read host", [seen, &out] { seen->store(out[n - 1]); }});
+  sync(cpu, cpu.all_work(cd));
+  BOOST_TEST(seen->load() == 3.0f);
+}
+
+// -- Errors ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_failed_call_fails_its_item_naming_the_cuda_error, *boost::unit_test::precondition(fake_only{})) {
+  backend b{cuda_opts(1)};
+  auto& f = the_fake(b);
+  auto d = b.get_device(0);
+  constexpr std::size_t n = 256;
+  auto t = node(1, "w", n);
+  auto c = b.alloc_node(b.make_context(d), t);
+  sync(b, b.all_work(d));
+  std::vector<float> host(n, 1.0f);
+  f.fail_next("memcpy_async", cuda::code::invalid_value);
+  b.from_host(c, t, std::as_bytes(std::span{host}));
+  auto text = failure_text(b, b.all_work(d));
+  BOOST_TEST(contains(text, "cudaMemcpyAsync"), text);
+  BOOST_TEST(contains(text, "cudaErrorInvalidValue"), text);
+  BOOST_TEST(contains(text, "invalid argument"), text);
+  // Not sticky: the device recovers and works.
+  BOOST_TEST(b.recover(d));
+  f.fail_next("launch_fill", cuda::code::launch_out_of_resources);
+  text = failure_text(b, b.run(b.link(c, "fill", {t, 1.0})));
+  BOOST_TEST(contains(text, "fill kernel launch"), text);
+  BOOST_TEST(contains(text, "cudaErrorLaunchOutOfResources"), text);
+  BOOST_TEST(b.recover(d));
+  b.run(b.link(c, "fill", {t, 5.0}));
+  BOOST_TEST(read_back(b, c, t) == std::vector<float>(n, 5.0f));
+  BOOST_TEST(field_of(*b.get_debug_info(d).find("cuda"), "quarantined") == "no");
+}
+
+BOOST_AUTO_TEST_CASE(a_sticky_error_quarantines_the_device_only, *boost::unit_test::precondition(fake_only{})) {
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  b.alloc_pool(d0, 1, 4096, 256);
+  b.alloc_pool(d1, 1, 4096, 256);
+  sync(b, b.all_work(d0));
+  // The fault shows only when the kernel runs: no host callback comes after
+  // it, and the watchdog finds the error on the stream.
+  f.fail_kernel_sticky(0, cuda::code::illegal_address);
+  b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 1.0}));
+  auto later = b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 2.0}));
+  auto text = failure_text(b, later);
+  BOOST_TEST(contains(text, "quarantined"), text);
+  BOOST_TEST(contains(text, "cudaErrorIllegalAddress"), text);
+  BOOST_TEST(contains(text, "an illegal memory access was encountered"), text);
+  // Recovering the device does not bring the context back.
+  b.recover(d0);
+  text = failure_text(b, b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 3.0})));
+  BOOST_TEST(contains(text, "quarantined"), text);
+  BOOST_TEST(contains(field_of(*b.get_debug_info(d0).find("cuda"), "quarantined"),
+                      "cudaErrorIllegalAddress"));
+  BOOST_CHECK_THROW(b.alloc_pool(d0, 2, 64, 64), std::exception);
+  // The other device works on.
+  auto e = b.schedule_named(d1, spec("fill", {buf(1, 0, 4096), 6.0}));
+  sync(b, e);
+  sync(b, b.schedule_named(d1, spec("checksum", {buf(1, 0, 4096), std::string{"ok"}})));
+  BOOST_TEST(b.result(d1, "ok").value().sum == 6.0 * 1024);
+}
+
+// -- Memory is given back ------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {
+  std::shared_ptr<detail::driver> keep;
+  cuda::fake_api* f = nullptr;
+  {
+    backend b{cuda_opts(2)};
+    keep = b.impl().drv; // the fake outlives the backend
+    f = &the_fake(b);
+    auto d0 = b.get_device(0);
+    auto d1 = b.get_device(1);
+    constexpr std::size_t n = 20000;
+    auto t = node(1, "w", n);
+    auto c0 = b.alloc_node(b.make_context(d0), t);
+    auto c1 = b.alloc_node(b.make_context(d1), t);
+    for (int round = 0; round < 20; ++round) {
+      b.alloc_pool(d0, 7, 1 << 16, 256);
+      b.schedule_named(d0, spec("fill", {buf(7, 0, 1 << 16), double(round)}));
+      b.free_pool(d0, 7); // released by the host callback of the fill
+      b.run(b.link(c0, "iota", {t, double(round)}));
+      b.device_to_device(t, merge_buffer_use::no, c1, c0);
+    }
+    BOOST_TEST(read_back(b, c1, t) == iota_floats(n, 19.0f));
+  }
+  auto s = f->stats();
+  BOOST_TEST(s.mallocs >= 22u);
+  BOOST_TEST(s.bytes_held == 0u);
+  BOOST_TEST(s.pinned_bytes_held == 0u);
+  BOOST_TEST(s.streams_destroyed == s.streams_created);
+  BOOST_TEST(s.events_destroyed == s.events_created);
+}
+
+// -- Entry point: the real runtime without a GPU skips ----------------------------------------
+
+int main(int argc, char* argv[]) {
+  if (real_mode()) {
+    backend probe{backend_options{.driver = "cuda", .scheduler_threads = 1}};
+    if (probe.num_devices() == 0) {
+      std::cout << "SKIPPED: no CUDA device here ("
+                << field_of(probe.static_properties(), "unavailable") << ")\n";
+      return 77;
+    }
+  }
+  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
+}
