@@ -294,15 +294,17 @@ BOOST_AUTO_TEST_CASE(completions_resolve_in_seq_order_and_events_are_reused) {
     evs.push_back(b.schedule_named(d, spec("fill", {buf(1, 0, 4096), double(i)})));
   if (f)
     f->resume(0);
-  // At every moment the done events are a prefix of the schedule.
+  // At every moment the done events are a prefix of the schedule. Read from
+  // the last to the first: once one is seen done, every earlier one, read
+  // later, must be done too (being done is for good).
   bool prefix = true;
   while (!b.is_done(evs.back())) {
-    bool seen_pending = false;
-    for (auto& e : evs) {
-      bool done = b.is_done(e);
-      if (done && seen_pending)
+    bool later_done = false;
+    for (auto e = evs.rbegin(); e != evs.rend(); ++e) {
+      bool done = b.is_done(*e);
+      if (!done && later_done)
         prefix = false;
-      seen_pending |= !done;
+      later_done |= done;
     }
   }
   sync(b, evs.back());
@@ -449,12 +451,17 @@ BOOST_AUTO_TEST_CASE(a_sticky_error_quarantines_the_device_only, *boost::unit_te
   b.alloc_pool(d0, 1, 4096, 256);
   b.alloc_pool(d1, 1, 4096, 256);
   sync(b, b.all_work(d0));
-  // The fault shows only when the kernel runs: no host callback comes after
-  // it, and the watchdog finds the error on the stream.
+  // The fault shows only when the kernel runs, after the item was fully
+  // submitted: no host callback comes after it, nothing else is submitted,
+  // and only the watchdog, asking the stream, can find the error.
+  auto launched = f.stats().host_funcs_launched;
+  f.pause(0);
+  auto only = b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 1.0}));
+  BOOST_TEST_REQUIRE(f.wait_until(
+    [&](const cuda::fake_stats& s) { return s.host_funcs_launched > launched; }));
   f.fail_kernel_sticky(0, cuda::code::illegal_address);
-  b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 1.0}));
-  auto later = b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 2.0}));
-  auto text = failure_text(b, later);
+  f.resume(0);
+  auto text = failure_text(b, only);
   BOOST_TEST(contains(text, "quarantined"), text);
   BOOST_TEST(contains(text, "cudaErrorIllegalAddress"), text);
   BOOST_TEST(contains(text, "an illegal memory access was encountered"), text);
@@ -502,6 +509,7 @@ BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit
   BOOST_TEST(s.pinned_bytes_held == 0u);
   BOOST_TEST(s.streams_destroyed == s.streams_created);
   BOOST_TEST(s.events_destroyed == s.events_created);
+  BOOST_TEST(s.calls_in_host_funcs == 0u); // frees asked for there were deferred
 }
 
 // -- Entry point: the real runtime without a GPU skips ----------------------------------------

@@ -46,6 +46,7 @@ inline constexpr status misaligned_address = 716;
 inline constexpr status invalid_address_space = 717;
 inline constexpr status invalid_pc = 718;
 inline constexpr status launch_failure = 719;
+inline constexpr status not_permitted = 800;
 inline constexpr status ecc_uncorrectable = 214;
 inline constexpr status unknown = 999;
 } // namespace code

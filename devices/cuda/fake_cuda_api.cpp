@@ -16,6 +16,11 @@
 namespace multidev::detail::cuda {
 
 namespace {
+/// Set while the calling thread runs a host function (`launch_host_func`).
+thread_local bool in_host_func = false;
+} // namespace
+
+namespace {
 
 constexpr std::size_t device_memory = std::size_t{141} << 30;
 constexpr std::size_t alignment = 256;
@@ -106,6 +111,10 @@ status fake_api::call(const char* name, F&& body) {
 
 status fake_api::enter(const char* name) {
   ++st_.calls[name];
+  if (in_host_func) {
+    ++st_.calls_in_host_funcs;
+    return code::not_permitted;
+  }
   if (no_driver_)
     return code::insufficient_driver;
   if (devices_ == 0)
@@ -219,7 +228,9 @@ void fake_api::run(stream_state& st, op& o, std::unique_lock<std::mutex>& lk) {
       ++st_.peer_copies;
       return;
     case op::kind::host_func:
+      in_host_func = true; // the runtime forbids CUDA calls in there
       unlocked();
+      in_host_func = false;
       ++st_.host_funcs_run;
       return;
     case op::kind::free: {
@@ -799,6 +810,7 @@ std::string fake_api::error_name(status s) {
     case code::launch_failure: return "cudaErrorLaunchFailure";
     case code::ecc_uncorrectable: return "cudaErrorECCUncorrectable";
     case code::unknown: return "cudaErrorUnknown";
+    case code::not_permitted: return "cudaErrorNotPermitted";
     default: return fmt::format("cudaError{}", s);
   }
 }
@@ -833,6 +845,7 @@ std::string fake_api::error_string(status s) {
     case code::launch_failure: return "unspecified launch failure";
     case code::ecc_uncorrectable: return "uncorrectable ECC error encountered";
     case code::unknown: return "unknown error";
+    case code::not_permitted: return "operation not permitted";
     default: return "unrecognized error code";
   }
 }

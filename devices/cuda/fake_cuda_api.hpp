@@ -51,6 +51,9 @@ struct fake_stats {
   uint64_t host_frees = 0;
   uint64_t mem_pools_configured = 0;
   uint64_t ops_discarded = 0;       ///< Queued operations a sticky error dropped.
+  /// Calls made from inside a host function, which the runtime forbids
+  /// (each returns `not_permitted`).
+  uint64_t calls_in_host_funcs = 0;
   std::size_t bytes_held = 0;       ///< `malloc_async` bytes (as requested) not yet freed, all devices.
   std::size_t pinned_bytes_held = 0; ///< `malloc_host` bytes not yet freed.
 };
