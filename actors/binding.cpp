@@ -1,5 +1,7 @@
 #include "actors/binding.hpp"
 
+#include "devices/builtins.hpp"
+
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -67,7 +69,8 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
                                                     : std::nullopt});
   if (def->merge_buffer_param < 0)
     merge.reset();
-  if (!core->drv().host_kernels() && !core->drv().has_kernel(spec.kernel))
+  if (!core->drv().host_kernels() &&
+      !(core->drv().has_kernel(spec.kernel) && is_builtin(spec.kernel, def.get())))
     throw std::invalid_argument(fmt::format(
       "kernel '{}' has no {} implementation (its memory is not the host's; built-in "
       "kernels only, see docs/kernels.md)",

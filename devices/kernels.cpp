@@ -1,7 +1,7 @@
 // The kernel registry and the built-in kernels (float32 buffers).
 #include "multidev/kernels.hpp"
 
-#include "devices/checksum.hpp"
+#include "devices/builtins.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -215,6 +215,8 @@ std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
 struct registry {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const kernel_def>> kernels = builtins();
+  /// The built-in definitions, even once replaced (`is_builtin`).
+  const std::map<std::string, std::shared_ptr<const kernel_def>> originals = kernels;
 };
 
 registry& the_registry() {
@@ -223,6 +225,12 @@ registry& the_registry() {
 }
 
 } // namespace
+
+bool detail::is_builtin(const std::string& name, const kernel_def* def) {
+  auto& reg = the_registry();
+  auto i = reg.originals.find(name); // never written after construction
+  return i != reg.originals.end() && i->second.get() == def;
+}
 
 void register_kernel(const std::string& name, kernel_def def) {
   if (name.empty())

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "devices/checksum.hpp"
+#include "devices/builtins.hpp"
 #include "multidev/cuda.hpp"
 #include "multidev/kernels.hpp"
 

@@ -1,0 +1,24 @@
+#pragma once
+/// \file
+/// What drivers share with the built-in kernels (devices/kernels.cpp).
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "multidev/kernels.hpp"
+
+namespace multidev::detail {
+
+/// What the `checksum` kernel publishes for a float32 buffer: the sum of
+/// its elements (in order, in double), the FNV-1a hash of its bytes and its
+/// element count. One definition for every driver, so a CPU and a GPU
+/// device publish the same result for the same bytes.
+kernel_result checksum_of(std::span<const std::byte> bytes);
+
+/// Whether `def` is the built-in kernel `name` as multidev defines it (not
+/// a replacement registered under that name): a GPU driver runs its own
+/// version of built-ins only.
+bool is_builtin(const std::string& name, const kernel_def* def);
+
+} // namespace multidev::detail
