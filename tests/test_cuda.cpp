@@ -479,6 +479,37 @@ BOOST_AUTO_TEST_CASE(a_sticky_error_quarantines_the_device_only, *boost::unit_te
   BOOST_TEST(b.result(d1, "ok").value().sum == 6.0 * 1024);
 }
 
+BOOST_AUTO_TEST_CASE(work_ordered_behind_a_failed_producer_is_never_done, *boost::unit_test::precondition(fake_only{})) {
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  b.alloc_pool(d0, 1, 4096, 256);
+  b.alloc_pool(d1, 1, 4096, 256);
+  sync(b, b.all_work(d0));
+  sync(b, b.all_work(d1));
+  auto launched = f.stats().kernels_launched;
+  f.pause(0);
+  auto produced = b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 1.0}));
+  b.will_wait_for(b.make_context(d1), produced);
+  auto consumed = b.schedule_named(d1, spec("fill", {buf(1, 0, 4096), 2.0}));
+  // Device 1's fill is launched behind a device-side wait before device 0 ran.
+  BOOST_TEST_REQUIRE(f.wait_until([&](const cuda::fake_stats& s) {
+    return s.stream_waits >= 1 && s.kernels_launched >= launched + 2;
+  }));
+  f.fail_kernel_sticky(0, cuda::code::illegal_address);
+  f.resume(0);
+  auto text = failure_text(b, consumed);
+  BOOST_TEST(contains(text, "cudaErrorIllegalAddress"), text);
+  try {
+    b.sync(consumed);
+  } catch (const device_error& e) {
+    BOOST_TEST(e.origin_device() == b.get_name(d0)); // the provenance names the producer
+  }
+  BOOST_TEST((b.state(produced) == event_state::failed));
+  BOOST_TEST((b.state(consumed) == event_state::failed));
+}
+
 // -- Memory is given back ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {
