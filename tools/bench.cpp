@@ -5,9 +5,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -36,12 +39,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <malloc.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <multidev/kernels.hpp>
 #include <multidev/protocol.hpp>
 
+#include "bench_peers.hpp"
 #include "gradient_merge.hpp"
 
 namespace multidev::tools {
@@ -699,6 +704,8 @@ double multidev_ns_per_hop(backend& b, const device& d0, const device& d1, int h
 } // namespace
 
 bool bench_result::meets_target() const {
+  if (!skipped.empty())
+    return true;
   auto meets = [this](double x, std::optional<double> bound) {
     return !bound || (better == "lower" ? x <= *bound : x >= *bound);
   };
@@ -708,7 +715,25 @@ bool bench_result::meets_target() const {
 namespace {
 
 bool is_wanted(const bench_options& o, const std::string& name) {
+  if (!o.only.empty() && std::find(o.only.begin(), o.only.end(), name) == o.only.end())
+    return false;
   return o.filter.empty() || name.find(o.filter) != std::string::npos;
+}
+
+/// An entry for a baseline that could not be measured here.
+bench_result skipped_result(std::string name, std::string unit, std::string baseline,
+                            std::string better, std::optional<double> target, std::string why) {
+  bench_result r{std::move(name), std::move(unit), 0, std::move(baseline), 0, 0,
+                 std::move(better), target};
+  r.skipped = std::move(why);
+  return r;
+}
+
+std::string tbb_missing() {
+  return peers::have_tbb() ? std::string{} : "skipped: oneTBB not installed";
+}
+std::string starpu_missing() {
+  return peers::have_starpu() ? std::string{} : "skipped: StarPU not installed";
 }
 
 /// One baseline of a figure: the figure's name, the baseline's label, the
@@ -718,6 +743,8 @@ struct baseline_run {
   std::string label;
   std::optional<double> target;
   std::function<double()> run;
+  /// Non-empty: the peer is not in this build; the entry says this instead.
+  std::string missing = {};
 };
 
 /// The figures of `bases` that `o` wants, each the median of `ours` beside
@@ -725,18 +752,333 @@ struct baseline_run {
 /// better). One measurement of multidev serves every baseline.
 void compare(std::vector<bench_result>& out, const bench_options& o, int reps,
              const std::string& unit, std::function<double()> ours,
-             std::vector<baseline_run> bases) {
+             std::vector<baseline_run> bases, const std::string& better = "lower") {
   std::erase_if(bases, [&o](const baseline_run& x) { return !is_wanted(o, x.figure); });
-  if (bases.empty())
-    return;
   std::vector<std::function<double()>> fns;
   for (const auto& x : bases)
-    fns.push_back(x.run);
-  fns.push_back(std::move(ours));
-  auto ms = medians_of(reps, fns);
-  for (std::size_t i = 0; i < bases.size(); ++i)
-    out.push_back(make(bases[i].figure, unit, ms.back(), bases[i].label, ms[i], "lower",
-                       bases[i].target));
+    if (x.missing.empty())
+      fns.push_back(x.run);
+  if (fns.empty() && bases.empty())
+    return;
+  std::vector<double> ms;
+  if (!fns.empty()) {
+    fns.push_back(std::move(ours));
+    ms = medians_of(reps, fns);
+  }
+  std::size_t k = 0;
+  for (const auto& x : bases) {
+    if (!x.missing.empty()) {
+      out.push_back(skipped_result(x.figure, unit, x.label, better, x.target, x.missing));
+      continue;
+    }
+    out.push_back(make(x.figure, unit, ms.back(), x.label, ms[k++], better, x.target));
+  }
+}
+
+/// Bytes the heap hands out now (glibc's `mallinfo2`): what a set of
+/// objects costs is the difference around making them.
+std::size_t heap_in_use() {
+  auto m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+/// An empty task: what the task figures schedule.
+task empty_task() {
+  return task{{}, [] {}, {}};
+}
+
+/// Case 3: µs per round of the fan-out/fan-in DAG on `devs`: a source task
+/// on device 0, `width` empty tasks spread round-robin over the devices,
+/// each after the source (one `will_wait_for` per other device; device 0's
+/// own are after it in order), and a sink on device 0 after all of them
+/// (one `will_wait_for` per other device). Rounds chain through device 0.
+/// The host schedules every round, then waits for the last sink.
+double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
+                           const std::vector<context>& ctx, int width, int rounds) {
+  auto n = devs.size();
+  auto t0 = clock_type::now();
+  for (int r = 0; r < rounds; ++r) {
+    b.schedule_task(devs[0], empty_task()); // the source
+    auto source = b.all_work(devs[0]);
+    for (std::size_t j = 1; j < n; ++j)
+      b.will_wait_for(ctx[j], source);
+    for (int i = 0; i < width; ++i)
+      b.schedule_task(devs[static_cast<std::size_t>(i) % n], empty_task());
+    for (std::size_t j = 1; j < n; ++j)
+      b.will_wait_for(ctx[0], b.all_work(devs[j]));
+    b.schedule_task(devs[0], empty_task()); // the sink
+  }
+  b.sync(b.all_work(devs[0]));
+  return seconds_since(t0) * 1e6 / rounds;
+}
+
+/// Case 4, small copies: ns per 4 KiB `from_host` (back to back, then one
+/// sync), beside a 4 KiB memcpy plus one empty task on the same device.
+bench_result copy_4k_figure(backend& b, const device& d, const bench_options& o, int reps) {
+  constexpr std::size_t bytes = 4096;
+  int n = o.quick ? 2'000 : 20'000;
+  tnode t{900'001, "copy_4KiB", bytes, memory_mode::on_device};
+  auto host = random_bytes(bytes);
+  auto c = b.init_from_host(b.make_context(d), t, host);
+  b.sync(b.all_work(d));
+  std::vector<std::byte> dst(bytes);
+  auto ms = medians_of(reps, {[&] {
+                                auto t0 = clock_type::now();
+                                for (int i = 0; i < n; ++i) {
+                                  std::memcpy(dst.data(), host.data(), bytes);
+                                  // Keep each copy: the compiler may not merge them.
+                                  asm volatile("" : : "r"(dst.data()) : "memory");
+                                }
+                                return seconds_since(t0) * 1e9 / n;
+                              },
+                              [&] { return multidev_ns_per_task(b, d, n); },
+                              [&] {
+                                auto t0 = clock_type::now();
+                                for (int i = 0; i < n; ++i)
+                                  b.from_host(c, t, host);
+                                b.sync(b.all_work(d));
+                                return seconds_since(t0) * 1e9 / n;
+                              }});
+  auto r = make("copy_4KiB", "ns/copy", ms[2], "memcpy 4KiB + one empty task", ms[0] + ms[1],
+                "lower", 3.0);
+  b.sync_device(d);
+  return r;
+}
+
+/// Case 3 on a backend of 8 devices: `fan_dag_<N>dev` for N = 1, 2, 4, 8.
+void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts,
+                     const bench_options& o) {
+  const std::array<int, 4> counts{1, 2, 4, 8};
+  auto name = [](int n) { return fmt::format("fan_dag_{}dev", n); };
+  if (std::none_of(counts.begin(), counts.end(), [&](int n) { return is_wanted(o, name(n)); }))
+    return;
+  auto bopts = opts;
+  bopts.num_devices = 8;
+  backend b{bopts};
+  int reps = std::max(1, o.repeats);
+  constexpr int width = 16;
+  int rounds = o.quick ? 100 : 500;
+  int starpu_rounds = std::max(1, rounds / 5);
+  for (int n : counts) {
+    if (!is_wanted(o, name(n)))
+      continue;
+    std::vector<device> devs;
+    std::vector<context> ctx;
+    for (int i = 0; i < n; ++i) {
+      devs.push_back(b.get_device(i));
+      ctx.push_back(b.make_context(devs.back()));
+    }
+    compare(out, o, reps, "us/round",
+            [&] { return multidev_fan_dag_us(b, devs, ctx, width, rounds); },
+            {{name(n), "oneTBB flow graph", 1.0,
+              [&] { return peers::tbb_fan_dag_us(n, width, rounds); }, tbb_missing()},
+             {name(n), "StarPU", 1.0,
+              [&] { return peers::starpu_fan_dag_us(n, width, starpu_rounds); },
+              !starpu_missing().empty() ? starpu_missing()
+              : n > peers::starpu_max_workers()
+                ? fmt::format("skipped: this StarPU runs at most {} CPU workers",
+                              peers::starpu_max_workers())
+                : std::string{}}});
+  }
+}
+
+/// Case 5: µs from scheduling a task onto a device idle for a while to
+/// `sync` returning, beside pushing onto a condition-variable queue idle as
+/// long and waiting for the item to run.
+bench_result wake_figure(const backend_options& opts, const bench_options& o) {
+  auto bopts = opts;
+  bopts.num_devices = 1;
+  backend b{bopts};
+  auto d = b.get_device(0);
+  auto idle = std::chrono::milliseconds(o.quick ? 2 : 10);
+  int wakes = o.quick ? 5 : 20;
+  cv_queue q;
+  auto [base, ours] = medians(
+    std::max(1, o.repeats),
+    [&] {
+      double total = 0;
+      for (int i = 0; i < wakes; ++i) {
+        std::this_thread::sleep_for(idle);
+        auto t0 = clock_type::now();
+        std::promise<void> ran;
+        q.push([&ran] { ran.set_value(); });
+        ran.get_future().wait();
+        total += seconds_since(t0);
+      }
+      return total * 1e6 / wakes;
+    },
+    [&] {
+      double total = 0;
+      for (int i = 0; i < wakes; ++i) {
+        std::this_thread::sleep_for(idle);
+        auto t0 = clock_type::now();
+        b.schedule_task(d, empty_task());
+        b.sync(b.all_work(d));
+        total += seconds_since(t0);
+      }
+      return total * 1e6 / wakes;
+    });
+  return make("wake_after_idle", "us/wake", ours,
+              fmt::format("condition variable round trip, {} ms idle", idle.count()), base,
+              "lower", 1.5);
+}
+
+/// Case 6, throughput: `n` empty tasks from this thread round-robin over
+/// the first `devices` devices, then waiting for all; tasks per second.
+double multidev_tasks_per_s(backend& b, int devices, int n) {
+  std::vector<device> devs;
+  for (int i = 0; i < devices; ++i)
+    devs.push_back(b.get_device(i));
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i)
+    b.schedule_task(devs[static_cast<std::size_t>(i % devices)], empty_task());
+  for (auto& d : devs)
+    b.sync(b.all_work(d));
+  return n / seconds_since(t0);
+}
+
+/// The same over `qs.size()` condition-variable queues.
+double cv_queues_tasks_per_s(std::vector<std::unique_ptr<cv_queue>>& qs, int n) {
+  std::atomic<int> done{0};
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i)
+    qs[static_cast<std::size_t>(i) % qs.size()]->push(
+      [&done] { done.fetch_add(1, std::memory_order_relaxed); });
+  for (auto& q : qs) {
+    std::promise<void> all;
+    q->push([&all] { all.set_value(); });
+    all.get_future().wait();
+  }
+  return n / seconds_since(t0);
+}
+
+/// Case 6: throughput as devices grow (`scale_<N>dev`) and as the queue
+/// deepens (`scale_depth_<D>`: D tasks queued, then waited for, again and
+/// again), beside as many mutex+cv queues; then the memory an idle device
+/// and a queued task cost.
+void scale_figures(std::vector<bench_result>& out, const backend_options& opts,
+                   const bench_options& o) {
+  int reps = std::max(1, o.quick ? 1 : std::min(o.repeats, 3));
+  const std::array<int, 4> counts{1, 2, 4, 8};
+  const std::array<int, 4> depths{1, 100, 10'000, 1'000'000};
+  auto dev_name = [](int n) { return fmt::format("scale_{}dev", n); };
+  auto depth_name = [](int d) { return fmt::format("scale_depth_{}", d); };
+  bool any_dev = std::any_of(counts.begin(), counts.end(),
+                             [&](int n) { return is_wanted(o, dev_name(n)); });
+  bool any_depth = std::any_of(depths.begin(), depths.end(),
+                               [&](int d) { return is_wanted(o, depth_name(d)); });
+  if (any_dev || any_depth) {
+    auto bopts = opts;
+    bopts.num_devices = 8;
+    bopts.queue_capacity = std::size_t{1} << 21; // room for the deepest queue
+    backend b{bopts};
+    int n = o.quick ? 50'000 : 400'000;
+    for (int devices : counts) {
+      if (!is_wanted(o, dev_name(devices)))
+        continue;
+      std::vector<std::unique_ptr<cv_queue>> qs;
+      for (int i = 0; i < devices; ++i)
+        qs.push_back(std::make_unique<cv_queue>());
+      compare(out, o, reps, "tasks/s", [&] { return multidev_tasks_per_s(b, devices, n); },
+              {{dev_name(devices), "a mutex+cv queue per device", std::nullopt,
+                [&] { return cv_queues_tasks_per_s(qs, n); }}},
+              "higher");
+    }
+    auto d0 = b.get_device(0);
+    for (int depth : depths) {
+      if (!is_wanted(o, depth_name(depth)))
+        continue;
+      int total = std::max(depth, o.quick ? 20'000 : 200'000);
+      if (o.quick)
+        total = std::min(total, 200'000);
+      int batches = std::max(1, total / depth);
+      int per = std::min(depth, total);
+      cv_queue q;
+      compare(
+        out, o, reps, "tasks/s",
+        [&] {
+          auto t0 = clock_type::now();
+          for (int k = 0; k < batches; ++k) {
+            for (int i = 0; i < per; ++i)
+              b.schedule_task(d0, empty_task());
+            b.sync(b.all_work(d0));
+          }
+          return static_cast<double>(batches) * per / seconds_since(t0);
+        },
+        {{depth_name(depth), "mutex+cv queue", std::nullopt,
+          [&] {
+            auto t0 = clock_type::now();
+            for (int k = 0; k < batches; ++k) {
+              std::promise<void> all;
+              for (int i = 0; i < per; ++i)
+                q.push([] {});
+              q.push([&all] { all.set_value(); });
+              all.get_future().wait();
+            }
+            return static_cast<double>(batches) * per / seconds_since(t0);
+          }}},
+        "higher");
+    }
+  }
+  if (is_wanted(o, "bytes_per_idle_device")) {
+    constexpr int n = 64;
+    auto bopts = opts;
+    bopts.num_devices = n;
+    auto before = heap_in_use();
+    double ours = 0;
+    {
+      backend b{bopts};
+      for (int i = 0; i < n; ++i)
+        b.get_device(i);
+      ours = static_cast<double>(heap_in_use() - before) / n;
+    }
+    before = heap_in_use();
+    double base = 0;
+    {
+      std::vector<std::unique_ptr<cv_queue>> qs;
+      for (int i = 0; i < n; ++i)
+        qs.push_back(std::make_unique<cv_queue>());
+      base = static_cast<double>(heap_in_use() - before) / n;
+    }
+    out.push_back(make("bytes_per_idle_device", "B", ours,
+                       "a mutex+cv queue and its thread (heap; stacks not counted)",
+                       std::max(base, 1.0), "lower", std::nullopt));
+  }
+  if (is_wanted(o, "bytes_per_queued_task")) {
+    int n = o.quick ? 100'000 : 1'000'000;
+    auto bopts = opts;
+    bopts.num_devices = 1;
+    bopts.queue_capacity = static_cast<std::size_t>(n) + 16;
+    backend b{bopts};
+    auto d = b.get_device(0);
+    std::atomic<bool> go{false};
+    b.schedule_task(d, task{{}, [&go] { go.wait(false); }, {}}); // holds the runner
+    auto before = heap_in_use();
+    for (int i = 0; i < n; ++i)
+      b.schedule_task(d, empty_task());
+    double ours = static_cast<double>(heap_in_use() - before) / n;
+    go.store(true);
+    go.notify_one();
+    b.sync(b.all_work(d));
+    // The same empty closures queued in the textbook queue, its consumer held.
+    double base = 0;
+    {
+      std::atomic<bool> hold{false};
+      cv_queue q;
+      q.push([&hold] { hold.wait(false); });
+      before = heap_in_use();
+      for (int i = 0; i < n; ++i)
+        q.push([] {});
+      base = static_cast<double>(heap_in_use() - before) / n;
+      hold.store(true);
+      hold.notify_one();
+    }
+    auto r = make("bytes_per_queued_task", "B", ours,
+                  "std::deque<std::function> behind a mutex", std::max(base, 1.0), "lower",
+                  std::nullopt);
+    r.value_target = 256.0; // an empty closure: nothing of its own
+    out.push_back(r);
+  }
 }
 
 /// The figures measured on one backend of at least 4 devices, shared by all.
@@ -754,39 +1096,50 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
   {
     cv_queue q;
     spsc_ring ring;
+    // StarPU's tasks cost microseconds each: fewer of them keep the sample
+    // short, and the figure is per task.
+    int n_starpu = std::max(1, n_tasks / 10);
     compare(out, o, reps, "ns/task", [&] { return multidev_ns_per_task(b, d0, n_tasks); },
-            {{"independent_tasks", "mutex+cv queue", 1.0,
+            {{"independent_tasks", "spsc ring", 1.5,
+              [&] { return spsc_ring_ns_per_item(ring, n_tasks); }},
+             {"independent_tasks", "mutex+cv queue", 0.5,
               [&] { return cv_queue_ns_per_task(q, n_tasks); }},
-             {"independent_tasks_vs_ring", "lock-free SPSC ring, fn pointers", 2.0,
-              [&] { return spsc_ring_ns_per_item(ring, n_tasks); }}});
+             {"independent_tasks", "oneTBB serial function_node", 0.25,
+              [&] { return peers::tbb_ns_per_task(n_tasks); }, tbb_missing()},
+             {"independent_tasks", "StarPU empty CPU tasks", 1.0 / 50,
+              [&] { return peers::starpu_ns_per_task(n_starpu); }, starpu_missing()}});
   }
   int hops = o.quick ? 2'000 : 20'000;
   // The CAF system and its two actors only when a figure needs them.
   std::optional<caf_ping_pong> caf_hops;
-  if (wanted("will_wait_for_chain_vs_caf") || wanted("will_wait_for_chain_scheduled_vs_caf"))
+  if (wanted("will_wait_for_chain") || wanted("will_wait_for_chain_scheduled"))
     caf_hops.emplace(opts);
   auto atomic_hop = [&] { return atomic_ping_pong_ns_per_hop(hops); };
   auto caf_hop = [&] { return caf_hops->ns_per_hop(hops); };
-  for (bool prebuilt : {true, false}) {
-    std::string name = prebuilt ? "will_wait_for_chain" : "will_wait_for_chain_scheduled";
-    compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, prebuilt); },
-            {{name, "atomic wait/notify ping-pong",
-              prebuilt ? std::optional<double>{3.0} : std::nullopt, atomic_hop},
-             {name + "_vs_caf", "CAF actor ping-pong (sharing)", prebuilt ? 1.0 : 2.5,
-              caf_hop}});
-  }
+  int starpu_hops = std::max(1, hops / 10);
+  compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, true); },
+          {{"will_wait_for_chain", "atomic wait/notify ping-pong", 3.0, atomic_hop},
+           {"will_wait_for_chain", "oneTBB two-node ping-pong", 1.0,
+            [&] { return peers::tbb_ns_per_hop(hops); }, tbb_missing()},
+           {"will_wait_for_chain", "CAF actor ping-pong (sharing)", 1.0, caf_hop},
+           {"will_wait_for_chain", "StarPU read-write chain on one handle", 1.0,
+            [&] { return peers::starpu_ns_per_hop(starpu_hops); }, starpu_missing()}});
+  compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, false); },
+          {{"will_wait_for_chain_scheduled", "atomic wait/notify ping-pong", std::nullopt,
+            atomic_hop},
+           {"will_wait_for_chain_scheduled", "CAF actor ping-pong (sharing)", 2.5, caf_hop}});
   caf_hops.reset();
-  std::size_t mib = o.quick ? 8 : 64;
+  std::size_t mib = 64;
   std::size_t bytes = mib << 20;
   auto copy_name = [mib](const char* what) { return fmt::format("{}_{}MiB", what, mib); };
-  if (wanted("copy")) {
+  if (wanted(copy_name("copy_host_to_device")) || wanted(copy_name("copy_device_to_device"))) {
     auto host = random_bytes(bytes);
     tnode t{1, "copy", bytes, memory_mode::on_device};
     auto c0 = b.init_from_host(b.make_context(d0), t, host); // allocates, warms pages
     auto c1 = b.init_from_device(t, b.make_context(d1), c0);
     b.sync(b.all_work(d1));
     b.sync(b.all_work(d0));
-    int copy_reps = reps;
+    int copy_reps = o.quick ? 1 : reps;
     if (wanted(copy_name("copy_host_to_device"))) {
       auto* dst = node_bytes(b, c0, t);
       auto memcpy_base = [&] { return memcpy_gbps(b, d0, dst, host.data(), bytes); };
@@ -797,8 +1150,8 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
         b.sync(b.all_work(d0));
         return static_cast<double>(bytes) * copies_per_sample / seconds_since(t0) / 1e9;
       });
-      out.push_back(make(copy_name("copy_host_to_device"), "GB/s", ours, "memcpy, same buffers+runner", base,
-                         "higher", 0.9));
+      out.push_back(make(copy_name("copy_host_to_device"), "GB/s", ours,
+                         "memcpy, same buffers+runner", base, "higher", 0.9));
     }
     if (wanted(copy_name("copy_device_to_device"))) {
       auto *dst = node_bytes(b, c1, t), *src = node_bytes(b, c0, t);
@@ -810,12 +1163,14 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
         b.sync(b.all_work(d1));
         return static_cast<double>(bytes) * copies_per_sample / seconds_since(t0) / 1e9;
       });
-      out.push_back(make(copy_name("copy_device_to_device"), "GB/s", ours, "memcpy, same buffers+runner", base,
-                         "higher", 0.9));
+      out.push_back(make(copy_name("copy_device_to_device"), "GB/s", ours,
+                         "memcpy, same buffers+runner", base, "higher", 0.9));
     }
     b.sync_device(d0);
     b.sync_device(d1);
   }
+  if (wanted("copy_4KiB"))
+    out.push_back(copy_4k_figure(b, d0, o, reps));
   std::size_t n = o.quick ? (1u << 16) : (1u << 20);
   for (int devices : {1, 2, 4}) {
     auto name = fmt::format("gradient_merge_{}dev", devices);
@@ -991,20 +1346,45 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
   if (is_wanted(o, "independent_tasks_trace"))
     out.push_back(trace_figure(opts, o));
   remote_figures(out, opts, o);
+  fan_dag_figures(out, opts, o);
+  if (is_wanted(o, "wake_after_idle"))
+    out.push_back(wake_figure(opts, o));
+  scale_figures(out, opts, o);
   // Last, once the shared backend is gone: nothing else may run meanwhile.
   if (is_wanted(o, "idle_cpu_8dev"))
     out.push_back(idle_cpu_figure(opts, o));
   return out;
 }
 
+const std::vector<std::string>& case_names() {
+  static const std::vector<std::string> names{
+    "independent_tasks",        "will_wait_for_chain",         "will_wait_for_chain_scheduled",
+    "copy_host_to_device_64MiB", "copy_device_to_device_64MiB", "copy_4KiB",
+    "gradient_merge_1dev",      "gradient_merge_2dev",         "gradient_merge_4dev",
+    "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
+    "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
+    "fan_dag_1dev",             "fan_dag_2dev",                "fan_dag_4dev",
+    "fan_dag_8dev",             "wake_after_idle",             "scale_1dev",
+    "scale_2dev",               "scale_4dev",                  "scale_8dev",
+    "scale_depth_1",            "scale_depth_100",             "scale_depth_10000",
+    "scale_depth_1000000",      "bytes_per_idle_device",       "bytes_per_queued_task",
+    "idle_cpu_8dev"};
+  return names;
+}
+
 std::string format_table(const std::vector<bench_result>& rs) {
   std::string s = fmt::format("{:<36} {:>14} {:<33} {:>14} {:>8}  {}\n", "benchmark",
                               "multidev", "baseline", "baseline", "ratio", "target");
   for (const auto& r : rs) {
+    if (!r.skipped.empty()) {
+      s += fmt::format("{:<36} {:>14} {:<33} {:>14} {:>8}  {}\n", r.name, "-", r.baseline, "-",
+                       "-", r.skipped);
+      continue;
+    }
     auto op = r.better == "lower" ? "<=" : ">=";
     std::string target;
     if (r.target)
-      target = fmt::format("{}{:.1f}", op, *r.target);
+      target = fmt::format("{}{:g}", op, *r.target); // 0.02 stays 0.02
     if (r.value_target) // an absolute bound on the value, shown with its unit
       target += fmt::format("{}{}{:.1f} {}", target.empty() ? "" : ", ", op, *r.value_target,
                             r.unit);
@@ -1028,10 +1408,126 @@ std::string to_json(const std::vector<bench_result>& rs) {
     j["target"] = r.target ? nlohmann::json(*r.target) : nlohmann::json(nullptr);
     j["value_target"] =
       r.value_target ? nlohmann::json(*r.value_target) : nlohmann::json(nullptr);
-    j["meets_target"] = r.meets_target();
+    j["meets_target"] = r.skipped.empty() ? nlohmann::json(r.meets_target()) : nlohmann::json(nullptr);
+    if (!r.skipped.empty())
+      j["skipped"] = r.skipped;
     arr.push_back(std::move(j));
   }
   return arr.dump(2);
+}
+
+namespace {
+
+/// One line of a chart: its label and its (x, y) points.
+struct series {
+  std::string label;
+  std::string color;
+  std::vector<std::pair<double, double>> points;
+};
+
+/// A line chart as SVG, written directly: axes with ticks at the points' x
+/// (labelled `x_labels`), a y axis from 0 to the largest value, a legend.
+std::string line_chart(const std::string& title, const std::string& x_title,
+                       const std::string& y_title, const std::vector<std::string>& x_labels,
+                       const std::vector<series>& lines) {
+  constexpr double w = 640, h = 400, left = 80, right = 20, top = 40, bottom = 60;
+  double x_min = 1e300, x_max = -1e300, y_max = 0;
+  for (const auto& l : lines)
+    for (auto [x, y] : l.points) {
+      x_min = std::min(x_min, x);
+      x_max = std::max(x_max, x);
+      y_max = std::max(y_max, y);
+    }
+  if (x_max <= x_min)
+    x_max = x_min + 1;
+  if (y_max <= 0)
+    y_max = 1;
+  auto px = [&](double x) { return left + (x - x_min) / (x_max - x_min) * (w - left - right); };
+  auto py = [&](double y) { return h - bottom - y / y_max * (h - top - bottom); };
+  std::string svg = fmt::format(
+    "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+    "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
+    "<text x=\"{2}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{3}</text>\n",
+    w, h, w / 2, title);
+  svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n"
+                     "<line x1=\"{0}\" y1=\"{3}\" x2=\"{0}\" y2=\"{1}\" stroke=\"black\"/>\n",
+                     left, h - bottom, w - right, top);
+  for (int i = 0; i <= 4; ++i) {
+    double y = y_max * i / 4;
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" "
+                       "stroke=\"#ddd\"/><text x=\"{3}\" y=\"{4:.1f}\" "
+                       "text-anchor=\"end\">{5:.3g}</text>\n",
+                       left, py(y), w - right, left - 6, py(y) + 4, y);
+  }
+  if (!lines.empty())
+    for (std::size_t i = 0; i < lines[0].points.size() && i < x_labels.size(); ++i) {
+      double x = px(lines[0].points[i].first);
+      svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x,
+                         h - bottom + 18, x_labels[i]);
+    }
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                     (left + w - right) / 2, h - 16, x_title);
+  svg += fmt::format("<text x=\"16\" y=\"{0}\" text-anchor=\"middle\" "
+                     "transform=\"rotate(-90 16 {0})\">{1}</text>\n",
+                     (top + h - bottom) / 2, y_title);
+  for (std::size_t k = 0; k < lines.size(); ++k) {
+    const auto& l = lines[k];
+    std::string pts;
+    for (auto [x, y] : l.points)
+      pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" "
+                       "stroke-width=\"2\"/>\n",
+                       pts, l.color);
+    for (auto [x, y] : l.points)
+      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
+                         px(x), py(y), l.color);
+    double ly = top + 8 + 18.0 * static_cast<double>(k);
+    svg += fmt::format("<rect x=\"{0}\" y=\"{1:.1f}\" width=\"14\" height=\"4\" fill=\"{2}\"/>"
+                       "<text x=\"{3}\" y=\"{4:.1f}\">{5}</text>\n",
+                       left + 12, ly, l.color, left + 32, ly + 5, l.label);
+  }
+  return svg + "</svg>\n";
+}
+
+} // namespace
+
+std::vector<std::string> write_plots(const std::vector<bench_result>& rs, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> files;
+  auto chart = [&](const std::string& prefix, const std::string& file, const std::string& title,
+                   const std::string& x_title, bool log_x) {
+    series ours{"multidev", "#1f77b4", {}};
+    series base{"", "#d62728", {}};
+    std::vector<std::string> labels;
+    for (const auto& r : rs) {
+      if (!r.name.starts_with(prefix) || !r.skipped.empty() ||
+          (prefix == "scale_" && r.name.starts_with("scale_depth_")))
+        continue;
+      auto tail = r.name.substr(prefix.size());
+      double x = std::stod(tail); // "4dev" -> 4, "10000" -> 10000
+      if (log_x)
+        x = std::log10(x);
+      labels.push_back(tail);
+      ours.points.emplace_back(x, r.value / 1e6);
+      base.label = r.baseline;
+      base.points.emplace_back(x, r.baseline_value / 1e6);
+    }
+    if (ours.points.empty())
+      return;
+    auto path = (std::filesystem::path(dir) / file).string();
+    std::ofstream f{path};
+    f << line_chart(title, x_title, "million tasks per second", labels, {ours, base});
+    if (!f.good())
+      throw std::runtime_error("multidev bench: cannot write " + path);
+    files.push_back(path);
+  };
+  chart("scale_depth_", "scale_queue_depth.svg",
+        "Throughput by queue depth (empty tasks, one device)", "tasks queued before waiting",
+        true);
+  chart("scale_", "scale_devices.svg", "Throughput by device count (empty tasks, one producer)",
+        "devices", false);
+  return files;
 }
 
 } // namespace multidev::tools

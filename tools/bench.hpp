@@ -14,6 +14,8 @@ struct bench_options {
   bool quick = false;
   /// Only benchmarks whose name contains this.
   std::string filter;
+  /// Only these cases (exact names, e.g. `fan_dag_4dev`); all when empty.
+  std::vector<std::string> only;
   /// Repetitions per figure; the median is reported.
   int repeats = 7;
 };
@@ -35,9 +37,17 @@ struct bench_result {
   /// An absolute bound `value` must meet, in `unit`, in the same direction
   /// (e.g. 2.0 for idle CPU <= 2.0 ms/s); none when only the ratio counts.
   std::optional<double> value_target;
-  /// Whether both bounds that are set are met.
+  /// Not measured, and why (e.g. "skipped: oneTBB not installed"); then
+  /// the values are 0 and no bound counts.
+  std::string skipped;
+  /// Whether both bounds that are set are met (true for a skipped entry:
+  /// nothing was measured to miss them; its JSON says null).
   bool meets_target() const;
 };
+
+/// The names of every case `run_benchmarks` measures, in order (for
+/// `--only` and `--help`).
+const std::vector<std::string>& case_names();
 
 std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& b);
 
@@ -46,5 +56,10 @@ std::string format_table(const std::vector<bench_result>& rs);
 
 /// The JSON array written by `--json FILE`.
 std::string to_json(const std::vector<bench_result>& rs);
+
+/// Writes the scaling results of `rs` (`scale_*`) as SVG charts into `dir`
+/// (created if missing); returns the files written. Throws
+/// `std::runtime_error` naming the file it could not write.
+std::vector<std::string> write_plots(const std::vector<bench_result>& rs, const std::string& dir);
 
 } // namespace multidev::tools

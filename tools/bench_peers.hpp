@@ -13,6 +13,12 @@ namespace multidev::tools::peers {
 bool have_tbb() noexcept;
 bool have_starpu() noexcept;
 
+/// The most CPU workers this StarPU build runs (its STARPU_MAXCPUS, fixed
+/// when StarPU was configured: 4 in Debian's and Ubuntu's libstarpu 1.3);
+/// 0 without StarPU. The StarPU functions throw std::invalid_argument above
+/// it rather than run with fewer workers than asked.
+int starpu_max_workers() noexcept;
+
 /// Case 1, independent tasks on one worker: `n` empty messages pushed from
 /// this thread through a oneTBB flow graph serial function_node (concurrency
 /// 1) in an arena of one worker thread, then wait_for_all; ns per task. The

@@ -226,6 +226,14 @@ int main(int argc, char** argv) {
                     "baseline_value, ratio, better, target, value_target, meets_target}");
   bench->add_flag("--quick", bopts.quick, "fewer iterations (noisier)");
   bench->add_option("--filter", bopts.filter, "only benchmarks whose name contains this");
+  bench->add_option("--only", bopts.only, "only these cases (exact names; repeatable)")
+    ->type_name("NAME...")
+    ->check(CLI::IsMember(multidev::tools::case_names()));
+  std::string plot_dir;
+  bench->add_option("--plot", plot_dir,
+                    "write the scaling results as SVG charts into DIR "
+                    "(scale_devices.svg, scale_queue_depth.svg)")
+    ->type_name("DIR");
   std::string trace_capacity;
   auto* trace_capacity_opt =
     bench->add_option("--trace-capacity", trace_capacity,
@@ -370,6 +378,9 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
+      if (!plot_dir.empty())
+        for (const auto& f : multidev::tools::write_plots(results, plot_dir))
+          std::cout << "wrote " << f << "\n";
       return 0;
     }
   } catch (const std::exception& e) {
