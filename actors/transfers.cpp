@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -43,6 +44,10 @@ std::string node_name(const tnode& t) {
 /// The pool behind `loc` on `core`, checked to hold `size` bytes at the offset.
 std::shared_ptr<detail::pool> pool_for(detail::device_core& core, const tnode& t,
                                        const buffer_loc& loc, const char* what) {
+  // The error text only when there is an error: this is on every copy's path.
+  if (auto p = core.try_pool(loc.pool_id);
+      p && loc.offset <= p->size && t.size_in_bytes <= p->size - loc.offset)
+    return p;
   return core.pool_span(loc.pool_id, loc.offset, t.size_in_bytes,
                         fmt::format("{}: node {}", what, node_name(t)));
 }
@@ -81,11 +86,13 @@ private:
   std::unique_lock<std::mutex> a_, b_;
 };
 
-/// What `r` must wait for before it runs on `core` (`dst`'s): the last
-/// writers of its inputs on the source device, and copies on other devices
-/// still reading the nodes it overwrites; less what is done and what runs on
-/// `core` anyway (FIFO). Call with both records locked.
-std::vector<event> unmet_waits(const routine& r, const detail::device_record& dst,
+/// What a step must wait for before it runs on `core` (`dst`'s): the last
+/// writers of its `inputs` on the source device, and copies on other devices
+/// still reading the `outputs` it overwrites; less what is done and what runs
+/// on `core` anyway (FIFO). Call with both records locked.
+template <class Inputs, class Outputs>
+std::vector<event> unmet_waits(const Inputs& inputs, const Outputs& outputs,
+                               const detail::device_record& dst,
                                const detail::device_record* src,
                                const detail::device_core& core) {
   std::vector<event> out;
@@ -95,14 +102,53 @@ std::vector<event> unmet_waits(const routine& r, const detail::device_record& ds
       out.push_back(e);
   };
   if (src)
-    for (const auto& t : r.inputs)
+    for (const auto& t : inputs)
       if (auto i = src->updating_for.find(t); i != src->updating_for.end())
         add(i->second);
-  for (const auto& t : r.outputs)
+  for (const auto& t : outputs)
     if (auto i = dst.readers.find(t); i != dst.readers.end())
       for (const auto& e : i->second)
         add(e);
   return out;
+}
+
+/// Pushes `work` onto `rec`'s device after what it must wait for, and
+/// records it as the writer of `outputs` and a reader of `inputs` on `src`:
+/// the part of `backend::run` after its checks, shared with the host copies
+/// (which need no routine, so copy no context). `merge_buffer_node`: a copy
+/// into the destination's merge buffer (with `outputs` empty) holds it.
+template <class Inputs, class Outputs>
+event schedule_step(detail::device_record& rec, task&& work, const Inputs& inputs,
+                    const Outputs& outputs, detail::device_record* src,
+                    const std::optional<tnode>& merge_buffer_node) {
+  auto& core = rec.r.core();
+  // One step per call, serial with every other transfer touching the same
+  // records: compute the waits, push the task, record the writer/readers, all
+  // under the records' locks (else a writer pushed between our push and our
+  // record is forgotten, and a later copy reads its half-written node).
+  // Nothing under the locks may wait for room in a queue: a task on a runner
+  // may call a transfer itself, and that runner would then never drain.
+  // Backpressure first, outside the locks; the pushes below never wait, so a
+  // queue can exceed its capacity by a few entries per caller racing for the
+  // same room.
+  core->wait_for_room();
+  record_locks locks{rec, src};
+  for (const auto& e : unmet_waits(inputs, outputs, rec, src, *core))
+    core->push_wait(e.core(), e.seq()); // never waits for room
+  event done{rec.r.endpoint(), core->push(std::move(work), false)};
+  for (const auto& t : outputs) {
+    rec.readers.erase(t); // all waited for, or done
+    rec.updating_for[t] = done;
+  }
+  if (src && merge_buffer_node && std::empty(outputs))
+    rec.updating_for_merge_buffer.emplace(*merge_buffer_node, done);
+  if (src && src != &rec)
+    for (const auto& t : inputs) {
+      auto& readers = src->readers[t];
+      prune(readers);
+      readers.push_back(done);
+    }
+  return done;
 }
 
 /// Where a node was placed by `place_node`.
@@ -226,7 +272,6 @@ event backend::run(const routine& r) {
       "device_to_device itself: call it again)",
       r.name));
   auto& rec = local_record(r.context.device, "run", use_named);
-  auto& core = rec.r.core();
   for (const auto& pin : r.pinned_pools) {
     if (pin.core->try_pool(pin.pool_id) != pin.pool)
       throw std::invalid_argument(fmt::format(
@@ -242,34 +287,9 @@ event backend::run(const routine& r) {
         r.name, node_name(*r.merge_buffer_input), rec.name,
         held ? node_name(held->first) : "nothing"));
   }
-  // One step per call, serial with every other transfer touching the same
-  // records: compute the waits, push the task, record the writer/readers, all
-  // under the records' locks (else a writer pushed between our push and our
-  // record is forgotten, and a later copy reads its half-written node).
-  // Nothing under the locks may wait for room in a queue: a task on a runner
-  // may call a transfer itself, and that runner would then never drain.
   auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
-  // Backpressure first, outside the locks; the pushes below never wait, so a
-  // queue can exceed its capacity by a few entries per caller racing for the
-  // same room.
-  core->wait_for_room();
-  record_locks locks{rec, src};
-  for (const auto& e : unmet_waits(r, rec, src, *core))
-    core->push_wait(e.core(), e.seq()); // never waits for room
-  event done{rec.r.endpoint(), core->push(task{r.schedule}, false)};
-  for (const auto& t : r.outputs) {
-    rec.readers.erase(t); // all waited for, or done
-    rec.updating_for[t] = done;
-  }
-  if (r.copy_source && r.context.merge_buffer_node && r.outputs.empty())
-    rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, done);
-  if (src && src != &rec)
-    for (const auto& t : r.inputs) {
-      auto& readers = src->readers[t];
-      prune(readers);
-      readers.push_back(done);
-    }
-  return done;
+  return schedule_step(rec, task{r.schedule}, r.inputs, r.outputs, src,
+                       r.context.merge_buffer_node);
 }
 
 /// Whether a transfer touches a device of another process: then its bytes
@@ -297,35 +317,41 @@ static event write_bytes(backend& b, const device& d, const buffer_loc& loc, std
   return event{ep.shared_from_this(), seq};
 }
 
-/// A copy between `t`'s buffer in `ctx` and host memory, as a routine on
-/// `ctx.device`: `to_device` writes the node, otherwise it reads it. Null when
-/// `ctx` does not hold `t`.
-static std::optional<routine> host_copy(const context& ctx, const tnode& t, std::byte* host,
-                                 std::size_t n, bool to_device) {
+/// A copy between `t`'s buffer in `ctx` and host memory, scheduled on
+/// `ctx.device` as `run` would schedule the routine (after the node's
+/// readers; as its writer, or as a reader): `to_device` writes the node,
+/// otherwise it reads it. False when `ctx` does not hold `t`. The hot path of
+/// small copies: no routine, so no copy of the context's buffer map.
+static bool host_copy(const context& ctx, const tnode& t, std::byte* host, std::size_t n,
+                      bool to_device) {
   const char* what = to_device ? "from_host" : "to_host";
-  auto& core = local_record(ctx.device, what, no_host_memory).r.core();
+  auto& rec = local_record(ctx.device, what, no_host_memory);
+  auto& core = rec.r.core();
   auto loc = ctx.buffers.find(t);
   if (loc == ctx.buffers.end())
-    return std::nullopt;
+    return false;
   check_size(t, n, what);
   auto p = pool_for(*core, t, loc->second, what);
   auto* drv = &core->drv();
   std::byte* dev = p->base() + loc->second.offset;
-  routine r;
-  r.context = ctx;
-  r.name = what;
-  (to_device ? r.outputs : r.inputs).insert(t);
-  r.pinned_pools.push_back({core, loc->second.pool_id, p});
-  r.schedule = task{fmt::format("{} {}", what, node_name(t)),
-                    [drv, dev, host, n, to_device] {
-                      if (to_device)
-                        drv->copy(dev, host, n);
-                      else
-                        drv->copy(host, dev, n);
-                    },
-                    p,
-                    trace_kind::copy};
-  return r;
+  // One allocation for the description (node_name would add another).
+  task work{t.label.empty() ? fmt::format("{} #{}", what, t.id)
+                            : fmt::format("{} '{}' (#{})", what, t.label, t.id),
+            [drv, dev, host, n, to_device] {
+              if (to_device)
+                drv->copy(dev, host, n);
+              else
+                drv->copy(host, dev, n);
+            },
+            std::move(p),
+            trace_kind::copy};
+  const std::array<tnode, 1> node{t};
+  const std::array<tnode, 0> none{};
+  if (to_device)
+    schedule_step(rec, std::move(work), none, node, nullptr, std::nullopt);
+  else
+    schedule_step(rec, std::move(work), node, none, nullptr, std::nullopt);
+  return true;
 }
 
 bool backend::from_host(const context& ctx, const tnode& t, std::span<const std::byte> host) {
@@ -342,11 +368,8 @@ bool backend::from_host(const context& ctx, const tnode& t, std::span<const std:
     rec.updating_for[t] = done;
     return true;
   }
-  // The routine only reads through this pointer.
-  auto r = host_copy(ctx, t, const_cast<std::byte*>(host.data()), host.size(), true);
-  if (r)
-    run(*r);
-  return r.has_value();
+  // The copy only reads through this pointer.
+  return host_copy(ctx, t, const_cast<std::byte*>(host.data()), host.size(), true);
 }
 
 context backend::init_from_host(const context& ctx, const tnode& t,
@@ -378,10 +401,7 @@ bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> h
     std::memcpy(host.data(), bytes.data(), bytes.size());
     return true;
   }
-  auto r = host_copy(ctx, t, host.data(), host.size(), false);
-  if (r)
-    run(*r);
-  return r.has_value();
+  return host_copy(ctx, t, host.data(), host.size(), false);
 }
 
 std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,

@@ -223,7 +223,8 @@ int main(int argc, char** argv) {
   std::string json_file;
   bench->add_option("--json", json_file,
                     "write the results as a JSON array of {name, unit, value, baseline, "
-                    "baseline_value, ratio, better, target, value_target, meets_target}");
+                    "baseline_value, ratio, better, target, value_target, meets_target} (plus "
+                    "skipped: why, when a peer is not installed)");
   bench->add_flag("--quick", bopts.quick, "fewer iterations (noisier)");
   bench->add_option("--filter", bopts.filter, "only benchmarks whose name contains this");
   bench->add_option("--only", bopts.only, "only these cases (exact names; repeatable)")
