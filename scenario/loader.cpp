@@ -47,8 +47,20 @@ script_error::script_error(location where, const std::string& message)
 namespace {
 
 /// Loops may not expand a script past this many steps (each step is a few
-/// hundred bytes until the run; 2 M of them load in a few seconds).
-constexpr std::size_t max_steps = 2'000'000;
+/// hundred bytes until the run; 2 M of them load in a few seconds). The fuzz
+/// build (fuzz/) lowers it, so that an input at the limit stays fast.
+#ifndef MULTIDEV_SCENARIO_MAX_STEPS
+#define MULTIDEV_SCENARIO_MAX_STEPS 2'000'000
+#endif
+constexpr std::size_t max_steps = MULTIDEV_SCENARIO_MAX_STEPS;
+
+/// Forms and loop iterations a script may expand to in all: loops of loops
+/// that make no steps (empty, or only declarations) are bounded too.
+constexpr std::size_t max_expansion = 4 * max_steps;
+
+/// The longest `(matches RE)`: std::regex compiles a pattern recursively,
+/// about a frame per character, so a long one overflows the stack.
+constexpr std::size_t max_regex = 1000;
 
 enum class sym { tnode, context, event, host, hold, dag, node };
 
@@ -174,18 +186,26 @@ private:
       int64_t v = integer(xs[1], what);
       for (std::size_t i = 2; i < xs.size(); ++i) {
         int64_t w = integer(xs[i], what);
+        bool overflow = false;
         if (o == "+")
-          v += w;
+          overflow = __builtin_add_overflow(v, w, &v);
         else if (o == "-")
-          v -= w;
+          overflow = __builtin_sub_overflow(v, w, &v);
         else if (o == "*")
-          v *= w;
+          overflow = __builtin_mul_overflow(v, w, &v);
         else if (w == 0)
           fail(xs[i], fmt::format("({} ...) by zero", o));
+        else if (o == "/" && v == INT64_MIN && w == -1)
+          overflow = true;
         else if (o == "/")
           v /= w;
-        else
-          v = ((v % w) + w) % w;
+        else {
+          // The remainder with the sign of w (w == -1: INT64_MIN % -1 traps).
+          int64_t r = w == -1 ? 0 : v % w;
+          v = r != 0 && (r < 0) != (w < 0) ? r + w : r;
+        }
+        if (overflow)
+          fail(s, fmt::format("({} ...) overflows a 64-bit integer in {}", o, what));
       }
       return v;
     }
@@ -439,8 +459,17 @@ private:
     return out + ")";
   }
 
+  /// Counts a form or a loop iteration against `max_expansion`.
+  void expand(const sexp& s) {
+    if (++expanded_ > max_expansion)
+      fail(s, fmt::format("the script expands to more than the limit of {} forms and loop "
+                          "iterations",
+                          max_expansion));
+  }
+
   void statement(const sexp& s, std::vector<step>& out) {
     current_ = &s;
+    expand(s);
     if (s.is_atom())
       fail(s, fmt::format("expected a form like (devices 2), got the atom '{}'", s.as_atom()));
     if (s.items().empty())
@@ -953,6 +982,7 @@ private:
     if (vars_.count(var))
       fail(s, fmt::format("loop variable '${}' is already used by an enclosing repeat", var));
     for (int64_t i = 0; i < n; ++i) {
+      expand(s);
       vars_[var] = i;
       auto before = total_steps_;
       for (std::size_t k = 1; k < f.pos.size(); ++k)
@@ -1063,6 +1093,10 @@ private:
       const auto& v = o.items()[1];
       if (k == "matches") {
         auto re = text(v, "a regular expression", false);
+        if (re.size() > max_regex)
+          fail(v, fmt::format("a regular expression may have at most {} characters, this one "
+                              "has {}",
+                              max_regex, re.size()));
         try {
           std::regex{re};
         } catch (const std::regex_error& e) {
@@ -1234,6 +1268,7 @@ private:
   std::map<int, std::map<uint64_t, std::pair<std::string, location>>> pending_faults_;
   std::set<int> checksums_;
   std::size_t total_steps_ = 0;
+  std::size_t expanded_ = 0;
   const sexp* current_ = nullptr;
 };
 

@@ -3,6 +3,9 @@
 # default build, then the same suite built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (the `sanitize` preset, in build-sanitize/; about
 # 10-15 minutes from scratch on 2 cores). MULTIDEV_SANITIZE=0 skips the second.
+# Then the fuzz smoke run: each libFuzzer harness of fuzz/ (the s-expression
+# parser, the scenario loader) for 60 s (scripts/run-fuzz.sh; about 4 minutes
+# with its build); MULTIDEV_FUZZ=0 skips it.
 # Chromium (Debian `chromium`) is installed for the test that renders a
 # scenario's SVG timeline to a PNG.
 set -euo pipefail
@@ -14,4 +17,8 @@ if [ "${MULTIDEV_SANITIZE:-1}" != 0 ]; then
   cmake --preset sanitize >/dev/null
   cmake --build --preset sanitize
   ctest --preset sanitize
+fi
+
+if [ "${MULTIDEV_FUZZ:-1}" != 0 ]; then
+  scripts/run-fuzz.sh 60
 fi

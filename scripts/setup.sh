@@ -2,7 +2,9 @@
 # Installs the Debian packages multidev needs (when missing), then configures
 # and builds it with the default preset: everything, or the targets given as
 # arguments. Used by run-main.sh and run-tests.sh. MULTIDEV_EXTRA_PACKAGES
-# adds packages (run-tests.sh: chromium, which renders the SVG timeline).
+# adds packages (run-tests.sh: chromium, which renders the SVG timeline;
+# run-fuzz.sh: clang and libFuzzer). MULTIDEV_SETUP_BUILD=0 installs only
+# (run-fuzz.sh builds a tree of its own).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -25,6 +27,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 fi
+
+if [ "${MULTIDEV_SETUP_BUILD:-1}" = 0 ]; then exit 0; fi
 
 cmake --preset default >/dev/null
 if [ $# -gt 0 ]; then

@@ -149,6 +149,43 @@ BOOST_AUTO_TEST_CASE(test_scenario_loader_survives_truncated_unbalanced_huge_and
   }
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_loader_refuses_overflow_endless_loops_and_long_regexes) {
+  // The inputs of fuzz/corpus/scenario/regress-*.scn. Arithmetic past the
+  // 64-bit range was undefined behaviour, and INT64_MIN / -1 and INT64_MIN
+  // mod -1 trapped (SIGFPE): now a script error, or the right value.
+  BOOST_TEST(error_of("(devices (* 9223372036854775807 2))")
+             == "1:10: (* ...) overflows a 64-bit integer in the number of devices");
+  BOOST_TEST(error_of("(devices (+ 9223372036854775807 1))")
+             == "1:10: (+ ...) overflows a 64-bit integer in the number of devices");
+  BOOST_TEST(error_of("(devices (- -9223372036854775808 1))")
+             == "1:10: (- ...) overflows a 64-bit integer in the number of devices");
+  BOOST_TEST(error_of("(devices (/ -9223372036854775808 -1))")
+             == "1:10: (/ ...) overflows a 64-bit integer in the number of devices");
+  BOOST_TEST(error_of("(devices (mod -9223372036854775808 -1))")
+             == "1:10: the number of devices must be between 1 and 256, got 0");
+  BOOST_TEST(error_of("(devices (mod 9223372036854775806 9223372036854775807))")
+             == "1:10: the number of devices must be between 1 and 256, "
+                "got 9223372036854775806");
+  // mod keeps the sign of its divisor.
+  BOOST_TEST(error_of("(devices (+ 300 (mod -1 4)))")
+             == "1:10: the number of devices must be between 1 and 256, got 303");
+  BOOST_TEST(error_of("(devices (+ 300 (mod 7 -3)))")
+             == "1:10: the number of devices must be between 1 and 256, got 298");
+  // Loops that make no steps ran forever: the step limit never saw them.
+  BOOST_TEST(error_of("(devices 1)\n(repeat 2000000 (repeat 2000000 (var j)))\n")
+             == "2:17: the script expands to more than the limit of 8000000 forms and loop "
+                "iterations");
+  // A long (matches RE) overflowed the stack in std::regex's compiler.
+  auto re = [](std::size_t n) {
+    return "(devices 1)\n(all-work 0 (as e))\n(expect (sync e) (fails (matches \""
+           + std::string(n, 'a') + "\")))\n";
+  };
+  BOOST_TEST(error_of(re(1000)) == "no error");
+  BOOST_TEST(error_of(re(200'000))
+             == "3:34: a regular expression may have at most 1000 characters, this one has "
+                "200000");
+}
+
 // -- the tool's exit status on bad input ---------------------------------------
 
 /// Runs the tool (its path is the test's first argument) on `args`; returns

@@ -1,0 +1,98 @@
+// libFuzzer harness for the scenario loader (scenario/scenario.hpp, load()).
+//
+// Expected: a program, or script_error (what load() documents for every
+// mistake a script can make; the parser's errors arrive as script_error too).
+// A finding: a crash, a sanitizer report, a hang or runaway memory (libFuzzer's
+// -timeout and -rss_limit_mb), any other exception escaping (std::logic_error
+// from a sexp accessor, std::out_of_range, ...), an error without its
+// file:line:col, or a loaded program whose indices point outside its own
+// tables (the runner indexes by them without checking).
+// The fuzz build lowers the loader's step limit (MULTIDEV_SCENARIO_MAX_STEPS),
+// so that a script at the limit loads in milliseconds, not seconds.
+// MULTIDEV_FUZZ_VERBOSE=1 prints each input's verdict (to triage a corpus).
+// Build and run: scripts/run-fuzz.sh (fuzz/CMakeLists.txt).
+#include "scenario/program.hpp"
+#include "scenario/scenario.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+namespace scn = multidev::scenario;
+
+namespace {
+
+const std::string file = "fuzz.scn";
+const bool verbose = std::getenv("MULTIDEV_FUZZ_VERBOSE") != nullptr;
+
+[[noreturn]] void broken(const std::string& what) {
+  std::fprintf(stderr, "fuzz_scenario: %s\n", what.c_str());
+  std::abort();
+}
+
+bool within(int i, std::size_t n) {
+  return i >= -1 && (i < 0 || static_cast<std::size_t>(i) < n);
+}
+
+void check_step(const scn::program& p, const scn::step& st) {
+  auto where = st.where.str() + " " + st.text;
+  if (st.where.file != file || st.where.line < 1 || st.where.column < 1)
+    broken("a step without its position: " + where);
+  if (!within(st.device, static_cast<std::size_t>(p.devices)))
+    broken("a step's device is out of range: " + where);
+  if (!within(st.ctx, p.contexts.size()) || !within(st.ctx2, p.contexts.size())
+      || !within(st.parent, p.contexts.size()))
+    broken("a step's context is out of range: " + where);
+  if (!within(st.as, p.events.size()) || !within(st.ev, p.events.size())
+      || !within(st.ev2, p.events.size()))
+    broken("a step's event is out of range: " + where);
+  for (int t : st.tnodes)
+    if (t < 0 || static_cast<std::size_t>(t) >= p.tnodes.size())
+      broken("a step's tnode is out of range: " + where);
+  bool node_op = st.kind == scn::op::kill_node || st.kind == scn::op::cut_node;
+  if (!within(st.host, node_op ? p.nodes.size() : p.hosts.size()))
+    broken("a step's host (or node) is out of range: " + where);
+  if (!within(st.hold, p.holds.size()))
+    broken("a step's hold is out of range: " + where);
+  if (st.dag >= 0 && (static_cast<std::size_t>(st.dag) >= p.dags.size() || st.dag_task < 0
+                      || static_cast<std::size_t>(st.dag_task) >= p.dags[st.dag].events.size()))
+    broken("a step's random-dag task is out of range: " + where);
+  if (st.kind == scn::op::expect && st.what == scn::subject::action) {
+    if (!st.action)
+      broken("an expected action without its step: " + where);
+    check_step(p, *st.action);
+  }
+}
+
+void check_program(const scn::program& p) {
+  if (p.devices < 1 || p.local_devices < 1 || p.local_devices > p.devices)
+    broken("a program without devices");
+  if (p.items.size() != static_cast<std::size_t>(p.devices))
+    broken("items is not sized to the devices");
+  for (const auto& st : p.steps)
+    check_step(p, st);
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view text{reinterpret_cast<const char*>(data), size};
+  try {
+    auto p = scn::load(text, file);
+    if (!p)
+      broken("load() returned null");
+    check_program(*p);
+    if (verbose)
+      std::fprintf(stderr, "loaded: %zu step(s)\n", p->steps.size());
+  } catch (const scn::script_error& e) {
+    if (verbose)
+      std::fprintf(stderr, "script_error: %s\n", e.what());
+    const auto& w = e.where();
+    if (w.file != file || w.line < 1 || w.column < 1)
+      broken(std::string{"a script error without its file:line:col: "} + e.what());
+  }
+  return 0;
+}
