@@ -1098,7 +1098,7 @@ private:
                               "has {}",
                               max_regex, re.size()));
         try {
-          std::regex{re};
+          std::regex{re, matches_syntax};
         } catch (const std::regex_error& e) {
           fail(v, fmt::format("bad regular expression '{}': {}", re, e.what()));
         }

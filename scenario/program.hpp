@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,15 @@
 #include "scenario/scenario.hpp"
 
 namespace multidev::scenario {
+
+/// How `(matches RE)` is compiled, in the loader (to check it) and the
+/// runner (to match). ECMAScript syntax, with libstdc++'s `__polynomial`:
+/// the matcher then walks the message breadth-first, in steps bounded by the
+/// pattern, instead of recursing once per character of the message (which
+/// overflowed the stack on a message of ~100,000 characters) or
+/// backtracking exponentially; a back-reference is refused at load time.
+inline constexpr auto matches_syntax =
+  std::regex::ECMAScript | std::regex_constants::__polynomial;
 
 enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,

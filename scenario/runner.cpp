@@ -768,7 +768,7 @@ private:
 
   void check_failure(const step& st, const std::string& what, const device_error* de,
                      bool cancellation, std::vector<std::string>& bad) {
-    if (st.matches && !std::regex_search(what, std::regex{*st.matches}))
+    if (st.matches && !std::regex_search(what, std::regex{*st.matches, matches_syntax}))
       bad.push_back(fmt::format("the message does not match \"{}\"", *st.matches));
     if (st.origin) {
       auto want = dev(*st.origin).name();

@@ -186,6 +186,27 @@ BOOST_AUTO_TEST_CASE(test_scenario_loader_refuses_overflow_endless_loops_and_lon
                 "200000");
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_matches_a_long_message_without_recursing_per_character) {
+  // std::regex_search recursed once per character of the message: `.*y`
+  // over a failure message of 200,000 characters overflowed the stack
+  // (SIGSEGV) of the runner's thread. A fail-at message makes it that long.
+  std::string message(200'000, 'x');
+  message += 'y';
+  auto p = scn::load("(devices 1)\n(fail-at 0 1 \"" + message
+                       + "\")\n(kernel 0 spin_ns 0 (as k))\n"
+                         "(expect (sync k) (fails (matches \".*y\")))\n"
+                         "(expect (sync k) (fails (matches \"^x+z\")))\n",
+                     "t.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST_REQUIRE(r.expectations.size() == 2u);
+  BOOST_TEST(r.expectations[0].held, scn::summary(r));
+  BOOST_TEST(!r.expectations[1].held); // and a miss is still a miss
+  // Back-references would need the recursive matcher: refused when loading.
+  auto e = error_of("(devices 1)\n(all-work 0 (as e))\n"
+                    "(expect (sync e) (fails (matches \"(a)\\\\1\")))\n");
+  BOOST_TEST(starts_with(e, "3:34: bad regular expression '(a)\\1': "), e);
+}
+
 // -- the tool's exit status on bad input ---------------------------------------
 
 /// Runs the tool (its path is the test's first argument) on `args`; returns
