@@ -8,6 +8,7 @@
 #include <caf/message_id.hpp>
 #include <caf/scoped_execution_unit.hpp>
 
+#include <thread>
 #include <vector>
 
 #include "actors/logger_tie.hpp"
@@ -21,6 +22,20 @@ caf::actor_companion* companion_of(const caf::strong_actor_ptr& p) {
   return static_cast<caf::actor_companion*>(caf::actor_cast<caf::abstract_actor*>(p));
 }
 
+/// How many sink callbacks this thread is inside: CAF runs a companion's
+/// enqueue handler under the companion's lock, which ending the companion
+/// takes too.
+thread_local int inside_sink_callback = 0;
+
+/// What actor_companion::disconnect does (not exported by Debian's
+/// libcaf_core 0.17.6): no more handler, then the companion ends.
+void end_companion(const caf::strong_actor_ptr& companion) {
+  auto* c = companion_of(companion);
+  c->on_enqueue({});
+  caf::scoped_execution_unit host{&c->home_system()};
+  c->cleanup(caf::exit_reason::normal, &host);
+}
+
 } // namespace
 
 std::shared_ptr<reply_sink> reply_sink::make(caf::actor_system& sys) {
@@ -31,6 +46,12 @@ std::shared_ptr<reply_sink> reply_sink::make(caf::actor_system& sys) {
   }
   std::weak_ptr<reply_sink> weak = s;
   companion_of(s->companion_)->on_enqueue([weak](caf::mailbox_element_ptr ptr) {
+    struct inside {
+      inside() noexcept { ++inside_sink_callback; }
+      ~inside() { --inside_sink_callback; }
+    } guard; // made before `me`, so it still counts while `me` goes
+    // `me` may be the last owner once the reply's handler ran: the sink is
+    // then destroyed here, under the companion's lock (see close()).
     auto me = weak.lock();
     if (!me || !ptr || !ptr->mid.is_response())
       return;
@@ -92,12 +113,14 @@ void reply_sink::close(const caf::error& err) {
     companion.swap(companion_);
   }
   if (companion) {
-    // What actor_companion::disconnect does (not exported by Debian's
-    // libcaf_core 0.17.6): no more handler, then the companion ends.
-    auto* c = companion_of(companion);
-    c->on_enqueue({});
-    caf::scoped_execution_unit host{&c->home_system()};
-    c->cleanup(caf::exit_reason::normal, &host);
+    if (inside_sink_callback > 0) {
+      // This thread is inside a companion's enqueue, holding its lock
+      // (shared): ending the companion here would wait for that lock
+      // forever. End it from a thread of its own, once the enqueue returns.
+      std::thread{[c = std::move(companion)] { end_companion(c); }}.detach();
+    } else {
+      end_companion(companion);
+    }
   }
   auto msg = caf::make_message(err);
   for (auto& [id, h] : pending) {
