@@ -22,6 +22,7 @@
 
 #include "actors/binding.hpp"
 #include "actors/reply_sink.hpp"
+#include "messages/tsan.hpp"
 
 namespace multidev::detail {
 
@@ -120,6 +121,7 @@ struct wait_reply {
 
 /// Runs the oldest deferred request.
 void run_next(self_ptr self) {
+  tsan_turn turn{self}; // `deferred`: see ordered
   auto next = std::move(self->state.deferred.front());
   self->state.deferred.pop_front();
   next(false);
@@ -128,6 +130,7 @@ void run_next(self_ptr self) {
 /// Runs the deferred requests while the queue has room; otherwise asks the
 /// runner for a `room` message when it has made some.
 void drain(self_ptr self) {
+  tsan_turn turn{self}; // `deferred`: see ordered
   auto& st = self->state;
   while (!st.deferred.empty()) {
     caf::actor_addr addr = self->address();
@@ -148,6 +151,10 @@ void drain(self_ptr self) {
 template <class F>
 auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   using value = decltype(f());
+  // `deferred` and what its entries captured are the actor's own, but the
+  // handler that runs an entry (`room`) may run on another worker than the
+  // one that added it (tsan.hpp).
+  tsan_turn turn{self};
   auto& st = self->state;
   if (st.deferred.empty() && st.core->has_room())
     return attempt(*st.core, f);
@@ -173,6 +180,7 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
 /// resolves every seq once: done, or failed as the device is killed or shut
 /// down.)
 void answer_everything(self_ptr self) {
+  tsan_turn turn{self}; // `deferred`: see ordered
   auto& st = self->state;
   while (!st.deferred.empty()) {
     auto next = std::move(st.deferred.front());
@@ -277,11 +285,14 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
 
 device_actor_full::behavior_type device_impl(self_ptr self,
                                              std::shared_ptr<device_core> core,
-                                             device_identity id) {
+                                             std::shared_ptr<const device_identity> id) {
+  tsan_acquire(core.get()); // see spawn_device_actor
+  tsan_turn turn{self};       // passes that on to the handlers' turns
   self->state.core = std::move(core);
-  self->state.id = std::move(id);
+  self->state.id = *id;
   self->state.key = random_key();
   self->set_down_handler([self](caf::down_msg& dm) {
+    tsan_turn turn{self}; // remote_waiters, shared with `wait` (tsan.hpp)
     auto& st = self->state;
     if (st.remote_waiters.erase(dm.source) > 0)
       st.core->drop_waiters([&dm](const device_core::resolver& r) {
@@ -331,15 +342,18 @@ device_actor_full::behavior_type device_impl(self_ptr self,
   self->attach_functor(kill_device);
   return {
     [self](schedule_atom, const task_spec& spec) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, spec] { return c->push(bind_spec(c, spec).work, false); });
     },
     [self](schedule_atom, const std::vector<task_spec>& specs)
       -> caf::result<std::vector<uint64_t>> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, specs] { return push_batch(c, specs); });
     },
     [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // remote_waiters, shared with the down handler
       auto& st = self->state;
       if (st.core->is_done(seq))
         return seq;
@@ -366,6 +380,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       return caf::delegated<uint64_t>{};
     },
     [self](room_atom, uint64_t key) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       if (key != self->state.key)
         return;
       // The oldest deferred request goes in now, room or not (its push never
@@ -377,18 +392,22 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       drain(self);
     },
     [self](depend_atom, const caf::actor& owner, uint64_t seq) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return depend_on(self, owner, seq, {});
     },
     [self](depend_atom, const caf::actor& owner, uint64_t seq,
            std::string& owner_name) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return depend_on(self, owner, seq, std::move(owner_name));
     },
     [self](lost_atom, const caf::actor& owner, const std::string& why) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       if (owner)
         fail_owner(self, owner.address(), why);
     },
     [self](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
            int32_t mode) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, id, size, alignment, mode] {
         std::optional<memory_mode> m;
@@ -399,6 +418,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       });
     },
     [self](free_atom, int32_t id) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, id] {
         c->free_pool(id);
@@ -407,16 +427,19 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](memset_atom, int32_t id, uint64_t offset,
            uint64_t size) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, id, offset, size] { return c->memset_zero(id, offset, size); });
     },
     [self](write_atom, int32_t id, uint64_t offset,
            const std::string& bytes) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       auto data = std::make_shared<const std::string>(bytes);
       return ordered(self, [c, id, offset, data] { return c->write_bytes(id, offset, data); });
     },
     [self](read_atom, int32_t id, uint64_t offset, uint64_t size) -> caf::result<std::string> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       // Pushed in mailbox order (behind deferred requests, like `ordered`);
       // the reply comes from the runner once the read is done.
       auto c = self->state.core;
@@ -456,23 +479,28 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       return caf::delegated<std::string>{};
     },
     [self](all_work_atom) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c] { return c->scheduled(); });
     },
     [self](idle_atom) -> bool {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return self->state.deferred.empty() && self->state.core->is_idle();
     },
     [self](memory_atom) -> uint64_t { return self->state.core->used_memory(); },
     [self](debug_atom) -> std::string {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return self->state.core->debug_info().to_string();
     },
     [self](identify_atom) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       return caf::make_result(caf::to_string(self->system().node()), st.id.device_id,
                               st.core->name(), st.id.driver,
                               static_cast<int32_t>(st.core->ordinal()));
     },
     [self](status_atom, uint64_t seq) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& c = *self->state.core;
       // Scheduled first: a seq resolved after this read is still counted.
       auto scheduled = c.scheduled();
@@ -480,13 +508,16 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       return caf::make_result(state, c.finished(), scheduled);
     },
     [self](cancel_atom) -> uint64_t {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return self->state.core->cancel("cancelled by cancel(device)");
     },
     [self](recover_atom) -> bool {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return self->state.core->recover();
     },
     [self](trace_atom) -> device_trace { return self->state.core->trace(); },
     [self](result_atom, const std::string& name) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto r = self->state.core->results().get(name);
       return caf::make_result(r.has_value(), r.value_or(kernel_result{}));
     },
@@ -497,7 +528,14 @@ device_actor_full::behavior_type device_impl(self_ptr self,
 
 device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,
                                 device_identity id) {
-  return sys.spawn(device_impl, std::move(core), std::move(id));
+  // What this thread did before spawn() happens before device_impl runs, but
+  // CAF's scheduler hands the new actor to a worker through atomics
+  // ThreadSanitizer never sees (see tsan.hpp). `id` travels behind a pointer
+  // so that the worker copies it in device_impl, after the acquire, not in
+  // CAF's argument forwarding before it.
+  auto shared_id = std::make_shared<const device_identity>(std::move(id));
+  tsan_release(core.get());
+  return sys.spawn(device_impl, std::move(core), std::move(shared_id));
 }
 
 } // namespace multidev::detail

@@ -29,6 +29,7 @@
 #include "actors/device_core.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/reply_sink.hpp"
+#include "messages/tsan.hpp"
 
 namespace multidev::detail {
 namespace {
@@ -142,6 +143,7 @@ public:
   remote_op(const remote_op&) = delete;
   remote_op& operator=(const remote_op&) = delete;
   ~remote_op() {
+    tsan_acquire(this); // see post(): the last owner may be a dropped message
     if (settled_.load())
       return;
     auto err = shared_->closed_error();
@@ -184,13 +186,13 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
   auto issue = [timeout, on_value, xs...](caf::event_based_actor* self,
                                           const device_actor& target,
                                           const std::shared_ptr<remote_op>& me) {
+    // The link actor may handle the reply on another worker (tsan.hpp).
     self->request(target, timeout, xs...)
-      .then(
-        [me, on_value](Rs... rs) {
-          if (me->settle())
-            on_value(std::move(rs)...);
-        },
-        [me](caf::error& e) { me->fail(e); });
+      .then(handed_off<void(Rs...)>([me, on_value](Rs... rs) {
+              if (me->settle())
+                on_value(std::move(rs)...);
+            }),
+            handed_off<void(caf::error&)>([me](caf::error& e) { me->fail(e); }));
   };
   return std::make_shared<remote_op>(std::move(issue), std::move(on_error), std::move(shared));
 }
@@ -238,7 +240,9 @@ void post(const link_shared& shared, std::shared_ptr<remote_op> op) {
     return;
   }
   // A message dropped by a link that stopped meanwhile destroys `op`, whose
-  // destructor fails it: nobody waits forever.
+  // destructor fails it: nobody waits forever. `op` reaches the link actor
+  // (or that destructor) through CAF's mailbox (tsan.hpp).
+  tsan_release(op.get());
   caf::anon_send(link, post_atom::value, std::move(op));
 }
 
@@ -315,22 +319,30 @@ void close_link(link_ptr self, const std::string& why) {
 
 caf::behavior link_impl(link_ptr self, device_actor target,
                         std::shared_ptr<link_shared> shared) {
+  // `shared` was made by the spawning thread; the handlers below share the
+  // state, each on whichever worker runs it (tsan.hpp).
+  tsan_acquire(shared.get());
+  tsan_turn turn{self};
   self->state.target = std::move(target);
   self->state.shared = std::move(shared);
   // A request to an actor whose node vanished may never be answered: the
   // monitor's down message fails them all instead.
   self->monitor(self->state.target);
   self->set_down_handler([self](caf::down_msg& dm) {
+    tsan_turn turn{self};
     if (dm.source != self->state.target.address())
       return;
     close_link(self, fmt::format("its actor is down ({})", self->system().render(dm.reason)));
   });
   self->set_exit_handler([self](caf::exit_msg& msg) {
+    tsan_turn turn{self};
     close_link(self, link_closed_at_shutdown);
     self->quit(msg.reason);
   });
   return {
     [self](post_atom, const std::shared_ptr<remote_op>& op) {
+      tsan_turn turn{self};
+      tsan_acquire(op.get()); // see post()
       auto& st = self->state;
       if (auto err = st.shared->closed_error()) {
         op->fail(err);
@@ -623,6 +635,7 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
   caf::actor link;
   {
     logger_tie_guard untie; // spawning ties this thread to the system
+    tsan_release(shared.get()); // see link_impl
     link = sys.spawn(link_impl, target, shared);
   }
   shared->link = link.address();

@@ -5,7 +5,10 @@
 # 10-15 minutes from scratch on 2 cores). MULTIDEV_SANITIZE=0 skips the second.
 # Then the fuzz smoke run: each libFuzzer harness of fuzz/ (the s-expression
 # parser, the scenario loader) for 60 s (scripts/run-fuzz.sh; about 4 minutes
-# with its build); MULTIDEV_FUZZ=0 skips it.
+# with its build); MULTIDEV_FUZZ=0 skips it. Last, the core tests under
+# ThreadSanitizer (scripts/run-tsan.sh: the `tsan` preset in build-tsan/,
+# about 10 minutes with its build; every report with both sides in this
+# repository fails it); MULTIDEV_TSAN=0 skips it.
 # Chromium (Debian `chromium`) is installed for the test that renders a
 # scenario's SVG timeline to a PNG.
 set -euo pipefail
@@ -21,4 +24,8 @@ fi
 
 if [ "${MULTIDEV_FUZZ:-1}" != 0 ]; then
   scripts/run-fuzz.sh 60
+fi
+
+if [ "${MULTIDEV_TSAN:-1}" != 0 ]; then
+  scripts/run-tsan.sh -R "$(scripts/run-tsan.sh --core-regex)"
 fi

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <latch>
 #include <memory>
 #include <ostream>
 #include <stdexcept>
@@ -182,18 +183,24 @@ BOOST_AUTO_TEST_CASE(test_trace_record_is_written_before_its_event_resolves) {
   b.schedule_task(d, task{"ok", [] {}, {}});                                  // seq 2
   b.schedule_task(d, task{"bad", [] { throw std::runtime_error("no"); }, {}}); // seq 3
   auto seen = std::make_shared<std::vector<std::string>>();
-  auto look = [core, seen](uint64_t seq) {
-    return [core, seen, seq](const std::string* error) {
+  // The runner stores an event's outcome before it runs the event's waiters,
+  // so `await` may return while the last one still runs: `seen` is read
+  // once both have counted down.
+  auto looked = std::make_shared<std::latch>(2);
+  auto look = [core, seen, looked](uint64_t seq) {
+    return [core, seen, looked, seq](const std::string* error) {
       for (const auto& r : core->trace().records)
         if (r.seq == seq)
           seen->push_back(r.description + (r.failed ? " failed" : "") +
                           (error ? " (event failed)" : ""));
+      looked->count_down();
     };
   };
   core->when_done(2, look(2));
   core->when_done(3, look(3));
   release->open();
   BOOST_CHECK_THROW(test_support::bounded([&] { b.await(d); }), device_error);
+  test_support::bounded([&] { looked->wait(); }, "the waiters");
   BOOST_TEST(*seen == (std::vector<std::string>{"ok", "bad failed (event failed)"}),
              joined(*seen));
 }
