@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/logger_tie.hpp"
+#include "messages/tsan.hpp"
 #include "multidev/protocol.hpp"
 
 namespace multidev::detail {
@@ -26,6 +27,11 @@ caf::actor_companion* companion_of(const caf::strong_actor_ptr& p) {
 /// enqueue handler under the companion's lock, which ending the companion
 /// takes too.
 thread_local int inside_sink_callback = 0;
+
+/// The companions' enqueue handlers are made on one thread and run on CAF's
+/// (the I/O thread, a worker), handed over inside Debian's uninstrumented
+/// libcaf_core: one ThreadSanitizer key for all of them (messages/tsan.hpp).
+const char handler_key = 0;
 
 /// What actor_companion::disconnect does (not exported by Debian's
 /// libcaf_core 0.17.6): no more handler, then the companion ends.
@@ -46,6 +52,7 @@ std::shared_ptr<reply_sink> reply_sink::make(caf::actor_system& sys) {
   }
   std::weak_ptr<reply_sink> weak = s;
   companion_of(s->companion_)->on_enqueue([weak](caf::mailbox_element_ptr ptr) {
+    tsan_acquire(&handler_key);
     struct inside {
       inside() noexcept { ++inside_sink_callback; }
       ~inside() { --inside_sink_callback; }
@@ -57,6 +64,7 @@ std::shared_ptr<reply_sink> reply_sink::make(caf::actor_system& sys) {
       return;
     me->deliver(ptr->mid.request_id().integer_value(), ptr->move_content_to_message());
   });
+  tsan_release(&handler_key);
   return s;
 }
 
