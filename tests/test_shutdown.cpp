@@ -270,9 +270,13 @@ BOOST_AUTO_TEST_CASE(test_shutdown_reply_sink_may_die_inside_its_own_reply) {
     cfg.set("scheduler.max-threads", std::size_t{2});
     sys.emplace(cfg);
   }
-  auto target = sys->spawn([]() -> caf::behavior {
-    return {[](multidev::atoms::wait_atom, uint64_t seq) { return seq; }};
-  });
+  // An argument, though unused: CAF 0.17 spawns a function without one
+  // through a null tuple pointer, which UBSan reports (`sanitize` preset).
+  auto target = sys->spawn(
+    [](caf::event_based_actor*, int) -> caf::behavior {
+      return {[](multidev::atoms::wait_atom, uint64_t seq) { return seq; }};
+    },
+    0);
   auto sink = multidev::detail::reply_sink::make(*sys);
   std::promise<void> in_handler, let_go;
   auto let_go_done = let_go.get_future();
