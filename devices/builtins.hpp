@@ -21,4 +21,10 @@ kernel_result checksum_of(std::span<const std::byte> bytes);
 /// version of built-ins only.
 bool is_builtin(const std::string& name, const kernel_def* def);
 
+/// Throws std::invalid_argument unless `add_from_merge`'s call `c` fits:
+/// DST (argument 0), the merge node (argument 1) and the merge buffer hold
+/// as many bytes (the buffer may hold more). Every driver checks it before
+/// adding.
+void check_add_from_merge(const kernel_call& c);
+
 } // namespace multidev::detail

@@ -91,6 +91,15 @@ kernel_result checksum_of(std::span<const std::byte> bytes) {
   return {sum, h, n};
 }
 
+void check_add_from_merge(const kernel_call& c) {
+  auto dst = c.floats(0);
+  auto mb = c.merge_buffer();
+  if (c.buffer(1).size() != dst.size_bytes() || mb.size() < dst.size_bytes())
+    throw std::invalid_argument(fmt::format(
+      "add_from_merge: DST has {} bytes, the merge node {} and the merge buffer {}",
+      dst.size_bytes(), c.buffer(1).size(), mb.size()));
+}
+
 } // namespace detail
 
 namespace {
@@ -160,13 +169,9 @@ std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
        .merge_buffer_param = 1,
        .body =
          [](kernel_call& c) {
+           detail::check_add_from_merge(c); // refused before scheduling (see `check`); defensive
            auto dst = c.floats(0);
            auto mb = c.merge_buffer();
-           // Refused before scheduling (see `check`); defensive.
-           if (c.buffer(1).size() != dst.size_bytes() || mb.size() < dst.size_bytes())
-             throw std::invalid_argument(fmt::format(
-               "add_from_merge: DST has {} bytes, the merge node {} and the merge buffer {}",
-               dst.size_bytes(), c.buffer(1).size(), mb.size()));
            auto* m = reinterpret_cast<const float*>(mb.data());
            for (std::size_t i = 0; i < dst.size(); ++i)
              dst[i] += m[i];

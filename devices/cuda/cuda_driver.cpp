@@ -609,12 +609,9 @@ void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
     check(ord, api_->launch_axpy(y.data(), static_cast<float>(c.real(1)), x.data(), y.size(), s),
           "axpy kernel launch");
   } else if (name == "add_from_merge") {
+    check_add_from_merge(c);
     auto dst = c.floats(0);
     auto mb = c.merge_buffer();
-    if (c.buffer(1).size() != dst.size_bytes() || mb.size() < dst.size_bytes())
-      throw std::invalid_argument(fmt::format(
-        "add_from_merge: DST has {} bytes, the merge node {} and the merge buffer {}",
-        dst.size_bytes(), c.buffer(1).size(), mb.size()));
     check(ord,
           api_->launch_add(dst.data(), reinterpret_cast<const float*>(mb.data()), dst.size(), s),
           "add_from_merge kernel launch");
