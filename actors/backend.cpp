@@ -16,6 +16,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/endpoint.hpp"
 #include "actors/logger_tie.hpp"
+#include "actors/wait_graph.hpp"
 #include "devices/registry.hpp"
 #include "multidev/protocol.hpp"
 
@@ -224,6 +225,14 @@ void backend::sync(const event& e) const {
   e.sync();
 }
 
+void backend::sync(const event& e, std::chrono::steady_clock::time_point deadline) const {
+  e.sync(deadline);
+}
+
+void backend::sync(const event& e, std::chrono::steady_clock::duration timeout) const {
+  e.sync(std::chrono::steady_clock::now() + timeout);
+}
+
 bool backend::is_done(const event& e) const {
   return e.is_done();
 }
@@ -332,6 +341,13 @@ sexp backend::get_global_debug_info() const {
       remote.push_back(info_of(d));
     info.push_back(std::move(remote));
   }
+  // Who waits on what, now: the gates of this backend's devices and every
+  // thread of the process blocked in sync or await.
+  std::vector<std::shared_ptr<detail::device_core>> cores;
+  for (const auto& d : all)
+    if (auto ep = record_of(d).r.endpoint(); ep && ep->core())
+      cores.push_back(ep->core());
+  info.push_back(detail::wait_graph_info(cores));
   return info;
 }
 
@@ -345,10 +361,18 @@ sexp backend::get_debug_info(const device& d) const {
 }
 
 void backend::await(const device& d) const {
+  await(d, std::chrono::steady_clock::time_point::max());
+}
+
+void backend::await(const device& d, std::chrono::steady_clock::duration timeout) const {
+  await(d, std::chrono::steady_clock::now() + timeout);
+}
+
+void backend::await(const device& d, std::chrono::steady_clock::time_point deadline) const {
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core()) {
     try {
-      c->sync(c->scheduled());
+      c->sync_until(c->scheduled(), deadline, "await");
     } catch (const device_error&) {
       // The last item failed; a device recovered since is not failed, and
       // the failure stays on the items' own events.
@@ -358,7 +382,7 @@ void backend::await(const device& d) const {
     // Failed (or killed) after its last item finished: it is failed all the same.
     c->throw_if_failed();
   } else {
-    rec.ep().await();
+    rec.ep().await_until(deadline);
   }
 }
 

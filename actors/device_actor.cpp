@@ -21,6 +21,7 @@
 #include <set>
 
 #include "actors/binding.hpp"
+#include "actors/endpoint_remote.hpp"
 #include "actors/reply_sink.hpp"
 #include "messages/tsan.hpp"
 
@@ -212,6 +213,10 @@ void fail_owner(self_ptr self, const caf::actor_addr& owner, const std::string& 
 caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t seq,
                                 std::string owner_name) {
   auto c = self->state.core;
+  // `owner_name` is the sender's name for the owner; one of this process's
+  // own devices (sent by another actor system of it) comes as
+  // `<host>:<pid>/<name>`: named as we name it.
+  to_our_name(owner_name, {});
   return ordered(self, [self, c, owner, seq, owner_name]() -> uint64_t {
     if (!owner)
       throw std::invalid_argument(
@@ -253,7 +258,7 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
       if (!sink)
         sink = reply_sink::make(self->system());
       caf::actor_system* sys = &self->system();
-      bool sent = sink->wait(owner, seq, [weak, g, sys](const caf::message& m) {
+      bool sent = sink->wait(owner, seq, [weak, g, sys, owner_name](const caf::message& m) {
         auto me = weak.lock();
         if (!me)
           return;
@@ -264,6 +269,9 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
         auto err = m.match_elements<caf::error>() ? m.get_as<caf::error>(0)
                                                   : caf::make_error(caf::sec::unexpected_response);
         if (auto f = failure_of(err)) { // the owner's provenance
+          // Named as the owner's process names its devices: in ours, so
+          // that the devices of that node keep its name on the next hop.
+          to_our_names(*f, owner_name);
           me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
           return;
         }

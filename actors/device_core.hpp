@@ -14,6 +14,7 @@
 /// one that resolves them.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -136,6 +137,9 @@ public:
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
   bool is_idle() const noexcept { return finished() == scheduled() && !failed(); }
+  /// On this device's runner thread (or its stream's): the seq of the item
+  /// the calling thread runs. Only for that thread.
+  uint64_t running_item() const noexcept { return stream_ ? current_item : executed_; }
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
   bool runner_sleeping() const noexcept { return sleeping_.load() != awake; }
@@ -143,6 +147,12 @@ public:
   /// `deadlock_error` when called from this runner on a seq ahead of it,
   /// `std::invalid_argument` when `seq` was never scheduled.
   void sync(uint64_t seq);
+  /// `sync` that gives up at `deadline` (`time_point::max()`: never), with a
+  /// `timeout_error` saying why `seq` is not done (`wait_chain`). From a
+  /// task, also throws `deadlock_error` when the wait would close a cycle of
+  /// runners (see wait_graph.hpp). `what` names the call in errors.
+  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
+                  const char* what = "sync");
   /// Calls `r` once `seq` is resolved (at once if it is): with nullptr when
   /// done, with its cause when it failed or was cancelled. An exception
   /// thrown by `r` is swallowed.
@@ -227,6 +237,11 @@ public:
 
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
+  /// The gates queued here, not opened and not yet passed by the runner
+  /// (pending, or failed and still ahead), in the order they were queued (a
+  /// gate being queued has seq 0); `parked`, if given, is set
+  /// to the one the runner is parked on (null when none). For the wait graph.
+  std::vector<std::shared_ptr<gate>> pending_gates(const gate** parked = nullptr) const;
 
   // -- Trace (device_trace.cpp) -------------------------------------------------
 

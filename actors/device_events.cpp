@@ -1,9 +1,12 @@
 // Progress and outcomes: what is done, what failed or was cancelled and why,
 // who is told, and blocking syncs.
 #include "actors/device_core.hpp"
+#include "actors/wait_graph.hpp"
 
 #include <fmt/format.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 
 namespace multidev::detail {
@@ -177,34 +180,77 @@ void device_core::when_done(uint64_t seq, waiter w) {
 }
 
 void device_core::sync(uint64_t seq) {
+  sync_until(seq, std::chrono::steady_clock::time_point::max());
+}
+
+void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
+                             const char* what) {
   if (is_done(seq))
     return;
-  check_scheduled(seq, "sync");
+  check_scheduled(seq, what);
   if (seq > finished()) {
     // A task may wait for its device's earlier items (on an asynchronous
     // driver they may have run and not yet be resolved), never for its own.
     if (current_runner == this && (!stream_ || seq >= current_item))
       throw deadlock_error(fmt::format(
-        "sync on {} seq {} from a task of the same device, which has finished "
+        "{} on {} seq {} from a task of the same device, which has finished "
         "only up to seq {}: waiting would deadlock",
-        name_, seq, finished()));
+        what, name_, seq, finished()));
+    // Registered in the wait graph while blocked; from a task, registering
+    // refuses a wait that closes a cycle of runners.
+    blocked_wait w;
+    if (const auto* r = current_runner) {
+      w.runner = r;
+      w.item = r->running_item();
+    }
+    w.owner = this;
+    w.owner_name = name_;
+    w.seq = seq;
+    w.what = what;
+    blocked_scope blocked{std::move(w)};
     // Shared: the resolver may still be notifying after we saw the value.
     struct signal {
       std::atomic<uint32_t> flag{0};
       failure_ptr cause; // written before flag becomes 2
+      // For a wait with a deadline (the atomic wait has no timeout).
+      std::mutex mu;
+      std::condition_variable cv;
+      bool timed = false;
     };
     auto sig = std::make_shared<signal>();
+    bool timed = deadline != std::chrono::steady_clock::time_point::max();
+    sig->timed = timed;
     when_resolved(seq, [sig](const failure* cause) {
       if (cause) {
         // The cause lives in the device's table (or a static); share it.
         sig->cause = std::shared_ptr<const failure>(std::make_shared<failure>(*cause));
       }
+      if (sig->timed) {
+        std::lock_guard guard{sig->mu};
+        sig->flag.store(cause ? 2 : 1);
+        sig->cv.notify_all();
+        return;
+      }
       sig->flag.store(cause ? 2 : 1);
       sig->flag.notify_one();
     });
     uint32_t v;
-    while ((v = sig->flag.load()) == 0)
-      sig->flag.wait(0);
+    if (timed) {
+      std::unique_lock lock{sig->mu};
+      auto start = std::chrono::steady_clock::now();
+      if (!sig->cv.wait_until(lock, deadline, [&] { return sig->flag.load() != 0; })) {
+        lock.unlock();
+        auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+        auto chain = wait_chain(*this, seq);
+        throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
+                                        what, name_, seq, waited.count(), chain),
+                            chain);
+      }
+      v = sig->flag.load();
+    } else {
+      while ((v = sig->flag.load()) == 0)
+        sig->flag.wait(0);
+    }
     if (v == 1)
       return;
     throw_failure(sig->cause);

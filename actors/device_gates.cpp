@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace multidev::detail {
 
@@ -21,7 +22,11 @@ const std::shared_ptr<const failure>& unknown_cause() {
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
   if (owner.get() == this || owner->is_done(seq))
     return false;
-  owner->check_scheduled(seq, "will_wait_for");
+  if (auto s = owner->scheduled(); seq > s)
+    throw std::invalid_argument(fmt::format(
+      "will_wait_for: seq {} was never scheduled on {} (it has scheduled {} so far); a wait "
+      "on work not yet scheduled could close a cycle of waits, so it is refused",
+      seq, owner->name(), s));
   auto g = std::make_shared<gate>();
   g->owner = owner;
   g->owner_seq = seq;
@@ -90,6 +95,24 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
     throw;
   }
   return g;
+}
+
+std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parked) const {
+  std::vector<std::shared_ptr<gate>> out;
+  std::lock_guard guard{waiters_mu_};
+  out.reserve(gates_.size());
+  // A failed gate the runner has not reached yet is still a wait (it will
+  // fail this device); one it has passed is history.
+  auto passed = finished();
+  for (const auto& w : gates_)
+    if (auto g = w.lock(); g && g->state.load() != gate::open) {
+      auto at = g->seq.load();
+      if (at == 0 || at > passed)
+        out.push_back(std::move(g));
+    }
+  if (parked)
+    *parked = parked_on_;
+  return out;
 }
 
 std::string gate::owner_label() const {

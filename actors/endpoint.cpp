@@ -91,6 +91,9 @@ public:
   bool is_failed(uint64_t seq) override { return c_.is_failed(seq); }
   event_state state(uint64_t seq) override { return c_.state(seq); }
   void sync(uint64_t seq) override { c_.sync(seq); }
+  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
+    c_.sync_until(seq, deadline);
+  }
   void when_done(uint64_t seq, on_resolved cb) override {
     c_.check_scheduled(seq, "when_done");
     c_.when_resolved(seq, std::move(cb));
@@ -105,7 +108,10 @@ public:
     return push_batch(core(), specs, true);
   }
   uint64_t all_work() override { return c_.scheduled(); }
-  void await() override { c_.sync(c_.scheduled()); }
+  void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
+  void await_until(std::chrono::steady_clock::time_point deadline) override {
+    c_.sync_until(c_.scheduled(), deadline, "await");
+  }
   bool is_idle() override { return c_.is_idle(); }
   std::size_t queue_length() override { return c_.scheduled() - c_.finished(); }
 
@@ -140,6 +146,7 @@ public:
     g->remote = true;
     g->owner_name = owner.name();
     g->label = fmt::format("{} seq {}", owner.name(), seq);
+    g->remote_owner = owner.weak_from_this();
     c_.push_gate(g);
     std::weak_ptr<device_core> weak = core();
     try {

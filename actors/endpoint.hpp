@@ -15,6 +15,7 @@
 /// `flush`) throw `deadlock_error` on a runner thread; the others (events,
 /// `is_idle`, debug info...) never wait for work, only for the reply.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -66,6 +67,8 @@ public:
   virtual bool is_failed(uint64_t seq) = 0;
   virtual event_state state(uint64_t seq) = 0;
   virtual void sync(uint64_t seq) = 0;
+  /// `sync` that gives up at `deadline` with a `timeout_error` saying why.
+  virtual void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline) = 0;
   /// Calls `cb` once `seq` is resolved; never blocks. An invalid
   /// `seq` (never scheduled) is an error given to `cb` for a remote device,
   /// `std::invalid_argument` thrown here for a local one.
@@ -78,6 +81,8 @@ public:
   virtual std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) = 0;
   virtual uint64_t all_work() = 0;
   virtual void await() = 0;
+  /// `await` that gives up at `deadline` with a `timeout_error` saying why.
+  virtual void await_until(std::chrono::steady_clock::time_point deadline) = 0;
   virtual bool is_idle() = 0;
   virtual std::size_t queue_length() = 0;
   /// Returns once every message sent to the device's actor before it was

@@ -1,6 +1,7 @@
 // The endpoint of a device of another actor system: requests through one
 // link actor per device (see endpoint_remote.hpp).
 #include "actors/endpoint_remote.hpp"
+#include "actors/wait_graph.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -198,24 +199,10 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
 }
 
 /// `err`, from the device named `remote` here (`"b/multidev_cpu:0:1"`), as
-/// this process should read it: the names of devices of that node (given
-/// there without a node, so without a '/') get its prefix (`"b/"`). A
-/// device attached alone (no node) keeps its names.
+/// this process should read it (see `to_our_names`).
 caf::error in_our_names(const caf::error& err, const std::string& remote) {
-  auto cut = remote.rfind('/');
-  if (cut == std::string::npos)
-    return err;
-  auto prefix = remote.substr(0, cut + 1);
-  auto ours = [&prefix](std::string& n) {
-    if (!n.empty() && n.find('/') == std::string::npos)
-      n.insert(0, prefix);
-  };
   if (auto f = failure_of(err)) {
-    ours(f->device);
-    for (auto& hop : f->path) {
-      ours(hop.waiter);
-      ours(hop.device);
-    }
+    to_our_names(*f, remote);
     return make_error(*f);
   }
   const auto& ctx = err.context();
@@ -223,7 +210,7 @@ caf::error in_our_names(const caf::error& err, const std::string& remote) {
       || !ctx.match_element<std::string>(0) || !ctx.match_element<std::string>(1))
     return err;
   auto device = ctx.get_as<std::string>(0);
-  ours(device);
+  to_our_name(device, remote);
   return make_error(static_cast<errc>(err.code()), std::move(device), ctx.get_as<std::string>(1));
 }
 
@@ -249,9 +236,25 @@ void post(const link_shared& shared, std::shared_ptr<remote_op> op) {
 /// Sends `xs...` through the link and waits for the reply. `ordered`: the
 /// request adds to the device's schedule, so the device's actor may defer
 /// it behind a full queue; a runner must not wait for that.
+/// Thrown by `call` instead of an error when `timeout` was a caller's
+/// deadline and the reply did not come before it.
+struct deadline_passed {};
+
+template <class... Rs, class... Ts>
+std::tuple<Rs...> call_until(const std::shared_ptr<link_shared>& shared, const char* what,
+                             bool ordered, caf::duration timeout, bool is_deadline, Ts... xs);
+
 template <class... Rs, class... Ts>
 std::tuple<Rs...> call(const std::shared_ptr<link_shared>& shared, const char* what,
                        bool ordered, caf::duration timeout, Ts... xs) {
+  return call_until<Rs...>(shared, what, ordered, timeout, false, xs...);
+}
+
+/// `call`; with `is_deadline`, a reply that does not come within `timeout`
+/// throws `deadline_passed`.
+template <class... Rs, class... Ts>
+std::tuple<Rs...> call_until(const std::shared_ptr<link_shared>& shared, const char* what,
+                             bool ordered, caf::duration timeout, bool is_deadline, Ts... xs) {
   if (ordered && current_runner != nullptr)
     throw deadlock_error(fmt::format(
       "{} on {} from a task: it is a device of another process, whose reply may wait "
@@ -280,8 +283,11 @@ std::tuple<Rs...> call(const std::shared_ptr<link_shared>& shared, const char* w
   uint32_t v;
   while ((v = s->flag.load()) == 0)
     s->flag.wait(0);
-  if (v == 2)
+  if (v == 2) {
+    if (is_deadline && s->err == caf::sec::request_timeout)
+      throw deadline_passed{};
     throw_error(in_our_names(s->err, shared->name()), shared->name());
+  }
   return std::move(s->value);
 }
 
@@ -370,13 +376,7 @@ caf::behavior link_impl(link_ptr self, device_actor target,
 std::string qualified_name(const endpoint& owner) {
   if (!owner.core())
     return owner.name();
-  static const std::string here = [] {
-    std::array<char, 256> host{};
-    if (::gethostname(host.data(), host.size() - 1) != 0)
-      host[0] = '\0';
-    return fmt::format("{}:{}", host.data(), ::getpid());
-  }();
-  return here + "/" + owner.name();
+  return this_process() + "/" + owner.name();
 }
 
 class remote_endpoint final : public endpoint {
@@ -420,9 +420,43 @@ public:
   }
 
   void sync(uint64_t seq) override {
+    sync_until(seq, std::chrono::steady_clock::time_point::max());
+  }
+
+  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
+    sync_until(seq, deadline, "sync");
+  }
+
+  /// Waits for the reply to a `wait`, registered in the wait graph meanwhile.
+  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
+                  const char* what) {
     if (known_done(seq))
       return;
-    call<uint64_t>(shared_, "sync", false, caf::infinite, wait_atom::value, seq);
+    blocked_wait w;
+    if (const auto* r = current_runner) {
+      w.runner = r;
+      w.item = r->running_item();
+    }
+    w.owner_name = name();
+    w.seq = seq;
+    w.what = what;
+    blocked_scope blocked{std::move(w)};
+    auto start = std::chrono::steady_clock::now();
+    caf::duration timeout = caf::infinite;
+    bool timed = deadline != std::chrono::steady_clock::time_point::max();
+    if (timed)
+      timeout = caf::duration{std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::max(deadline - start, std::chrono::steady_clock::duration{1}))};
+    try {
+      call_until<uint64_t>(shared_, "sync", false, timeout, timed, wait_atom::value, seq);
+    } catch (const deadline_passed&) {
+      auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+      auto chain = fmt::format("{} lives on another node and has not reported seq {} done", name(),
+                               seq);
+      throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
+                                      what, name(), seq, waited.count(), chain),
+                          chain);
+    }
     shared_->note_done(seq);
   }
 
@@ -495,10 +529,12 @@ public:
       call<uint64_t>(shared_, "all_work", true, request_timeout, all_work_atom::value));
   }
 
-  void await() override {
+  void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
+
+  void await_until(std::chrono::steady_clock::time_point deadline) override {
     auto seq = std::get<0>(
       call<uint64_t>(shared_, "await", true, request_timeout, all_work_atom::value));
-    sync(seq);
+    sync_until(seq, deadline, "await");
   }
 
   bool is_idle() override {
@@ -652,6 +688,37 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
   } catch (...) {
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     throw;
+  }
+}
+
+const std::string& this_process() {
+  static const std::string here = [] {
+    std::array<char, 256> host{};
+    if (::gethostname(host.data(), host.size() - 1) != 0)
+      host[0] = '\0';
+    return fmt::format("{}:{}", host.data(), ::getpid());
+  }();
+  return here;
+}
+
+void to_our_name(std::string& name, const std::string& from) {
+  if (name.empty())
+    return;
+  if (name.find('/') == std::string::npos) {
+    auto cut = from.rfind('/');
+    if (cut != std::string::npos)
+      name.insert(0, from, 0, cut + 1);
+  }
+  const auto& here = this_process();
+  if (name.size() > here.size() + 1 && name.starts_with(here) && name[here.size()] == '/')
+    name.erase(0, here.size() + 1);
+}
+
+void to_our_names(failure& f, const std::string& from) {
+  to_our_name(f.device, from);
+  for (auto& hop : f.path) {
+    to_our_name(hop.waiter, from);
+    to_our_name(hop.device, from);
   }
 }
 

@@ -46,6 +46,24 @@ struct remote_device {
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
                             const std::string& prefix = {});
 
+/// This process as another one names it in a `depend`: `"<host>:<pid>"`
+/// (a device of this process goes as `"<host>:<pid>/<name>"`).
+const std::string& this_process();
+
+/// `name`, a device as the process of the device named `from` here names it
+/// (`from`: `"b/multidev_cpu:0:1"` for a node's device, `"<host>:<pid>/..."`
+/// for one a `depend` named, a bare name for a device attached alone), as
+/// this process names it: a name without a node (no '/') is of that process
+/// and gets `from`'s node in front; a name with this process's own
+/// `"<host>:<pid>/"` in front (a device of ours, named so by another process)
+/// loses it.
+void to_our_name(std::string& name, const std::string& from);
+
+/// `to_our_name` on every device a failure names (origin and path), so that
+/// its provenance reads right in the process it reached: received from a
+/// node `b` that got it from node `a`, the origin is `a/...`, not `b/...`.
+void to_our_names(failure& f, const std::string& from);
+
 /// Why the calls of a link stopped by its backend fail.
 inline constexpr const char* link_closed_at_shutdown =
   "the backend that attached it was shut down";

@@ -12,6 +12,7 @@
 namespace multidev::detail {
 
 class device_core;
+class endpoint;
 
 /// A point in a device's queue that opens when another device's event is done
 /// (or fails, which poisons the device when the runner reaches it).
@@ -20,7 +21,9 @@ struct gate {
   /// resolution win and the store of its final state (no throwing in between).
   enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
   std::atomic<int> state{pending};
-  uint64_t seq = 0;  ///< Its place in the device's schedule.
+  /// Its place in the device's schedule; 0 until it is queued (the wait
+  /// graph reads it from other threads).
+  std::atomic<uint64_t> seq{0};
   /// The awaited event: `owner` and `owner_seq` for a local wait (formatted
   /// only when needed), `label` otherwise.
   std::weak_ptr<device_core> owner;
@@ -31,6 +34,9 @@ struct gate {
   /// The awaited device's name when it lives behind an actor (empty: ask
   /// `owner`, or use the label).
   std::string owner_name;
+  /// For a remote wait: how the awaited device is reached, so the wait graph
+  /// can say whether its node is lost (may be empty).
+  std::weak_ptr<endpoint> remote_owner;
   /// `"<owner> seq <n>"`, or the label. Never throws: falls back to a fixed
   /// text when formatting fails.
   std::string what() const noexcept;

@@ -133,6 +133,12 @@ bool event::is_failed() const {
   return ep && ep->is_failed(seq_);
 }
 
+void event::sync(std::chrono::steady_clock::time_point deadline) const {
+  auto ep = ep_ ? ep_ : reach(*this, "sync");
+  if (ep)
+    ep->sync_until(seq_, deadline);
+}
+
 void event::sync() const {
   if (ep_) {
     if (auto* c = ep_->core().get())

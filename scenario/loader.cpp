@@ -111,6 +111,20 @@ public:
                          "the script is empty; it needs at least a (devices N) form");
     for (const auto& f : forms)
       statement(f, prog_.steps);
+    // The (sync-in ...) events named before the step that makes them.
+    for (const auto& fw : forward_events_) {
+      auto it = names_.find(fw.name);
+      if (it == names_.end())
+        throw script_error(at(*fw.form), fmt::format("sync-in: unknown event '{}': no step of "
+                                                     "the script makes it",
+                                                     fw.name));
+      if (it->second.kind != sym::event)
+        throw script_error(at(*fw.form),
+                           fmt::format("sync-in: '{}' is {} (declared at {}:{}), expected an event",
+                                       fw.name, sym_name(it->second.kind), it->second.where.line,
+                                       it->second.where.column));
+      (*fw.steps)[fw.index].ev = it->second.id;
+    }
     for (const auto& [device, faults] : pending_faults_)
       for (const auto& [step_no, fault] : faults)
         throw script_error(fault.second,
@@ -428,7 +442,7 @@ private:
   static bool counts_item(op k) {
     switch (k) {
       case op::free_pool: case op::memset: case op::kernel: case op::wait: case op::from_host:
-      case op::to_host: case op::copy: case op::delay: case op::hold:
+      case op::to_host: case op::copy: case op::delay: case op::hold: case op::sync_in:
         return true;
       default:
         return false;
@@ -524,6 +538,8 @@ private:
       return delay_form(s, out);
     if (head == "hold")
       return hold_form(s, out);
+    if (head == "sync-in")
+      return sync_in_form(s, out);
     if (head == "release")
       return release_form(s, out);
     if (head == "fail-at")
@@ -946,6 +962,23 @@ private:
     push(out, std::move(st));
   }
 
+  void sync_in_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {"as"}, "(sync-in DEVICE EVENT [(as EV)])");
+    auto st = make(s, op::sync_in);
+    st.device = device(*f.pos[0]);
+    local_only(s, st.device, "sync-in");
+    // EVENT may be made by a later step: it is looked up once the whole
+    // script is read (see `load`).
+    const auto& e = *f.pos[1];
+    auto n = text(e, "an event");
+    if (auto it = names_.find(n); it != names_.end())
+      st.ev = lookup(e, sym::event).id;
+    else
+      forward_events_.push_back({&e, n, out.size(), &out});
+    st.as = opt_event(f);
+    push(out, std::move(st));
+  }
+
   void release_form(const sexp& s, std::vector<step>& out) {
     auto f = split(s, 1, 1, {}, "(release HOLD)");
     auto st = make(s, op::release);
@@ -1261,6 +1294,15 @@ private:
   std::optional<uint64_t> seed_override_;
   std::optional<uint64_t> script_seed_;
   std::map<std::string, symbol> names_;
+  /// A (sync-in ...) whose event was not declared yet: the step (by index,
+  /// in the list it went to) and the form naming the event.
+  struct forward_event {
+    const sexp* form;
+    std::string name;
+    std::size_t index;
+    std::vector<step>* steps;
+  };
+  std::vector<forward_event> forward_events_;
   std::map<std::string, int64_t> vars_;
   std::vector<int> ctx_device_;
   std::vector<std::set<int>> ctx_nodes_;

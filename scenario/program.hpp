@@ -27,7 +27,7 @@ inline constexpr auto matches_syntax =
 enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
-  delay, hold, release, expect, kill_node, cut_node,
+  delay, hold, release, expect, kill_node, cut_node, sync_in,
 };
 
 /// Host data for `from-host`.

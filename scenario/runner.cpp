@@ -59,6 +59,38 @@ struct hold_latch {
   }
 };
 
+/// An event a `(sync-in ...)` task waits for: the host makes it (maybe after
+/// the task started), the task takes it on its runner. Closed at the end of
+/// the run: a task still waiting then fails, naming the event never made.
+struct event_slot {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<event> made;
+  bool closed = false;
+
+  void set(const event& e) {
+    {
+      std::lock_guard guard{mu};
+      made = e;
+    }
+    cv.notify_all();
+  }
+  void close() {
+    {
+      std::lock_guard guard{mu};
+      closed = true;
+    }
+    cv.notify_all();
+  }
+  /// The event once made; nothing when closed or after `timeout_s`.
+  std::optional<event> wait(double timeout_s) {
+    std::unique_lock lock{mu};
+    cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                [&] { return made.has_value() || closed; });
+    return made;
+  }
+};
+
 /// A blocking step that ran out of time.
 struct step_timeout : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -81,6 +113,7 @@ public:
     hosts_.resize(p.hosts.size());
     host_done_.resize(p.hosts.size());
     holds_.resize(p.holds.size());
+    slots_.resize(p.events.size());
     for (auto& h : holds_)
       h = std::make_shared<hold_latch>();
     model_.resize(p.devices);
@@ -198,13 +231,23 @@ private:
     try {
       execute(st);
     } catch (const std::invalid_argument& e) {
+      never_made(st);
       throw script_error(st.where, e.what());
     } catch (const step_timeout& e) {
+      never_made(st);
       unexpected(st, e.what());
       stopped_ = true; // the run cannot go on in order; wrap up
     } catch (const std::exception& e) {
+      never_made(st);
       unexpected(st, e.what());
     }
+  }
+
+  /// A step that failed before making its event: a `(sync-in ...)` task
+  /// waiting for that event learns at once that it never will be made.
+  void never_made(const step& st) {
+    if (st.as >= 0 && !events_[st.as] && slots_[st.as])
+      slots_[st.as]->close();
   }
 
   void unexpected(const step& st, const std::string& what) {
@@ -241,7 +284,7 @@ private:
     model_[d].push_back(std::move(it));
     int idx = static_cast<int>(model_[d].size()) - 1;
     if (as >= 0) {
-      events_[as] = b_.all_work(dev(d));
+      bind_event(as, b_.all_work(dev(d)));
       event_items_[as] = {d, idx};
     }
     return idx;
@@ -257,6 +300,13 @@ private:
   /// before its seq.
   std::pair<int, int> item_of_event(int ev) const {
     return event_items_[ev];
+  }
+
+  /// Makes event `id`, and hands it to a `(sync-in ...)` task waiting for it.
+  void bind_event(int id, const event& e) {
+    events_[id] = e;
+    if (slots_[id])
+      slots_[id]->set(e);
   }
 
   const event& ev(int id) const {
@@ -282,6 +332,33 @@ private:
     }
   }
 
+  /// A task on the device that syncs on an event when it runs: a blocking
+  /// wait inside a task, which the runtime refuses (deadlock_error, naming
+  /// the cycle) when it would close a cycle of runners.
+  void sync_in(const step& st) {
+    auto& slot = slots_[st.ev];
+    if (!slot)
+      slot = std::make_shared<event_slot>();
+    if (events_[st.ev])
+      slot->set(*events_[st.ev]);
+    auto before = last_seq(st.device);
+    const auto& name = p_.events[st.ev].name;
+    auto desc = "sync-in " + name;
+    auto timeout = opts_.step_timeout_s;
+    const backend* b = &b_;
+    b_.schedule_task(dev(st.device), {desc, [slot, b, timeout, name] {
+                                        auto e = slot->wait(timeout);
+                                        if (!e)
+                                          throw std::runtime_error(fmt::format(
+                                            "sync-in: event '{}' was never made: the step "
+                                            "that makes it failed or never ran (its producer "
+                                            "is missing)",
+                                            name));
+                                        b->sync(*e);
+                                      }});
+    add_item(st.device, before, "task", desc, st.as, st);
+  }
+
   void host_slice(const std::string& name, int64_t start, bool failed) {
     host_slices_.push_back(slice{p_.devices, name, "host", start, trace_clock_ns(), failed, 0, {}});
   }
@@ -290,9 +367,14 @@ private:
     const auto& e = ev(id);
     auto start = trace_clock_ns();
     try {
-      bounded(fmt::format("sync {}", p_.events[id].name).c_str(),
-              [&] { return b_.state(e) != event_state::pending; });
-      b_.sync(e);
+      // The deadline's error names the chain of waits that holds the event.
+      try {
+        b_.sync(e, clock::now() + std::chrono::duration_cast<clock::duration>(
+                                    std::chrono::duration<double>(opts_.step_timeout_s)));
+      } catch (const timeout_error& t) {
+        throw step_timeout(fmt::format("sync {} did not finish within {} s (the step timeout): {}",
+                                       p_.events[id].name, opts_.step_timeout_s, t.chain()));
+      }
     } catch (...) {
       host_slice("sync " + p_.events[id].name, start, true);
       throw;
@@ -300,11 +382,28 @@ private:
     host_slice("sync " + p_.events[id].name, start, false);
   }
 
+  /// Why device `d` has not finished its work: the chain of waits that
+  /// holds it (or what asking said).
+  std::string why_busy(int d) const {
+    try {
+      b_.await(dev(d), clock::now());
+      return "it has finished now";
+    } catch (const timeout_error& t) {
+      return t.chain();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
   void await_device(int d, bool forget) {
     auto start = trace_clock_ns();
     auto name = fmt::format("{} {}", forget ? "sync-device" : "await", d);
     try {
-      bounded(name.c_str(), [&] { return settled(d); });
+      try {
+        bounded(name.c_str(), [&] { return settled(d); });
+      } catch (const step_timeout& t) {
+        throw step_timeout(fmt::format("{}: {}", t.what(), why_busy(d)));
+      }
       if (forget)
         b_.sync_device(dev(d));
       else
@@ -372,7 +471,7 @@ private:
         break;
       }
       case op::all_work: {
-        events_[st.as] = b_.all_work(dev(st.device));
+        bind_event(st.as, b_.all_work(dev(st.device)));
         int n = static_cast<int>(model_[st.device].size());
         event_items_[st.as] = {n > 0 ? st.device : -1, n - 1};
         break;
@@ -443,6 +542,9 @@ private:
       }
       case op::release:
         holds_[st.hold]->release();
+        break;
+      case op::sync_in:
+        sync_in(st);
         break;
       case op::expect:
         expect(st);
@@ -517,7 +619,7 @@ private:
     auto e = b_.run(r);
     int idx = add_item(st.device, before, "task", describe_kernel(st), st.as, st);
     if (st.as >= 0)
-      events_[st.as] = e;
+      bind_event(st.as, e);
     auto def = find_kernel(st.kernel);
     for (int i : def->reads)
       if (auto* t = std::get_if<tnode>(&st.args[i]))
@@ -547,7 +649,7 @@ private:
     auto e = b_.schedule_named(dev(st.device), spec);
     add_item(st.device, before, "task", describe_kernel(st), st.as, st);
     if (st.as >= 0)
-      events_[st.as] = e;
+      bind_event(st.as, e);
   }
 
   void from_host(const step& st) {
@@ -794,6 +896,9 @@ private:
     for (auto& h : holds_)
       if (h)
         h->release();
+    for (auto& s : slots_)
+      if (s)
+        s->close();
   }
 
   /// Releases the holds, lets every device finish, then checks what needed
@@ -975,6 +1080,8 @@ private:
   std::vector<std::optional<event>> host_done_;
   std::deque<std::vector<float>> host_data_;
   std::vector<std::shared_ptr<hold_latch>> holds_;
+  /// By event id: the slots `(sync-in ...)` tasks wait on (null: none).
+  std::vector<std::shared_ptr<event_slot>> slots_;
   std::vector<std::vector<model_item>> model_;
   std::vector<model_edge> edges_;
   std::map<std::pair<int, int>, std::pair<int, int>> writers_;

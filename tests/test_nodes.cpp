@@ -3,7 +3,9 @@
 // ordinals after the local ones, named after the node; named tasks and waits
 // cross both ways; `kill -9` of a node fails its pending work and the local
 // work waiting on it with errors naming the node; a restarted node attaches
-// again under the same ordinals; SIGTERM stops a node cleanly.
+// again under the same ordinals; SIGTERM stops a node cleanly. A failure
+// that crosses nodes keeps its provenance, every device named as this
+// process names it, also when its origin's node was killed.
 //
 // The tool's path is the test's first argument. Every node process is
 // reaped (scenario/node_process.hpp, which `multidev run --spawn-nodes` uses).
@@ -26,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <span>
 #include <string>
@@ -431,4 +434,111 @@ BOOST_AUTO_TEST_CASE(test_nodes_live_progress_survives_a_node_killed_mid_run) {
   auto r = scenario::run(*p, o);
   BOOST_TEST(r.ok(), scenario::summary(r));
   BOOST_TEST(reports.load() > 0);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_provenance_survives_three_hops_between_two_nodes) {
+  // A failure starts on a/0 and travels b -> a -> b: b/1 waits for a/1,
+  // which waits for b/0, which waits for a/0's failing task. Each node hands
+  // the failure on in its own names; here every device is named as this
+  // process names it (a/0 is `a/...` even after it passed through b).
+  // Then one that starts here: a/0 waits for b/0, which waits for a local
+  // task that throws; the local device comes back under its own name.
+  node_process na{tool(), 2, "a", true};
+  node_process nb{tool(), 2, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto on_a = attach_node(b, "127.0.0.1", na.port());
+  auto on_b = attach_node(b, "127.0.0.1", nb.port());
+  BOOST_TEST_REQUIRE(on_a.size() == 2u);
+  BOOST_TEST_REQUIRE(on_b.size() == 2u);
+  auto a0 = on_a[0], a1 = on_a[1], b0 = on_b[0], b1 = on_b[1];
+  {
+    // a/0 is busy first, so that the chain is in place before it fails.
+    b.schedule_named(a0, {"spin_ns", {int64_t{200'000'000}}});
+    auto e0 = b.schedule_named(a0, {"fail", {std::string{"boom"}}});
+    b.will_wait_for(b.make_context(b0), e0); // b on a
+    auto e1 = b.all_work(b0);
+    b.will_wait_for(b.make_context(a1), e1); // a on b
+    auto e2 = b.all_work(a1);
+    b.will_wait_for(b.make_context(b1), e2); // b on a
+    auto e3 = b.all_work(b1);
+    failure_hop b0_on_a0{b0.name(), a0.name(), e0.seq()};
+    failure_hop a1_on_b0{a1.name(), b0.name(), e1.seq()};
+    failure_hop b1_on_a1{b1.name(), a1.name(), e2.seq()};
+    const std::string task = "(fail boom)";
+    using test_support::check_task_chain;
+    using test_support::sync_error;
+    check_task_chain(sync_error(b, e0, "a/0"), a0.name(), task, e0.seq(), "boom", {}, "a/0");
+    check_task_chain(sync_error(b, e1, "b/0"), a0.name(), task, e0.seq(), "boom", {b0_on_a0},
+                     "b/0");
+    check_task_chain(sync_error(b, e2, "a/1"), a0.name(), task, e0.seq(), "boom",
+                     {a1_on_b0, b0_on_a0}, "a/1");
+    auto last = sync_error(b, e3, "b/1");
+    check_task_chain(last, a0.name(), task, e0.seq(), "boom", {b1_on_a1, a1_on_b0, b0_on_a0},
+                     "b/1");
+    BOOST_TEST_MESSAGE("three hops: " << (last ? last->what() : "none"));
+  }
+  BOOST_TEST(b.recover(a0));
+  BOOST_TEST(b.recover(b0));
+  {
+    auto local = b.get_device(0);
+    auto release = std::make_shared<std::promise<void>>();
+    auto open = release->get_future().share();
+    b.schedule_task(local, {"local step", [open] {
+                              if (open.wait_for(30s) != std::future_status::ready)
+                                throw std::runtime_error("never released");
+                              throw std::runtime_error("local boom");
+                            }});
+    auto e0 = b.all_work(local);
+    b.will_wait_for(b.make_context(b0), e0); // b on here
+    auto e1 = b.all_work(b0);
+    b.will_wait_for(b.make_context(a0), e1); // a on b
+    auto e2 = b.all_work(a0);
+    release->set_value();
+    failure_hop b0_on_local{b0.name(), local.name(), e0.seq()};
+    failure_hop a0_on_b0{a0.name(), b0.name(), e1.seq()};
+    auto last = test_support::sync_error(b, e2, "a/0");
+    test_support::check_task_chain(last, local.name(), "local step", e0.seq(), "local boom",
+                                   {a0_on_b0, b0_on_local}, "a/0");
+    BOOST_TEST_MESSAGE("from here and back: " << (last ? last->what() : "none"));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_provenance_names_a_killed_node_as_the_origin_through_three_hops) {
+  // a/0 is busy when node a is killed. b/0 waits for it (through this
+  // process: b never connected to a), the local device waits for b/0, and
+  // b/1 waits for the local device. Every wait fails, and each failure names
+  // a/0 as its origin, lost, with the hops that led there.
+  auto na = std::make_unique<node_process>(tool(), 1, "a", true);
+  node_process nb{tool(), 2, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto on_a = attach_node(b, "127.0.0.1", na->port());
+  auto on_b = attach_node(b, "127.0.0.1", nb.port());
+  BOOST_TEST_REQUIRE(on_a.size() == 1u);
+  BOOST_TEST_REQUIRE(on_b.size() == 2u);
+  auto a0 = on_a[0], b0 = on_b[0], b1 = on_b[1];
+  auto local = b.get_device(0);
+  auto doomed = b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
+  b.will_wait_for(b.make_context(b0), doomed); // b on a
+  auto x1 = b.all_work(b0);
+  b.will_wait_for(b.make_context(local), x1); // here on b
+  auto x2 = b.all_work(local);
+  b.will_wait_for(b.make_context(b1), x2); // b on here
+  auto x3 = b.all_work(b1);
+  BOOST_TEST(!b.is_done(x3));
+  auto start = std::chrono::steady_clock::now();
+  na->kill9();
+  failure_hop b0_on_a0{b0.name(), a0.name(), doomed.seq()};
+  failure_hop local_on_b0{local.name(), b0.name(), x1.seq()};
+  failure_hop b1_on_local{b1.name(), local.name(), x2.seq()};
+  using test_support::check_lost_chain;
+  using test_support::sync_error;
+  check_lost_chain(sync_error(b, doomed, "a/0"), a0.name(), {}, "a/0");
+  check_lost_chain(sync_error(b, x1, "b/0"), a0.name(), {b0_on_a0}, "b/0");
+  check_lost_chain(sync_error(b, x2, "local"), a0.name(), {local_on_b0, b0_on_a0}, "local");
+  auto last = sync_error(b, x3, "b/1");
+  check_lost_chain(last, a0.name(), {b1_on_local, local_on_b0, b0_on_a0}, "b/1");
+  BOOST_TEST_MESSAGE("after the loss: " << (last ? last->what() : "none"));
+  BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
 }

@@ -5,6 +5,9 @@
 // remote on remote), cancel and recover, failures coming back as device_error
 // with their provenance, and the members that refuse a remote device.
 //
+// A failure's provenance (origin device, task, message and the path of
+// waits) survives hops between processes and the loss of its origin's.
+//
 // The same scenario runs twice: against a second actor system in this
 // process, and against a second process (this test binary started again
 // with `--serve-devices`, which publishes two devices and prints their
@@ -64,8 +67,11 @@ using multidev::event;
 using multidev::task;
 using multidev::task_spec;
 using test_support::bounded;
+using test_support::check_lost_chain;
+using test_support::check_task_chain;
 using test_support::contains;
 using test_support::eventually;
+using test_support::sync_error;
 using test_support::watchdog;
 
 namespace {
@@ -720,6 +726,182 @@ BOOST_AUTO_TEST_CASE(test_remote_peer_process_exits_cleanly) {
     sys.reset();
   }
   BOOST_TEST(peer.finish() == 0);
+}
+
+// -- provenance across processes ------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_remote_provenance_survives_three_hops_across_two_actor_systems) {
+  // Two actor systems ("nodes" A and B), each serving its devices to the
+  // other. A failure starts on A's a0 and travels B -> A -> B:
+  // b1 waits for a1, which waits for b0, which waits for a0's failing task.
+  caf::actor_system_config cfg_a;
+  auto sys_a = make_system(cfg_a);
+  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
+  caf::actor_system_config cfg_b;
+  auto sys_b = make_system(cfg_b);
+  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 2});
+  auto ports_a = publish_devices(*sys_a, *a);
+  auto ports_b = publish_devices(*sys_b, *b);
+  {
+    watchdog guard{"provenance through three hops on two actor systems"};
+    auto a0 = attach(*sys_b, *b, ports_a[0]); // B's view of A's devices
+    auto a1 = attach(*sys_b, *b, ports_a[1]);
+    auto b0 = b->get_device(0);
+    auto b1 = b->get_device(1);
+    auto b0_at_a = attach(*sys_a, *a, ports_b[0]); // A's view of B's devices
+    auto b1_at_a = attach(*sys_a, *a, ports_b[1]);
+    std::unordered_set<std::string> names{a0.name(), a1.name(), b0.name(), b1.name()};
+    BOOST_TEST_REQUIRE(names.size() == 4u);
+    // a0 is held, so the whole chain is in place before its origin fails.
+    auto release = std::make_shared<std::promise<void>>();
+    a->schedule_task(a->get_device(0), test_support::blocker(release->get_future().share()));
+    auto e0 = b->schedule_named(a0, {"fail", {std::string{"boom"}}});
+    b->will_wait_for(b->make_context(b0), e0); // B on A: a `wait` request
+    auto e1 = b->all_work(b0);
+    b->will_wait_for(b->make_context(a1), e1); // A on B: a `depend` message
+    auto e2 = b->all_work(a1);
+    b->will_wait_for(b->make_context(b1), e2); // B on A again
+    auto e3 = b->all_work(b1);
+    BOOST_TEST(!b->is_done(e3));
+    BOOST_TEST(!e3.is_failed());
+    release->set_value();
+
+    multidev::failure_hop b0_on_a0{b0.name(), a0.name(), e0.seq()};
+    multidev::failure_hop a1_on_b0{a1.name(), b0.name(), e1.seq()};
+    multidev::failure_hop b1_on_a1{b1.name(), a1.name(), e2.seq()};
+    // The origin's task, as the failure at the origin describes it.
+    auto origin = sync_error(*b, e0, "B: a0");
+    BOOST_TEST_REQUIRE(origin.has_value());
+    auto task = origin->origin_task();
+    BOOST_TEST(contains(task, "fail"), task);
+    BOOST_TEST_MESSAGE("origin: " << origin->what());
+    check_task_chain(origin, a0.name(), task, e0.seq(), "boom", {}, "B: a0");
+
+    // Seen from B: each event of the chain, one hop more each time.
+    check_task_chain(sync_error(*b, e1, "B: b0"), a0.name(), task, e0.seq(), "boom",
+                     {b0_on_a0}, "B: b0");
+    check_task_chain(sync_error(*b, e2, "B: a1"), a0.name(), task, e0.seq(), "boom",
+                     {a1_on_b0, b0_on_a0}, "B: a1");
+    auto last = sync_error(*b, e3, "B: b1");
+    check_task_chain(last, a0.name(), task, e0.seq(), "boom", {b1_on_a1, a1_on_b0, b0_on_a0},
+                     "B: b1");
+    BOOST_TEST_MESSAGE("end of the chain: " << (last ? last->what() : "none"));
+    BOOST_TEST((b->state(e3) == multidev::event_state::failed));
+
+    // Seen from A: a1's own event (its core is here), and B's events over
+    // the wire.
+    check_task_chain(sync_error(*a, event{a->get_device(1).get_runner(), e2.seq()}, "A: a1"),
+                     a0.name(), task, e0.seq(), "boom", {a1_on_b0, b0_on_a0}, "A: a1");
+    check_task_chain(sync_error(*a, event{b0_at_a.get_runner(), e1.seq()}, "A: b0"), a0.name(),
+                     task, e0.seq(), "boom", {b0_on_a0}, "A: b0");
+    check_task_chain(sync_error(*a, event{b1_at_a.get_runner(), e3.seq()}, "A: b1"), a0.name(),
+                     task, e0.seq(), "boom", {b1_on_a1, a1_on_b0, b0_on_a0}, "A: b1");
+  }
+  {
+    watchdog guard{"shutting down both systems"};
+    b.reset();
+    sys_b.reset();
+    a.reset();
+    sys_a.reset();
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_remote_provenance_survives_the_loss_of_the_origin_process) {
+  // Three nodes: the peer process P (devices p0, p1; killed), and two actor
+  // systems here, B (devices l0, l1, driving everything) and C (c0..c2,
+  // attached to B only). Two chains start on P:
+  //   c1 waits for l0, which waits for c0, which waits for p0 -- C never
+  //   connected to P: B routes c0's wait and tells c0 when P is lost;
+  //   c2 waits for l1, which waits for p1 -- B's own wait on P.
+  peer_process peer;
+  std::istringstream line{peer.read_line()};
+  std::string word;
+  unsigned port0 = 0, port1 = 0;
+  line >> word >> port0 >> port1;
+  BOOST_TEST_REQUIRE(word == "ports");
+  // Device names are `multidev_cpu:<ordinal>:<id>`, and the ids of two
+  // systems may coincide: the devices used here have ordinals of their own
+  // (P: 0 and 1; B: 2 and 3; C: 4 to 6), so every name says which it is.
+  caf::actor_system_config cfg_b;
+  auto sys_b = make_system(cfg_b);
+  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 4});
+  caf::actor_system_config cfg_c;
+  auto sys_c = make_system(cfg_c);
+  auto c = std::make_unique<backend>(*sys_c, backend_options{.num_devices = 7});
+  std::vector<uint16_t> ports_c;
+  for (int i = 4; i < 7; ++i) {
+    auto port = sys_c->middleman().publish(multidev::device_actor_of(*c, c->get_device(i)), 0,
+                                           "127.0.0.1");
+    BOOST_TEST_REQUIRE(static_cast<bool>(port));
+    ports_c.push_back(*port);
+  }
+  {
+    watchdog guard{"provenance of a chain whose origin process is lost"};
+    auto p0 = attach(*sys_b, *b, static_cast<uint16_t>(port0));
+    auto p1 = attach(*sys_b, *b, static_cast<uint16_t>(port1));
+    auto c0 = attach(*sys_b, *b, ports_c[0]);
+    auto c1 = attach(*sys_b, *b, ports_c[1]);
+    auto c2 = attach(*sys_b, *b, ports_c[2]);
+    auto l0 = b->get_device(2);
+    auto l1 = b->get_device(3);
+    std::unordered_set<std::string> names{p0.name(), p1.name(), c0.name(), c1.name(),
+                                          c2.name(), l0.name(), l1.name()};
+    BOOST_TEST_REQUIRE(names.size() == 7u, "device names collide across the processes: "
+                                             << p0.name() << " " << p1.name() << " "
+                                             << c0.name() << " " << c1.name() << " "
+                                             << c2.name() << " " << l0.name() << " "
+                                             << l1.name());
+    auto doomed0 = b->schedule_named(p0, sleep_ms(20'000));
+    auto doomed1 = b->schedule_named(p1, sleep_ms(20'000));
+    b->will_wait_for(b->make_context(c0), doomed0); // C on P, through B
+    auto x1 = b->all_work(c0);
+    b->will_wait_for(b->make_context(l0), x1); // B on C
+    auto x2 = b->all_work(l0);
+    b->will_wait_for(b->make_context(c1), x2); // C on B
+    auto x3 = b->all_work(c1);
+    b->will_wait_for(b->make_context(l1), doomed1); // B on P
+    auto y1 = b->all_work(l1);
+    b->will_wait_for(b->make_context(c2), y1); // C on B
+    auto y2 = b->all_work(c2);
+    BOOST_TEST(!b->is_done(x3));
+    BOOST_TEST(!b->is_done(y2));
+    peer.kill_now();
+
+    multidev::failure_hop c0_on_p0{c0.name(), p0.name(), doomed0.seq()};
+    multidev::failure_hop l0_on_c0{l0.name(), c0.name(), x1.seq()};
+    multidev::failure_hop c1_on_l0{c1.name(), l0.name(), x2.seq()};
+    multidev::failure_hop l1_on_p1{l1.name(), p1.name(), doomed1.seq()};
+    multidev::failure_hop c2_on_l1{c2.name(), l1.name(), y1.seq()};
+
+    // Seen from B.
+    check_lost_chain(sync_error(*b, doomed0, "B: p0"), p0.name(), {}, "B: p0");
+    check_lost_chain(sync_error(*b, x1, "B: c0"), p0.name(), {c0_on_p0}, "B: c0");
+    check_lost_chain(sync_error(*b, x2, "B: l0"), p0.name(), {l0_on_c0, c0_on_p0}, "B: l0");
+    auto last = sync_error(*b, x3, "B: c1");
+    check_lost_chain(last, p0.name(), {c1_on_l0, l0_on_c0, c0_on_p0}, "B: c1");
+    BOOST_TEST_MESSAGE("end of the chain through C: " << (last ? last->what() : "none"));
+    check_lost_chain(sync_error(*b, y1, "B: l1"), p1.name(), {l1_on_p1}, "B: l1");
+    auto last_y = sync_error(*b, y2, "B: c2");
+    check_lost_chain(last_y, p1.name(), {c2_on_l1, l1_on_p1}, "B: c2");
+    BOOST_TEST_MESSAGE("end of the chain through B: " << (last_y ? last_y->what() : "none"));
+
+    // Seen from C, where c0..c2's cores are.
+    auto at_c = [&](int i, uint64_t seq) {
+      return event{c->get_device(4 + i).get_runner(), seq};
+    };
+    check_lost_chain(sync_error(*c, at_c(0, x1.seq()), "C: c0"), p0.name(), {c0_on_p0}, "C: c0");
+    check_lost_chain(sync_error(*c, at_c(1, x3.seq()), "C: c1"), p0.name(),
+                     {c1_on_l0, l0_on_c0, c0_on_p0}, "C: c1");
+    check_lost_chain(sync_error(*c, at_c(2, y2.seq()), "C: c2"), p1.name(), {c2_on_l1, l1_on_p1},
+                     "C: c2");
+  }
+  {
+    watchdog guard{"shutting down both systems"};
+    b.reset();
+    sys_b.reset();
+    c.reset();
+    sys_c.reset();
+  }
 }
 
 int main(int argc, char* argv[]) {

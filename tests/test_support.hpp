@@ -17,9 +17,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -221,6 +223,102 @@ inline int64_t scheduled_count(const multidev::backend& b, const multidev::devic
   auto* f = info.find("scheduled");
   BOOST_TEST_REQUIRE(f != nullptr);
   return std::stoll(f->items().at(1).as_atom());
+}
+
+// -- provenance: what a failure says about where it started ------------------
+
+/// The device_error that `f` throws; none (and a test error) when it returns
+/// or throws anything else.
+inline std::optional<multidev::device_error> device_error_of(const std::function<void()>& f,
+                                                      const std::string& what) {
+  try {
+    f();
+    BOOST_ERROR(what << ": returned, but its event should have failed");
+  } catch (const multidev::cancelled_error& e) {
+    BOOST_ERROR(what << ": cancelled_error instead of a failure: " << e.what());
+  } catch (const multidev::device_error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    BOOST_ERROR(what << ": threw something other than device_error: " << e.what());
+  }
+  return std::nullopt;
+}
+
+/// The device_error that `sync(b, e)` throws (see `device_error_of`).
+inline std::optional<multidev::device_error> sync_error(const multidev::backend& b,
+                                                        const multidev::event& e,
+                                                        const std::string& what) {
+  return device_error_of([&] { sync(b, e); }, what);
+}
+
+/// `"waited for D seq S, which waited for ..."`: the path as `what()` reads it.
+inline std::string path_text(const std::vector<multidev::failure_hop>& hops) {
+  std::string out;
+  for (std::size_t i = 0; i < hops.size(); ++i)
+    out += (i == 0 ? "waited for " : ", which waited for ") + hops[i].device + " seq "
+           + std::to_string(hops[i].seq);
+  return out;
+}
+
+/// `e`'s path is `want`, hop for hop and field for field.
+inline void check_path(const multidev::device_error& e,
+                       const std::vector<multidev::failure_hop>& want, const std::string& what) {
+  BOOST_TEST_CONTEXT(what << ": " << e.what()) {
+    BOOST_TEST_REQUIRE(e.path().size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      BOOST_TEST_CONTEXT("hop " << i) {
+        BOOST_TEST(e.path()[i].waiter == want[i].waiter);
+        BOOST_TEST(e.path()[i].device == want[i].device);
+        BOOST_TEST(e.path()[i].seq == want[i].seq);
+      }
+    }
+    // The device it is about is the first waiter, or the origin.
+    BOOST_TEST(e.device_name() == (want.empty() ? e.origin_device() : want.front().waiter));
+  }
+}
+
+/// A failure that started with task `task` throwing `message` on `origin`
+/// (seq `seq`), seen through `hops`: the whole provenance, and `what()` word
+/// for word.
+inline void check_task_chain(const std::optional<multidev::device_error>& e,
+                             const std::string& origin, const std::string& task, uint64_t seq,
+                             const std::string& message,
+                             const std::vector<multidev::failure_hop>& hops,
+                             const std::string& what) {
+  BOOST_TEST_REQUIRE(e.has_value(), what);
+  BOOST_TEST_CONTEXT(what << ": " << e->what()) {
+    BOOST_TEST((e->cause().origin_kind == multidev::failure::kind::failed));
+    BOOST_TEST(e->origin_device() == origin);
+    BOOST_TEST(e->origin_task() == task);
+    BOOST_TEST(e->cause().seq == seq);
+    BOOST_TEST(e->original_message() == message);
+    auto reason = "task '" + task + "' failed: " + message;
+    auto expected = hops.empty() ? origin + ": " + reason
+                                 : hops.front().waiter + " " + path_text(hops) + ": " + reason;
+    BOOST_TEST(std::string{e->what()} == expected);
+  }
+  check_path(*e, hops, what);
+}
+
+/// A failure that started with `origin` lost (its process gone), seen
+/// through `hops`: no task, a message saying why, the path hop for hop.
+inline void check_lost_chain(const std::optional<multidev::device_error>& e,
+                             const std::string& origin,
+                             const std::vector<multidev::failure_hop>& hops,
+                             const std::string& what) {
+  BOOST_TEST_REQUIRE(e.has_value(), what);
+  BOOST_TEST_CONTEXT(what << ": " << e->what()) {
+    BOOST_TEST((e->cause().origin_kind == multidev::failure::kind::failed));
+    BOOST_TEST(e->origin_device() == origin);
+    BOOST_TEST(e->origin_task().empty()); // the device was lost, not one of its tasks
+    BOOST_TEST(contains(e->original_message(), "down"));
+    BOOST_TEST(!contains(e->original_message(), origin)); // not named twice
+    auto expected = hops.empty() ? origin + ": " + e->original_message()
+                                 : hops.front().waiter + " " + path_text(hops) + ": "
+                                     + e->original_message();
+    BOOST_TEST(std::string{e->what()} == expected);
+  }
+  check_path(*e, hops, what);
 }
 
 } // namespace test_support

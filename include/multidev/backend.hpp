@@ -26,6 +26,7 @@
 /// defer behind a full queue (`schedule_named`, the pool calls, `all_work`,
 /// `await`, `flush`, `sync_device`) throw `deadlock_error` from a task.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -142,6 +143,12 @@ public:
   // -- Events ----------------------------------------------------------------
 
   void sync(const event& e) const;
+  /// `sync` that gives up at `deadline` (or after `timeout`) with a
+  /// `timeout_error` naming the chain of waits that holds `e`. From a task,
+  /// `sync` (with or without a deadline) throws `deadlock_error` naming the
+  /// cycle when waiting would close a cycle of runners.
+  void sync(const event& e, std::chrono::steady_clock::time_point deadline) const;
+  void sync(const event& e, std::chrono::steady_clock::duration timeout) const;
   bool is_done(const event& e) const;
   /// Everything scheduled on `ctx.device` after this call starts only after
   /// `e` is done. Returns at once; a no-op for events of the same device or
@@ -193,6 +200,10 @@ public:
   /// `device_error` when `d` is failed (a device recovered since its last
   /// item failed is not: that failure stays on the item's event).
   void await(const device& d) const;
+  /// `await` that gives up at `deadline` (or after `timeout`) with a
+  /// `timeout_error` naming the chain of waits that holds the device.
+  void await(const device& d, std::chrono::steady_clock::time_point deadline) const;
+  void await(const device& d, std::chrono::steady_clock::duration timeout) const;
   /// Done exactly when everything scheduled on `d` before the call finished.
   event all_work(const device& d) const;
   /// Whether `d`'s runner is waiting for work.

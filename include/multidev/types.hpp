@@ -172,11 +172,29 @@ public:
 /// `device_error` otherwise.
 [[noreturn]] void throw_failure(std::shared_ptr<const failure> f);
 
-/// A task called `sync` on an event of its own device that is still ahead of
-/// it: waiting would deadlock, so it gets this error instead.
+/// Waiting would deadlock, so the caller gets this error instead of
+/// blocking: a task called `sync` (or `await`) on an event of its own device
+/// that is still ahead of it, or on an event that needs, through a chain of
+/// waits and of other tasks blocked in `sync`, its own device's later work
+/// (a cycle of runners; `what()` names the cycle).
 class deadlock_error : public std::logic_error {
 public:
   using std::logic_error::logic_error;
+};
+
+/// A `sync` or `await` given a deadline did not finish by it. `what()` says
+/// what was awaited, how long, and why it is not done: `chain()`, the chain
+/// of waits from the awaited event to what holds it (`"cpu:2 waits on event
+/// 17 of cpu:0, which is running its seq 4"`). The wait itself is abandoned;
+/// the event is not affected and may still complete.
+class timeout_error : public std::runtime_error {
+public:
+  timeout_error(const std::string& what, std::string chain)
+    : std::runtime_error(what), chain_(std::move(chain)) {}
+  const std::string& chain() const noexcept { return chain_; }
+
+private:
+  std::string chain_;
 };
 
 } // namespace multidev
