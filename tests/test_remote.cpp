@@ -647,6 +647,55 @@ BOOST_AUTO_TEST_CASE(test_remote_devices_of_a_second_actor_system_in_this_proces
   }
 }
 
+BOOST_AUTO_TEST_CASE(test_remote_a_deadline_names_a_wait_on_another_node) {
+  // A's device a0 runs a long task; B's local device waits on it. A deadline
+  // on B's side names the chain across the node, and the wait graph shows it.
+  caf::actor_system_config cfg_a;
+  auto sys_a = make_system(cfg_a);
+  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
+  auto ports = publish_devices(*sys_a, *a);
+  caf::actor_system_config cfg_b;
+  auto sys_b = make_system(cfg_b);
+  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
+  {
+    watchdog guard{"a deadline on a wait across nodes"};
+    auto a0 = attach(*sys_b, *b, ports[0]);
+    auto slow = b->schedule_named(a0, sleep_ms(400));
+    auto l0 = b->get_device(0);
+    b->will_wait_for(b->make_context(l0), slow);
+    b->schedule_task(l0, task{"behind the remote task", [] {}});
+    auto local = b->all_work(l0);
+    try {
+      b->sync(local, 20ms);
+      BOOST_ERROR("a sync with a deadline returned before the remote task ended");
+    } catch (const multidev::timeout_error& e) {
+      auto chain = l0.name() + " waits on event " + std::to_string(slow.seq()) + " of " +
+                   a0.name() + ", which lives on another node and has not reported it done";
+      BOOST_TEST(e.chain() == chain, e.what());
+    }
+    try {
+      b->sync(slow, 20ms);
+      BOOST_ERROR("a remote sync with a deadline returned before the task ended");
+    } catch (const multidev::timeout_error& e) {
+      BOOST_TEST(contains(e.what(), "sync on " + a0.name()), e.what());
+      BOOST_TEST(contains(e.chain(), "lives on another node"), e.what());
+    }
+    auto graph = b->get_global_debug_info().find("wait_for")->to_string();
+    BOOST_TEST(contains(graph, "(waiter " + l0.name() + ")"), graph);
+    BOOST_TEST(contains(graph, "(event (device " + a0.name() + ") (seq " +
+                                 std::to_string(slow.seq()) + ") (node remote)"),
+               graph);
+    bounded([&] { b->sync(local, 30s); }, "the sync once the remote task ended");
+  }
+  {
+    watchdog guard{"shutting down both systems"};
+    b.reset();
+    sys_b.reset();
+    a.reset();
+    sys_a.reset();
+  }
+}
+
 BOOST_AUTO_TEST_CASE(test_remote_devices_of_another_process) {
   peer_process peer;
   std::istringstream line{peer.read_line()};
