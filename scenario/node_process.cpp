@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -42,9 +43,19 @@ node_process::node_process(const std::string& tool, int devices, const std::stri
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_addclose(&fa, out[0]);
-  // Its start and stop lines would mix into the caller's output.
-  if (!keep_stderr)
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  // Its start and stop lines would mix into the caller's output: they go to
+  // an unlinked temporary file, read back only if the caller asks
+  // (`errors`, when the node exits badly).
+  if (!keep_stderr) {
+    char path[] = "/tmp/multidev-node-XXXXXX";
+    err_ = mkostemp(path, O_CLOEXEC);
+    if (err_ >= 0) {
+      unlink(path);
+      posix_spawn_file_actions_adddup2(&fa, err_, 2);
+    } else {
+      posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    }
+  }
   int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
@@ -84,6 +95,21 @@ node_process::~node_process() {
     kill9();
   if (out_ >= 0)
     close(out_);
+  if (err_ >= 0)
+    close(err_);
+}
+
+std::string node_process::errors(std::size_t max_bytes) const {
+  if (err_ < 0)
+    return {};
+  auto size = lseek(err_, 0, SEEK_END);
+  if (size <= 0)
+    return {};
+  auto from = size > static_cast<off_t>(max_bytes) ? size - static_cast<off_t>(max_bytes) : 0;
+  std::string text(static_cast<std::size_t>(size - from), '\0');
+  auto got = pread(err_, text.data(), text.size(), from);
+  text.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
+  return text;
 }
 
 void node_process::kill9() {

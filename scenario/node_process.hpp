@@ -15,7 +15,8 @@ class node_process {
 public:
   /// Starts `tool node --port 0 --cpu-devices N [--name NAME]` and waits
   /// (30 s at most) for its address; throws `std::runtime_error` otherwise.
-  /// The node's stderr goes to /dev/null unless `keep_stderr`.
+  /// The node's stderr is kept aside (see `errors`) unless `keep_stderr`,
+  /// which lets it through.
   /// `extra` goes after those arguments. The node is started with
   /// `--stop-with-parent`: should this process die without stopping it, the
   /// node stops too.
@@ -37,6 +38,11 @@ public:
   /// did not exit within 30 s).
   int terminate();
 
+  /// The last `max_bytes` the node wrote on its stderr, when kept aside.
+  std::string errors(std::size_t max_bytes = 4096) const;
+  /// Whether it was started and has not been reaped (killed, terminated).
+  bool running() const noexcept { return pid_ > 0; }
+
   /// "ADDR:PORT".
   const std::string& address() const noexcept { return address_; }
   uint16_t port() const noexcept { return port_; }
@@ -44,6 +50,7 @@ public:
 private:
   pid_t pid_ = -1;
   int out_ = -1;
+  int err_ = -1; // its stderr, kept aside: an unlinked temporary file
   std::string address_;
   uint16_t port_ = 0;
 };

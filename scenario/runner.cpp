@@ -142,6 +142,7 @@ public:
       execute_top(st);
     }
     finish();
+    stop_nodes();
     stop_progress();
     result_.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0)
                         .count();
@@ -174,6 +175,7 @@ private:
       if (auto it = opts_.nodes.find(n.name); it != opts_.nodes.end()) {
         address = it->second;
       } else if (opts_.spawn_nodes) {
+        // Its stderr is kept aside, shown if it exits badly (stop_nodes).
         spawned_.emplace(n.name, std::make_unique<node_process>(opts_.tool, n.devices, n.name,
                                                                   false, opts_.node_args));
         address = spawned_.at(n.name)->address();
@@ -899,6 +901,24 @@ private:
     for (auto& s : slots_)
       if (s)
         s->close();
+  }
+
+  /// Stops the nodes the run started (SIGTERM); one that does not exit with
+  /// status 0 (a crash, a sanitizer's report at exit) is an unexpected
+  /// failure. Nodes the script killed are gone already.
+  void stop_nodes() {
+    for (auto& [name, node] : spawned_) {
+      if (!node->running())
+        continue;
+      auto status = node->terminate();
+      if (status != 0)
+        result_.unexpected.push_back(expectation_result{
+          location{p_.file, 0, 0}, "(end of run)", false,
+          status < 0 ? fmt::format("node {} did not exit within 30 s of SIGTERM", name)
+                     : fmt::format("node {} exited with status {} when stopped at the end of "
+                                   "the run; its stderr ends:\n{}",
+                                   name, status, node->errors())});
+    }
   }
 
   /// Releases the holds, lets every device finish, then checks what needed
