@@ -8,8 +8,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# valgrind: the tests labelled valgrind run the examples and the tool under
+# memcheck (tests/valgrind.sh; skipped, with a message, without it).
 packages=(cmake g++ make ccache pkgconf openssl libcaf-dev libboost-test-dev libcli11-dev libfmt-dev
-          nlohmann-json3-dev libtbb-dev libstarpu-dev ${MULTIDEV_EXTRA_PACKAGES:-})
+          nlohmann-json3-dev libtbb-dev libstarpu-dev valgrind ${MULTIDEV_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
