@@ -100,6 +100,20 @@ bench_result make(std::string name, std::string unit, double value, std::string 
 
 // -- baselines ------------------------------------------------------------------
 
+/// The counter the independent_tasks items bump (multidev, the mutex+cv
+/// queue, the SPSC ring: the same work for all three), alone on its cache
+/// line. A counter on the producer's stack shares a line with the
+/// producer's frame: each item the consumer runs then pulls that line away,
+/// and the producer's next push misses on its own stack (~130 ns a line on
+/// this guest). That charged whichever queue's consumer ran on another CPU
+/// about 30 ns per task that is not the queue's, and the ring, whose counter
+/// was a global, never paid it.
+struct alignas(64) item_counter {
+  std::atomic<int> value{0};
+};
+static_assert(sizeof(item_counter) == 64);
+item_counter items_run;
+
 /// The textbook queue: std::function under a mutex, a condition variable
 /// notified on every push, one consumer thread.
 class cv_queue {
@@ -146,10 +160,9 @@ private:
 /// ns per task: push n tasks, wait until the last one ran. The queue (and
 /// its thread) lives across samples, like a device's runner.
 double cv_queue_ns_per_task(cv_queue& q, int n) {
-  std::atomic<int> done{0};
   auto t0 = clock_type::now();
   for (int i = 0; i < n; ++i)
-    q.push([&done] { done.fetch_add(1, std::memory_order_relaxed); });
+    q.push([] { items_run.value.fetch_add(1, std::memory_order_relaxed); });
   std::promise<void> all;
   q.push([&all] { all.set_value(); });
   all.get_future().wait();
@@ -283,20 +296,19 @@ private:
 };
 
 /// What the ring's items do: the same work as the tasks it is compared with.
-std::atomic<int> ring_items_run{0};
 void ring_item() {
-  ring_items_run.fetch_add(1, std::memory_order_relaxed);
+  items_run.value.fetch_add(1, std::memory_order_relaxed);
 }
 
 /// ns per item: push n function pointers, wait until the last one ran.
 double spsc_ring_ns_per_item(spsc_ring& q, int n) {
-  int before = ring_items_run.load();
+  int before = items_run.value.load();
   auto t0 = clock_type::now();
   for (int i = 0; i < n; ++i)
     q.push(&ring_item);
   q.drain();
   auto ns = seconds_since(t0) * 1e9 / n;
-  if (ring_items_run.load() - before != n) // the floor must do the whole job
+  if (items_run.value.load() - before != n) // the floor must do the whole job
     throw std::logic_error("multidev bench: the SPSC ring lost items");
   return ns;
 }
@@ -653,10 +665,10 @@ std::vector<std::byte> random_bytes(std::size_t n) {
 // -- multidev figures ----------------------------------------------------------
 
 double multidev_ns_per_task(backend& b, const device& d, int n) {
-  std::atomic<int> done{0};
   auto t0 = clock_type::now();
   for (int i = 0; i < n; ++i)
-    b.schedule_task(d, task{{}, [&done] { done.fetch_add(1, std::memory_order_relaxed); }, {}});
+    b.schedule_task(
+      d, task{{}, [] { items_run.value.fetch_add(1, std::memory_order_relaxed); }, {}});
   b.sync(b.all_work(d));
   return seconds_since(t0) * 1e9 / n;
 }
