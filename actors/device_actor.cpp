@@ -336,6 +336,9 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     c->cancel_remote_waits(why);
   };
   self->set_exit_handler([self, kill_device](caf::exit_msg& msg) {
+    // On whichever thread delivers it (the multiplexer's, for a link's
+    // exit): the state the init turn made, handed over by CAF (tsan.hpp).
+    tsan_turn turn{self};
     if (msg.reason == caf::exit_reason::normal)
       return;
     // Killed here, before quitting: CAF runs the attachables of an ending

@@ -579,10 +579,17 @@ caf::behavior silent_owner(caf::event_based_actor* self, std::shared_ptr<silent_
   // Made by the spawning thread, which CAF's (uninstrumented) scheduler
   // hands this actor from: see actors/tsan.hpp.
   __tsan_acquire(st.get());
+  __tsan_release(st.get()); // to the handler's turn, maybe on another worker
 #endif
   return {[self, st](wait_atom, uint64_t) -> caf::result<uint64_t> {
+#if defined(__SANITIZE_THREAD__)
+    __tsan_acquire(st.get()); // each turn follows the last one (tsan.hpp)
+#endif
     st->held.push_back(self->make_response_promise());
     st->asked.fetch_add(1);
+#if defined(__SANITIZE_THREAD__)
+    __tsan_release(st.get());
+#endif
     return caf::delegated<uint64_t>{};
   }};
 }
