@@ -783,36 +783,60 @@ status fake_api::launch_spin(int64_t ns, stream_t s) {
 
 // -- Errors ------------------------------------------------------------------
 
+namespace {
+/// What the fake runtime says of each code it returns: the CUDA runtime's
+/// `cudaGetErrorName` and `cudaGetErrorString` for it, side by side.
+struct error_text {
+  status code;
+  const char* name;
+  const char* text;
+};
+constexpr error_text error_texts[] = {
+  {code::success, "cudaSuccess", "no error"},
+  {code::invalid_value, "cudaErrorInvalidValue", "invalid argument"},
+  {code::memory_allocation, "cudaErrorMemoryAllocation", "out of memory"},
+  {code::insufficient_driver, "cudaErrorInsufficientDriver",
+   "CUDA driver version is insufficient for CUDA runtime version"},
+  {code::no_device, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+  {code::invalid_device, "cudaErrorInvalidDevice", "invalid device ordinal"},
+  {code::not_ready, "cudaErrorNotReady", "device not ready"},
+  {code::illegal_address, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+  {code::launch_out_of_resources, "cudaErrorLaunchOutOfResources",
+   "too many resources requested for launch"},
+  {code::launch_timeout, "cudaErrorLaunchTimeout", "the launch timed out and was terminated"},
+  {code::peer_access_already_enabled, "cudaErrorPeerAccessAlreadyEnabled",
+   "peer access is already enabled"},
+  {code::assert_failed, "cudaErrorAssert", "device-side assert triggered"},
+  {code::hardware_stack_error, "cudaErrorHardwareStackError", "hardware stack error"},
+  {code::illegal_instruction, "cudaErrorIllegalInstruction",
+   "an illegal instruction was encountered"},
+  {code::misaligned_address, "cudaErrorMisalignedAddress", "misaligned address"},
+  {code::invalid_address_space, "cudaErrorInvalidAddressSpace",
+   "operation not supported on global/shared address space"},
+  {code::invalid_pc, "cudaErrorInvalidPc", "invalid program counter"},
+  {code::launch_failure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+  {code::ecc_uncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error encountered"},
+  {code::unknown, "cudaErrorUnknown", "unknown error"},
+  {code::not_permitted, "cudaErrorNotPermitted", "operation not permitted"},
+};
+
+const error_text* find_error_text(status s) {
+  for (const auto& e : error_texts)
+    if (e.code == s)
+      return &e;
+  return nullptr;
+}
+} // namespace
+
 std::string fake_api::error_name(status s) {
   {
     std::lock_guard guard{mu_};
     ++st_.calls["error_name"];
     cv_.notify_all();
   }
-  switch (s) {
-    case code::success: return "cudaSuccess";
-    case code::invalid_value: return "cudaErrorInvalidValue";
-    case code::memory_allocation: return "cudaErrorMemoryAllocation";
-    case code::insufficient_driver: return "cudaErrorInsufficientDriver";
-    case code::no_device: return "cudaErrorNoDevice";
-    case code::invalid_device: return "cudaErrorInvalidDevice";
-    case code::not_ready: return "cudaErrorNotReady";
-    case code::illegal_address: return "cudaErrorIllegalAddress";
-    case code::launch_out_of_resources: return "cudaErrorLaunchOutOfResources";
-    case code::launch_timeout: return "cudaErrorLaunchTimeout";
-    case code::peer_access_already_enabled: return "cudaErrorPeerAccessAlreadyEnabled";
-    case code::assert_failed: return "cudaErrorAssert";
-    case code::hardware_stack_error: return "cudaErrorHardwareStackError";
-    case code::illegal_instruction: return "cudaErrorIllegalInstruction";
-    case code::misaligned_address: return "cudaErrorMisalignedAddress";
-    case code::invalid_address_space: return "cudaErrorInvalidAddressSpace";
-    case code::invalid_pc: return "cudaErrorInvalidPc";
-    case code::launch_failure: return "cudaErrorLaunchFailure";
-    case code::ecc_uncorrectable: return "cudaErrorECCUncorrectable";
-    case code::unknown: return "cudaErrorUnknown";
-    case code::not_permitted: return "cudaErrorNotPermitted";
-    default: return fmt::format("cudaError{}", s);
-  }
+  if (const auto* e = find_error_text(s))
+    return e->name;
+  return fmt::format("cudaError{}", s);
 }
 
 std::string fake_api::error_string(status s) {
@@ -821,33 +845,9 @@ std::string fake_api::error_string(status s) {
     ++st_.calls["error_string"];
     cv_.notify_all();
   }
-  switch (s) {
-    case code::success: return "no error";
-    case code::invalid_value: return "invalid argument";
-    case code::memory_allocation: return "out of memory";
-    case code::insufficient_driver:
-      return "CUDA driver version is insufficient for CUDA runtime version";
-    case code::no_device: return "no CUDA-capable device is detected";
-    case code::invalid_device: return "invalid device ordinal";
-    case code::not_ready: return "device not ready";
-    case code::illegal_address: return "an illegal memory access was encountered";
-    case code::launch_out_of_resources: return "too many resources requested for launch";
-    case code::launch_timeout: return "the launch timed out and was terminated";
-    case code::peer_access_already_enabled:
-      return "peer access is already enabled";
-    case code::assert_failed: return "device-side assert triggered";
-    case code::hardware_stack_error: return "hardware stack error";
-    case code::illegal_instruction: return "an illegal instruction was encountered";
-    case code::misaligned_address: return "misaligned address";
-    case code::invalid_address_space:
-      return "operation not supported on global/shared address space";
-    case code::invalid_pc: return "invalid program counter";
-    case code::launch_failure: return "unspecified launch failure";
-    case code::ecc_uncorrectable: return "uncorrectable ECC error encountered";
-    case code::unknown: return "unknown error";
-    case code::not_permitted: return "operation not permitted";
-    default: return "unrecognized error code";
-  }
+  if (const auto* e = find_error_text(s))
+    return e->text;
+  return "unrecognized error code";
 }
 
 // -- Test controls -----------------------------------------------------------
