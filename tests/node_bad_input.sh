@@ -41,7 +41,7 @@ alive() {
   [ "${stat%% *}" != Z ]
 }
 
-. "$(dirname "$0")/node_lib.sh" # stop_node, cleanup_node
+. "$(dirname "$0")/node_lib.sh" # start_node, stop_node, cleanup_node
 
 cleanup() {
   local rc=$?
@@ -57,17 +57,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # -- the node ------------------------------------------------------------------
-mkfifo "$dir/node.out"
-"$tool" node --port 0 --cpu-devices 1 --name b >"$dir/node.out" 2>"$dir/node.err" &
-node_pid=$!
-# Opening the fifo returns once the node's side has it open for writing.
-exec 3<"$dir/node.out"
-node_fd_open=1
-line=
-if ! IFS= read -r -t 30 -u 3 line || [[ $line != "listening on "* ]]; then
+start_node 30 "$tool" ||
   fail "the node did not print 'listening on ADDR:PORT' within 30 s (got '$line')"
-fi
-port=${line##*:}
 echo "node b (pid $node_pid): $line"
 
 check_alive() {

@@ -1,6 +1,27 @@
 # Shell helpers shared by the tests that start a `multidev node` with its
-# stdout on a fifo opened as fd 3 (node_bad_input.sh, netns_nodes.sh). They
-# set node_pid and node_fd_open=1 once fd 3 is open.
+# stdout on a fifo opened as fd 3 (node_bad_input.sh, node_start_stop.sh,
+# netns_nodes.sh). They set node_pid and node_fd_open=1 once fd 3 is open.
+
+# start_node SECONDS COMMAND...: starts `COMMAND... node --port 0
+# --cpu-devices 1 --name b` with its stdout on the fifo $dir/node.out (fd 3)
+# and its stderr in $dir/node.err, and reads its first line into `line`
+# (at most SECONDS). Returns 0 with `port` set when that line is "listening
+# on ADDR:PORT", 1 otherwise (the node left running: stop_node ends it).
+start_node() {
+  local seconds=$1
+  shift
+  mkfifo "$dir/node.out"
+  "$@" node --port 0 --cpu-devices 1 --name b >"$dir/node.out" 2>"$dir/node.err" &
+  node_pid=$!
+  # Opening the fifo returns once the node's side has it open for writing.
+  exec 3<"$dir/node.out"
+  node_fd_open=1
+  line=
+  if ! IFS= read -r -t "$seconds" -u 3 line || [[ $line != "listening on "* ]]; then
+    return 1
+  fi
+  port=${line##*:}
+}
 
 # stop_node SECONDS: SIGTERM, then waits at most SECONDS for the node to exit
 # (its stdout, the fifo on fd 3, ends), then SIGKILL; reaps it and sets

@@ -27,7 +27,7 @@ fail() {
   exit 1
 }
 
-. "$(dirname "$0")/node_lib.sh" # stop_node, cleanup_node
+. "$(dirname "$0")/node_lib.sh" # start_node, stop_node, cleanup_node
 
 cleanup() {
   local rc=$?
@@ -41,14 +41,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-mkfifo "$dir/node.out"
-"$@" node --port 0 --cpu-devices 1 --name b >"$dir/node.out" 2>"$dir/node.err" &
-node_pid=$!
-exec 3<"$dir/node.out"
-node_fd_open=1
-line=
 # 60 s: a node under valgrind takes a few seconds to start.
-if ! IFS= read -r -t 60 -u 3 line || [[ $line != "listening on "* ]]; then
+if ! start_node 60 "$@"; then
   stop_node 5
   if [ "$node_status" -eq 77 ]; then
     echo "$line"
@@ -56,7 +50,6 @@ if ! IFS= read -r -t 60 -u 3 line || [[ $line != "listening on "* ]]; then
   fi
   fail "the node did not print 'listening on ADDR:PORT' within 60 s (got '$line', status $node_status)"
 fi
-port=${line##*:}
 echo "node b (pid $node_pid): $line"
 
 cat >"$dir/served.scn" <<'EOF'

@@ -260,6 +260,15 @@ inline std::string path_text(const std::vector<multidev::failure_hop>& hops) {
   return out;
 }
 
+/// What a failure's `what()` reads: `"<origin>: <reason>"`, or through
+/// `hops`, `"<first waiter> waited for ..., which waited for ...: <reason>"`.
+inline std::string chain_text(const std::string& origin,
+                              const std::vector<multidev::failure_hop>& hops,
+                              const std::string& reason) {
+  return hops.empty() ? origin + ": " + reason
+                      : hops.front().waiter + " " + path_text(hops) + ": " + reason;
+}
+
 /// `e`'s path is `want`, hop for hop and field for field.
 inline void check_path(const multidev::device_error& e,
                        const std::vector<multidev::failure_hop>& want, const std::string& what) {
@@ -292,10 +301,8 @@ inline void check_task_chain(const std::optional<multidev::device_error>& e,
     BOOST_TEST(e->origin_task() == task);
     BOOST_TEST(e->cause().seq == seq);
     BOOST_TEST(e->original_message() == message);
-    auto reason = "task '" + task + "' failed: " + message;
-    auto expected = hops.empty() ? origin + ": " + reason
-                                 : hops.front().waiter + " " + path_text(hops) + ": " + reason;
-    BOOST_TEST(std::string{e->what()} == expected);
+    BOOST_TEST(std::string{e->what()} ==
+               chain_text(origin, hops, "task '" + task + "' failed: " + message));
   }
   check_path(*e, hops, what);
 }
@@ -313,10 +320,7 @@ inline void check_lost_chain(const std::optional<multidev::device_error>& e,
     BOOST_TEST(e->origin_task().empty()); // the device was lost, not one of its tasks
     BOOST_TEST(contains(e->original_message(), "down"));
     BOOST_TEST(!contains(e->original_message(), origin)); // not named twice
-    auto expected = hops.empty() ? origin + ": " + e->original_message()
-                                 : hops.front().waiter + " " + path_text(hops) + ": "
-                                     + e->original_message();
-    BOOST_TEST(std::string{e->what()} == expected);
+    BOOST_TEST(std::string{e->what()} == chain_text(origin, hops, e->original_message()));
   }
   check_path(*e, hops, what);
 }
