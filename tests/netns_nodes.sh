@@ -27,10 +27,6 @@ skip() {
   echo "SKIPPED: cannot create network namespaces here ($*)"
   exit 77
 }
-fail() {
-  echo "FAILED: $*"
-  exit 1
-}
 
 [ "$EUID" -eq 0 ] || skip "not root"
 command -v ip >/dev/null 2>&1 || skip "the ip command (iproute2) is missing"
@@ -44,13 +40,11 @@ addr1=10.77.$x.1
 addr2=10.77.$x.2
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/netns_nodes.XXXXXX")
-node_pid=
-node_fd_open=0
 run_pid=
 made_ns1=0
 made_ns2=0
 
-. "$(dirname "$0")/node_lib.sh" # stop_node, cleanup_node
+. "$(dirname "$0")/node_lib.sh" # fail, stop_node, cleanup_node
 
 cleanup() {
   local rc=$?

@@ -17,19 +17,9 @@
 set -euo pipefail
 
 tool=${1:?usage: node_bad_input.sh TOOL}
-if [ ! -x "$tool" ]; then
-  echo "FAILED: $tool is not an executable"
-  exit 1
-fi
-
+. "$(dirname "$0")/node_lib.sh" # fail, need_tool, start_node, stop_node, cleanup_node
+need_tool "$tool"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/node_bad_input.XXXXXX")
-node_pid=
-node_fd_open=0
-
-fail() {
-  echo "FAILED: $*"
-  exit 1
-}
 
 # alive PID: the process exists and is not a zombie (kill -0 alone succeeds
 # on a child that died and was not reaped yet).
@@ -41,7 +31,6 @@ alive() {
   [ "${stat%% *}" != Z ]
 }
 
-. "$(dirname "$0")/node_lib.sh" # start_node, stop_node, cleanup_node
 
 cleanup() {
   local rc=$?

@@ -23,6 +23,20 @@ start_node() {
   port=${line##*:}
 }
 
+# The node's state (set by start_node, cleared by stop_node), and how a test
+# gives up.
+node_pid=
+node_fd_open=0
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+
+# need_tool PATH: fails unless PATH is an executable (the tool under test).
+need_tool() {
+  [ -x "$1" ] || fail "$1 is not an executable"
+}
+
 # stop_node SECONDS: SIGTERM, then waits at most SECONDS for the node to exit
 # (its stdout, the fifo on fd 3, ends), then SIGKILL; reaps it and sets
 # node_status to its exit status (128+N for a signal). `ip netns exec` execs

@@ -13,21 +13,9 @@ set -euo pipefail
 
 [ $# -ge 1 ] || { echo "usage: node_start_stop.sh COMMAND..."; exit 1; }
 tool=${!#}
-if [ ! -x "$tool" ]; then
-  echo "FAILED: $tool is not an executable"
-  exit 1
-fi
-
+. "$(dirname "$0")/node_lib.sh" # fail, need_tool, start_node, stop_node, cleanup_node
+need_tool "$tool"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/node_start_stop.XXXXXX")
-node_pid=
-node_fd_open=0
-
-fail() {
-  echo "FAILED: $*"
-  exit 1
-}
-
-. "$(dirname "$0")/node_lib.sh" # start_node, stop_node, cleanup_node
 
 cleanup() {
   local rc=$?
