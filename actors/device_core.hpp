@@ -17,8 +17,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <exception>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -91,6 +92,25 @@ public:
   /// Actor handlers pass false: a CAF worker must not block. Throws
   /// `device_error` when failed or shut down.
   uint64_t push(task&& t, bool may_wait = true);
+  /// A copy between host memory and one of this device's pools, named only
+  /// when something asks for its name (a trace, an error): a host copy of a
+  /// small node is on the hot path, where formatting its description and
+  /// allocating its closure took half of its cost.
+  struct copy_order {
+    std::byte* dst = nullptr;
+    const std::byte* src = nullptr;
+    std::size_t bytes = 0;
+    /// `"from_host"` or `"to_host"`: a literal, which outlives the item.
+    const char* what = "";
+    int node_id = 0;
+  };
+  /// Appends `c` as a task (trace kind `copy`) described as `"<what>
+  /// '<node_label>' (#<id>)"` (`"<what> #<id>"` without a label), holding
+  /// `pool` until it is done; never waits for room. Allocates nothing once
+  /// the runner has handed back an item of a label as long (see `spare_`).
+  /// Throws like `push`.
+  uint64_t push_copy(const copy_order& c, std::string_view node_label,
+                     std::shared_ptr<const void> pool);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
   /// event is done or `owner` is this device; returns whether a gate was added.
   /// Never waits for room (a wait is one small entry). Throws
@@ -251,11 +271,19 @@ public:
 
 private:
   /// What a task carries besides its work; most bare closures have none.
-  struct item_extra {
-    std::string description;
+  /// A copy's description is built from `copy` when asked (`description_of`).
+  /// The runner reads and writes only the first cache line (the pool held,
+  /// the gate, the copy's pointers and size) unless a trace or an error asks
+  /// for names: copies' extras are reused (`recycle`), and the lines a
+  /// producer fills are then still in its cache.
+  struct alignas(64) item_extra {
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
+    copy_order copy;
     trace_kind kind = trace_kind::task;
+    std::string node_label; // a copy's; assigned, so its room is reused
+    std::string description;
+    bool is_copy() const noexcept { return copy.what[0] != '\0'; }
   };
   /// One queue entry: 40 bytes for a bare closure, so a burst of pushes
   /// moves as few cache lines as possible from producer to runner.
@@ -294,6 +322,14 @@ private:
   };
 
   uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
+  /// An extra for a copy: one the runner handed back (holding no pool, its
+  /// other fields stale: the caller sets them all), or a new one.
+  std::unique_ptr<item_extra> new_copy_extra();
+  /// Runner only, once the copy `it` is resolved: keeps its extra for the
+  /// next `take_batch` to hand back, having released its pool.
+  void recycle(item& it) noexcept;
+  /// Appends a built item; returns its seq.
+  uint64_t enqueue(item&& it, bool may_wait);
   /// Room for another entry, or a failed or stopping device (a push then
   /// fails at once). Call with mu_ held.
   bool has_room_locked() const noexcept {
@@ -362,6 +398,9 @@ private:
   /// Why a wait failed: the awaited event's cause, with this wait in front
   /// of its path.
   failure_ptr gate_failure(const gate& g) const;
+  /// The task's description as given, or built for a copy; empty for a
+  /// bare closure and a gate.
+  static std::string description_of(const item& it);
   /// `'<description>'`, or `task#<seq>` for a nameless closure.
   static std::string describe(const item& it, uint64_t seq);
   /// The same without quotes, as a failure's `task` records it.
@@ -442,6 +481,16 @@ private:
   std::atomic<uint64_t> bad_max_{0};
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
   std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
+
+  // Copies' extras for reuse. A producer that allocates what the runner
+  // frees contends with it for the allocator's arena lock on every item
+  // (half of a 4 KiB host copy's time went there): the runner hands back the
+  // extras of its last batch's copies as it takes the next (`take_batch`),
+  // and producers of copies take them one by one. Kept off the hot lines
+  // above: tasks that are not copies never touch them.
+  static constexpr std::size_t spare_extras_max = 1024;
+  alignas(64) std::vector<std::unique_ptr<item_extra>> spare_; // guarded by mu_
+  std::vector<std::unique_ptr<item_extra>> spent_; // runner only: for spare_
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed

@@ -8,11 +8,62 @@
 
 namespace multidev::detail {
 
+std::unique_ptr<device_core::item_extra> device_core::new_copy_extra() {
+  {
+    std::lock_guard guard{mu_};
+    if (!spare_.empty()) {
+      auto x = std::move(spare_.back());
+      spare_.pop_back();
+      return x;
+    }
+  }
+  return std::make_unique<item_extra>();
+}
+
+void device_core::recycle(item& it) noexcept {
+  it.work = nullptr; // its closure points into the extra
+  // Only what must not outlive the item, and only when set: the other
+  // fields stay as they are for the producer to overwrite, their lines
+  // untouched here.
+  if (auto& x = *it.extra; x.keep_alive)
+    x.keep_alive.reset(); // a copy that threw still held its pool
+  try {
+    spent_.push_back(std::move(it.extra));
+  } catch (...) {
+    it.extra.reset(); // out of memory: freed instead
+  }
+}
+
 uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) {
   item it{std::move(t.work), nullptr};
-  if (!t.description.empty() || t.keep_alive || g || t.kind != trace_kind::task)
-    it.extra = std::make_unique<item_extra>(
-      item_extra{std::move(t.description), std::move(t.keep_alive), std::move(g), t.kind});
+  if (!t.description.empty() || t.keep_alive || g || t.kind != trace_kind::task) {
+    it.extra = std::make_unique<item_extra>();
+    auto& x = *it.extra;
+    x.keep_alive = std::move(t.keep_alive);
+    x.g = std::move(g);
+    x.kind = t.kind;
+    x.description = std::move(t.description);
+  }
+  return enqueue(std::move(it), may_wait);
+}
+
+uint64_t device_core::push_copy(const copy_order& c, std::string_view node_label,
+                                std::shared_ptr<const void> pool) {
+  auto extra = new_copy_extra();
+  extra->keep_alive = std::move(pool);
+  extra->copy = c;
+  extra->kind = trace_kind::copy; // the description is unused
+  extra->node_label.assign(node_label);
+  // The closure holds the order by address (the item owns it, and moving the
+  // item moves only the pointer): two pointers fit std::function's own room,
+  // where the copy's five values would take an allocation of their own.
+  const auto* order = &extra->copy;
+  item it{[drv = driver_.get(), order] { drv->copy(order->dst, order->src, order->bytes); },
+          std::move(extra)};
+  return enqueue(std::move(it), false);
+}
+
+uint64_t device_core::enqueue(item&& it, bool may_wait) {
   bool wake;
   uint64_t seq;
   {

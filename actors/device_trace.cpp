@@ -59,7 +59,17 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
     auto* g = it->as_gate();
     if (!g) {
       e.kind = it->extra->kind;
-      ring.write(e, it->extra->description, {});
+      if (!it->extra->is_copy()) {
+        ring.write(e, it->extra->description, {});
+        return;
+      }
+      std::string description; // a copy's, built now
+      try {
+        description = description_of(*it);
+      } catch (...) {
+        // Out of memory: the record goes without its text.
+      }
+      ring.write(e, description, {});
       return;
     }
     e.kind = trace_kind::gate;

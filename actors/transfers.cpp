@@ -2,9 +2,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <stdexcept>
 
 #include "actors/backend_impl.hpp"
@@ -112,13 +112,14 @@ std::vector<event> unmet_waits(const Inputs& inputs, const Outputs& outputs,
   return out;
 }
 
-/// Pushes `work` onto `rec`'s device after what it must wait for, and
-/// records it as the writer of `outputs` and a reader of `inputs` on `src`:
-/// the part of `backend::run` after its checks, shared with the host copies
-/// (which need no routine, so copy no context). `merge_buffer_node`: a copy
-/// into the destination's merge buffer (with `outputs` empty) holds it.
-template <class Inputs, class Outputs>
-event schedule_step(detail::device_record& rec, task&& work, const Inputs& inputs,
+/// Pushes the step onto `rec`'s device after what it must wait for
+/// (`push(core)` appends it without waiting for room and returns its seq),
+/// and records it as the writer of `outputs` and a reader of `inputs` on
+/// `src`: the part of `backend::run` after its checks, shared with the host
+/// copies (which need no routine, so copy no context). `merge_buffer_node`:
+/// a copy into the destination's merge buffer (with `outputs` empty) holds it.
+template <class Push, class Inputs, class Outputs>
+event schedule_step(detail::device_record& rec, Push&& push, const Inputs& inputs,
                     const Outputs& outputs, detail::device_record* src,
                     const std::optional<tnode>& merge_buffer_node) {
   auto& core = rec.r.core();
@@ -135,7 +136,7 @@ event schedule_step(detail::device_record& rec, task&& work, const Inputs& input
   record_locks locks{rec, src};
   for (const auto& e : unmet_waits(inputs, outputs, rec, src, *core))
     core->push_wait(e.core(), e.seq()); // never waits for room
-  event done{rec.r.endpoint(), core->push(std::move(work), false)};
+  event done{rec.r.endpoint(), push(*core)};
   for (const auto& t : outputs) {
     rec.readers.erase(t); // all waited for, or done
     rec.updating_for[t] = done;
@@ -288,8 +289,9 @@ event backend::run(const routine& r) {
         held ? node_name(held->first) : "nothing"));
   }
   auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
-  return schedule_step(rec, task{r.schedule}, r.inputs, r.outputs, src,
-                       r.context.merge_buffer_node);
+  return schedule_step(
+    rec, [&](detail::device_core& core) { return core.push(task{r.schedule}, false); },
+    r.inputs, r.outputs, src, r.context.merge_buffer_node);
 }
 
 /// Whether a transfer touches a device of another process: then its bytes
@@ -332,25 +334,17 @@ static bool host_copy(const context& ctx, const tnode& t, std::byte* host, std::
     return false;
   check_size(t, n, what);
   auto p = pool_for(*core, t, loc->second, what);
-  auto* drv = &core->drv();
   std::byte* dev = p->base() + loc->second.offset;
-  // One allocation for the description (node_name would add another).
-  task work{t.label.empty() ? fmt::format("{} #{}", what, t.id)
-                            : fmt::format("{} '{}' (#{})", what, t.label, t.id),
-            [drv, dev, host, n, to_device] {
-              if (to_device)
-                drv->copy(dev, host, n);
-              else
-                drv->copy(host, dev, n);
-            },
-            std::move(p),
-            trace_kind::copy};
-  const std::array<tnode, 1> node{t};
-  const std::array<tnode, 0> none{};
+  // Its description is built only if a trace or an error asks for it.
+  detail::device_core::copy_order order{to_device ? dev : host, to_device ? host : dev, n,
+                                        what, t.id};
+  auto push = [&](detail::device_core& c) { return c.push_copy(order, t.label, std::move(p)); };
+  const std::span<const tnode, 1> node{&t, 1}; // no copy of its label
+  const std::span<const tnode, 0> none{};
   if (to_device)
-    schedule_step(rec, std::move(work), none, node, nullptr, std::nullopt);
+    schedule_step(rec, push, none, node, nullptr, std::nullopt);
   else
-    schedule_step(rec, std::move(work), node, none, nullptr, std::nullopt);
+    schedule_step(rec, push, node, none, nullptr, std::nullopt);
   return true;
 }
 

@@ -1,0 +1,178 @@
+// The host copy's hot path (issue 11, case 4): a `from_host`/`to_host` of a
+// small node builds no description and allocates nothing on the calling
+// thread once its device has run two copies, because the runner hands each
+// item's extra (the pool it holds, the copy's pointers, its names) back for
+// reuse. Reuse must not leak one item's name, kind or held value into the
+// next: the tests check what the trace and the errors say of each item, and
+// that what an item held is released.
+//
+// This binary replaces the global operator new to count the allocations
+// made by the calling thread while counting is on.
+#define BOOST_TEST_MODULE hot_path
+// The replaced operator new and delete below use malloc and free, which GCC
+// cannot see through when it inlines them into the standard allocators.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#include <boost/test/unit_test.hpp>
+
+#include <multidev/multidev.hpp>
+
+#include "test_support.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+/// Allocations made on this thread while `counting` is set.
+thread_local bool counting = false;
+thread_local long allocations = 0;
+} // namespace
+
+void* operator new(std::size_t n) {
+  if (counting)
+    ++allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n))
+    return p;
+  throw std::bad_alloc{};
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (counting)
+    ++allocations;
+  auto align = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(align, (n + align - 1) / align * align))
+    return p;
+  throw std::bad_alloc{};
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+using namespace multidev;
+using test_support::sync;
+
+namespace {
+
+/// The allocations `f` makes on this thread.
+template <class F>
+long allocations_in(F&& f) {
+  allocations = 0;
+  counting = true;
+  f();
+  counting = false;
+  return allocations;
+}
+
+backend_options traced(std::size_t capacity) {
+  backend_options o;
+  o.num_devices = 1;
+  o.trace_capacity = capacity;
+  return o;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_hot_path_host_copies_allocate_nothing_once_warm) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  // A label longer than a string's inline room: a description built on the
+  // hot path would allocate.
+  auto t = test_support::node(1, "a label longer than fifteen", 1024);
+  std::vector<float> host(1024, 1.5f), back(1024, 0.0f);
+  auto c = b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host}));
+  sync(b, b.all_work(d));
+  // Copy k reuses the extra of copy k - 2: the runner hands an item's extra
+  // back as it takes the next batch. Each copy is synced, so each is a batch.
+  std::vector<long> counts;
+  for (int i = 0; i < 20; ++i) {
+    counts.push_back(allocations_in([&] {
+      if (i % 2 == 0)
+        BOOST_TEST_REQUIRE(b.from_host(c, t, std::as_bytes(std::span{host})));
+      else
+        BOOST_TEST_REQUIRE(b.to_host(c, t, std::as_writable_bytes(std::span{back})));
+    }));
+    sync(b, b.all_work(d));
+  }
+  for (std::size_t i = 2; i < counts.size(); ++i)
+    BOOST_TEST(counts[i] == 0, "copy " << i << " allocated " << counts[i] << " time(s)");
+  BOOST_TEST(back == host);
+}
+
+BOOST_AUTO_TEST_CASE(test_hot_path_reused_extras_keep_each_item_its_own_name_and_kind) {
+  backend b{traced(64)};
+  auto d = b.get_device(0);
+  auto t = test_support::node(7, "y", 16);
+  auto unlabelled = test_support::node(8, "", 16);
+  std::vector<float> host(16, 3.0f);
+  auto c = b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host})); // seq 1
+  c = b.init_from_host(c, unlabelled, std::as_bytes(std::span{host}));             // seq 2
+  sync(b, b.all_work(d));
+  b.from_host(c, t, std::as_bytes(std::span{host}));          // seq 3
+  sync(b, b.all_work(d));
+  b.from_host(c, unlabelled, std::as_bytes(std::span{host})); // seq 4
+  sync(b, b.all_work(d));
+  // These reuse the copies' extras: none may be named or kinded as a copy.
+  b.schedule_task(d, task{"described", [] {}, {}});                      // seq 5
+  sync(b, b.all_work(d));
+  b.schedule_task(d, task{{}, [] {}, std::make_shared<int>(1)});         // seq 6
+  sync(b, b.all_work(d));
+  b.schedule_task(d, task{{}, [] {}, {}, trace_kind::memset});           // seq 7
+  sync(b, b.all_work(d));
+  b.to_host(c, t, std::as_writable_bytes(std::span{host}));              // seq 8
+  sync(b, b.all_work(d));
+  // A nameless task whose extra is a reused copy's fails under its own name.
+  b.schedule_task(d, task{{}, [] { throw std::runtime_error("boom"); },
+                          std::make_shared<int>(2)}); // seq 9
+  auto failing = b.all_work(d);
+  auto err = test_support::sync_error(b, failing, "sync on the failed task");
+  BOOST_TEST_REQUIRE(err.has_value());
+  BOOST_TEST(err->origin_task() == "task#9", err->what());
+
+  auto tr = b.trace(d);
+  const std::vector<std::pair<trace_kind, std::string>> want = {
+    {trace_kind::copy, "from_host 'y' (#7)"}, {trace_kind::copy, "from_host #8"},
+    {trace_kind::copy, "from_host 'y' (#7)"}, {trace_kind::copy, "from_host #8"},
+    {trace_kind::task, "described"},          {trace_kind::task, "task#6"},
+    {trace_kind::memset, "task#7"},           {trace_kind::copy, "to_host 'y' (#7)"},
+    {trace_kind::task, "task#9"},
+  };
+  BOOST_TEST_REQUIRE(tr.records.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const auto& r = tr.records[i];
+    BOOST_TEST(r.seq == i + 1);
+    BOOST_TEST((r.kind == want[i].first), "seq " << r.seq << ": " << to_string(r.kind));
+    BOOST_TEST(r.description == want[i].second, "seq " << r.seq);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_hot_path_reused_extras_release_what_their_items_held) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  auto t = test_support::node(3, "z", 1024);
+  std::vector<float> host(1024, 0.5f);
+  auto c = b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host}));
+  for (int i = 0; i < 4; ++i)
+    b.from_host(c, t, std::as_bytes(std::span{host}));
+  sync(b, b.all_work(d));
+  // The node's pool, held by each copy until it was done, goes with free_pool.
+  auto used = b.get_used_memory(d);
+  BOOST_TEST_REQUIRE(used >= t.size_in_bytes);
+  b.free_pool(d, c.buffers.at(t).pool_id);
+  sync(b, b.all_work(d));
+  BOOST_TEST(b.get_used_memory(d) == used - t.size_in_bytes);
+  // A task that throws keeps its value until the runner is done with it,
+  // and no longer: its extra is kept for reuse, the value is not.
+  auto held = std::make_shared<int>(5);
+  std::weak_ptr<int> watch = held;
+  b.schedule_task(d, task{{}, [] { throw std::runtime_error("boom"); }, std::move(held)});
+  auto err = test_support::sync_error(b, b.all_work(d), "sync on the failed task");
+  BOOST_TEST(err.has_value());
+  BOOST_TEST(test_support::eventually([&] { return watch.expired(); }),
+             "the failed task's keep_alive is still held");
+}
