@@ -489,6 +489,7 @@ private:
   // and producers of copies take them one by one. Kept off the hot lines
   // above: tasks that are not copies never touch them.
   static constexpr std::size_t spare_extras_max = 1024;
+  static constexpr std::size_t hand_back_extras = 16;
   alignas(64) std::vector<std::unique_ptr<item_extra>> spare_; // guarded by mu_
   std::vector<std::unique_ptr<item_extra>> spent_; // runner only: for spare_
 

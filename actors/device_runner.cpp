@@ -86,24 +86,29 @@ bool device_core::take_batch(std::vector<item>& batch) {
       return false;
     batch.swap(queue_);
     taken_ += batch.size();
-    // The extras of the last batch, for producers (beyond the limit they are
-    // freed with spent_, outside the lock). spare_ is sized once, its first
-    // time; out of memory, nothing is kept.
-    if (!spent_.empty() && spare_.capacity() == 0) {
-      try {
-        spare_.reserve(spare_extras_max);
-      } catch (...) {
+    // The copies' extras of the last batches, for producers, a group at a
+    // time: handing back each one moves spare_'s lines to this thread and
+    // back for every copy. Beyond the limit they are freed with spent_,
+    // outside the lock. spare_ is sized once, its first time; out of memory,
+    // nothing is kept.
+    if (spent_.size() >= hand_back_extras) {
+      if (spare_.capacity() == 0) {
+        try {
+          spare_.reserve(spare_extras_max);
+        } catch (...) {
+        }
       }
-    }
-    while (!spent_.empty() && spare_.size() < spare_.capacity()) {
-      spare_.push_back(std::move(spent_.back()));
-      spent_.pop_back();
+      while (!spent_.empty() && spare_.size() < spare_.capacity()) {
+        spare_.push_back(std::move(spent_.back()));
+        spent_.pop_back();
+      }
     }
     if (producers_waiting_ > 0)
       room_.notify_all();
     wants_room = static_cast<bool>(room_cb_);
   }
-  spent_.clear();
+  if (spent_.size() >= hand_back_extras)
+    spent_.clear(); // spare_ is full
   if (wants_room)
     call_room_callback();
   return true;
