@@ -8,6 +8,39 @@
 
 namespace multidev::detail {
 
+// Inlined into its two callers: a bare closure's push is the hot path, and
+// a call of its own cost it ~20 instructions (callgrind, 186 against 165 a
+// push).
+[[gnu::always_inline]] inline uint64_t device_core::enqueue(item&& it, bool may_wait) {
+  bool wake;
+  uint64_t seq;
+  {
+    std::unique_lock lk{mu_};
+    if (may_wait)
+      wait_for_room_locked(lk);
+    if (failed_ || stopping_) [[unlikely]]
+      throw refusal_locked();
+    queue_.push_back(std::move(it));
+    // The next entries' lines were last read by the runner (the buffers swap
+    // back and forth): ask for them now, so the transfer overlaps this push.
+    if (auto ahead = queue_.size() + prefetch_items; ahead < queue_.capacity())
+      __builtin_prefetch(queue_.data() + ahead, 1, 3);
+    seq = scheduled_.load(std::memory_order_relaxed) + 1;
+    scheduled_.store(seq, std::memory_order_release);
+    // The runner sets sleeping_ for an empty queue under mu_, so a plain
+    // load suffices to skip the read-modify-write on the common path. A
+    // runner parked on a wait is left asleep (see sleeping_).
+    // Compare-and-swap, not exchange: a runner that woke meanwhile and
+    // parked on a wait must keep its on_gate, or the wait's ring is lost.
+    auto expected = uint8_t{for_work};
+    wake = sleeping_.load(std::memory_order_relaxed) == for_work &&
+           sleeping_.compare_exchange_strong(expected, awake);
+  }
+  if (wake)
+    ring_bell();
+  return seq;
+}
+
 std::unique_ptr<device_core::item_extra> device_core::new_copy_extra() {
   {
     std::lock_guard guard{mu_};
@@ -61,36 +94,6 @@ uint64_t device_core::push_copy(const copy_order& c, std::string_view node_label
   item it{[drv = driver_.get(), order] { drv->copy(order->dst, order->src, order->bytes); },
           std::move(extra)};
   return enqueue(std::move(it), false);
-}
-
-uint64_t device_core::enqueue(item&& it, bool may_wait) {
-  bool wake;
-  uint64_t seq;
-  {
-    std::unique_lock lk{mu_};
-    if (may_wait)
-      wait_for_room_locked(lk);
-    if (failed_ || stopping_) [[unlikely]]
-      throw refusal_locked();
-    queue_.push_back(std::move(it));
-    // The next entries' lines were last read by the runner (the buffers swap
-    // back and forth): ask for them now, so the transfer overlaps this push.
-    if (auto ahead = queue_.size() + prefetch_items; ahead < queue_.capacity())
-      __builtin_prefetch(queue_.data() + ahead, 1, 3);
-    seq = scheduled_.load(std::memory_order_relaxed) + 1;
-    scheduled_.store(seq, std::memory_order_release);
-    // The runner sets sleeping_ for an empty queue under mu_, so a plain
-    // load suffices to skip the read-modify-write on the common path. A
-    // runner parked on a wait is left asleep (see sleeping_).
-    // Compare-and-swap, not exchange: a runner that woke meanwhile and
-    // parked on a wait must keep its on_gate, or the wait's ring is lost.
-    auto expected = uint8_t{for_work};
-    wake = sleeping_.load(std::memory_order_relaxed) == for_work &&
-           sleeping_.compare_exchange_strong(expected, awake);
-  }
-  if (wake)
-    ring_bell();
-  return seq;
 }
 
 uint64_t device_core::push(task&& t, bool may_wait) {
