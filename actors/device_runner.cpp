@@ -20,6 +20,7 @@ constexpr int coalesce_pauses = 64;
 
 void device_core::run() {
   current_runner = this;
+  runner_awake counted; // in awake_runners while this thread runs
   if (stream_) {
     run_async();
     return;
@@ -71,7 +72,10 @@ bool device_core::sleep_until_work() {
     auto b = bell_.load();
     sleeping_.store(for_work, std::memory_order_seq_cst);
     lk.unlock();
-    bell_.wait(b);
+    {
+      runner_asleep asleep;
+      bell_.wait(b);
+    }
     sleeping_.store(awake, std::memory_order_relaxed);
     lk.lock();
   }
@@ -139,6 +143,7 @@ void device_core::execute(item& it) {
       sleeping_.store(on_gate, std::memory_order_seq_cst);
       if (ended())
         break;
+      runner_asleep asleep;
       bell_.wait(b);
     }
     sleeping_.store(awake, std::memory_order_relaxed);
@@ -391,8 +396,10 @@ void device_core::run_async() {
       std::lock_guard guard{mu_};
       sleeping_.store(for_work, std::memory_order_seq_cst);
     }
-    if (!ready())
+    if (!ready()) {
+      runner_asleep asleep;
       bell_.wait(b);
+    }
     sleeping_.store(awake, std::memory_order_relaxed);
   }
 }
