@@ -92,25 +92,37 @@ public:
   /// Actor handlers pass false: a CAF worker must not block. Throws
   /// `device_error` when failed or shut down.
   uint64_t push(task&& t, bool may_wait = true);
-  /// A copy between host memory and one of this device's pools, named only
-  /// when something asks for its name (a trace, an error): a host copy of a
-  /// small node is on the hot path, where formatting its description and
-  /// allocating its closure took half of its cost.
-  struct copy_order {
+  /// Work on one of this device's pools that is named only when something
+  /// asks for its name (a trace, an error): a host copy of a small node, and
+  /// a pool's zeroing and release. These are the hot items of a small node's
+  /// life, where formatting a description, allocating a closure and freeing
+  /// both on the runner took more than half of their cost.
+  struct order {
+    /// How `what`, `id` and `offset` make the description.
+    enum naming_t : uint8_t {
+      node,      ///< `"<what> '<label>' (#<id>)"`, `"<what> #<id>"` without a label
+      pool_span, ///< `"<what> pool <id> [<offset>, <offset + bytes>)"`
+      pool,      ///< `"<what> <id>"`
+    };
+    /// A copy's destination, the start of a zeroed span; unused otherwise.
     std::byte* dst = nullptr;
-    const std::byte* src = nullptr;
+    const std::byte* src = nullptr; // a copy's source
     std::size_t bytes = 0;
-    /// `"from_host"` or `"to_host"`: a literal, which outlives the item.
+    /// `"from_host"`, `"memset_zero"`, `"free_pool"`...: a literal, which
+    /// outlives the item.
     const char* what = "";
-    int node_id = 0;
+    int id = 0; // the node's or the pool's
+    naming_t naming = node;
+    std::size_t offset = 0; // a span's, for its name
   };
-  /// Appends `c` as a task (trace kind `copy`) described as `"<what>
-  /// '<node_label>' (#<id>)"` (`"<what> #<id>"` without a label), holding
-  /// `pool` until it is done; never waits for room. Allocates nothing once
-  /// the runner has handed back an item of a label as long (see `spare_`).
-  /// Throws like `push`.
-  uint64_t push_copy(const copy_order& c, std::string_view node_label,
-                     std::shared_ptr<const void> pool);
+  /// Appends `o` as an item of trace kind `kind`, holding `hold` (the pool)
+  /// until it is done; never waits for room. What it does follows from
+  /// `kind`: `copy` copies, `memset` zeroes, `pool` does nothing (it releases
+  /// `hold` in its turn). `label` names a node (`order::node`). Allocates
+  /// nothing once the runner has handed back an item of a label as long
+  /// (see `spare_`). Throws like `push`.
+  uint64_t push_order(const order& o, trace_kind kind, std::string_view label,
+                      std::shared_ptr<const void> hold);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
   /// event is done or `owner` is this device; returns whether a gate was added.
   /// Never waits for room (a wait is one small entry). Throws
@@ -271,19 +283,19 @@ public:
 
 private:
   /// What a task carries besides its work; most bare closures have none.
-  /// A copy's description is built from `copy` when asked (`description_of`).
+  /// An order's description is built from `op` when asked (`description_of`).
   /// The runner reads and writes only the first cache line (the pool held,
-  /// the gate, the copy's pointers and size) unless a trace or an error asks
-  /// for names: copies' extras are reused (`recycle`), and the lines a
+  /// the gate, the order's pointers and size) unless a trace or an error asks
+  /// for names: orders' extras are reused (`recycle`), and the lines a
   /// producer fills are then still in its cache.
   struct alignas(64) item_extra {
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
-    copy_order copy;
+    order op;
     trace_kind kind = trace_kind::task;
-    std::string node_label; // a copy's; assigned, so its room is reused
+    std::string node_label; // an order's; assigned, so its room is reused
     std::string description;
-    bool is_copy() const noexcept { return copy.what[0] != '\0'; }
+    bool is_order() const noexcept { return op.what[0] != '\0'; }
   };
   /// One queue entry: 40 bytes for a bare closure, so a burst of pushes
   /// moves as few cache lines as possible from producer to runner.
@@ -322,10 +334,10 @@ private:
   };
 
   uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
-  /// An extra for a copy: one the runner handed back (holding no pool, its
+  /// An extra for an order: one the runner handed back (holding no pool, its
   /// other fields stale: the caller sets them all), or a new one.
-  std::unique_ptr<item_extra> new_copy_extra();
-  /// Runner only, once the copy `it` is resolved: keeps its extra for the
+  std::unique_ptr<item_extra> new_order_extra();
+  /// Runner only, once the order `it` is resolved: keeps its extra for the
   /// next `take_batch` to hand back, having released its pool.
   void recycle(item& it) noexcept;
   /// Appends a built item; returns its seq.
@@ -398,7 +410,7 @@ private:
   /// Why a wait failed: the awaited event's cause, with this wait in front
   /// of its path.
   failure_ptr gate_failure(const gate& g) const;
-  /// The task's description as given, or built for a copy; empty for a
+  /// The task's description as given, or built for an order; empty for a
   /// bare closure and a gate.
   static std::string description_of(const item& it);
   /// `'<description>'`, or `task#<seq>` for a nameless closure.
@@ -482,12 +494,12 @@ private:
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
   std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
 
-  // Copies' extras for reuse. A producer that allocates what the runner
+  // Orders' extras for reuse. A producer that allocates what the runner
   // frees contends with it for the allocator's arena lock on every item
   // (half of a 4 KiB host copy's time went there): the runner hands back the
-  // extras of its last batch's copies as it takes the next (`take_batch`),
-  // and producers of copies take them one by one. Kept off the hot lines
-  // above: tasks that are not copies never touch them.
+  // extras of its last batch's orders as it takes the next (`take_batch`),
+  // and producers of orders take them one by one. Kept off the hot lines
+  // above: tasks that are not orders never touch them.
   static constexpr std::size_t spare_extras_max = 1024;
   static constexpr std::size_t hand_back_extras = 16;
   alignas(64) std::vector<std::unique_ptr<item_extra>> spare_; // guarded by mu_

@@ -57,9 +57,12 @@ void device_core::release_later(std::shared_ptr<pool> old, const char* what) {
   // A failed or stopping device runs nothing more: the memory goes at once.
   if (failed())
     return;
-  auto id = old->id;
+  order o;
+  o.what = what;
+  o.id = old->id;
+  o.naming = order::pool;
   try {
-    push(task{fmt::format("{} {}", what, id), [] {}, std::move(old), trace_kind::pool}, false);
+    push_order(o, trace_kind::pool, {}, std::move(old));
   } catch (const device_error&) {
   }
 }
@@ -99,12 +102,14 @@ std::shared_ptr<pool> device_core::pool_span(int id, std::size_t offset, std::si
 
 uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) {
   auto p = pool_span(id, offset, size, "memset_zero");
-  auto* d = driver_.get();
-  return push(task{fmt::format("memset_zero pool {} [{}, {})", id, offset, offset + size),
-                   [d, p, offset, size] { d->zero(p->base() + offset, size); },
-                   {},
-                   trace_kind::memset},
-              false);
+  order o;
+  o.dst = p->base() + offset;
+  o.bytes = size;
+  o.what = "memset_zero";
+  o.id = id;
+  o.naming = order::pool_span;
+  o.offset = offset;
+  return push_order(o, trace_kind::memset, {}, std::move(p));
 }
 
 uint64_t device_core::write_bytes(int id, std::size_t offset,

@@ -41,7 +41,7 @@ namespace multidev::detail {
   return seq;
 }
 
-std::unique_ptr<device_core::item_extra> device_core::new_copy_extra() {
+std::unique_ptr<device_core::item_extra> device_core::new_order_extra() {
   {
     std::lock_guard guard{mu_};
     if (!spare_.empty()) {
@@ -59,7 +59,7 @@ void device_core::recycle(item& it) noexcept {
   // fields stay as they are for the producer to overwrite, their lines
   // untouched here.
   if (auto& x = *it.extra; x.keep_alive)
-    x.keep_alive.reset(); // a copy that threw still held its pool
+    x.keep_alive.reset(); // an order that threw or was dropped still holds its pool
   try {
     spent_.push_back(std::move(it.extra));
   } catch (...) {
@@ -80,20 +80,24 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
   return enqueue(std::move(it), may_wait);
 }
 
-uint64_t device_core::push_copy(const copy_order& c, std::string_view node_label,
-                                std::shared_ptr<const void> pool) {
-  auto extra = new_copy_extra();
-  extra->keep_alive = std::move(pool);
-  extra->copy = c;
-  extra->kind = trace_kind::copy; // the description is unused
-  extra->node_label.assign(node_label);
+uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_view label,
+                                 std::shared_ptr<const void> hold) {
+  auto extra = new_order_extra();
+  extra->keep_alive = std::move(hold);
+  extra->op = o;
+  extra->kind = kind; // the description is unused
+  extra->node_label.assign(label);
   // The closure holds the order by address (the item owns it, and moving the
   // item moves only the pointer): two pointers fit std::function's own room,
-  // where the copy's five values would take an allocation of their own.
-  const auto* order = &extra->copy;
-  item it{[drv = driver_.get(), order] { drv->copy(order->dst, order->src, order->bytes); },
-          std::move(extra)};
-  return enqueue(std::move(it), false);
+  // where the order's values would take an allocation of their own.
+  auto work = [kind, drv = driver_.get(), op = &extra->op]() -> std::function<void()> {
+    if (kind == trace_kind::copy)
+      return [drv, op] { drv->copy(op->dst, op->src, op->bytes); };
+    if (kind == trace_kind::memset)
+      return [drv, op] { drv->zero(op->dst, op->bytes); };
+    return {};
+  };
+  return enqueue(item{work(), std::move(extra)}, false);
 }
 
 uint64_t device_core::push(task&& t, bool may_wait) {

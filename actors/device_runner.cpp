@@ -52,12 +52,12 @@ void device_core::run() {
         execute_traced(batch[i], i == 0);
       else
         execute(batch[i]);
-      // A copy's extra is kept for reuse (see spare_). Gates' and described
+      // An order's extra is kept for reuse (see spare_). Gates' and described
       // tasks' extras are freed with the batch: reusing them made a
       // will_wait_for hop slower (a fresh extra comes warm from the
       // producer's own cache, a reused one cold from the runner's), with no
       // allocator contention to win back.
-      if (batch[i].extra && batch[i].extra->is_copy())
+      if (batch[i].extra && batch[i].extra->is_order())
         recycle(batch[i]);
     }
     batch.clear();
@@ -90,9 +90,9 @@ bool device_core::take_batch(std::vector<item>& batch) {
       return false;
     batch.swap(queue_);
     taken_ += batch.size();
-    // The copies' extras of the last batches, for producers, a group at a
+    // The orders' extras of the last batches, for producers, a group at a
     // time: handing back each one moves spare_'s lines to this thread and
-    // back for every copy. Beyond the limit they are freed with spent_,
+    // back for every order. Beyond the limit they are freed with spent_,
     // outside the lock. spare_ is sized once, its first time; out of memory,
     // nothing is kept.
     if (spent_.size() >= hand_back_extras) {
@@ -207,11 +207,19 @@ std::string device_core::description_of(const item& it) {
   if (!it.extra || it.extra->g)
     return {};
   const auto& x = *it.extra;
-  if (!x.is_copy())
+  if (!x.is_order())
     return x.description;
-  return x.node_label.empty()
-           ? fmt::format("{} #{}", x.copy.what, x.copy.node_id)
-           : fmt::format("{} '{}' (#{})", x.copy.what, x.node_label, x.copy.node_id);
+  const auto& o = x.op;
+  switch (o.naming) {
+  case order::pool_span:
+    return fmt::format("{} pool {} [{}, {})", o.what, o.id, o.offset, o.offset + o.bytes);
+  case order::pool:
+    return fmt::format("{} {}", o.what, o.id);
+  case order::node:
+    break;
+  }
+  return x.node_label.empty() ? fmt::format("{} #{}", o.what, o.id)
+                              : fmt::format("{} '{}' (#{})", o.what, x.node_label, o.id);
 }
 
 std::string device_core::task_name(const item& it, uint64_t seq) {

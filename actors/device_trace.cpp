@@ -59,11 +59,11 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
     auto* g = it->as_gate();
     if (!g) {
       e.kind = it->extra->kind;
-      if (!it->extra->is_copy()) {
+      if (!it->extra->is_order()) {
         ring.write(e, it->extra->description, {});
         return;
       }
-      std::string description; // a copy's, built now
+      std::string description; // an order's, built now
       try {
         description = description_of(*it);
       } catch (...) {

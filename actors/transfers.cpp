@@ -336,9 +336,11 @@ static bool host_copy(const context& ctx, const tnode& t, std::byte* host, std::
   auto p = pool_for(*core, t, loc->second, what);
   std::byte* dev = p->base() + loc->second.offset;
   // Its description is built only if a trace or an error asks for it.
-  detail::device_core::copy_order order{to_device ? dev : host, to_device ? host : dev, n,
-                                        what, t.id};
-  auto push = [&](detail::device_core& c) { return c.push_copy(order, t.label, std::move(p)); };
+  detail::device_core::order order{to_device ? dev : host, to_device ? host : dev, n, what,
+                                   t.id};
+  auto push = [&](detail::device_core& c) {
+    return c.push_order(order, trace_kind::copy, t.label, std::move(p));
+  };
   const std::span<const tnode, 1> node{&t, 1}; // no copy of its label
   const std::span<const tnode, 0> none{};
   if (to_device)

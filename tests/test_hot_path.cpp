@@ -178,3 +178,42 @@ BOOST_AUTO_TEST_CASE(test_hot_path_reused_extras_release_what_their_items_held) 
   BOOST_TEST(test_support::eventually([&] { return watch.expired(); }),
              "the failed task's keep_alive is still held");
 }
+
+BOOST_AUTO_TEST_CASE(test_hot_path_pool_calls_allocate_only_the_pool_once_warm) {
+  // alloc_pool + memset_zero + free_pool of a small pool (`pool_calls` in
+  // `multidev bench`): the zeroing and the release reuse extras as copies
+  // do, their names are built only when asked, and the CPU driver reuses the
+  // freed block; what is left is the pool's own record (the pool with its
+  // count, the driver's allocation, the table's node).
+  backend b{traced(256)};
+  auto d = b.get_device(0);
+  constexpr int pool_id = 40;
+  constexpr long pool_records = 3;
+  std::vector<long> counts;
+  for (int i = 0; i < 40; ++i) {
+    counts.push_back(allocations_in([&] {
+      b.alloc_pool(d, pool_id, 4096, 64);
+      b.memset_zero(d, pool_id, 64, 128);
+      b.free_pool(d, pool_id);
+    }));
+    sync(b, b.all_work(d));
+  }
+  for (std::size_t i = 18; i < counts.size(); ++i)
+    BOOST_TEST(counts[i] <= pool_records, "cycle " << i << " allocated " << counts[i] << " time(s)");
+  // A replaced pool is released in its turn, named as before.
+  b.alloc_pool(d, pool_id, 4096, 64);
+  b.alloc_pool(d, pool_id, 8192, 64);
+  sync(b, b.all_work(d));
+  auto tr = b.trace(d);
+  BOOST_TEST_REQUIRE(tr.records.size() >= 3u);
+  const auto& zero = tr.records[tr.records.size() - 3];
+  const auto& freed = tr.records[tr.records.size() - 2];
+  const auto& replaced = tr.records.back();
+  BOOST_TEST((zero.kind == trace_kind::memset));
+  BOOST_TEST(zero.description == "memset_zero pool 40 [64, 192)");
+  BOOST_TEST((freed.kind == trace_kind::pool));
+  BOOST_TEST(freed.description == "free_pool 40");
+  BOOST_TEST((replaced.kind == trace_kind::pool));
+  BOOST_TEST(replaced.description == "release replaced pool 40");
+  BOOST_TEST(b.get_used_memory(d) == 8192u);
+}
