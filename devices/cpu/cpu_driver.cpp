@@ -1,9 +1,11 @@
 #include "devices/driver.hpp"
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <memory>
 #include <new>
 #include <thread>
 
@@ -11,21 +13,87 @@ namespace multidev::detail {
 
 namespace {
 
+/// Freed small blocks, kept for the next allocation of the same size and
+/// alignment, as CUDA's stream-ordered pools keep theirs. A pool is
+/// allocated on the host thread and freed on its device's runner, in its
+/// turn: with glibc, each such free contends with the host's next allocation
+/// for the arena lock, and a 4 KiB `aligned_alloc` then consolidates the
+/// small chunks the runner freed (`perf` of `bench --only pool_calls`: the
+/// allocator took almost all of the multidev side). At most `max_blocks`
+/// blocks of at most `max_block_bytes` each are kept (2 MiB), and all are
+/// freed with the last allocation or the driver, whichever goes last.
+class block_cache {
+public:
+  static constexpr std::size_t max_blocks = 32;
+  static constexpr std::size_t max_block_bytes = 64 * 1024;
+
+  block_cache() = default;
+  block_cache(const block_cache&) = delete;
+  block_cache& operator=(const block_cache&) = delete;
+  ~block_cache() {
+    for (std::size_t i = 0; i < count_; ++i)
+      std::free(blocks_[i].ptr);
+  }
+
+  /// A kept block of `n` bytes aligned to `alignment`, or null.
+  std::byte* take(std::size_t n, std::size_t alignment) noexcept {
+    if (n > max_block_bytes)
+      return nullptr;
+    std::lock_guard guard{mu_};
+    for (std::size_t i = count_; i-- > 0;) {
+      if (blocks_[i].bytes == n && blocks_[i].alignment == alignment) {
+        auto* p = blocks_[i].ptr;
+        blocks_[i] = blocks_[--count_];
+        return p;
+      }
+    }
+    return nullptr;
+  }
+
+  /// Keeps `p` when there is room and it is small; frees it otherwise.
+  void give(std::byte* p, std::size_t n, std::size_t alignment) noexcept {
+    if (n <= max_block_bytes) {
+      std::lock_guard guard{mu_};
+      if (count_ < max_blocks) {
+        blocks_[count_++] = {p, n, alignment};
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+private:
+  struct block {
+    std::byte* ptr = nullptr;
+    std::size_t bytes = 0;
+    std::size_t alignment = 0;
+  };
+  std::mutex mu_;
+  std::size_t count_ = 0;
+  std::array<block, max_blocks> blocks_{};
+};
+
 class host_allocation final : public allocation {
 public:
-  host_allocation(std::size_t size, std::size_t alignment) {
+  host_allocation(std::size_t size, std::size_t alignment, std::shared_ptr<block_cache> cache)
+    : cache_(std::move(cache)), alignment_(alignment) {
     // aligned_alloc wants a size that is a multiple of the alignment, and
     // may return null for zero bytes: round up, and never ask for zero.
-    std::size_t n = size == 0 ? alignment : (size + alignment - 1) / alignment * alignment;
-    ptr_ = static_cast<std::byte*>(std::aligned_alloc(alignment, n));
+    bytes_ = size == 0 ? alignment : (size + alignment - 1) / alignment * alignment;
+    ptr_ = cache_->take(bytes_, alignment_);
+    if (ptr_ == nullptr)
+      ptr_ = static_cast<std::byte*>(std::aligned_alloc(alignment, bytes_));
     if (ptr_ == nullptr)
       throw std::bad_alloc{};
   }
-  ~host_allocation() override { std::free(ptr_); }
+  ~host_allocation() override { cache_->give(ptr_, bytes_, alignment_); }
   std::byte* base() const noexcept override { return ptr_; }
 
 private:
+  std::shared_ptr<block_cache> cache_;
   std::byte* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::size_t alignment_ = 0;
 };
 
 std::string cpu_model_name() {
@@ -76,7 +144,7 @@ public:
 
   std::unique_ptr<allocation> allocate(int, std::size_t size, std::size_t alignment,
                                        std::optional<memory_mode>) override {
-    return std::make_unique<host_allocation>(size, alignment);
+    return std::make_unique<host_allocation>(size, alignment, cache_);
   }
 
   // memset/memcpy want valid pointers even for zero bytes, and an empty host
@@ -94,6 +162,7 @@ public:
 private:
   std::string name_ = "multidev_cpu";
   std::optional<int> requested_;
+  std::shared_ptr<block_cache> cache_ = std::make_shared<block_cache>();
   mutable std::once_flag props_once_;
   mutable sexp props_;
 };
