@@ -24,6 +24,7 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     used_(std::make_shared<std::atomic<std::size_t>>(0)) {
   oom_cause_ = std::make_shared<const failure>(
     failure{failure::kind::failed, name_, {}, 0, "task failed", {}});
+  room_until_.store(capacity_, std::memory_order_relaxed);
   stream_ = driver_->open_stream(ordinal_, *this);
   if (stream_) {
     window_ = max_in_flight == 0 ? 1 : max_in_flight;

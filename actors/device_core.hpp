@@ -358,6 +358,8 @@ private:
   /// Moves the whole queue into `batch` (empty) and makes room; false, taking
   /// nothing, when the queue is empty.
   bool take_batch(std::vector<item>& batch);
+  /// Runner only: moves spent_ into spare_ (what does not fit is freed).
+  void hand_back_extras_to_producers() noexcept;
   /// Sleeps until the queue has items; false when it is empty and stopping.
   bool sleep_until_work();
   void execute(item& it);
@@ -474,6 +476,10 @@ private:
   enum sleep_state : uint8_t { awake, for_work, on_gate };
   std::atomic<uint8_t> sleeping_{awake};
   std::atomic<uint32_t> bell_{0};
+  // While scheduled_ is below it, the queue has room (`wait_for_room`
+  // without mu_): `taken_ + capacity_` as of the last look under mu_, a
+  // bound that only grows. Written under mu_, read without it.
+  std::atomic<uint64_t> room_until_{0};
   int producers_waiting_ = 0;
   bool stopping_ = false;
   bool failed_ = false;
@@ -484,7 +490,7 @@ private:
   alignas(64) std::atomic<uint64_t> progress_{0};
   std::atomic<uint64_t> min_waiter_{UINT64_MAX};
   uint64_t executed_ = 0; // runner only: seq of the item it is running
-  uint64_t taken_ = 0;    // runner only: items taken from queue_
+  uint64_t taken_ = 0; // items taken from queue_: written by the runner under mu_
   // Items up to this seq are dropped, not run (cancel, kill, failure).
   // Written under mu_, rarely; read by the runner once per item.
   std::atomic<uint64_t> drop_upto_{0};
@@ -502,8 +508,10 @@ private:
   // above: tasks that are not orders never touch them.
   static constexpr std::size_t spare_extras_max = 1024;
   static constexpr std::size_t hand_back_extras = 16;
-  alignas(64) std::vector<std::unique_ptr<item_extra>> spare_; // guarded by mu_
-  std::vector<std::unique_ptr<item_extra>> spent_; // runner only: for spare_
+  alignas(64) spin_mutex spare_mu_;
+  std::vector<std::unique_ptr<item_extra>> spare_; // guarded by spare_mu_
+  // Runner only, written for every order: a line of its own.
+  alignas(64) std::vector<std::unique_ptr<item_extra>> spent_; // for spare_
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed

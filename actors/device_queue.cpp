@@ -43,7 +43,7 @@ namespace multidev::detail {
 
 std::unique_ptr<device_core::item_extra> device_core::new_order_extra() {
   {
-    std::lock_guard guard{mu_};
+    std::lock_guard guard{spare_mu_};
     if (!spare_.empty()) {
       auto x = std::move(spare_.back());
       spare_.pop_back();
@@ -126,16 +126,24 @@ void device_core::wait_for_room_locked(std::unique_lock<spin_mutex>& lk) {
   // and actor handlers never wait: a runner waiting for room in a queue
   // parked on its own next event, or an actor that must first process the
   // reply opening that queue's gate, would wait forever.
-  if (has_room_locked() || current_runner != nullptr) // the common case first
+  if (current_runner != nullptr)
     return;
   while (!has_room_locked()) {
     ++producers_waiting_;
     room_.wait(lk);
     --producers_waiting_;
   }
+  room_until_.store(taken_ + capacity_, std::memory_order_relaxed);
 }
 
 void device_core::wait_for_room() {
+  // Without the lock while the last look still vouches for room: a host copy
+  // checks room before it takes its records' locks and pushes, and taking
+  // mu_ twice took the queue's line from the runner (polling scheduled_
+  // beside it) twice.
+  if (current_runner != nullptr ||
+      scheduled_.load(std::memory_order_relaxed) < room_until_.load(std::memory_order_relaxed))
+    return;
   std::unique_lock lk{mu_};
   wait_for_room_locked(lk);
 }

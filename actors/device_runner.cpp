@@ -90,32 +90,37 @@ bool device_core::take_batch(std::vector<item>& batch) {
       return false;
     batch.swap(queue_);
     taken_ += batch.size();
-    // The orders' extras of the last batches, for producers, a group at a
-    // time: handing back each one moves spare_'s lines to this thread and
-    // back for every order. Beyond the limit they are freed with spent_,
-    // outside the lock. spare_ is sized once, its first time; out of memory,
-    // nothing is kept.
-    if (spent_.size() >= hand_back_extras) {
-      if (spare_.capacity() == 0) {
-        try {
-          spare_.reserve(spare_extras_max);
-        } catch (...) {
-        }
-      }
-      while (!spent_.empty() && spare_.size() < spare_.capacity()) {
-        spare_.push_back(std::move(spent_.back()));
-        spent_.pop_back();
-      }
-    }
     if (producers_waiting_ > 0)
       room_.notify_all();
     wants_room = static_cast<bool>(room_cb_);
   }
   if (spent_.size() >= hand_back_extras)
-    spent_.clear(); // spare_ is full
+    hand_back_extras_to_producers();
   if (wants_room)
     call_room_callback();
   return true;
+}
+
+void device_core::hand_back_extras_to_producers() noexcept {
+  // A group at a time, under a lock of their own: handing back each one
+  // moves spare_'s lines to this thread and back for every order, and under
+  // mu_ it would take the queue's line from the producers once more. Beyond
+  // the limit they are freed with spent_. spare_ is sized once, its first
+  // time; out of memory, nothing is kept.
+  {
+    std::lock_guard guard{spare_mu_};
+    if (spare_.capacity() == 0) {
+      try {
+        spare_.reserve(spare_extras_max);
+      } catch (...) {
+      }
+    }
+    while (!spent_.empty() && spare_.size() < spare_.capacity()) {
+      spare_.push_back(std::move(spent_.back()));
+      spent_.pop_back();
+    }
+  }
+  spent_.clear(); // spare_ is full
 }
 
 void device_core::execute(item& it) {
