@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <type_traits>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -197,10 +198,12 @@ double atomic_ping_pong_ns_per_hop(int hops) {
 /// `sleeping_`; the producer wakes it when it sees the flag, and again while
 /// it waits for room or for the ring to drain, so a wake-up missed by a push
 /// (the flag read may pass the position store) is made good there.
+/// `Slot`: a function pointer (8 bytes, the floor), or `std::function` (32
+/// bytes: what a task's closure is when it reaches a device), which the
+/// consumer destroys once called, as a runner does.
+template <class Slot>
 class spsc_ring {
 public:
-  using fn = void (*)();
-
   spsc_ring() : worker_([this] { loop(); }) {}
   ~spsc_ring() {
     stop_.store(true);
@@ -210,13 +213,13 @@ public:
   spsc_ring(const spsc_ring&) = delete;
   spsc_ring& operator=(const spsc_ring&) = delete;
 
-  void push(fn f) {
+  void push(Slot f) {
     auto h = producer_.head;
     if (h - producer_.tail == capacity)
       wait_until([&] { return h - (producer_.tail = tail_.load(std::memory_order_acquire))
                               < capacity; });
     __builtin_prefetch(&slots_[(h + prefetch_distance) & mask], 1);
-    slots_[h & mask] = f;
+    slots_[h & mask] = std::move(f);
     producer_.head = h + 1;
     head_.store(h + 1, std::memory_order_release);
     if (sleeping_.load(std::memory_order_relaxed))
@@ -277,6 +280,8 @@ private:
       for (; t != h; ++t) {
         __builtin_prefetch(&slots_[(t + prefetch_distance) & mask]);
         slots_[t & mask]();
+        if constexpr (!std::is_pointer_v<Slot>)
+          slots_[t & mask] = nullptr;
       }
       tail_.store(t, std::memory_order_release);
     }
@@ -291,7 +296,7 @@ private:
   alignas(64) std::atomic<std::size_t> tail_{0};
   alignas(64) std::atomic<int> sleeping_{0};
   alignas(64) std::atomic<bool> stop_{false};
-  alignas(64) std::array<fn, capacity> slots_{};
+  alignas(64) std::array<Slot, capacity> slots_{};
   std::thread worker_; // last: starts once everything above exists
 };
 
@@ -300,8 +305,10 @@ void ring_item() {
   items_run.value.fetch_add(1, std::memory_order_relaxed);
 }
 
-/// ns per item: push n function pointers, wait until the last one ran.
-double spsc_ring_ns_per_item(spsc_ring& q, int n) {
+/// ns per item: push n function pointers (as `Slot`s), wait until the last
+/// one ran.
+template <class Slot>
+double spsc_ring_ns_per_item(spsc_ring<Slot>& q, int n) {
   int before = items_run.value.load();
   auto t0 = clock_type::now();
   for (int i = 0; i < n; ++i)
@@ -1107,13 +1114,16 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
   int n_tasks = o.quick ? 20'000 : 200'000;
   {
     cv_queue q;
-    spsc_ring ring;
+    spsc_ring<void (*)()> ring;
+    spsc_ring<std::function<void()>> function_ring;
     // StarPU's tasks cost microseconds each: fewer of them keep the sample
     // short, and the figure is per task.
     int n_starpu = std::max(1, n_tasks / 10);
     compare(out, o, reps, "ns/task", [&] { return multidev_ns_per_task(b, d0, n_tasks); },
             {{"independent_tasks", "spsc ring", 1.5,
               [&] { return spsc_ring_ns_per_item(ring, n_tasks); }},
+             {"independent_tasks", "spsc ring of std::function", std::nullopt,
+              [&] { return spsc_ring_ns_per_item(function_ring, n_tasks); }},
              {"independent_tasks", "mutex+cv queue", 0.5,
               [&] { return cv_queue_ns_per_task(q, n_tasks); }},
              {"independent_tasks", "oneTBB serial function_node", 0.25,
