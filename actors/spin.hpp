@@ -4,6 +4,8 @@
 /// test-and-test-and-set lock. A poll is far cheaper for both sides than a
 /// futex sleep and wake-up when the other side comes back within microseconds.
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -77,9 +79,21 @@ struct runner_asleep {
   runner_asleep& operator=(const runner_asleep&) = delete;
 };
 
-/// Whether more runners are awake than there are CPUs.
+/// The CPUs this process may run on (its affinity mask: `taskset`, a
+/// container's cpuset), which can be fewer than the machine has.
+inline int usable_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    if (int n = CPU_COUNT(&set); n > 0)
+      return n;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// Whether more runners are awake than there are CPUs to run them (as of
+/// the first call).
 inline bool runners_crowd_cpus() noexcept {
-  static const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  static const int cpus = usable_cpus();
   return awake_runners.load(std::memory_order_relaxed) > cpus;
 }
 
