@@ -78,6 +78,7 @@ std::vector<expected_entry> expected_suite() {
     {"independent_tasks", "StarPU empty CPU tasks", "ns/task", "lower", 1.0 / 50, none,
      starpu_skip()},
     {"will_wait_for_chain", "atomic wait/notify ping-pong", "ns/hop", "lower", 3.0, none},
+    {"will_wait_for_chain", "spinning ping-pong", "ns/hop", "lower", none, none},
     {"will_wait_for_chain", "oneTBB two-node ping-pong", "ns/hop", "lower", 1.0, none,
      tbb_skip()},
     {"will_wait_for_chain", "CAF actor ping-pong (sharing)", "ns/hop", "lower", 1.0, none},
@@ -108,6 +109,8 @@ std::vector<expected_entry> expected_suite() {
   for (int n : {1, 2, 4, 8}) {
     auto name = "fan_dag_" + std::to_string(n) + "dev";
     e.push_back({name, "oneTBB flow graph", "us/round", "lower", 1.0, none, tbb_skip()});
+    e.push_back({name, "a thread per device, atomics", "us/round", "lower", none, none,
+                 n == 1 ? "skipped: one device, no hand-off between threads" : ""});
     e.push_back({name, "StarPU", "us/round", "lower", 1.0, none, starpu_skip(n)});
   }
   // quick mode idles 2 ms before each wake
@@ -387,6 +390,7 @@ BOOST_AUTO_TEST_CASE(test_bench_only_selects_exact_cases) {
   rs = quick_run("", {"fan_dag_2dev"});
   BOOST_TEST(pairs_of(rs)
                == (std::vector<name_and_baseline>{{"fan_dag_2dev", "oneTBB flow graph"},
+                                                  {"fan_dag_2dev", "a thread per device, atomics"},
                                                   {"fan_dag_2dev", "StarPU"}}),
              boost::test_tools::per_element());
   // Exact, not a substring: independent_tasks_trace is another case.

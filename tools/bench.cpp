@@ -170,6 +170,81 @@ double cv_queue_ns_per_task(cv_queue& q, int n) {
   return seconds_since(t0) * 1e9 / n;
 }
 
+/// ns per hop: two threads hand a token back and forth by spinning on one
+/// atomic (pauses, a yield every 4,096 in case both share a CPU): the least
+/// a hand-off between two threads costs, with no sleep and no wake-up.
+double spin_ping_pong_ns_per_hop(int hops) {
+  std::atomic<int> turn{-1};
+  auto player = [&turn, hops](int me) {
+    for (int i = me; i < hops; i += 2) {
+      for (int spins = 1; turn.load(std::memory_order_acquire) != i; ++spins) {
+        if (spins % 4096 == 0)
+          std::this_thread::yield();
+        else
+          __builtin_ia32_pause();
+      }
+      turn.store(i + 1, std::memory_order_release);
+    }
+  };
+  std::thread other(player, 1);
+  auto t0 = clock_type::now();
+  turn.store(0, std::memory_order_release);
+  player(0);
+  other.join();
+  return seconds_since(t0) * 1e9 / hops;
+}
+
+/// us per round of `fan_dag_<N>dev`'s DAG on N plain threads, one per
+/// device, with no queue and no task objects: thread 0 runs the source,
+/// releases the others (an atomic round counter), each runs its share of
+/// the `width` empty tasks, counts itself done, and thread 0 runs the sink
+/// once all are. Waits poll 256 pauses, then sleep (atomic wait/notify): the
+/// least a thread per device costs for this DAG.
+double threads_fan_dag_us(int n, int width, int rounds) {
+  std::atomic<int> go{-1};
+  std::atomic<int> done{0};
+  auto wait_until = [](std::atomic<int>& a, auto ready) {
+    for (int spins = 0;; ++spins) {
+      int v = a.load(std::memory_order_acquire);
+      if (ready(v))
+        return;
+      if (spins < 256)
+        __builtin_ia32_pause();
+      else
+        a.wait(v, std::memory_order_acquire);
+    }
+  };
+  auto empty = [] { asm volatile("" ::: "memory"); }; // an empty task, not optimised away
+  auto share = [n, width, empty](int me) {
+    for (int i = me; i < width; i += n)
+      empty();
+  };
+  std::vector<std::thread> workers;
+  for (int j = 1; j < n; ++j)
+    workers.emplace_back([&, j] {
+      for (int r = 0; r < rounds; ++r) {
+        wait_until(go, [r](int v) { return v >= r; });
+        share(j);
+        done.fetch_add(1, std::memory_order_acq_rel);
+        done.notify_one();
+      }
+    });
+  auto t0 = clock_type::now();
+  for (int r = 0; r < rounds; ++r) {
+    empty(); // the source
+    go.store(r, std::memory_order_release);
+    go.notify_all();
+    share(0);
+    int want = (n - 1) * (r + 1);
+    wait_until(done, [want](int v) { return v >= want; });
+    empty(); // the sink
+  }
+  auto us = seconds_since(t0) * 1e6 / rounds;
+  for (auto& w : workers)
+    w.join();
+  return us;
+}
+
 /// ns per hop: two threads hand a token back and forth with atomic wait/notify.
 double atomic_ping_pong_ns_per_hop(int hops) {
   std::atomic<int> turn{0};
@@ -891,6 +966,9 @@ void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts
             [&] { return multidev_fan_dag_us(b, devs, ctx, width, rounds); },
             {{name(n), "oneTBB flow graph", 1.0,
               [&] { return peers::tbb_fan_dag_us(n, width, rounds); }, tbb_missing()},
+             {name(n), "a thread per device, atomics", std::nullopt,
+              [&] { return threads_fan_dag_us(n, width, rounds); },
+              n == 1 ? "skipped: one device, no hand-off between threads" : std::string{}},
              {name(n), "StarPU", 1.0,
               [&] { return peers::starpu_fan_dag_us(n, width, starpu_rounds); },
               !starpu_missing().empty() ? starpu_missing()
@@ -1141,6 +1219,8 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
   int starpu_hops = std::max(1, hops / 10);
   compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, true); },
           {{"will_wait_for_chain", "atomic wait/notify ping-pong", 3.0, atomic_hop},
+           {"will_wait_for_chain", "spinning ping-pong", std::nullopt,
+            [&] { return spin_ping_pong_ns_per_hop(hops); }},
            {"will_wait_for_chain", "oneTBB two-node ping-pong", 1.0,
             [&] { return peers::tbb_ns_per_hop(hops); }, tbb_missing()},
            {"will_wait_for_chain", "CAF actor ping-pong (sharing)", 1.0, caf_hop},
