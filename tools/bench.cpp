@@ -907,8 +907,11 @@ double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
 }
 
 /// Case 4, small copies: ns per 4 KiB `from_host` (back to back, then one
-/// sync), beside a 4 KiB memcpy plus one empty task on the same device.
-bench_result copy_4k_figure(backend& b, const device& d, const bench_options& o, int reps) {
+/// sync), beside a 4 KiB memcpy plus one empty task on the same device, and
+/// beside the same copies handed to another thread through the lock-free
+/// ring of `std::function` (the floor for a copy that runs elsewhere).
+void copy_4k_figures(std::vector<bench_result>& out, backend& b, const device& d,
+                     const bench_options& o, int reps) {
   constexpr std::size_t bytes = 4096;
   int n = o.quick ? 2'000 : 20'000;
   tnode t{900'001, "copy_4KiB", bytes, memory_mode::on_device};
@@ -916,6 +919,8 @@ bench_result copy_4k_figure(backend& b, const device& d, const bench_options& o,
   auto c = b.init_from_host(b.make_context(d), t, host);
   b.sync(b.all_work(d));
   std::vector<std::byte> dst(bytes);
+  std::vector<std::byte> ring_dst(bytes);
+  spsc_ring<std::function<void()>> ring;
   auto ms = medians_of(reps, {[&] {
                                 auto t0 = clock_type::now();
                                 for (int i = 0; i < n; ++i) {
@@ -932,11 +937,21 @@ bench_result copy_4k_figure(backend& b, const device& d, const bench_options& o,
                                   b.from_host(c, t, host);
                                 b.sync(b.all_work(d));
                                 return seconds_since(t0) * 1e9 / n;
+                              },
+                              [&] {
+                                auto t0 = clock_type::now();
+                                for (int i = 0; i < n; ++i)
+                                  ring.push([to = ring_dst.data(), from = host.data()] {
+                                    std::memcpy(to, from, bytes);
+                                  });
+                                ring.drain();
+                                return seconds_since(t0) * 1e9 / n;
                               }});
-  auto r = make("copy_4KiB", "ns/copy", ms[2], "memcpy 4KiB + one empty task", ms[0] + ms[1],
-                "lower", 3.0);
+  out.push_back(make("copy_4KiB", "ns/copy", ms[2], "memcpy 4KiB + one empty task",
+                     ms[0] + ms[1], "lower", 3.0));
+  out.push_back(make("copy_4KiB", "ns/copy", ms[2], "spsc ring of std::function, 4KiB memcpy",
+                     ms[3], "lower", std::nullopt));
   b.sync_device(d);
-  return r;
 }
 
 /// Case 3 on a backend of 8 devices: `fan_dag_<N>dev` for N = 1, 2, 4, 8.
@@ -1272,7 +1287,7 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
     b.sync_device(d1);
   }
   if (wanted("copy_4KiB"))
-    out.push_back(copy_4k_figure(b, d0, o, reps));
+    copy_4k_figures(out, b, d0, o, reps);
   std::size_t n = o.quick ? (1u << 16) : (1u << 20);
   for (int devices : {1, 2, 4}) {
     auto name = fmt::format("gradient_merge_{}dev", devices);
