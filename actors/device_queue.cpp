@@ -126,14 +126,13 @@ void device_core::wait_for_room_locked(std::unique_lock<spin_mutex>& lk) {
   // and actor handlers never wait: a runner waiting for room in a queue
   // parked on its own next event, or an actor that must first process the
   // reply opening that queue's gate, would wait forever.
-  if (current_runner != nullptr)
+  if (has_room_locked() || current_runner != nullptr) // the common case first
     return;
   while (!has_room_locked()) {
     ++producers_waiting_;
     room_.wait(lk);
     --producers_waiting_;
   }
-  room_until_.store(taken_ + capacity_, std::memory_order_relaxed);
 }
 
 void device_core::wait_for_room() {
@@ -146,6 +145,9 @@ void device_core::wait_for_room() {
     return;
   std::unique_lock lk{mu_};
   wait_for_room_locked(lk);
+  // Here, not in wait_for_room_locked: a bare push calls that one, and
+  // reading taken_ (on the runner's line) there cost every push.
+  room_until_.store(taken_ + capacity_, std::memory_order_relaxed);
 }
 
 bool device_core::has_room() const noexcept {
