@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <type_traits>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -20,6 +19,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include <caf/actor.hpp>
 #include <caf/actor_cast.hpp>
@@ -198,8 +198,9 @@ double spin_ping_pong_ns_per_hop(int hops) {
 /// device, with no queue and no task objects: thread 0 runs the source,
 /// releases the others (an atomic round counter), each runs its share of
 /// the `width` empty tasks, counts itself done, and thread 0 runs the sink
-/// once all are. Waits poll 256 pauses, then sleep (atomic wait/notify): the
-/// least a thread per device costs for this DAG.
+/// once all are. Waits poll 256 pauses, then sleep (atomic wait/notify): a
+/// plain thread per device for this DAG, its waits not tuned further, so a
+/// comparison rather than a proven floor.
 double threads_fan_dag_us(int n, int width, int rounds) {
   std::atomic<int> go{-1};
   std::atomic<int> done{0};
