@@ -82,6 +82,7 @@ std::vector<expected_entry> expected_suite() {
     {"will_wait_for_chain", "oneTBB two-node ping-pong", "ns/hop", "lower", 1.0, none,
      tbb_skip()},
     {"will_wait_for_chain", "CAF actor ping-pong (sharing)", "ns/hop", "lower", 1.0, none},
+    {"will_wait_for_chain", "CAF actor ping-pong (detached)", "ns/hop", "lower", none, none},
     {"will_wait_for_chain", "StarPU read-write chain on one handle", "ns/hop", "lower", 1.0,
      none, starpu_skip(2)},
     {"will_wait_for_chain_scheduled", "atomic wait/notify ping-pong", "ns/hop", "lower", none,
