@@ -35,7 +35,9 @@ struct device_record {
   /// copy (both taken with `std::lock`), from computing its waits to
   /// recording itself, so transfers of a node are serial; it never waits
   /// for room in a queue while holding it. The public getters lock it.
-  mutable std::mutex mu;
+  /// A spin lock (it yields after a short spin): every host copy and `run`
+  /// takes it for a few map updates and a push.
+  mutable spin_mutex mu;
   /// Last scheduled writer of each node on this device.
   std::map<tnode, event> updating_for;
   /// Copies running on other devices that read this device's buffer of a

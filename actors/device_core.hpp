@@ -537,8 +537,10 @@ private:
   std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_
 
-  // Pools: the table as of the end of the queue.
-  mutable std::mutex pools_mu_;
+  // Pools: the table as of the end of the queue. A spin lock: every host
+  // copy looks its pool up here, the sections are a map lookup or update,
+  // and a pthread mutex's lock and unlock were ~60 instructions a copy.
+  mutable spin_mutex pools_mu_;
   std::map<int, std::shared_ptr<pool>> pools_;
   std::shared_ptr<std::atomic<std::size_t>> used_;
 

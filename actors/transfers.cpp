@@ -83,7 +83,7 @@ public:
   }
 
 private:
-  std::unique_lock<std::mutex> a_, b_;
+  std::unique_lock<detail::spin_mutex> a_, b_;
 };
 
 /// What a step must wait for before it runs on `core` (`dst`'s): the last
@@ -112,16 +112,36 @@ std::vector<event> unmet_waits(const Inputs& inputs, const Outputs& outputs,
   return out;
 }
 
+} // namespace
+
+/// Moves `e` to seq `seq` of the device `ep` reaches. When `e` is already an
+/// event of that endpoint (a node's last writer on the same device, the
+/// common case) only its seq changes: no reference count is touched, where
+/// a new event would take the endpoint's count and drop the old one's.
+struct detail::event_access {
+  static void advance(event& e, const std::shared_ptr<detail::endpoint>& ep, uint64_t seq) {
+    if (e.ep_ == ep && ep) {
+      e.seq_ = seq;
+      return;
+    }
+    e = event{ep, seq};
+  }
+};
+
+namespace {
+
 /// Pushes the step onto `rec`'s device after what it must wait for
 /// (`push(core)` appends it without waiting for room and returns its seq),
 /// and records it as the writer of `outputs` and a reader of `inputs` on
 /// `src`: the part of `backend::run` after its checks, shared with the host
 /// copies (which need no routine, so copy no context). `merge_buffer_node`:
 /// a copy into the destination's merge buffer (with `outputs` empty) holds it.
+/// Returns the step's seq on `rec`'s device: a host copy, which returns no
+/// event, builds none.
 template <class Push, class Inputs, class Outputs>
-event schedule_step(detail::device_record& rec, Push&& push, const Inputs& inputs,
-                    const Outputs& outputs, detail::device_record* src,
-                    const std::optional<tnode>& merge_buffer_node) {
+uint64_t schedule_step(detail::device_record& rec, Push&& push, const Inputs& inputs,
+                       const Outputs& outputs, detail::device_record* src,
+                       const std::optional<tnode>& merge_buffer_node) {
   auto& core = rec.r.core();
   // One step per call, serial with every other transfer touching the same
   // records: compute the waits, push the task, record the writer/readers, all
@@ -136,20 +156,21 @@ event schedule_step(detail::device_record& rec, Push&& push, const Inputs& input
   record_locks locks{rec, src};
   for (const auto& e : unmet_waits(inputs, outputs, rec, src, *core))
     core->push_wait(e.core(), e.seq()); // never waits for room
-  event done{rec.r.endpoint(), push(*core)};
+  const auto& ep = rec.r.endpoint();
+  const uint64_t seq = push(*core);
   for (const auto& t : outputs) {
     rec.readers.erase(t); // all waited for, or done
-    rec.updating_for[t] = done;
+    detail::event_access::advance(rec.updating_for[t], ep, seq);
   }
   if (src && merge_buffer_node && std::empty(outputs))
-    rec.updating_for_merge_buffer.emplace(*merge_buffer_node, done);
+    rec.updating_for_merge_buffer.emplace(*merge_buffer_node, event{ep, seq});
   if (src && src != &rec)
     for (const auto& t : inputs) {
       auto& readers = src->readers[t];
       prune(readers);
-      readers.push_back(done);
+      readers.emplace_back(ep, seq);
     }
-  return done;
+  return seq;
 }
 
 /// Where a node was placed by `place_node`.
@@ -289,9 +310,10 @@ event backend::run(const routine& r) {
         held ? node_name(held->first) : "nothing"));
   }
   auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
-  return schedule_step(
+  auto seq = schedule_step(
     rec, [&](detail::device_core& core) { return core.push(task{r.schedule}, false); },
     r.inputs, r.outputs, src, r.context.merge_buffer_node);
+  return event{rec.r.endpoint(), seq};
 }
 
 /// Whether a transfer touches a device of another process: then its bytes

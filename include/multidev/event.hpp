@@ -19,6 +19,10 @@
 
 namespace multidev {
 
+namespace detail {
+struct event_access; // the runtime's own access to an event's parts
+} // namespace detail
+
 /// Which node (one actor system; a process, usually) a device lives on: the
 /// text of its system's CAF node id (`"<host hash>#<pid>"`), interned in a
 /// process-wide table, so copying and comparing one is a pointer copy and
@@ -124,6 +128,7 @@ public:
   }
 
 private:
+  friend struct detail::event_access;
   device_key key_;
   uint64_t seq_ = 0;
   std::shared_ptr<detail::endpoint> ep_; // cached; null when unresolved
