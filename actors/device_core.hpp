@@ -531,6 +531,32 @@ private:
   std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
   mutable std::mutex waiters_mu_;
   std::multimap<uint64_t, resolver> waiters_;
+  /// A gate of another device (`waiter`) that opens once `seq` of this one
+  /// is resolved: a local `will_wait_for`, registered without a resolver.
+  /// A resolver and its multimap node were two allocations a wait, made by
+  /// the host and freed by this runner; in glibc that cross-thread pattern
+  /// (consolidation, unsorted-bin sorting) was most of the host's time in a
+  /// chain scheduled while it runs.
+  struct gate_waiter {
+    uint64_t seq = 0;
+    std::shared_ptr<gate> g;
+    std::weak_ptr<device_core> waiter;
+  };
+  /// Sorted by seq from `gate_waiters_head_` on (the entries before it are
+  /// spent, compacted away in bulk); guarded by waiters_mu_. Storage is
+  /// reused: appending a wait allocates nothing once it has grown.
+  std::vector<gate_waiter> gate_waiters_;
+  std::size_t gate_waiters_head_ = 0;
+  /// `min_waiter_` from both lists. Call under waiters_mu_.
+  void update_min_waiter_locked() noexcept;
+  /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
+  /// `all`). Call under waiters_mu_.
+  bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out) noexcept;
+  /// Registers `w` with this (owner) device, or resolves it at once as
+  /// `when_resolved` would call a resolver.
+  void when_resolved(gate_waiter w);
+  /// Opens (or fails) `w`'s gate on its waiting device, if that still lives.
+  static void resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept;
   std::atomic<int> gates_pending_{0};
   const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_

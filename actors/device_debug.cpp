@@ -12,7 +12,7 @@ sexp device_core::debug_info() const {
   std::string parked;
   {
     std::lock_guard guard{waiters_mu_};
-    waiting = waiters_.size();
+    waiting = waiters_.size() + (gate_waiters_.size() - gate_waiters_head_);
     if (parked_on_)
       parked = parked_on_->what();
   }

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <stdexcept>
@@ -83,34 +84,76 @@ void device_core::invoke(resolver& r, const failure* cause) noexcept {
   }
 }
 
+void device_core::update_min_waiter_locked() noexcept {
+  auto m = waiters_.empty() ? UINT64_MAX : waiters_.begin()->first;
+  if (gate_waiters_head_ < gate_waiters_.size())
+    m = std::min(m, gate_waiters_[gate_waiters_head_].seq);
+  min_waiter_.store(m, std::memory_order_seq_cst);
+}
+
+bool device_core::take_due_gate_waiter_locked(uint64_t upto, bool all,
+                                              gate_waiter& out) noexcept {
+  if (gate_waiters_head_ == gate_waiters_.size())
+    return false;
+  auto& first = gate_waiters_[gate_waiters_head_];
+  if (!all && first.seq > upto)
+    return false;
+  out = std::move(first);
+  // Spent entries are erased in bulk, once they are half of the list (and
+  // at once when it empties): a move per entry, amortized, no allocation.
+  if (++gate_waiters_head_ == gate_waiters_.size()) {
+    gate_waiters_.clear();
+    gate_waiters_head_ = 0;
+  } else if (gate_waiters_head_ >= 64 && 2 * gate_waiters_head_ >= gate_waiters_.size()) {
+    gate_waiters_.erase(gate_waiters_.begin(),
+                        gate_waiters_.begin() + static_cast<std::ptrdiff_t>(gate_waiters_head_));
+    gate_waiters_head_ = 0;
+  }
+  return true;
+}
+
 void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   // The due waiters' nodes move to a local map: no allocation, so nothing
-  // can throw half-way and strand a waiter.
+  // can throw half-way and strand a waiter. Due gate waiters are taken one
+  // at a time (the first with the resolvers, the rest after), for the same
+  // reason.
   std::multimap<uint64_t, resolver> due;
+  gate_waiter gw;
+  bool has_gate;
   {
     std::lock_guard guard{waiters_mu_};
     auto end = beyond ? waiters_.end() : waiters_.upper_bound(upto);
     while (waiters_.begin() != end)
       due.insert(waiters_.extract(waiters_.begin()));
-    min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
-                      std::memory_order_seq_cst);
+    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw);
+    update_min_waiter_locked();
   }
   // Each seq gets its own outcome: a seq resolved done is done for every
   // observer, even when this fires because the device failed later.
   auto resolved = finished();
-  for (auto& [seq, r] : due) {
+  auto outcome = [&](uint64_t seq, auto&& call) {
     if (seq > resolved) {
-      invoke(r, beyond);
-      continue;
+      call(beyond);
+      return;
     }
     failure_ptr cause;
     try {
       cause = cause_of(seq);
     } catch (...) {
-      invoke(r, &unreadable_cause);
-      continue;
+      call(&unreadable_cause);
+      return;
     }
-    invoke(r, cause.get());
+    call(cause.get());
+  };
+  for (auto& [seq, r] : due)
+    outcome(seq, [&](const failure* c) { invoke(r, c); });
+  while (has_gate) {
+    outcome(gw.seq, [&](const failure* c) { resolve_gate_waiter(gw, c); });
+    gw = gate_waiter{};
+    std::lock_guard guard{waiters_mu_};
+    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw);
+    if (has_gate)
+      update_min_waiter_locked();
   }
 }
 
@@ -124,7 +167,7 @@ void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
     auto text = cause->describe();
     w(&text);
   });
-  min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
+  update_min_waiter_locked();
 }
 
 void device_core::when_resolved(uint64_t seq, resolver r) {
@@ -133,7 +176,7 @@ void device_core::when_resolved(uint64_t seq, resolver r) {
     auto p = progress_.load(std::memory_order_seq_cst);
     if (p < seq && !closed_) {
       waiters_.emplace(seq, std::move(r));
-      min_waiter_.store(waiters_.begin()->first, std::memory_order_seq_cst);
+      update_min_waiter_locked();
       // Re-check: the runner may have advanced between our load and store
       // without seeing the new minimum. Either it fires us, or we fire here.
       p = progress_.load(std::memory_order_seq_cst);
@@ -152,6 +195,39 @@ void device_core::when_resolved(uint64_t seq, resolver r) {
   }
 }
 
+void device_core::when_resolved(gate_waiter w) {
+  // As the resolver version above, with the gate waiter kept in order.
+  {
+    std::unique_lock guard{waiters_mu_};
+    auto p = progress_.load(std::memory_order_seq_cst);
+    if (p < w.seq && !closed_) {
+      auto seq = w.seq;
+      if (gate_waiters_head_ == gate_waiters_.size() || gate_waiters_.back().seq <= seq) {
+        gate_waiters_.push_back(std::move(w)); // the common case: in seq order
+      } else {
+        auto at = std::upper_bound(
+          gate_waiters_.begin() + static_cast<std::ptrdiff_t>(gate_waiters_head_),
+          gate_waiters_.end(), seq,
+          [](uint64_t s, const gate_waiter& x) { return s < x.seq; });
+        gate_waiters_.insert(at, std::move(w));
+      }
+      update_min_waiter_locked();
+      p = progress_.load(std::memory_order_seq_cst);
+      guard.unlock();
+      if (p >= seq)
+        fire(p);
+      return;
+    }
+  }
+  if (finished() >= w.seq) {
+    auto cause = cause_of(w.seq);
+    resolve_gate_waiter(w, cause.get());
+  } else {
+    auto cause = device_failure("device is shut down");
+    resolve_gate_waiter(w, cause.get());
+  }
+}
+
 std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>& pred) {
   std::size_t n = 0;
   std::lock_guard guard{waiters_mu_};
@@ -163,8 +239,7 @@ std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>
       ++i;
     }
   }
-  min_waiter_.store(waiters_.empty() ? UINT64_MAX : waiters_.begin()->first,
-                    std::memory_order_seq_cst);
+  update_min_waiter_locked();
   return n;
 }
 

@@ -31,24 +31,9 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   g->owner = owner;
   g->owner_seq = seq;
   push_gate(g);
-  // The callback may run at once, on this thread, or later on owner's runner.
-  std::weak_ptr<device_core> self = weak_from_this();
+  // The gate may open at once, on this thread, or later on owner's runner.
   try {
-    owner->when_resolved(seq, [self, g](const failure* cause) {
-      auto me = self.lock();
-      if (!me)
-        return;
-      if (!cause) {
-        me->resolve_gate(*g, failure_ptr{});
-        return;
-      }
-      failure_ptr shared;
-      try {
-        shared = std::make_shared<const failure>(*cause);
-      } catch (...) {
-      }
-      me->resolve_gate(*g, shared ? shared : unknown_cause());
-    });
+    owner->when_resolved(gate_waiter{seq, g, weak_from_this()});
   } catch (...) {
     // The gate is queued: left pending, it would hold this device forever.
     static const std::string reason = "could not register the wait (out of memory)";
@@ -95,6 +80,22 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
     throw;
   }
   return g;
+}
+
+void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept {
+  auto me = w.waiter.lock();
+  if (!me)
+    return;
+  if (!cause) {
+    me->resolve_gate(*w.g, failure_ptr{});
+    return;
+  }
+  failure_ptr shared;
+  try {
+    shared = std::make_shared<const failure>(*cause);
+  } catch (...) {
+  }
+  me->resolve_gate(*w.g, shared ? shared : unknown_cause());
 }
 
 std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parked) const {

@@ -217,3 +217,56 @@ BOOST_AUTO_TEST_CASE(test_hot_path_pool_calls_allocate_only_the_pool_once_warm) 
   BOOST_TEST(replaced.description == "release replaced pool 40");
   BOOST_TEST(b.get_used_memory(d) == 8192u);
 }
+
+BOOST_AUTO_TEST_CASE(test_hot_path_a_wait_allocates_only_its_gate_and_entry_once_warm) {
+  // A local will_wait_for (`will_wait_for_chain`, the fan DAGs): the gate and
+  // the queue entry that holds it. The awaited device keeps the wait in a
+  // list of its own, with no resolver and no map node: those two were
+  // allocated here and freed by the other runner on every wait.
+  backend b{backend_options{.num_devices = 2}};
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  auto c1 = b.make_context(d1);
+  constexpr long gate_and_entry = 2;
+  std::vector<long> counts;
+  for (int i = 0; i < 100; ++i) {
+    // d0 held, so that every wait is registered rather than skipped as done.
+    auto release = test_support::block_runner(b, d0);
+    auto e = b.all_work(d0);
+    counts.push_back(allocations_in([&] { b.will_wait_for(c1, e); }));
+    release->open();
+    sync(b, b.all_work(d1));
+  }
+  // The lists that keep the waits grow by doubling and are pruned at 64
+  // entries (d1's list of its gates), keeping their room: warm after that.
+  for (std::size_t i = 70; i < counts.size(); ++i)
+    BOOST_TEST(counts[i] <= gate_and_entry,
+               "wait " << i << " allocated " << counts[i] << " time(s)");
+}
+
+BOOST_AUTO_TEST_CASE(test_hot_path_waits_registered_out_of_order_open_in_seq_order) {
+  // d1 waits for d0's second task, then d2 for its first: the first must
+  // open d2 while the second still runs, whatever the order they came in.
+  backend b{backend_options{.num_devices = 3}};
+  auto d0 = b.get_device(0);
+  auto c1 = b.make_context(b.get_device(1));
+  auto c2 = b.make_context(b.get_device(2));
+  auto first = std::make_shared<test_support::latch_gate>();
+  auto second = std::make_shared<test_support::latch_gate>();
+  b.schedule_task(d0, {"first", [first] { first->wait(); }});
+  auto e_first = b.all_work(d0);
+  b.schedule_task(d0, {"second", [second] { second->wait(); }});
+  auto e_second = b.all_work(d0);
+  b.will_wait_for(c1, e_second);
+  b.schedule_task(c1.device, {"after second", [] {}});
+  b.will_wait_for(c2, e_first);
+  b.schedule_task(c2.device, {"after first", [] {}});
+  first->open();
+  // Bounded: a wait stuck behind the later one would time out here.
+  BOOST_CHECK_NO_THROW(b.all_work(c2.device)
+                         .sync(std::chrono::steady_clock::now() + std::chrono::seconds{30}));
+  BOOST_TEST(!b.all_work(c1.device).is_done());
+  second->open();
+  sync(b, b.all_work(c1.device));
+  BOOST_TEST(b.all_work(c1.device).is_done());
+}
