@@ -358,8 +358,11 @@ private:
   /// Moves the whole queue into `batch` (empty) and makes room; false, taking
   /// nothing, when the queue is empty.
   bool take_batch(std::vector<item>& batch);
-  /// Runner only: moves spent_ into spare_ (what does not fit is freed).
+  /// Runner only: moves spent_ into spare_ (all of it, while memory lasts).
   void hand_back_extras_to_producers() noexcept;
+  /// Runner only, before it sleeps: frees the spare extras beyond
+  /// `spare_extras_max`, kept through a burst.
+  void trim_spare_extras() noexcept;
   /// Sleeps until the queue has items; false when it is empty and stopping.
   bool sleep_until_work();
   void execute(item& it);
@@ -504,11 +507,16 @@ private:
   // frees contends with it for the allocator's arena lock on every item
   // (half of a 4 KiB host copy's time went there): the runner hands back the
   // extras of its last batch's orders as it takes the next (`take_batch`),
-  // and producers of orders take them one by one. Kept off the hot lines
-  // above: tasks that are not orders never touch them.
+  // and producers of orders take them one by one. All of them, however many
+  // a burst had in flight: had the runner freed those beyond a limit while a
+  // producer ahead of it allocated new ones, the two would again contend for
+  // the arena lock on every order (seen as a futex storm that tripled
+  // `copy_4KiB` for a whole sample). The runner frees the excess over
+  // `spare_extras_max` when it goes idle. Kept off the hot lines above:
+  // tasks that are not orders never touch them.
   static constexpr std::size_t spare_extras_max = 1024;
   static constexpr std::size_t hand_back_extras = 16;
-  alignas(64) spin_mutex spare_mu_;
+  alignas(64) mutable spin_mutex spare_mu_;
   std::vector<std::unique_ptr<item_extra>> spare_; // guarded by spare_mu_
   // Runner only, written for every order: a line of its own.
   alignas(64) std::vector<std::unique_ptr<item_extra>> spent_; // for spare_

@@ -26,6 +26,11 @@ sexp device_core::debug_info() const {
          sexp::field("alignment", std::to_string(p->alignment)),
          sexp::field("mode", p->mode ? to_string(*p->mode) : std::string{"none"})}));
   }
+  std::size_t spare;
+  {
+    std::lock_guard guard{spare_mu_};
+    spare = spare_.size();
+  }
   auto err = error();
   auto info = sexp::list({sexp::atom("device"), sexp::field("name", name_),
                           sexp::field("queue_length", std::to_string(s - f)),
@@ -36,6 +41,7 @@ sexp device_core::debug_info() const {
                           sexp::field("parked_on", parked.empty() ? "none" : parked),
                           sexp::field("error", err ? *err : std::string{"none"}),
                           sexp::field("used_memory", std::to_string(used_memory())),
+                          sexp::field("spare_extras", std::to_string(spare)),
                           pools});
   if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
     info.push_back(std::move(extra));

@@ -29,6 +29,7 @@ void device_core::run() {
   auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
   for (;;) {
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
+      trim_spare_extras();
       if (!sleep_until_work())
         return;
     } else if (pending() < coalesce_items) {
@@ -104,23 +105,43 @@ bool device_core::take_batch(std::vector<item>& batch) {
 void device_core::hand_back_extras_to_producers() noexcept {
   // A group at a time, under a lock of their own: handing back each one
   // moves spare_'s lines to this thread and back for every order, and under
-  // mu_ it would take the queue's line from the producers once more. Beyond
-  // the limit they are freed with spent_. spare_ is sized once, its first
-  // time; out of memory, nothing is kept.
+  // mu_ it would take the queue's line from the producers once more. spare_
+  // is sized once, its first time, and grows past that only in a burst;
+  // out of memory, what does not fit is freed.
   {
     std::lock_guard guard{spare_mu_};
-    if (spare_.capacity() == 0) {
-      try {
+    try {
+      if (spare_.capacity() == 0)
         spare_.reserve(spare_extras_max);
-      } catch (...) {
-      }
+      spare_.reserve(spare_.size() + spent_.size());
+    } catch (...) {
     }
     while (!spent_.empty() && spare_.size() < spare_.capacity()) {
       spare_.push_back(std::move(spent_.back()));
       spent_.pop_back();
     }
   }
-  spent_.clear(); // spare_ is full
+  spent_.clear(); // only when memory ran out
+}
+
+void device_core::trim_spare_extras() noexcept {
+  // A slice at a time, so that a producer taking an extra meanwhile waits
+  // for a short section only.
+  constexpr std::size_t slice = 256;
+  for (;;) {
+    std::lock_guard guard{spare_mu_};
+    auto n = spare_.size();
+    if (n <= spare_extras_max) {
+      if (spare_.capacity() > 4 * spare_extras_max) {
+        try {
+          spare_.shrink_to_fit();
+        } catch (...) {
+        }
+      }
+      return;
+    }
+    spare_.resize(std::max(spare_extras_max, n - std::min(n, slice)));
+  }
 }
 
 void device_core::execute(item& it) {

@@ -270,3 +270,46 @@ BOOST_AUTO_TEST_CASE(test_hot_path_waits_registered_out_of_order_open_in_seq_ord
   sync(b, b.all_work(c1.device));
   BOOST_TEST(b.all_work(c1.device).is_done());
 }
+
+BOOST_AUTO_TEST_CASE(test_hot_path_a_burst_of_copies_hands_back_every_extra_until_idle) {
+  // A producer ahead of the runner allocates an extra for each copy beyond
+  // the spares. Had the runner freed what it handed back beyond 1,024 while
+  // the producer still allocated, the two would contend for the allocator's
+  // lock on every copy. It hands back all of them while it has work, and
+  // trims the spares to 1,024 only once it is idle.
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  auto t = test_support::node(1, "burst", 256);
+  std::vector<float> host(256, 2.5f);
+  auto c = b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host}));
+  sync(b, b.all_work(d));
+  auto spare = [&] { return std::stoul(test_support::field_of(b.get_debug_info(d), "spare_extras")); };
+  constexpr std::size_t burst = 3000;
+  auto release = test_support::block_runner(b, d);
+  for (std::size_t i = 0; i < burst; ++i)
+    BOOST_TEST_REQUIRE(b.from_host(c, t, std::as_bytes(std::span{host})));
+  // The runner runs the burst, then `second`, which holds it until `third`
+  // is queued: it takes `third` (handing the burst's extras back) without
+  // going idle in between, and `third` holds it while we look.
+  auto second_started = std::make_shared<test_support::latch_gate>();
+  auto second_release = std::make_shared<test_support::latch_gate>();
+  auto third_started = std::make_shared<test_support::latch_gate>();
+  auto third_release = std::make_shared<test_support::latch_gate>();
+  b.schedule_task(d, {"second", [=] {
+                        second_started->open();
+                        second_release->wait();
+                      }});
+  release->open();
+  BOOST_TEST_REQUIRE(second_started->wait());
+  b.schedule_task(d, {"third", [=] {
+                        third_started->open();
+                        third_release->wait();
+                      }});
+  second_release->open();
+  BOOST_TEST_REQUIRE(third_started->wait());
+  BOOST_TEST(spare() >= burst);
+  third_release->open();
+  sync(b, b.all_work(d));
+  // Idle: trimmed (the runner trims before it sleeps).
+  BOOST_TEST(test_support::eventually([&] { return spare() <= 1024u; }));
+}

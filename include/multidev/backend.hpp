@@ -185,6 +185,11 @@ public:
   /// release still waits for earlier work.
   std::size_t get_used_memory(const device& d) const;
   sexp get_global_debug_info() const;
+  /// `(device (name ..) (queue_length ..) (scheduled ..) (finished ..)
+  /// (pending_waits ..) (waiters ..) (parked_on ..) (error ..) (used_memory ..)
+  /// (spare_extras ..) (pools ..) ...)`: `spare_extras` counts the queue
+  /// entries of copies, zeroings and pool releases kept for reuse (at most
+  /// 1,024 once the device is idle; all of a burst's while it runs).
   /// With tracing on, ends with `(trace (capacity ..) (recorded ..) (dropped
   /// ..) (last (item ..) ...))`: the last 8 items of the runner.
   sexp get_debug_info(const device& d) const;
