@@ -563,6 +563,10 @@ private:
   /// Registers `w` with this (owner) device, or resolves it at once as
   /// `when_resolved` would call a resolver.
   void when_resolved(gate_waiter w);
+  /// Both `when_resolved`s: `enter()` under waiters_mu_ while `seq` is
+  /// pending, else `resolve(cause)` at once (null cause: done).
+  template <class Enter, class Resolve>
+  void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
   /// Opens (or fails) `w`'s gate on its waiting device, if that still lives.
   static void resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept;
   std::atomic<int> gates_pending_{0};

@@ -170,12 +170,13 @@ void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
   update_min_waiter_locked();
 }
 
-void device_core::when_resolved(uint64_t seq, resolver r) {
+template <class Enter, class Resolve>
+void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve) {
   {
     std::unique_lock guard{waiters_mu_};
     auto p = progress_.load(std::memory_order_seq_cst);
     if (p < seq && !closed_) {
-      waiters_.emplace(seq, std::move(r));
+      enter();
       update_min_waiter_locked();
       // Re-check: the runner may have advanced between our load and store
       // without seeing the new minimum. Either it fires us, or we fire here.
@@ -188,44 +189,35 @@ void device_core::when_resolved(uint64_t seq, resolver r) {
   }
   if (finished() >= seq) {
     auto cause = cause_of(seq);
-    invoke(r, cause.get());
+    resolve(cause.get());
   } else {
     auto cause = device_failure("device is shut down");
-    invoke(r, cause.get());
+    resolve(cause.get());
   }
 }
 
+void device_core::when_resolved(uint64_t seq, resolver r) {
+  when_resolved_as(
+    seq, [&] { waiters_.emplace(seq, std::move(r)); },
+    [&](const failure* cause) { invoke(r, cause); });
+}
+
 void device_core::when_resolved(gate_waiter w) {
-  // As the resolver version above, with the gate waiter kept in order.
-  {
-    std::unique_lock guard{waiters_mu_};
-    auto p = progress_.load(std::memory_order_seq_cst);
-    if (p < w.seq && !closed_) {
-      auto seq = w.seq;
+  const auto seq = w.seq;
+  when_resolved_as(
+    seq,
+    [&] {
+      // Kept in seq order: appended in the common case.
       if (gate_waiters_head_ == gate_waiters_.size() || gate_waiters_.back().seq <= seq) {
-        gate_waiters_.push_back(std::move(w)); // the common case: in seq order
-      } else {
-        auto at = std::upper_bound(
-          gate_waiters_.begin() + static_cast<std::ptrdiff_t>(gate_waiters_head_),
-          gate_waiters_.end(), seq,
-          [](uint64_t s, const gate_waiter& x) { return s < x.seq; });
-        gate_waiters_.insert(at, std::move(w));
+        gate_waiters_.push_back(std::move(w));
+        return;
       }
-      update_min_waiter_locked();
-      p = progress_.load(std::memory_order_seq_cst);
-      guard.unlock();
-      if (p >= seq)
-        fire(p);
-      return;
-    }
-  }
-  if (finished() >= w.seq) {
-    auto cause = cause_of(w.seq);
-    resolve_gate_waiter(w, cause.get());
-  } else {
-    auto cause = device_failure("device is shut down");
-    resolve_gate_waiter(w, cause.get());
-  }
+      auto at = std::upper_bound(
+        gate_waiters_.begin() + static_cast<std::ptrdiff_t>(gate_waiters_head_),
+        gate_waiters_.end(), seq, [](uint64_t s, const gate_waiter& x) { return s < x.seq; });
+      gate_waiters_.insert(at, std::move(w));
+    },
+    [&](const failure* cause) { resolve_gate_waiter(w, cause); });
 }
 
 std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>& pred) {

@@ -69,6 +69,18 @@ long allocations_in(F&& f) {
   return allocations;
 }
 
+/// One device with a node of `n` floats placed on it and written from `host`.
+struct one_node {
+  one_node(int id, const char* label, std::size_t n, float value)
+    : t(test_support::node(id, label, n)), host(n, value),
+      c(b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host}))) {}
+  backend b{backend_options{.num_devices = 1}};
+  device d = b.get_device(0);
+  tnode t;
+  std::vector<float> host;
+  context c;
+};
+
 backend_options traced(std::size_t capacity) {
   backend_options o;
   o.num_devices = 1;
@@ -154,11 +166,8 @@ BOOST_AUTO_TEST_CASE(test_hot_path_reused_extras_keep_each_item_its_own_name_and
 }
 
 BOOST_AUTO_TEST_CASE(test_hot_path_reused_extras_release_what_their_items_held) {
-  backend b{backend_options{.num_devices = 1}};
-  auto d = b.get_device(0);
-  auto t = test_support::node(3, "z", 1024);
-  std::vector<float> host(1024, 0.5f);
-  auto c = b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host}));
+  one_node n{3, "z", 1024, 0.5f};
+  auto& [b, d, t, host, c] = n;
   for (int i = 0; i < 4; ++i)
     b.from_host(c, t, std::as_bytes(std::span{host}));
   sync(b, b.all_work(d));
@@ -277,11 +286,8 @@ BOOST_AUTO_TEST_CASE(test_hot_path_a_burst_of_copies_hands_back_every_extra_unti
   // the producer still allocated, the two would contend for the allocator's
   // lock on every copy. It hands back all of them while it has work, and
   // trims the spares to 1,024 only once it is idle.
-  backend b{backend_options{.num_devices = 1}};
-  auto d = b.get_device(0);
-  auto t = test_support::node(1, "burst", 256);
-  std::vector<float> host(256, 2.5f);
-  auto c = b.init_from_host(b.make_context(d), t, std::as_bytes(std::span{host}));
+  one_node n{1, "burst", 256, 2.5f};
+  auto& [b, d, t, host, c] = n;
   sync(b, b.all_work(d));
   auto spare = [&] { return std::stoul(test_support::field_of(b.get_debug_info(d), "spare_extras")); };
   constexpr std::size_t burst = 3000;
