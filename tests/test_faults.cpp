@@ -81,6 +81,11 @@ BOOST_AUTO_TEST_CASE(test_faults_throwing_waiter_does_not_kill_the_runner_or_str
   core->when_done(e.seq(), [&](const std::string* error) { second = error ? 2 : 1; });
   release->open();
   bounded([&] { b.sync(e); }, "sync");
+  // The event is done once the runner publishes its progress; it calls the
+  // waiters just after, on its own thread: wait for the second one's call
+  // (bounded), rather than expect it to have happened already.
+  BOOST_TEST(test_support::eventually([&] { return second.load() != 0; }),
+             "the waiter after the throwing one was never called");
   BOOST_TEST(second.load() == 1);
   // The runner lives on.
   b.schedule_task(d, {"later", [] {}});
