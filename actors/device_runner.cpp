@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "actors/trace.hpp"
 
 namespace multidev::detail {
@@ -110,11 +112,13 @@ void device_core::hand_back_extras_to_producers() noexcept {
   // out of memory, what does not fit is freed.
   {
     std::lock_guard guard{spare_mu_};
-    try {
-      if (spare_.capacity() == 0)
-        spare_.reserve(spare_extras_max);
-      spare_.reserve(spare_.size() + spent_.size());
-    } catch (...) {
+    // Doubling: reserve alone grows to exactly what is asked, and a burst
+    // handed back 16 at a time would move the whole list every time.
+    if (auto need = spare_.size() + spent_.size(); need > spare_.capacity()) {
+      try {
+        spare_.reserve(std::max({need, 2 * spare_.capacity(), spare_extras_max}));
+      } catch (...) {
+      }
     }
     while (!spent_.empty() && spare_.size() < spare_.capacity()) {
       spare_.push_back(std::move(spent_.back()));
@@ -128,6 +132,7 @@ void device_core::trim_spare_extras() noexcept {
   // A slice at a time, so that a producer taking an extra meanwhile waits
   // for a short section only.
   constexpr std::size_t slice = 256;
+  static_assert(slice <= spare_extras_max); // so n - slice below cannot wrap
   for (;;) {
     std::lock_guard guard{spare_mu_};
     auto n = spare_.size();
@@ -140,7 +145,7 @@ void device_core::trim_spare_extras() noexcept {
       }
       return;
     }
-    spare_.resize(std::max(spare_extras_max, n - std::min(n, slice)));
+    spare_.resize(std::max(spare_extras_max, n - slice));
   }
 }
 
