@@ -463,29 +463,39 @@ struct actor_stopper {
 /// hop is compared with. Build and destroy on one thread (NOTES.md, pitfall 9).
 /// On the work-sharing scheduler both actors run on its workers, and most
 /// hops stay on the worker that sent them: the receiver is queued while the
-/// sender's worker is still awake to take it. `detached`: each actor on a
-/// thread of its own (`caf::detached`), so that every hop crosses threads,
-/// as every multidev hop between two devices does.
+/// sender's worker is still awake to take it. `with_detached`: a second pair
+/// in the same system, each actor on a thread of its own (`caf::detached`),
+/// so that every hop crosses threads, as every multidev hop between two
+/// devices does.
 class caf_ping_pong {
 public:
-  caf_ping_pong(const backend_options& opts, bool detached) {
+  caf_ping_pong(const backend_options& opts, bool with_detached) {
     configure_like_backend(cfg_, opts);
     sys_.emplace(cfg_);
-    if (detached) {
-      a_.a = sys_->spawn<caf::detached>(hop_player, &done_);
-      b_.a = sys_->spawn<caf::detached>(hop_player, &done_);
-    } else {
-      a_.a = sys_->spawn(hop_player, &done_);
-      b_.a = sys_->spawn(hop_player, &done_);
-    }
+    spawn_pair<caf::no_spawn_options>(sharing_);
+    if (with_detached)
+      spawn_pair<caf::detached>(detached_);
   }
-  double ns_per_hop(int hops) { return hop_seconds(a_.a, b_.a, done_, hops) * 1e9 / hops; }
+  double ns_per_hop(int hops) { return ns_per_hop(sharing_, hops); }
+  double ns_per_hop_detached(int hops) { return ns_per_hop(detached_, hops); }
 
 private:
+  struct pair {
+    actor_stopper a, b;
+  };
+  template <caf::spawn_options Os>
+  void spawn_pair(pair& p) {
+    p.a.a = sys_->spawn<Os>(hop_player, &done_);
+    p.b.a = sys_->spawn<Os>(hop_player, &done_);
+  }
+  double ns_per_hop(const pair& p, int hops) {
+    return hop_seconds(p.a.a, p.b.a, done_, hops) * 1e9 / hops;
+  }
+
   caf::actor_system_config cfg_;
   std::optional<caf::actor_system> sys_;
   hop_counter done_;
-  actor_stopper a_, b_;
+  pair sharing_, detached_; // stopped before sys_ goes
 };
 
 // -- remote baselines ------------------------------------------------------------
@@ -1237,11 +1247,9 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
   }
   int hops = o.quick ? 2'000 : 20'000;
   // The CAF system and its two actors only when a figure needs them.
-  std::optional<caf_ping_pong> caf_hops, caf_detached_hops;
+  std::optional<caf_ping_pong> caf_hops;
   if (wanted("will_wait_for_chain") || wanted("will_wait_for_chain_scheduled"))
-    caf_hops.emplace(opts, false);
-  if (wanted("will_wait_for_chain"))
-    caf_detached_hops.emplace(opts, true);
+    caf_hops.emplace(opts, wanted("will_wait_for_chain"));
   auto atomic_hop = [&] { return atomic_ping_pong_ns_per_hop(hops); };
   auto caf_hop = [&] { return caf_hops->ns_per_hop(hops); };
   int starpu_hops = std::max(1, hops / 10);
@@ -1253,7 +1261,7 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
             [&] { return peers::tbb_ns_per_hop(hops); }, tbb_missing()},
            {"will_wait_for_chain", "CAF actor ping-pong (sharing)", 1.0, caf_hop},
            {"will_wait_for_chain", "CAF actor ping-pong (detached)", std::nullopt,
-            [&] { return caf_detached_hops->ns_per_hop(hops); }},
+            [&] { return caf_hops->ns_per_hop_detached(hops); }},
            {"will_wait_for_chain", "StarPU read-write chain on one handle", 1.0,
             [&] { return peers::starpu_ns_per_hop(starpu_hops); }, starpu_missing()}});
   compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, false); },
@@ -1261,7 +1269,6 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
             atomic_hop},
            {"will_wait_for_chain_scheduled", "CAF actor ping-pong (sharing)", 2.5, caf_hop}});
   caf_hops.reset();
-  caf_detached_hops.reset();
   std::size_t mib = 64;
   std::size_t bytes = mib << 20;
   auto copy_name = [mib](const char* what) { return fmt::format("{}_{}MiB", what, mib); };
