@@ -76,7 +76,8 @@ public:
   /// submitted to the device's stream and not yet resolved (at least 1).
   device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
               std::size_t queue_capacity, std::shared_ptr<result_board> results,
-              std::size_t trace_capacity = 0, std::size_t max_in_flight = 64);
+              std::size_t trace_capacity = 0, std::size_t max_in_flight = 64,
+              bool hand_over = true);
   /// Drains and joins (see `shutdown`).
   ~device_core();
 
@@ -175,6 +176,17 @@ public:
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
   bool runner_sleeping() const noexcept { return sleeping_.load() != awake; }
+  /// Items of this device that another device's runner ran, having opened
+  /// the wait this device was parked on (see `hand_over`); for tests and
+  /// diagnostics.
+  uint64_t items_run_by_others() const noexcept {
+    return run_by_others_.load(std::memory_order_relaxed);
+  }
+  /// Who may run this device's items now: `"runner"` (its runner thread),
+  /// `"lendable"` (parked at a wait: whoever opens it may), `"lent"`
+  /// (another device's runner runs them), `"returned"` (back to the runner,
+  /// which has yet to take it). For tests and diagnostics.
+  const char* hand_over_state() const noexcept;
   /// Blocks until `seq` is done; throws `device_error` if it failed,
   /// `deadlock_error` when called from this runner on a seq ahead of it,
   /// `std::invalid_argument` when `seq` was never scheduled.
@@ -307,6 +319,8 @@ private:
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
   static constexpr std::size_t prefetch_items = 6;
+  /// How many entries ahead the runner prefetches an entry's extra.
+  static constexpr std::size_t prefetch_extras = 3;
   /// On an asynchronous driver: one item between its start and its
   /// resolution, in a window of `window_` slots reused in seq order.
   struct flight {
@@ -355,6 +369,35 @@ private:
   device_error refusal_locked() const;
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
+  /// Runner only (sync drivers): runs `batch_` from `pos_` until it is spent
+  /// or reaches a pending gate; `first`: the batch was just taken (trace).
+  void run_batch(bool first);
+  /// The token holder (sync drivers): runs `batch_[pos_]`, a task, or a gate
+  /// that ended, and moves past it.
+  void run_item(bool first_in_batch);
+  /// The token holder: prefetches the entries after `pos_` (see
+  /// `prefetch_items`, `prefetch_extras`).
+  void prefetch_ahead() const noexcept;
+  /// Whether the gate `g`, item `seq` here, no longer holds this device:
+  /// opened, failed, or dropped.
+  bool gate_ended(const gate& g, uint64_t seq) const noexcept;
+  /// The pending gate at `batch_[pos_]`, if that is one. Token holder only.
+  gate* pending_gate_at_pos() const noexcept;
+  /// The runner, at a pending gate at `batch_[pos_]`: serves the device it
+  /// claimed, if any, then waits until the gate ends or the token comes
+  /// back from a device that ran this one's items. Returns holding the token.
+  void park();
+  /// Token holder, parked at the pending gate `g`: lets a device that opens
+  /// it run this one's items (`exec_` lendable). Returns the park's number
+  /// (`parks_`).
+  uint32_t release_parked(gate& g) noexcept;
+  /// On another device's runner, holding this device's token: runs its items
+  /// until `until` (the lender's gate) ends, or this device reaches a
+  /// pending gate or has nothing queued; then hands the token back.
+  void serve(const device_core& lender, const gate& until, uint64_t until_seq);
+  /// A device that ran this one's items gives the token back: lendable when
+  /// this one is parked at a pending gate, otherwise to its runner (woken).
+  void hand_back() noexcept;
   /// Moves the whole queue into `batch` (empty) and makes room; false, taking
   /// nothing, when the queue is empty.
   bool take_batch(std::vector<item>& batch);
@@ -368,7 +411,9 @@ private:
   void execute(item& it);
   /// `execute` timed into the trace; `first_in_batch`: the runner did other
   /// things since the last item, so the start needs a clock read of its own.
-  void execute_traced(item& it, bool first_in_batch);
+  /// `start_ns`, when not 0: when the item's record starts (a gate's: when
+  /// the device parked at it).
+  void execute_traced(item& it, bool first_in_batch, int64_t start_ns = 0);
   /// Records the item `execute_traced` (or `retire`) is resolving, if any,
   /// as `seq`, ended now (or at the end `trace_ring::begin` was given);
   /// `complete` and `poison` call it before the item's event resolves.
@@ -569,6 +614,11 @@ private:
   void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
   /// Opens (or fails) `w`'s gate on its waiting device, if that still lives.
   static void resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept;
+  /// In `fire`, on this device's own runner: if the next item here is a
+  /// pending gate on `w`'s device, and that device is parked at `w`'s gate,
+  /// takes its token and opens the gate without waking its runner; this
+  /// runner then runs its items (`serve`) instead of sleeping. Whether it did.
+  bool try_claim(const gate_waiter& w) noexcept;
   std::atomic<int> gates_pending_{0};
   const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
@@ -598,6 +648,38 @@ private:
   alignas(64) std::atomic<uint64_t> stream_failed_at_{0};
   // Destroyed before the members its completions touch, after the runner.
   std::unique_ptr<stream> stream_;
+
+  // Hand-over (sync drivers): who runs this device's items. A device's items
+  // run one at a time, in order, by whoever holds its token: its runner
+  // (`held`), or, while the runner is parked at a wait (`lendable`), the
+  // runner of the device that opens the wait when that runner would itself
+  // park next on a wait for this device (`lent`): a dependency hop between
+  // two devices then stays on one thread, as a message between two CAF
+  // actors of one worker does. `returned`: the runner takes it back.
+  enum exec_state : uint8_t { held, lendable, lent, returned };
+  bool hand_over_ = true; // set before the runner starts
+  alignas(64) std::atomic<uint8_t> exec_{held};
+  // The batch being run and the next item in it: the token holder's.
+  std::vector<item> batch_;
+  std::size_t pos_ = 0;
+  // The runner's: the batch `try_claim` replaced while its last item ran.
+  std::vector<item> spent_batch_;
+  // The token holder's: the gate it left this device parked at (lendable),
+  // and when the device parked there (for the trace; 0 when not tracing).
+  gate* parked_gate_ = nullptr;
+  int64_t parked_ns_ = 0;
+  // Counts the parks that made the token lendable: the runner waiting
+  // without the token tells from it whether the device is still parked
+  // where it left it.
+  std::atomic<uint32_t> parks_{0};
+  /// The token holder: records `g` as the wait this device is parked at
+  /// (`parked_on_`, for the wait graph and debug info).
+  void mark_parked(const gate* g) noexcept;
+  /// The runner's wait at a pending gate when hand-over is off.
+  void wait_at_gate(const gate& g, uint64_t seq);
+  // This runner's: a device whose token `try_claim` took, to `serve`.
+  std::shared_ptr<device_core> claimed_;
+  std::atomic<uint64_t> run_by_others_{0};
 
   std::thread thread_;
 };

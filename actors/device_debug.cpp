@@ -5,6 +5,19 @@
 
 namespace multidev::detail {
 
+const char* device_core::hand_over_state() const noexcept {
+  switch (exec_.load(std::memory_order_acquire)) {
+  case lendable:
+    return "lendable";
+  case lent:
+    return "lent";
+  case returned:
+    return "returned";
+  default:
+    return "runner";
+  }
+}
+
 sexp device_core::debug_info() const {
   auto s = scheduled();
   auto f = finished();
@@ -42,6 +55,8 @@ sexp device_core::debug_info() const {
                           sexp::field("error", err ? *err : std::string{"none"}),
                           sexp::field("used_memory", std::to_string(used_memory())),
                           sexp::field("spare_extras", std::to_string(spare)),
+                          sexp::field("run_by", hand_over_state()),
+                          sexp::field("run_by_others", std::to_string(items_run_by_others())),
                           pools});
   if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
     info.push_back(std::move(extra));

@@ -148,7 +148,10 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   for (auto& [seq, r] : due)
     outcome(seq, [&](const failure* c) { invoke(r, c); });
   while (has_gate) {
-    outcome(gw.seq, [&](const failure* c) { resolve_gate_waiter(gw, c); });
+    outcome(gw.seq, [&](const failure* c) {
+      if (c || !try_claim(gw))
+        resolve_gate_waiter(gw, c);
+    });
     gw = gate_waiter{};
     std::lock_guard guard{waiters_mu_};
     has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw);

@@ -20,6 +20,12 @@ constexpr int coalesce_pauses = 64;
 
 } // namespace
 
+namespace {
+/// Set while this runner thread runs another device's items (`serve`): it
+/// claims nothing more until it is back on its own device.
+thread_local bool serving_other = false;
+} // namespace
+
 void device_core::run() {
   current_runner = this;
   runner_awake counted; // in awake_runners while this thread runs
@@ -27,9 +33,17 @@ void device_core::run() {
     run_async();
     return;
   }
-  std::vector<item> batch;
   auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
   for (;;) {
+    if (pos_ < batch_.size()) {
+      // Parked at a wait: back with the token once it ended, or once a
+      // device that ran items here handed the token back.
+      park();
+      run_batch(false);
+      continue;
+    }
+    batch_.clear();
+    pos_ = 0;
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
       trim_spare_extras();
       if (!sleep_until_work())
@@ -42,29 +56,270 @@ void device_core::run() {
         for (int j = 0; j < 16; ++j)
           cpu_relax();
     }
-    if (!take_batch(batch)) {
+    if (!take_batch(batch_)) {
       if (stopping())
         return;
       continue;
     }
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      // The entries were just written on the producer's core: fetch ahead.
-      if (i + prefetch_items < batch.size())
-        __builtin_prefetch(&batch[i + prefetch_items], 0, 3);
-      if (trace_) [[unlikely]]
-        execute_traced(batch[i], i == 0);
-      else
-        execute(batch[i]);
-      // An order's extra is kept for reuse (see spare_). Gates' and described
-      // tasks' extras are freed with the batch: reusing them made a
-      // will_wait_for hop slower (a fresh extra comes warm from the
-      // producer's own cache, a reused one cold from the runner's), with no
-      // allocator contention to win back.
-      if (batch[i].extra && batch[i].extra->is_order())
-        recycle(batch[i]);
-    }
-    batch.clear();
+    run_batch(true);
   }
+}
+
+void device_core::run_batch(bool first) {
+  while (pos_ < batch_.size()) {
+    if (claimed_) [[unlikely]] {
+      // The last item opened the wait of a device that this one waits for
+      // next: run that device's items here rather than wake its runner and
+      // sleep (see exec_).
+      auto other = std::move(claimed_);
+      if (auto* g = pending_gate_at_pos()) {
+        mark_parked(g);
+        other->serve(*this, *g, executed_ + 1);
+      } else {
+        other->hand_back();
+      }
+      first = false;
+      continue;
+    }
+    if (pending_gate_at_pos())
+      return; // park
+    prefetch_ahead();
+    run_item(first);
+    first = false;
+    if (!spent_batch_.empty()) [[unlikely]]
+      spent_batch_.clear(); // `try_claim` took the next batch early
+  }
+}
+
+void device_core::prefetch_ahead() const noexcept {
+  // The entries, and what a wait's entry points to, were just written on
+  // the producer's core: fetch them ahead, each level once the one before
+  // it has had time to arrive.
+  auto n = batch_.size();
+  if (pos_ + prefetch_items < n)
+    __builtin_prefetch(&batch_[pos_ + prefetch_items], 0, 3);
+  if (pos_ + prefetch_extras < n)
+    if (auto* x = batch_[pos_ + prefetch_extras].extra.get())
+      __builtin_prefetch(x, 1, 3);
+  if (pos_ + 1 < n)
+    if (auto* x = batch_[pos_ + 1].extra.get(); x && x->g)
+      __builtin_prefetch(x->g.get(), 1, 3);
+}
+
+void device_core::run_item(bool first_in_batch) {
+  auto& it = batch_[pos_++];
+  if (trace_) [[unlikely]] {
+    auto start = it.as_gate() ? std::exchange(parked_ns_, 0) : 0;
+    execute_traced(it, first_in_batch, start);
+  } else {
+    execute(it);
+  }
+  // An order's extra is kept for reuse (see spare_). Gates' and described
+  // tasks' extras are freed with the batch: reusing them made a
+  // will_wait_for hop slower (a fresh extra comes warm from the producer's
+  // own cache, a reused one cold from the runner's), with no allocator
+  // contention to win back.
+  if (it.extra && it.extra->is_order())
+    recycle(it);
+}
+
+bool device_core::gate_ended(const gate& g, uint64_t seq) const noexcept {
+  auto st = g.state.load(std::memory_order_seq_cst);
+  return st == gate::open || st == gate::failed ||
+         seq <= drop_upto_.load(std::memory_order_seq_cst);
+}
+
+gate* device_core::pending_gate_at_pos() const noexcept {
+  if (pos_ >= batch_.size())
+    return nullptr;
+  auto* g = batch_[pos_].as_gate();
+  return g && !gate_ended(*g, executed_ + 1) ? g : nullptr;
+}
+
+void device_core::mark_parked(const gate* g) noexcept {
+  if (parked_on_ == g)
+    return;
+  if (g && trace_) [[unlikely]]
+    parked_ns_ = trace_->clock().now();
+  std::lock_guard guard{waiters_mu_};
+  parked_on_ = g;
+}
+
+void device_core::park() {
+  for (;;) {
+    auto* g = pending_gate_at_pos();
+    if (!g)
+      return;
+    auto seq = executed_ + 1;
+    mark_parked(g);
+    if (!hand_over_) {
+      wait_at_gate(*g, seq);
+      continue;
+    }
+    // Kept alive while this thread waits without the token: whoever holds
+    // it may take a new batch and free this one.
+    auto keep = batch_[pos_].extra->g;
+    auto mine = release_parked(*g);
+    // Whether to take the token back: it was returned, or this runner's wait
+    // ended, or someone that ran items here parked the device at another
+    // wait (which only the token holder may look at).
+    auto ready = [&] {
+      auto st = exec_.load(std::memory_order_seq_cst);
+      return st == returned ||
+             (st == lendable && (parks_.load(std::memory_order_seq_cst) != mine ||
+                                 gate_ended(*keep, seq)));
+    };
+    // Spins only while the wait is this runner's own: once the token is
+    // lent, whoever holds it rings this runner when it must act.
+    auto lent_or_ready = [&] {
+      return exec_.load(std::memory_order_relaxed) == lent || ready();
+    };
+    bool spin = true;
+    for (;;) {
+      if (!(spin && spin_on_gate(lent_or_ready) && ready())) {
+        for (;;) {
+          auto b = bell_.load();
+          sleeping_.store(on_gate, std::memory_order_seq_cst);
+          if (ready())
+            break;
+          runner_asleep asleep;
+          bell_.wait(b);
+        }
+        sleeping_.store(awake, std::memory_order_relaxed);
+      }
+      spin = false;
+      auto st = exec_.load(std::memory_order_seq_cst);
+      if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst))
+        break; // holding the token again: look at where the device is now
+    }
+  }
+}
+
+void device_core::wait_at_gate(const gate& g, uint64_t seq) {
+  // A cancel or kill while parked ends the wait too (it rings the bell).
+  auto ended = [&] { return gate_ended(g, seq); };
+  if (spin_on_gate(ended))
+    return;
+  for (;;) {
+    auto b = bell_.load();
+    sleeping_.store(on_gate, std::memory_order_seq_cst);
+    if (ended())
+      break;
+    runner_asleep asleep;
+    bell_.wait(b);
+  }
+  sleeping_.store(awake, std::memory_order_relaxed);
+}
+
+uint32_t device_core::release_parked(gate& g) noexcept {
+  auto seq = executed_ + 1;
+  parked_gate_ = &g;
+  auto n = parks_.load(std::memory_order_relaxed) + 1;
+  parks_.store(n, std::memory_order_relaxed); // published by the token's release
+  exec_.store(lendable, std::memory_order_seq_cst);
+  // Against an opener that found the token held and fell back to ringing
+  // (Dekker: it stores the gate's state, then tries the token): whoever
+  // sleeps on this device must see the wait ended.
+  if (gate_ended(g, seq))
+    ring();
+  return n;
+}
+
+bool device_core::try_claim(const gate_waiter& w) noexcept {
+  // Only this device's own runner, running its own items: it holds its
+  // token, and batch_[pos_] is its next item.
+  if (!hand_over_ || current_runner != this || serving_other || claimed_)
+    return false;
+  if (pos_ == batch_.size() && spent_batch_.empty() &&
+      scheduled_.load(std::memory_order_acquire) != taken_) {
+    // The next item is queued, not yet taken: take it now. The item running
+    // (in this batch) stays where it is until `run_batch` frees the batch.
+    batch_.swap(spent_batch_);
+    pos_ = 0;
+    take_batch(batch_);
+  }
+  auto* next = pending_gate_at_pos();
+  // Its next item waits for w's device (owner equality without touching
+  // the counts); a wait on any other device could open while this runner
+  // is busy with w's items, and this device would wait for nothing.
+  if (!next || next->remote || next->owner.owner_before(w.waiter) ||
+      w.waiter.owner_before(next->owner))
+    return false;
+  auto other = w.waiter.lock();
+  if (!other || !other->hand_over_)
+    return false;
+  auto st = uint8_t{lendable};
+  if (!other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
+    return false;
+  // Holding its token: it stays where it is.
+  int expected = gate::pending;
+  if (other->parked_gate_ != w.g.get() ||
+      !w.g->state.compare_exchange_strong(expected, gate::resolving)) {
+    other->hand_back();
+    return false;
+  }
+  w.g->state.store(gate::open, std::memory_order_seq_cst); // its runner is not rung
+  claimed_ = std::move(other);
+  return true;
+}
+
+void device_core::serve(const device_core& lender, const gate& until, uint64_t until_seq) {
+  current_runner = this;
+  serving_other = true;
+  bool first = false;
+  uint64_t ran = 0;
+  for (;;) {
+    if (pos_ == batch_.size()) {
+      batch_.clear();
+      pos_ = 0;
+      if (!take_batch(batch_))
+        break;
+      first = true;
+    }
+    if (pending_gate_at_pos())
+      break;
+    prefetch_ahead();
+    run_item(first);
+    first = false;
+    ++ran;
+    if (lender.gate_ended(until, until_seq))
+      break;
+  }
+  run_by_others_.store(run_by_others_.load(std::memory_order_relaxed) + ran,
+                       std::memory_order_relaxed);
+  serving_other = false;
+  current_runner = &lender;
+  hand_back();
+}
+
+void device_core::hand_back() noexcept {
+  if (pos_ == batch_.size() && scheduled_.load(std::memory_order_acquire) != taken_) {
+    // Where the device stands is in the items queued since: most often the
+    // next wait of a chain, where it parks lendable again.
+    batch_.clear();
+    pos_ = 0;
+    take_batch(batch_);
+  }
+  if (auto* g = pending_gate_at_pos()) {
+    mark_parked(g);
+    release_parked(*g);
+    return;
+  }
+  if (pos_ == batch_.size()) {
+    batch_.clear(); // what the items held goes now, not when the runner wakes
+    pos_ = 0;
+    std::lock_guard guard{mu_};
+    exec_.store(returned, std::memory_order_seq_cst);
+    if (queue_.empty() && !stopping_) {
+      // Nothing to run: a producer rings the runner as for any idle device.
+      auto expected = uint8_t{on_gate};
+      sleeping_.compare_exchange_strong(expected, for_work, std::memory_order_seq_cst);
+      return;
+    }
+  } else {
+    exec_.store(returned, std::memory_order_seq_cst);
+  }
+  ring();
 }
 
 bool device_core::sleep_until_work() {
@@ -157,31 +412,9 @@ void device_core::execute(item& it) {
     return;
   }
   if (auto* gp = it.as_gate()) {
+    // Ended: the runner parked until it did (`park`).
     auto& g = *gp;
-    {
-      std::lock_guard guard{waiters_mu_};
-      parked_on_ = &g;
-    }
-    // A cancel or kill while parked ends the wait too (it rings the bell).
-    auto ended = [&] {
-      auto st = g.state.load(std::memory_order_seq_cst);
-      return st == gate::open || st == gate::failed ||
-             seq <= drop_upto_.load(std::memory_order_seq_cst);
-    };
-    spin_on_gate(ended);
-    for (;;) {
-      auto b = bell_.load();
-      sleeping_.store(on_gate, std::memory_order_seq_cst);
-      if (ended())
-        break;
-      runner_asleep asleep;
-      bell_.wait(b);
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
-    {
-      std::lock_guard guard{waiters_mu_};
-      parked_on_ = nullptr;
-    }
+    mark_parked(nullptr);
     if (g.state.load() != gate::open && seq <= drop_upto_.load()) {
       drop(it, seq); // counts the gate off
       return;

@@ -9,7 +9,9 @@
 /// `context.hpp`.
 ///
 /// Threads: every `backend` member may be called from any thread, including
-/// from tasks running on a runner. Tasks run on their device's runner thread.
+/// from tasks running on a runner. A device's tasks run one at a time, in
+/// order, on its runner thread, or on the runner thread of a device that
+/// waits for them (`backend_options::hand_over`).
 ///
 /// Devices of other processes. A device is reached through an endpoint: its
 /// core when it lives in this process, its actor when it lives in another
@@ -55,7 +57,7 @@ namespace multidev {
 
 /// How a backend is built.
 struct backend_options {
-  /// Driver kind: `"cpu"` (tasks run on the device's runner thread),
+  /// Driver kind: `"cpu"` (tasks run on a runner thread, see `hand_over`),
   /// `"cuda"` (backend `multidev_cuda`: the GPUs, through the CUDA runtime;
   /// no device where there is no GPU, and `static_properties` says why),
   /// `"fake"` (for tests: an asynchronous device whose items complete on a
@@ -84,6 +86,16 @@ struct backend_options {
   /// Records each device's runner trace keeps (its last items, see
   /// `backend::trace`); 0, the default, turns tracing off.
   std::size_t trace_capacity = 0;
+  /// Whether a device's items may run on another device's runner thread
+  /// (synchronous drivers). When a device's next item waits for a device
+  /// that is parked at a wait its last item just opened, its runner runs
+  /// that device's items itself, one at a time and in their order, until
+  /// its own wait opens or that device parks again, instead of waking the
+  /// other runner and sleeping: a dependency hop then stays on one thread.
+  /// The runner lends itself only when it would otherwise wait for those
+  /// very items, so no device waits longer than it would without. Off: each
+  /// device's items run on its own runner thread only.
+  bool hand_over = true;
 };
 
 /// One instance of the Multidev signature: devices of one driver kind.
@@ -187,9 +199,13 @@ public:
   sexp get_global_debug_info() const;
   /// `(device (name ..) (queue_length ..) (scheduled ..) (finished ..)
   /// (pending_waits ..) (waiters ..) (parked_on ..) (error ..) (used_memory ..)
-  /// (spare_extras ..) (pools ..) ...)`: `spare_extras` counts the queue
-  /// entries of copies, zeroings and pool releases kept for reuse (at most
-  /// 1,024 once the device is idle; all of a burst's while it runs).
+  /// (spare_extras ..) (run_by ..) (run_by_others ..) (pools ..) ...)`:
+  /// `spare_extras` counts the queue entries of copies, zeroings and pool
+  /// releases kept for reuse (at most 1,024 once the device is idle; all of
+  /// a burst's while it runs); `run_by` says who runs the device's items now
+  /// (`runner`, `lendable`: parked at a wait whose opener may run them,
+  /// `lent`: another device's runner does, `returned`) and `run_by_others`
+  /// how many items another runner ran (`backend_options::hand_over`).
   /// With tracing on, ends with `(trace (capacity ..) (recorded ..) (dropped
   /// ..) (last (item ..) ...))`: the last 8 items of the runner.
   sexp get_debug_info(const device& d) const;

@@ -66,7 +66,7 @@ struct kernel_def {
   /// or scheduled, and is refused where the device has no merge buffer or one
   /// smaller than that parameter.
   int merge_buffer_param = -1;
-  /// Runs on the device's runner thread; throwing fails the device.
+  /// Runs as a task of the device (`task`); throwing fails the device.
   std::function<void(kernel_call&)> body;
   /// One line for `--help` and docs.
   std::string doc;

@@ -19,7 +19,9 @@ namespace multidev {
 
 /// A unit of work for one device's runner (OCANNL's `Task.t`): a description
 /// plus the work, and optionally a value kept alive while the task lives.
-/// The work runs on the device's runner thread; if it throws, the device fails.
+/// The work runs on the device's runner thread (or, with
+/// `backend_options::hand_over`, on that of a device waiting for it), one
+/// task at a time, in the device's order; if it throws, the device fails.
 /// `keep_alive` (and the work's captures, when the task has a description or
 /// a `keep_alive`) are released before the task's event is done; a bare
 /// closure's captures go by the end of the runner's current batch.
