@@ -620,7 +620,12 @@ private:
   /// runner then runs its items (`serve`) instead of sleeping. Whether it did.
   bool try_claim(const gate_waiter& w) noexcept;
   std::atomic<int> gates_pending_{0};
-  const gate* parked_on_ = nullptr; // set by the runner under waiters_mu_
+  // The gate the device is parked at, if any: written by the token holder,
+  // read under waiters_mu_ and only compared with gates_' entries (a reader
+  // that dereferenced it could find it freed). Atomic, not guarded: a hop
+  // of a chain parks and unparks both devices, and four mutex round trips a
+  // hop showed in its cost.
+  std::atomic<const gate*> parked_on_{nullptr};
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
   std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_

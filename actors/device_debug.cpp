@@ -26,8 +26,14 @@ sexp device_core::debug_info() const {
   {
     std::lock_guard guard{waiters_mu_};
     waiting = waiters_.size() + (gate_waiters_.size() - gate_waiters_head_);
-    if (parked_on_)
-      parked = parked_on_->what();
+    // Named through the list of pending gates, which keeps them alive: the
+    // parked one may be passed and freed meanwhile.
+    if (auto* p = parked_on_.load(std::memory_order_acquire))
+      for (const auto& w : gates_)
+        if (auto g = w.lock(); g && g.get() == p) {
+          parked = g->what();
+          break;
+        }
   }
   auto pools = sexp::list({sexp::atom("pools")});
   {

@@ -112,7 +112,7 @@ std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parke
         out.push_back(std::move(g));
     }
   if (parked)
-    *parked = parked_on_;
+    *parked = parked_on_.load(std::memory_order_acquire);
   return out;
 }
 

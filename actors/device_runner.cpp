@@ -137,12 +137,11 @@ gate* device_core::pending_gate_at_pos() const noexcept {
 }
 
 void device_core::mark_parked(const gate* g) noexcept {
-  if (parked_on_ == g)
+  if (parked_on_.load(std::memory_order_relaxed) == g)
     return;
   if (g && trace_) [[unlikely]]
     parked_ns_ = trace_->clock().now();
-  std::lock_guard guard{waiters_mu_};
-  parked_on_ = g;
+  parked_on_.store(g, std::memory_order_release);
 }
 
 void device_core::park() {
@@ -619,8 +618,7 @@ void device_core::run_async() {
       return;
     if (g && trace_) [[unlikely]]
       parked_ns = trace_->clock().now();
-    std::lock_guard guard{waiters_mu_};
-    parked_on_ = parked = g;
+    parked_on_.store(parked = g, std::memory_order_release);
   };
   for (;;) {
     settle_gated();
