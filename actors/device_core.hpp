@@ -515,6 +515,8 @@ private:
   // Producer side: append under mu_; the runner swaps the whole vector out.
   alignas(64) mutable spin_mutex mu_;
   std::vector<item> queue_;
+  // Entries in queue_ with an extra (a wait, an order, a described task).
+  std::size_t extras_queued_ = 0;
   std::atomic<uint64_t> scheduled_{0};
   // The runner sleeps on bell_ when sleeping_ is set; whoever clears it
   // rings. A producer rings only a runner that sleeps for work: one parked
@@ -664,9 +666,12 @@ private:
   enum exec_state : uint8_t { held, lendable, lent, returned };
   bool hand_over_ = true; // set before the runner starts
   alignas(64) std::atomic<uint8_t> exec_{held};
-  // The batch being run and the next item in it: the token holder's.
+  // The batch being run and the next item in it, and whether any of its
+  // entries has an extra (bare closures need no look ahead at those): the
+  // token holder's.
   std::vector<item> batch_;
   std::size_t pos_ = 0;
+  bool batch_has_extras_ = false;
   // The runner's: the batch `try_claim` replaced while its last item ran.
   std::vector<item> spent_batch_;
   // The token holder's: the gate it left this device parked at (lendable),

@@ -20,6 +20,7 @@ namespace multidev::detail {
       wait_for_room_locked(lk);
     if (failed_ || stopping_) [[unlikely]]
       throw refusal_locked();
+    extras_queued_ += it.extra != nullptr;
     queue_.push_back(std::move(it));
     // The next entries' lines were last read by the runner (the buffers swap
     // back and forth): ask for them now, so the transfer overlaps this push.

@@ -98,6 +98,10 @@ void device_core::prefetch_ahead() const noexcept {
   auto n = batch_.size();
   if (pos_ + prefetch_items < n)
     __builtin_prefetch(&batch_[pos_ + prefetch_items], 0, 3);
+  // Looking at an entry's extra reads the entry: not for a batch of bare
+  // closures, whose entries are read only when they run.
+  if (!batch_has_extras_)
+    return;
   if (pos_ + prefetch_extras < n)
     if (auto* x = batch_[pos_ + prefetch_extras].extra.get())
       __builtin_prefetch(x, 1, 3);
@@ -347,6 +351,8 @@ bool device_core::take_batch(std::vector<item>& batch) {
       return false;
     batch.swap(queue_);
     taken_ += batch.size();
+    batch_has_extras_ = extras_queued_ != 0;
+    extras_queued_ = 0;
     if (producers_waiting_ > 0)
       room_.notify_all();
     wants_room = static_cast<bool>(room_cb_);
