@@ -687,6 +687,10 @@ private:
   void mark_parked(const gate* g) noexcept;
   /// The runner's wait at a pending gate when hand-over is off.
   void wait_at_gate(const gate& g, uint64_t seq);
+  /// The runner, parked: sleeps on its doorbell, marked `on_gate`, until
+  /// `ready()` holds (checked after each ring).
+  template <class Pred>
+  void sleep_on_gate_until(Pred ready);
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
   std::atomic<uint64_t> run_by_others_{0};

@@ -148,6 +148,19 @@ void device_core::mark_parked(const gate* g) noexcept {
   parked_on_.store(g, std::memory_order_release);
 }
 
+template <class Pred>
+void device_core::sleep_on_gate_until(Pred ready) {
+  for (;;) {
+    auto b = bell_.load();
+    sleeping_.store(on_gate, std::memory_order_seq_cst);
+    if (ready())
+      break;
+    runner_asleep asleep;
+    bell_.wait(b);
+  }
+  sleeping_.store(awake, std::memory_order_relaxed);
+}
+
 void device_core::park() {
   for (;;) {
     auto* g = pending_gate_at_pos();
@@ -179,17 +192,8 @@ void device_core::park() {
     };
     bool spin = true;
     for (;;) {
-      if (!(spin && spin_on_gate(lent_or_ready) && ready())) {
-        for (;;) {
-          auto b = bell_.load();
-          sleeping_.store(on_gate, std::memory_order_seq_cst);
-          if (ready())
-            break;
-          runner_asleep asleep;
-          bell_.wait(b);
-        }
-        sleeping_.store(awake, std::memory_order_relaxed);
-      }
+      if (!(spin && spin_on_gate(lent_or_ready) && ready()))
+        sleep_on_gate_until(ready);
       spin = false;
       auto st = exec_.load(std::memory_order_seq_cst);
       if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst))
@@ -201,17 +205,8 @@ void device_core::park() {
 void device_core::wait_at_gate(const gate& g, uint64_t seq) {
   // A cancel or kill while parked ends the wait too (it rings the bell).
   auto ended = [&] { return gate_ended(g, seq); };
-  if (spin_on_gate(ended))
-    return;
-  for (;;) {
-    auto b = bell_.load();
-    sleeping_.store(on_gate, std::memory_order_seq_cst);
-    if (ended())
-      break;
-    runner_asleep asleep;
-    bell_.wait(b);
-  }
-  sleeping_.store(awake, std::memory_order_relaxed);
+  if (!spin_on_gate(ended))
+    sleep_on_gate_until(ended);
 }
 
 uint32_t device_core::release_parked(gate& g) noexcept {

@@ -83,6 +83,16 @@ struct two_devices {
     release->open();
     return last;
   }
+  /// New work on each device runs, on that device's own runner: no device
+  /// is left with its token elsewhere.
+  void check_new_work_runs_on_own_runners() {
+    for (int i = 0; i < 2; ++i) {
+      std::thread::id id;
+      b.schedule_task(d[i], {"after", [&id] { id = std::this_thread::get_id(); }});
+      sync(b, b.all_work(d[i]));
+      BOOST_TEST((id == runner[i]), "device " << i);
+    }
+  }
   void record(int i) {
     threads[static_cast<std::size_t>(i)] = std::this_thread::get_id();
     order[static_cast<std::size_t>(i)] = ran++;
@@ -127,12 +137,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_a_chain_between_two_devices_stays_on_one_thr
   BOOST_TEST(t.run_by_others(0) == 0u, t.info(0));
   // Both are back with their runners' rules once the chain is done: new work
   // on each runs, and device 1's own runner takes it up.
-  for (int i = 0; i < 2; ++i) {
-    std::thread::id id;
-    t.b.schedule_task(t.d[i], {"after", [&id] { id = std::this_thread::get_id(); }});
-    sync(t.b, t.b.all_work(t.d[i]));
-    BOOST_TEST((id == t.runner[i]), "device " << i);
-  }
+  t.check_new_work_runs_on_own_runners();
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_off_each_device_runs_its_items_on_its_own_runner) {
@@ -165,13 +170,9 @@ BOOST_AUTO_TEST_CASE(test_hand_over_a_task_that_throws_fails_its_own_device) {
   BOOST_TEST((t.b.state(t.events[102]) == event_state::failed));
   auto e0 = t.field(0, "error");
   BOOST_TEST(test_support::contains(e0, "hop 101 broke"), e0);
-  for (int i = 0; i < 2; ++i) {
-    BOOST_TEST(t.b.recover(t.d[i]));
-    std::thread::id id;
-    t.b.schedule_task(t.d[i], {"after", [&id] { id = std::this_thread::get_id(); }});
-    sync(t.b, t.b.all_work(t.d[i]));
-    BOOST_TEST((id == t.runner[i]), "device " << i);
-  }
+  for (int i = 0; i < 2; ++i)
+    BOOST_TEST(t.b.recover(t.d[i]), "device " << i);
+  t.check_new_work_runs_on_own_runners();
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_cancel_while_another_runner_runs_the_items) {
@@ -199,12 +200,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_cancel_while_another_runner_runs_the_items) 
   BOOST_TEST((t.b.state(t.events[53]) == event_state::cancelled));
   BOOST_TEST(t.ran == 53);
   t.b.recover(t.d[0]);
-  for (int i = 0; i < 2; ++i) {
-    std::thread::id id;
-    t.b.schedule_task(t.d[i], {"after", [&id] { id = std::this_thread::get_id(); }});
-    sync(t.b, t.b.all_work(t.d[i]));
-    BOOST_TEST((id == t.runner[i]), "device " << i);
-  }
+  t.check_new_work_runs_on_own_runners();
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_a_sync_that_closes_a_cycle_still_throws_deadlock) {
