@@ -9,9 +9,10 @@
 /// the control plane and cross-process waits through the same object.
 ///
 /// Threads: `push*`, `when_done`, `sync` and the readers are safe from any
-/// thread; the runner thread is the only one that executes items (or, on an
-/// asynchronous driver, submits them to the device's stream) and the only
-/// one that resolves them.
+/// thread. One thread at a time executes items (or, on an asynchronous
+/// driver, submits them to the device's stream) and resolves them: the
+/// runner, or on a synchronous driver whichever runner holds the device's
+/// token (`exec_`, "hand-over"); "runner only" below means that thread.
 
 #include <atomic>
 #include <chrono>
