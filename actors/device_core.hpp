@@ -183,6 +183,10 @@ public:
   uint64_t items_run_by_others() const noexcept {
     return run_by_others_.load(std::memory_order_relaxed);
   }
+  /// For tests: while on, this runner, woken at a wait with hand-over on,
+  /// holds there before it takes its token back, as a runner the kernel has
+  /// not scheduled yet would (see `try_help`). Turning it off releases it.
+  void hold_after_wake(bool on) noexcept;
   /// Who may run this device's items now: `"runner"` (its runner thread),
   /// `"lendable"` (parked at a wait: whoever opens it may), `"lent"`
   /// (another device's runner runs them), `"returned"` (back to the runner,
@@ -299,7 +303,7 @@ private:
   /// An order's description is built from `op` when asked (`description_of`).
   /// The runner reads and writes only the first cache line (the pool held,
   /// the gate, the order's pointers and size) unless a trace or an error asks
-  /// for names: orders' extras are reused (`recycle`), and the lines a
+  /// for names: orders' and waits' extras are reused (`recycle`), and the lines a
   /// producer fills are then still in its cache.
   struct alignas(64) item_extra {
     std::shared_ptr<const void> keep_alive;
@@ -349,10 +353,10 @@ private:
   };
 
   uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
-  /// An extra for an order: one the runner handed back (holding no pool, its
-  /// other fields stale: the caller sets them all), or a new one.
-  std::unique_ptr<item_extra> new_order_extra();
-  /// Runner only, once the order `it` is resolved: keeps its extra for the
+  /// An extra for an order or a wait: one the runner handed back (holding no
+  /// pool and no gate, its other fields stale: the caller sets them), or a new one.
+  std::unique_ptr<item_extra> reused_extra();
+  /// Runner only, once the order or wait `it` is resolved: keeps its extra for the
   /// next `take_batch` to hand back, having released its pool.
   void recycle(item& it) noexcept;
   /// Appends a built item; returns its seq.
@@ -561,7 +565,7 @@ private:
   // the arena lock on every order (seen as a futex storm that tripled
   // `copy_4KiB` for a whole sample). The runner frees the excess over
   // `spare_extras_max` when it goes idle. Kept off the hot lines above:
-  // tasks that are not orders never touch them.
+  // tasks that are neither orders nor waits never touch them.
   static constexpr std::size_t spare_extras_max = 1024;
   static constexpr std::size_t hand_back_extras = 16;
   alignas(64) mutable spin_mutex spare_mu_;
@@ -585,7 +589,12 @@ private:
   std::map<uint64_t, bad_range> bad_;
   std::condition_variable_any room_; // producers waiting for room (rare)
   std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
-  mutable std::mutex waiters_mu_;
+  // A spin lock: a host scheduling a chain registers each wait here while
+  // the runner fires the last one, and a std::mutex then slept in the kernel
+  // on both sides (futex wait and wake: 8% of a scheduled chain's samples).
+  // Its sections are short; the long ones (pruning gates_, debug info,
+  // cancelling) are rare, and a spinner yields after a while.
+  mutable spin_mutex waiters_mu_;
   std::multimap<uint64_t, resolver> waiters_;
   /// A gate of another device (`waiter`) that opens once `seq` of this one
   /// is resolved: a local `will_wait_for`, registered without a resolver.
@@ -622,6 +631,14 @@ private:
   /// takes its token and opens the gate without waking its runner; this
   /// runner then runs its items (`serve`) instead of sleeping. Whether it did.
   bool try_claim(const gate_waiter& w) noexcept;
+  /// The runner, about to park at the pending gate `g` (a wait on another
+  /// device of this process): if that device is lendable and can run (its
+  /// own wait ended, its runner rung but not yet back), takes its token and
+  /// runs its items here (`serve`) until `g` ends. Whether it did.
+  bool try_help(const gate& g);
+  /// Token holder of a lendable device it found still parked at the
+  /// pending gate `g`: gives the token back as it was (`parks_` unchanged).
+  void relend(const gate& g) noexcept;
   std::atomic<int> gates_pending_{0};
   // The gate the device is parked at, if any: written by the token holder,
   // read under waiters_mu_ and only compared with gates_' entries (a reader
@@ -667,6 +684,10 @@ private:
   enum exec_state : uint8_t { held, lendable, lent, returned };
   bool hand_over_ = true; // set before the runner starts
   alignas(64) std::atomic<uint8_t> exec_{held};
+  // The runner's, a hint for `try_help`: it spins at a wait, and will take
+  // the token back itself once the wait ends.
+  std::atomic<bool> spinning_{false};
+  std::atomic<bool> hold_after_wake_{false}; // see hold_after_wake
   // The batch being run and the next item in it, and whether any of its
   // entries has an extra (bare closures need no look ahead at those): the
   // token holder's.

@@ -42,7 +42,7 @@ namespace multidev::detail {
   return seq;
 }
 
-std::unique_ptr<device_core::item_extra> device_core::new_order_extra() {
+std::unique_ptr<device_core::item_extra> device_core::reused_extra() {
   {
     std::lock_guard guard{spare_mu_};
     if (!spare_.empty()) {
@@ -61,6 +61,8 @@ void device_core::recycle(item& it) noexcept {
   // untouched here.
   if (auto& x = *it.extra; x.keep_alive)
     x.keep_alive.reset(); // an order that threw or was dropped still holds its pool
+  if (auto& x = *it.extra; x.g)
+    x.g.reset(); // a wait's gate goes with the wait
   try {
     spent_.push_back(std::move(it.extra));
   } catch (...) {
@@ -71,19 +73,26 @@ void device_core::recycle(item& it) noexcept {
 uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) {
   item it{std::move(t.work), nullptr};
   if (!t.description.empty() || t.keep_alive || g || t.kind != trace_kind::task) {
-    it.extra = std::make_unique<item_extra>();
+    // A wait's extra is reused, as an order's is (see recycle); a described
+    // task's is new.
+    bool wait = g && t.description.empty() && !t.keep_alive;
+    it.extra = wait ? reused_extra() : std::make_unique<item_extra>();
     auto& x = *it.extra;
+    x.op.what = ""; // not an order
     x.keep_alive = std::move(t.keep_alive);
     x.g = std::move(g);
     x.kind = t.kind;
-    x.description = std::move(t.description);
+    if (wait)
+      x.description.clear();
+    else
+      x.description = std::move(t.description);
   }
   return enqueue(std::move(it), may_wait);
 }
 
 uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_view label,
                                  std::shared_ptr<const void> hold) {
-  auto extra = new_order_extra();
+  auto extra = reused_extra();
   extra->keep_alive = std::move(hold);
   extra->op = o;
   extra->kind = kind; // the description is unused

@@ -81,8 +81,12 @@ void device_core::run_batch(bool first) {
       first = false;
       continue;
     }
-    if (pending_gate_at_pos())
-      return; // park
+    if (auto* g = pending_gate_at_pos()) {
+      if (!try_help(*g))
+        return; // park
+      first = false;
+      continue;
+    }
     prefetch_ahead();
     run_item(first);
     first = false;
@@ -118,12 +122,14 @@ void device_core::run_item(bool first_in_batch) {
   } else {
     execute(it);
   }
-  // An order's extra is kept for reuse (see spare_). Gates' and described
-  // tasks' extras are freed with the batch: reusing them made a
-  // will_wait_for hop slower (a fresh extra comes warm from the producer's
-  // own cache, a reused one cold from the runner's), with no allocator
-  // contention to win back.
-  if (it.extra && it.extra->is_order())
+  // Orders' and waits' extras are kept for reuse (see spare_); described
+  // tasks' are freed with the batch. A wait's extra freed here, on another
+  // thread than the host that allocated it, took glibc's arena lock against
+  // that host's next allocation: with a host scheduling a chain while it
+  // runs, futex waits and wakes on both sides, 10% of the samples. Reused,
+  // a scheduled chain's hop took 1,950-2,150 ns against 2,600-3,100, and a
+  // prebuilt one 250-300 against 450-640 (tools chain, this machine).
+  if (it.extra && (it.extra->is_order() || it.extra->g))
     recycle(it);
 }
 
@@ -175,6 +181,7 @@ void device_core::park() {
     // Kept alive while this thread waits without the token: whoever holds
     // it may take a new batch and free this one.
     auto keep = batch_[pos_].extra->g;
+    spinning_.store(true, std::memory_order_relaxed); // before the token is lendable
     auto mine = release_parked(*g);
     // Whether to take the token back: it was returned, or this runner's wait
     // ended, or someone that ran items here parked the device at another
@@ -192,8 +199,15 @@ void device_core::park() {
     };
     bool spin = true;
     for (;;) {
-      if (!(spin && spin_on_gate(lent_or_ready) && ready()))
+      if (spin) {
+        spin = spin_on_gate(lent_or_ready) && ready();
+        spinning_.store(false, std::memory_order_relaxed);
+      }
+      if (!spin) {
         sleep_on_gate_until(ready);
+        if (hold_after_wake_.load(std::memory_order_relaxed)) [[unlikely]]
+          hold_after_wake_.wait(true, std::memory_order_acquire);
+      }
       spin = false;
       auto st = exec_.load(std::memory_order_seq_cst);
       if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst))
@@ -261,6 +275,54 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   return true;
 }
 
+void device_core::hold_after_wake(bool on) noexcept {
+  hold_after_wake_.store(on, std::memory_order_release);
+  if (!on)
+    hold_after_wake_.notify_all();
+}
+
+bool device_core::try_help(const gate& g) {
+  // Only this device's own runner, running its own items (as try_claim).
+  if (!hand_over_ || current_runner != this || serving_other || g.remote)
+    return false;
+  auto other = g.owner.lock();
+  if (!other || other.get() == this || !other->hand_over_)
+    return false;
+  // Lendable means parked at a wait: its runner left the token there. Not
+  // while that runner spins there: it takes the token back itself as soon
+  // as its wait ends, and a token lent even briefly would end its spin and
+  // send it to sleep. Asleep, rung or not, it may be a context switch away
+  // (a hint: a runner that starts spinning now finds the token lent and
+  // sleeps, as for any lent token). Looks first, so that a device that is
+  // running costs no write here.
+  auto st = uint8_t{lendable};
+  if (other->spinning_.load(std::memory_order_relaxed) ||
+      other->exec_.load(std::memory_order_relaxed) != lendable ||
+      !other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
+    return false;
+  if (auto* og = other->pending_gate_at_pos()) {
+    other->relend(*og); // still held there: left as it was
+    return false;
+  }
+  // Its wait has ended, and its runner (rung) has not taken the token back
+  // yet: the items it would run are those this runner waits for.
+  mark_parked(&g);
+  other->serve(*this, g, executed_ + 1);
+  return true;
+}
+
+void device_core::relend(const gate& g) noexcept {
+  // The gate is kept alive across the release: once the token is lendable,
+  // its runner may take it, run past the gate and free it.
+  auto keep = batch_[pos_].extra->g;
+  auto seq = executed_ + 1;
+  exec_.store(lendable, std::memory_order_seq_cst);
+  // An opener that found the token lent rang a runner that then saw it
+  // lent and slept again (Dekker, as in release_parked).
+  if (gate_ended(g, seq))
+    ring();
+}
+
 void device_core::serve(const device_core& lender, const gate& until, uint64_t until_seq) {
   current_runner = this;
   serving_other = true;
@@ -299,6 +361,8 @@ void device_core::hand_back() noexcept {
     take_batch(batch_);
   }
   if (auto* g = pending_gate_at_pos()) {
+    // Kept alive across the release, as in relend.
+    auto keep = batch_[pos_].extra->g;
     mark_parked(g);
     release_parked(*g);
     return;
