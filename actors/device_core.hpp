@@ -397,8 +397,9 @@ private:
   /// (`parks_`).
   uint32_t release_parked(gate& g) noexcept;
   /// On another device's runner, holding this device's token: runs its items
-  /// until `until` (the lender's gate) ends, or this device reaches a
-  /// pending gate or has nothing queued; then hands the token back.
+  /// up to the one `until` (the lender's gate, a wait on this device) waits
+  /// for, stopping early if `until` ends, or this device reaches a pending
+  /// gate or has nothing queued; then hands the token back.
   void serve(const device_core& lender, const gate& until, uint64_t until_seq);
   /// A device that ran this one's items gives the token back: lendable when
   /// this one is parked at a pending gate, otherwise to its runner (woken).
@@ -636,9 +637,10 @@ private:
   /// own wait ended, its runner rung but not yet back), takes its token and
   /// runs its items here (`serve`) until `g` ends. Whether it did.
   bool try_help(const gate& g);
-  /// Token holder of a lendable device it found still parked at the
-  /// pending gate `g`: gives the token back as it was (`parks_` unchanged).
-  void relend(const gate& g) noexcept;
+  /// Token holder of a lendable device it found with nothing to run for it
+  /// (still parked at a pending gate, or past the awaited item): gives the
+  /// token back as it was (`parks_` unchanged).
+  void relend() noexcept;
   std::atomic<int> gates_pending_{0};
   // The gate the device is parked at, if any: written by the token holder,
   // read under waiters_mu_ and only compared with gates_' entries (a reader

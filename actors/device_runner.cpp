@@ -300,8 +300,8 @@ bool device_core::try_help(const gate& g) {
       other->exec_.load(std::memory_order_relaxed) != lendable ||
       !other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
     return false;
-  if (auto* og = other->pending_gate_at_pos()) {
-    other->relend(*og); // still held there: left as it was
+  if (other->pending_gate_at_pos() || other->executed_ >= g.owner_seq) {
+    other->relend(); // still held there, or past what g waits for: left as it was
     return false;
   }
   // Its wait has ended, and its runner (rung) has not taken the token back
@@ -311,7 +311,7 @@ bool device_core::try_help(const gate& g) {
   return true;
 }
 
-void device_core::relend(const gate& g) noexcept {
+void device_core::relend() noexcept {
   // The gate is kept alive across the release: once the token is lendable,
   // its runner may take it, run past the gate and free it.
   auto keep = batch_[pos_].extra->g;
@@ -319,7 +319,7 @@ void device_core::relend(const gate& g) noexcept {
   exec_.store(lendable, std::memory_order_seq_cst);
   // An opener that found the token lent rang a runner that then saw it
   // lent and slept again (Dekker, as in release_parked).
-  if (gate_ended(g, seq))
+  if (gate_ended(*keep, seq))
     ring();
 }
 
@@ -328,7 +328,11 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
   serving_other = true;
   bool first = false;
   uint64_t ran = 0;
-  for (;;) {
+  // Up to the item the lender waits for, never past it: its gate may open
+  // later than that item (a wait whose registration the host has not yet
+  // finished opens on the host), and an item past it is one the lender
+  // does not wait for, which could even wait for the lender's later work.
+  while (executed_ < until.owner_seq) {
     if (pos_ == batch_.size()) {
       batch_.clear();
       pos_ = 0;
@@ -472,6 +476,8 @@ void device_core::execute(item& it) {
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
   if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
+    if (it.as_gate())
+      mark_parked(nullptr); // it may be freed with the item (recycle)
     drop(it, seq);
     return;
   }

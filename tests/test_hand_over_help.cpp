@@ -153,3 +153,42 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_leaves_a_device_still_waiting_as_it_was
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner");
   BOOST_TEST(t.field(1, "run_by_others") == "0");
 }
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
+  // A wait whose gate has not opened although the awaited item is done: the
+  // host that schedules it opens it itself when it registers the wait after
+  // the item completed. Here the test holds that gate and opens it by hand.
+  // A helper must run the other device's items up to the awaited one, never
+  // past it: the next one is not what it waits for (it could even wait for
+  // the helper's own later work).
+  three_devices t;
+  help_scenario s{t};
+  std::thread::id z_thread;
+  t.b.schedule_task(t.d[1], {"z", [&z_thread] { z_thread = std::this_thread::get_id(); }});
+  auto z = t.b.all_work(t.d[1]);
+  hold_guard hold{t.core(1)};
+  t.b.schedule_task(t.d[0], {"a", [r = s.release_a] { BOOST_REQUIRE(r->wait()); }});
+  auto g = std::make_shared<detail::gate>();
+  g->owner = t.d[1].get_runner().core();
+  g->owner_seq = s.x.seq();
+  t.core(0).push_gate(g);
+  t.b.schedule_task(t.d[0], {"y", [&s] { s.y_thread = std::this_thread::get_id(); }});
+  auto y = t.b.all_work(t.d[0]);
+  s.release_c->open();
+  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).pending_gates().empty(); }));
+  s.release_a->open();
+  // Device 0 parks at g and helps device 1 up to x, which completes while
+  // device 1's runner is held.
+  BOOST_TEST(test_support::eventually([&] { return s.x.is_done(); }, std::chrono::seconds{10}));
+  BOOST_TEST((s.x_thread == t.runner[0]), "x ran on device 0's runner");
+  // z is left for device 1's own runner, once it is let go.
+  BOOST_TEST(test_support::eventually([&] { return t.field(1, "run_by") == "returned"; }));
+  BOOST_TEST(!z.is_done());
+  t.core(1).hold_after_wake(false);
+  sync(t.b, z);
+  BOOST_TEST((z_thread == t.runner[1]), "z ran on its own runner");
+  BOOST_TEST(!y.is_done());
+  t.core(0).resolve_gate(*g, static_cast<const std::string*>(nullptr));
+  sync(t.b, y);
+  BOOST_TEST((s.y_thread == t.runner[0]));
+}
