@@ -396,6 +396,10 @@ private:
   /// it run this one's items (`exec_` lendable). Returns the park's number
   /// (`parks_`).
   uint32_t release_parked(gate& g) noexcept;
+  /// Token holder, at the gate `g` (item `seq`), which the caller keeps
+  /// alive: makes the token lendable, and rings the runner if `g` ended
+  /// meanwhile.
+  void lend_at(const gate& g, uint64_t seq) noexcept;
   /// On another device's runner, holding this device's token: runs its items
   /// up to the one `until` (the lender's gate, a wait on this device) waits
   /// for, stopping early if `until` ends, or this device reaches a pending

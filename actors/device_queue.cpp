@@ -82,10 +82,7 @@ uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) 
     x.keep_alive = std::move(t.keep_alive);
     x.g = std::move(g);
     x.kind = t.kind;
-    if (wait)
-      x.description.clear();
-    else
-      x.description = std::move(t.description);
+    x.description = std::move(t.description); // empty for a wait
   }
   return enqueue(std::move(it), may_wait);
 }

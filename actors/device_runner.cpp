@@ -228,13 +228,17 @@ uint32_t device_core::release_parked(gate& g) noexcept {
   parked_gate_ = &g;
   auto n = parks_.load(std::memory_order_relaxed) + 1;
   parks_.store(n, std::memory_order_relaxed); // published by the token's release
+  lend_at(g, seq);
+  return n;
+}
+
+void device_core::lend_at(const gate& g, uint64_t seq) noexcept {
   exec_.store(lendable, std::memory_order_seq_cst);
-  // Against an opener that found the token held and fell back to ringing
-  // (Dekker: it stores the gate's state, then tries the token): whoever
-  // sleeps on this device must see the wait ended.
+  // Against an opener that found the token held or lent and fell back to
+  // ringing (Dekker: it stores the gate's state, then tries the token): a
+  // runner that slept through that ring must see the wait ended.
   if (gate_ended(g, seq))
     ring();
-  return n;
 }
 
 bool device_core::try_claim(const gate_waiter& w) noexcept {
@@ -315,12 +319,7 @@ void device_core::relend() noexcept {
   // The gate is kept alive across the release: once the token is lendable,
   // its runner may take it, run past the gate and free it.
   auto keep = batch_[pos_].extra->g;
-  auto seq = executed_ + 1;
-  exec_.store(lendable, std::memory_order_seq_cst);
-  // An opener that found the token lent rang a runner that then saw it
-  // lent and slept again (Dekker, as in release_parked).
-  if (gate_ended(*keep, seq))
-    ring();
+  lend_at(*keep, executed_ + 1);
 }
 
 void device_core::serve(const device_core& lender, const gate& until, uint64_t until_seq) {
