@@ -25,7 +25,7 @@ namespace multidev::detail {
     // The next entries' lines were last read by the runner (the buffers swap
     // back and forth): ask for them now, so the transfer overlaps this push.
     if (auto ahead = queue_.size() + prefetch_items; ahead < queue_.capacity())
-      __builtin_prefetch(queue_.data() + ahead, 1, 3);
+      prefetch_for_write(queue_.data() + ahead);
     seq = scheduled_.load(std::memory_order_relaxed) + 1;
     scheduled_.store(seq, std::memory_order_release);
     // The runner sets sleeping_ for an empty queue under mu_, so a plain
@@ -48,6 +48,10 @@ std::unique_ptr<device_core::item_extra> device_core::reused_extra() {
     if (!spare_.empty()) {
       auto x = std::move(spare_.back());
       spare_.pop_back();
+      // The runner read the next one last: ask for its first line for
+      // writing now, so the transfer overlaps this push, not the next.
+      if (!spare_.empty())
+        prefetch_for_write(spare_.back().get());
       return x;
     }
   }

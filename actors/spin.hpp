@@ -5,6 +5,9 @@
 /// futex sleep and wake-up when the other side comes back within microseconds.
 
 #include <sched.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +27,30 @@ inline void cpu_relax() noexcept {
 #else
   std::this_thread::yield();
 #endif
+}
+
+/// Whether this CPU has PREFETCHW (CPUID 0x80000001, ECX bit 8).
+inline const bool cpu_has_prefetchw = [] {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(0x80000001, &a, &b, &c, &d) != 0 && (c & (1u << 8)) != 0;
+#else
+  return false;
+#endif
+}();
+
+/// Asks for the line at `p` in a state this core may write, so that a write
+/// soon after does not wait for another core to give it up. Without
+/// `-mprfchw`, `__builtin_prefetch(p, 1)` emits a read prefetch: the line
+/// then arrives shared and the write still waits for the other core.
+inline void prefetch_for_write(const void* p) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpu_has_prefetchw) {
+    asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(p)));
+    return;
+  }
+#endif
+  __builtin_prefetch(p, 1, 3);
 }
 
 /// Polls `ready` for a while, every `stride` pauses; true as soon as it

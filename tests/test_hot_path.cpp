@@ -319,3 +319,39 @@ BOOST_AUTO_TEST_CASE(test_hot_path_a_burst_of_copies_hands_back_every_extra_unti
   // Idle: trimmed (the runner trims before it sleeps).
   BOOST_TEST(test_support::eventually([&] { return spare() <= 1024u; }));
 }
+
+// A pool freed or replaced while host copies on it are still queued outlives
+// them: each copy holds it until it is done, and its release is queued
+// behind them (run under ASan, a copy into freed memory fails here).
+BOOST_AUTO_TEST_CASE(test_hot_path_a_pool_freed_or_replaced_behind_queued_copies_outlives_them) {
+  one_node n{4, "p", 1024, 2.5f};
+  auto& [b, d, t, host, c] = n;
+  sync(b, b.all_work(d));
+  const int id = c.buffers.at(t).pool_id;
+  const auto bytes = t.size_in_bytes;
+  std::vector<float> other(1024, -1.0f), back(1024, 0.0f), back2(1024, 0.0f);
+  for (bool replace : {false, true}) {
+    auto used = b.get_used_memory(d);
+    auto release = test_support::block_runner(b, d);
+    BOOST_TEST_REQUIRE(b.from_host(c, t, std::as_bytes(std::span{other})));
+    BOOST_TEST_REQUIRE(b.to_host(c, t, std::as_writable_bytes(std::span{back})));
+    if (replace)
+      b.alloc_pool(d, id, bytes, 64); // the node's pool, replaced
+    else
+      b.free_pool(d, id);
+    // Still counted: the release waits behind the copies.
+    BOOST_TEST(b.get_used_memory(d) == used + (replace ? bytes : 0));
+    release->open();
+    sync(b, b.all_work(d));
+    BOOST_TEST(back == other, (replace ? "replaced" : "freed"));
+    BOOST_TEST(b.get_used_memory(d) == used - (replace ? 0 : bytes));
+    if (!replace) {
+      BOOST_CHECK_THROW(b.from_host(c, t, std::as_bytes(std::span{host})), std::invalid_argument);
+      b.alloc_pool(d, id, bytes, 64);
+      BOOST_TEST_REQUIRE(b.from_host(c, t, std::as_bytes(std::span{host})));
+      BOOST_TEST_REQUIRE(b.to_host(c, t, std::as_writable_bytes(std::span{back2})));
+      sync(b, b.all_work(d));
+      BOOST_TEST(back2 == host);
+    }
+  }
+}
