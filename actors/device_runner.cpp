@@ -103,15 +103,19 @@ void device_core::prefetch_ahead() const noexcept {
   if (pos_ + prefetch_items < n)
     __builtin_prefetch(&batch_[pos_ + prefetch_items], 0, 3);
   // Looking at an entry's extra reads the entry: not for a batch of bare
-  // closures, whose entries are read only when they run.
+  // closures, whose entries are read only when they run. The extra and the
+  // gate are fetched for writing: recycling the extra drops its pool or its
+  // gate, whose reference count shares the gate's line, and a line fetched
+  // shared waited for the producer's core a second time then (a dependency
+  // hop: 331 against 221 ns, 6 rounds alternating).
   if (!batch_has_extras_)
     return;
   if (pos_ + prefetch_extras < n)
     if (auto* x = batch_[pos_ + prefetch_extras].extra.get())
-      __builtin_prefetch(x, 1, 3);
+      prefetch_for_write(x);
   if (pos_ + 1 < n)
     if (auto* x = batch_[pos_ + 1].extra.get(); x && x->g)
-      __builtin_prefetch(x->g.get(), 1, 3);
+      prefetch_for_write(x->g.get());
 }
 
 void device_core::run_item(bool first_in_batch) {
