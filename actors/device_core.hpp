@@ -305,6 +305,8 @@ private:
   /// the gate, the order's pointers and size) unless a trace or an error asks
   /// for names: orders' and waits' extras are reused (`recycle`), and the lines a
   /// producer fills are then still in its cache.
+  /// A push writes the first two lines (the second: the order's id and
+  /// offset, the kind, the node label), which `reused_extra` fetches ahead.
   struct alignas(64) item_extra {
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;

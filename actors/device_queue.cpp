@@ -48,10 +48,13 @@ std::unique_ptr<device_core::item_extra> device_core::reused_extra() {
     if (!spare_.empty()) {
       auto x = std::move(spare_.back());
       spare_.pop_back();
-      // The runner read the next one last: ask for its first line for
-      // writing now, so the transfer overlaps this push, not the next.
-      if (!spare_.empty())
-        prefetch_for_write(spare_.back().get());
+      // The runner read the next one last: ask for the two lines a push
+      // writes now, so their transfer overlaps this push, not the next.
+      if (!spare_.empty()) {
+        auto* next = reinterpret_cast<const char*>(spare_.back().get());
+        prefetch_for_write(next);
+        prefetch_for_write(next + 64);
+      }
       return x;
     }
   }
