@@ -322,7 +322,8 @@ BOOST_AUTO_TEST_CASE(test_hot_path_a_burst_of_copies_hands_back_every_extra_unti
 
 // A pool freed or replaced while host copies on it are still queued outlives
 // them: each copy holds it until it is done, and its release is queued
-// behind them (run under ASan, a copy into freed memory fails here).
+// behind them. Either keeps it alive; with neither, the counts below fail
+// (and under ASan, the copy into freed memory).
 BOOST_AUTO_TEST_CASE(test_hot_path_a_pool_freed_or_replaced_behind_queued_copies_outlives_them) {
   one_node n{4, "p", 1024, 2.5f};
   auto& [b, d, t, host, c] = n;
@@ -339,7 +340,7 @@ BOOST_AUTO_TEST_CASE(test_hot_path_a_pool_freed_or_replaced_behind_queued_copies
       b.alloc_pool(d, id, bytes, 64); // the node's pool, replaced
     else
       b.free_pool(d, id);
-    // Still counted: the release waits behind the copies.
+    // Still counted: held by the queued copies.
     BOOST_TEST(b.get_used_memory(d) == used + (replace ? bytes : 0));
     release->open();
     sync(b, b.all_work(d));
