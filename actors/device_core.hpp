@@ -361,8 +361,10 @@ private:
   /// Runner only, once the order or wait `it` is resolved: keeps its extra for the
   /// next `take_batch` to hand back, having released its pool.
   void recycle(item& it) noexcept;
-  /// Appends a built item; returns its seq.
-  uint64_t enqueue(item&& it, bool may_wait);
+  /// Appends an item built in its queue slot from `work` and `extra`;
+  /// returns its seq.
+  uint64_t enqueue(std::function<void()>&& work, std::unique_ptr<item_extra>&& extra,
+                   bool may_wait);
   /// Room for another entry, or a failed or stopping device (a push then
   /// fails at once). Call with mu_ held.
   bool has_room_locked() const noexcept {
@@ -382,6 +384,9 @@ private:
   /// The token holder (sync drivers): runs `batch_[pos_]`, a task, or a gate
   /// that ended, and moves past it.
   void run_item(bool first_in_batch);
+  /// The own runner, in a batch without extras and with the trace off: runs
+  /// its bare closures from `pos_` while the batch stays so.
+  void run_bare_items();
   /// The token holder: prefetches the entries after `pos_` (see
   /// `prefetch_items`, `prefetch_extras`).
   void prefetch_ahead() const noexcept;
@@ -421,6 +426,11 @@ private:
   /// Sleeps until the queue has items; false when it is empty and stopping.
   bool sleep_until_work();
   void execute(item& it);
+  /// `execute` for an item without extra (a bare closure).
+  void execute_bare(item& it);
+  /// Runs the item's closure, if any; false when it threw (the device is
+  /// then poisoned at `seq`).
+  bool call_work(item& it, uint64_t seq);
   /// `execute` timed into the trace; `first_in_batch`: the runner did other
   /// things since the last item, so the start needs a clock read of its own.
   /// `start_ns`, when not 0: when the item's record starts (a gate's: when

@@ -67,6 +67,10 @@ void device_core::run() {
 
 void device_core::run_batch(bool first) {
   while (pos_ < batch_.size()) {
+    if (!batch_has_extras_ && !trace_ && !claimed_) {
+      run_bare_items();
+      continue;
+    }
     if (claimed_) [[unlikely]] {
       // The last item opened the wait of a device that this one waits for
       // next: run that device's items here rather than wake its runner and
@@ -90,6 +94,19 @@ void device_core::run_batch(bool first) {
     prefetch_ahead();
     run_item(first);
     first = false;
+    if (!spent_batch_.empty()) [[unlikely]]
+      spent_batch_.clear(); // `try_claim` took the next batch early
+  }
+}
+
+void device_core::run_bare_items() {
+  // A batch without extras holds bare closures only: no gate to look for,
+  // no extra to fetch or recycle, no trace. Until the batch changes (`try_claim`
+  // may take the next one early) or a firing claims another device.
+  while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
+    if (pos_ + prefetch_items < batch_.size())
+      __builtin_prefetch(&batch_[pos_ + prefetch_items], 0, 3);
+    execute_bare(batch_[pos_++]);
     if (!spent_batch_.empty()) [[unlikely]]
       spent_batch_.clear(); // `try_claim` took the next batch early
   }
@@ -475,9 +492,37 @@ void device_core::trim_spare_extras() noexcept {
   }
 }
 
-void device_core::execute(item& it) {
+[[gnu::always_inline]] inline bool device_core::call_work(item& it, uint64_t seq) {
+  if (!it.work)
+    return true;
+  try {
+    it.work();
+  } catch (...) {
+    poison(seq, [&] { return task_failure(it, seq, std::current_exception()); });
+    return false;
+  }
+  return true;
+}
+
+void device_core::execute_bare(item& it) {
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
+  if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
+    drop(it, seq);
+    return;
+  }
+  // The closure is left for batch.clear(): writing to the entry here would
+  // pull its cache line back from the producer on every item.
+  if (call_work(it, seq))
+    complete(seq);
+}
+
+void device_core::execute(item& it) {
+  if (!it.extra) {
+    execute_bare(it);
+    return;
+  }
+  auto seq = ++executed_;
   if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
       mark_parked(nullptr); // it may be freed with the item (recycle)
@@ -497,22 +542,14 @@ void device_core::execute(item& it) {
       poison(seq, [&] { return gate_failure(g); });
       return;
     }
-  } else if (it.work) {
-    try {
-      it.work();
-    } catch (...) {
-      poison(seq, [&] { return task_failure(it, seq, std::current_exception()); });
-      return;
-    }
+  } else if (!call_work(it, seq)) {
+    return;
   }
   // Release what a described task held (a freed pool's memory, captured
   // buffers) before its event is done, so whoever syncs on it sees the memory
-  // gone. A bare closure is left for batch.clear(): writing to the entry here
-  // would pull its cache line back from the producer on every item.
-  if (it.extra) {
-    it.work = nullptr;
-    it.extra->keep_alive.reset();
-  }
+  // gone.
+  it.work = nullptr;
+  it.extra->keep_alive.reset();
   complete(seq);
 }
 

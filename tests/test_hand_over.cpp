@@ -224,3 +224,51 @@ BOOST_AUTO_TEST_CASE(test_hand_over_a_sync_that_closes_a_cycle_still_throws_dead
   BOOST_TEST((t.threads[31] == t.runner[0]));
   BOOST_TEST(t.ran == hops + 1);
 }
+
+BOOST_AUTO_TEST_CASE(test_hand_over_a_batch_taken_early_behind_bare_closures_keeps_its_wait) {
+  // Device 0 runs a batch of bare closures (no extras: the runner's short
+  // path). The last one's completion opens device 1's wait, and `try_claim`
+  // takes device 0's next batch early to look at it: a wait on device 2,
+  // still pending, then a closure. The runner must leave the short path
+  // with the batch that changed under it, and park at that wait: the
+  // closure behind it runs only once device 2's task has.
+  backend b{backend_options{.num_devices = 3, .scheduler_threads = 2, .hand_over = true}};
+  std::vector<device> d;
+  std::vector<context> ctx;
+  for (int i = 0; i < 3; ++i) {
+    d.push_back(b.get_device(i));
+    ctx.push_back(b.make_context(d.back()));
+  }
+  auto release_c = test_support::block_runner(b, d[2]);
+  auto c = b.all_work(d[2]);
+  auto started = std::make_shared<test_support::latch_gate>();
+  auto release_a = std::make_shared<test_support::latch_gate>();
+  // A bare closure (no description): taken alone, as the batch it starts.
+  b.schedule_task(d[0], task{{}, [started, release_a] {
+                               started->open();
+                               BOOST_REQUIRE(release_a->wait());
+                             }, {}});
+  BOOST_REQUIRE(started->wait());
+  auto a = b.all_work(d[0]);
+  b.will_wait_for(ctx[1], a); // a waiter on the closure: its completion fires
+  std::atomic<bool> behind_ran{false};
+  std::atomic<bool> c_done_first{false};
+  b.will_wait_for(ctx[0], c);
+  b.schedule_task(d[0], task{{}, [&] {
+                               c_done_first = b.state(c) == event_state::done;
+                               behind_ran = true;
+                             }, {}});
+  auto behind = b.all_work(d[0]);
+  release_a->open();
+  // Device 1's wait opens with the closure; device 0 then either parks at
+  // its wait on device 2 (right) or has run past it.
+  sync(b, b.all_work(d[1]));
+  BOOST_REQUIRE(test_support::eventually([&] {
+    return field_of(b.get_debug_info(d[0]), "parked_on") != "none" || behind_ran.load();
+  }));
+  BOOST_TEST(!behind_ran.load());
+  release_c->open();
+  sync(b, behind);
+  BOOST_TEST(behind_ran.load());
+  BOOST_TEST(c_done_first.load());
+}
