@@ -229,7 +229,7 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
       // Refused, and a failed wait queued all the same: the work sent after
       // this message must not run as if it had waited.
       auto why = fmt::format("cannot wait for seq {} of {}: it is down", seq, who);
-      auto g = std::make_shared<gate>();
+      auto g = make_gate();
       g->owner_seq = seq;
       g->remote = true;
       g->owner_name = who;
@@ -237,7 +237,7 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
       c->resolve_gate(*g, &why);
       throw device_error(c->name(), why);
     }
-    auto g = std::make_shared<gate>();
+    auto g = make_gate();
     g->owner_seq = seq;
     g->remote = true;
     g->owner_name = owner_name;

@@ -141,7 +141,7 @@ public:
     }
     // Owned by another process: a gate the reply to a `wait` request opens
     // (or fails; a vanished owner fails it too, see the remote endpoint).
-    auto g = std::make_shared<gate>();
+    auto g = make_gate();
     g->owner_seq = seq;
     g->remote = true;
     g->owner_name = owner.name();

@@ -47,4 +47,8 @@ struct gate {
   std::shared_ptr<const failure> cause;
 };
 
+/// A new gate. Its memory (the gate with its reference counts) comes from a
+/// process-wide cache of gates freed before (see device_gates.cpp).
+std::shared_ptr<gate> make_gate();
+
 } // namespace multidev::detail
