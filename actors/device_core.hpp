@@ -373,6 +373,12 @@ private:
   /// Waits on room_ until `has_room_locked()`; returns at once on a runner
   /// thread. Call with mu_ held in `lk`.
   void wait_for_room_locked(std::unique_lock<spin_mutex>& lk);
+  /// A push's way out of line (cold, so that the push itself stays small):
+  /// waits for room with mu_ held (and still held after); returns the
+  /// queue's size then.
+  [[gnu::noinline, gnu::cold]] std::size_t wait_for_room_held();
+  /// Throws `refusal_locked()`. Call with mu_ held.
+  [[noreturn, gnu::noinline, gnu::cold]] void throw_refusal_locked() const;
   /// The error a push gets from a failed, killed or stopped device. Call
   /// with mu_ held.
   device_error refusal_locked() const;

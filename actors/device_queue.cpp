@@ -21,23 +21,14 @@ namespace multidev::detail {
     // The vector's size and capacity are each a division (an entry is 40
     // bytes): read once.
     auto n = queue_.size();
-    if (may_wait && n >= capacity_ && current_runner == nullptr) [[unlikely]] {
-      std::unique_lock lk{mu_, std::adopt_lock};
-      try {
-        wait_for_room_locked(lk);
-      } catch (...) {
-        lk.release(); // still held: the guard unlocks it
-        throw;
-      }
-      lk.release();
-      n = queue_.size();
-    }
+    if (may_wait && n >= capacity_ && current_runner == nullptr) [[unlikely]]
+      n = wait_for_room_held();
     if (failed_ || stopping_) [[unlikely]]
-      throw refusal_locked();
+      throw_refusal_locked();
     extras_queued_ += extra != nullptr;
     auto cap = queue_.capacity(); // unchanged by this push when n < cap
     // Built in its slot: a closure moved once, not into an item and again.
-    queue_.push_back(item{std::move(work), std::move(extra)});
+    queue_.emplace_back(std::move(work), std::move(extra));
     // The next entries' lines were last read by the runner (the buffers swap
     // back and forth): ask for them now, so the transfer overlaps this push.
     if (auto ahead = n + 1 + prefetch_items; ahead < cap)
@@ -138,6 +129,22 @@ void device_core::throw_if_failed() const {
   std::lock_guard guard{mu_};
   if (failed_)
     throw refusal_locked();
+}
+
+std::size_t device_core::wait_for_room_held() {
+  std::unique_lock lk{mu_, std::adopt_lock};
+  try {
+    wait_for_room_locked(lk);
+  } catch (...) {
+    lk.release(); // still held: the caller's guard unlocks it
+    throw;
+  }
+  lk.release();
+  return queue_.size();
+}
+
+void device_core::throw_refusal_locked() const {
+  throw refusal_locked();
 }
 
 device_error device_core::refusal_locked() const {
