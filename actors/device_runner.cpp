@@ -504,7 +504,7 @@ void device_core::trim_spare_extras() noexcept {
   return true;
 }
 
-void device_core::execute_bare(item& it) {
+[[gnu::always_inline]] inline void device_core::execute_bare(item& it) {
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
   if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
