@@ -8,8 +8,8 @@
 
 namespace multidev::detail {
 
-// Inlined into its two callers: a bare closure's push is the hot path, and
-// a call of its own cost it ~20 instructions (callgrind, 186 against 165 a
+// Inlined into its callers: a bare closure's push is the hot path, and a
+// call of its own cost it ~20 instructions (callgrind, 186 against 165 a
 // push).
 [[gnu::always_inline]] inline uint64_t device_core::enqueue(std::function<void()>&& work,
                                                             std::unique_ptr<item_extra>&& extra,
