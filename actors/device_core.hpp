@@ -394,7 +394,8 @@ private:
   /// its bare closures from `pos_` while the batch stays so.
   void run_bare_items();
   /// The token holder: prefetches the entries after `pos_` (see
-  /// `prefetch_items`, `prefetch_extras`).
+  /// `prefetch_items`, `prefetch_extras`). Inlined: the short path of bare
+  /// closures calls it for every item.
   void prefetch_ahead() const noexcept;
   /// Whether the gate `g`, item `seq` here, no longer holds this device:
   /// opened, failed, or dropped.

@@ -21,8 +21,8 @@ namespace multidev::detail {
     // The vector's size and capacity are each a division (an entry is 40
     // bytes): read once.
     auto n = queue_.size();
-    if (may_wait && n >= capacity_ && current_runner == nullptr) [[unlikely]]
-      n = wait_for_room_held();
+    if (may_wait && n >= capacity_) [[unlikely]]
+      n = wait_for_room_held(); // returns at once on a runner thread
     if (failed_ || stopping_) [[unlikely]]
       throw_refusal_locked();
     extras_queued_ += extra != nullptr;

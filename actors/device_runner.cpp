@@ -104,15 +104,14 @@ void device_core::run_bare_items() {
   // no extra to fetch or recycle, no trace. Until the batch changes (`try_claim`
   // may take the next one early) or a firing claims another device.
   while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
-    if (pos_ + prefetch_items < batch_.size())
-      __builtin_prefetch(&batch_[pos_ + prefetch_items], 0, 3);
+    prefetch_ahead(); // the entries only: the batch has no extras
     execute_bare(batch_[pos_++]);
     if (!spent_batch_.empty()) [[unlikely]]
       spent_batch_.clear(); // `try_claim` took the next batch early
   }
 }
 
-void device_core::prefetch_ahead() const noexcept {
+[[gnu::always_inline]] inline void device_core::prefetch_ahead() const noexcept {
   // The entries, and what a wait's entry points to, were just written on
   // the producer's core: fetch them ahead, each level once the one before
   // it has had time to arrive.
