@@ -177,6 +177,9 @@ public:
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
   bool runner_sleeping() const noexcept { return sleeping_.load() != awake; }
+  /// How many times the runner's doorbell rang (`ring` finding it asleep,
+  /// or a stop); for tests.
+  uint32_t doorbell_rings() const noexcept { return bell_.load(std::memory_order_relaxed); }
   /// Items of this device that another device's runner ran, having opened
   /// the wait this device was parked on (see `hand_over`); for tests and
   /// diagnostics.

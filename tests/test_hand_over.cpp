@@ -5,18 +5,24 @@
 // sleeping. The tests check that a chain of waits between two devices then
 // stays on one thread, that nothing else changes (order, failures,
 // cancellation, deadlock detection, new work after it), and that with the
-// option off each device's items run on its own runner thread only.
+// option off each device's items run on its own runner thread only. During
+// a chain, device 1's own runner is asleep and held once woken (a hook for
+// tests): when it would take its token back is up to the OS, so the thread
+// each hop runs on is decided by hand-over alone.
 #define BOOST_TEST_MODULE hand_over
 #include <boost/test/unit_test.hpp>
 
 #include <multidev/multidev.hpp>
 
+#include "actors/device_core.hpp" // runner_sleeping; white-box for the runner hold
+#include "runner_hold.hpp"
 #include "test_support.hpp"
 
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -47,6 +53,7 @@ struct two_devices {
     return field_of(b.get_debug_info(d[i]), key);
   }
   uint64_t run_by_others(int i) const { return std::stoull(field(i, "run_by_others")); }
+  detail::device_core& core(int i) const { return *d[i].get_runner().core(); }
 
   /// Schedules, while device 0 is held, the chain hop 0 (on device 0, the
   /// holder), hop 1 on device 1, hop 2 on device 0, ..., each hop waiting
@@ -78,14 +85,25 @@ struct two_devices {
     // elsewhere); with hand-over off it stays with its runner.
     auto parked = hand_over ? "lendable" : "runner";
     BOOST_REQUIRE(test_support::eventually([&] {
-      return field(1, "parked_on") != "none" && field(1, "run_by") == parked;
+      return field(1, "parked_on") != "none" && field(1, "run_by") == parked &&
+             (!hand_over || core(1).runner_sleeping());
     }));
+    // Device 1's own runner may take its token back whenever it finds it
+    // lendable, and the chain then goes on from its thread: correct, but
+    // when that happens is up to the OS (a runner still spinning, or
+    // preempted on its way to sleep, finds device 0's runner already done
+    // with hop 1). Asleep and held once woken, it cannot: which thread runs
+    // each hop is then decided by hand-over alone.
+    if (hand_over)
+      hold.emplace(core(1));
+    rings_at_release = core(1).doorbell_rings();
     release->open();
     return last;
   }
   /// New work on each device runs, on that device's own runner: no device
   /// is left with its token elsewhere.
   void check_new_work_runs_on_own_runners() {
+    hold.reset();
     for (int i = 0; i < 2; ++i) {
       std::thread::id id;
       b.schedule_task(d[i], {"after", [&id] { id = std::this_thread::get_id(); }});
@@ -111,6 +129,8 @@ struct two_devices {
   device d[2] = {b.get_device(0), b.get_device(1)};
   context ctx[2] = {b.make_context(d[0]), b.make_context(d[1])};
   std::thread::id runner[2];
+  std::optional<test_support::hold_guard> hold; // device 1's runner, during a chain
+  uint32_t rings_at_release = 0;                 // device 1's doorbell, as run_chain starts it
   std::vector<std::thread::id> threads;
   std::vector<int> order;
   std::vector<event> events;
@@ -123,6 +143,10 @@ BOOST_AUTO_TEST_CASE(test_hand_over_a_chain_between_two_devices_stays_on_one_thr
   two_devices t;
   BOOST_REQUIRE(t.runner[0] != t.runner[1]);
   sync(t.b, t.run_chain());
+  // Each of device 1's waits was opened by device 0's runner claiming it
+  // (`try_claim`), never by ringing device 1's runner, asleep since its
+  // first wait (and held, were it woken; `try_help` would then run it).
+  BOOST_TEST(t.core(1).doorbell_rings() == t.rings_at_release);
   for (int i = 0; i <= hops; ++i)
     BOOST_TEST(t.order[static_cast<std::size_t>(i)] == i, "hop " << i << " ran in place "
                                                                   << t.order[static_cast<std::size_t>(i)]);
@@ -191,6 +215,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_cancel_while_another_runner_runs_the_items) 
   });
   BOOST_REQUIRE(started->wait());
   BOOST_TEST(t.field(1, "run_by") == "lent");
+  t.hold.reset(); // device 1's own runner drops what the cancel leaves
   t.b.cancel(t.d[1]);
   release->open();
   BOOST_CHECK_THROW(test_support::bounded([&] { t.b.sync(last); }), device_error);

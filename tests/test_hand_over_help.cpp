@@ -11,7 +11,8 @@
 
 #include <multidev/multidev.hpp>
 
-#include "actors/device_core.hpp" // hold_after_wake, pending_gates, runner_sleeping
+#include "actors/device_core.hpp" // pending_gates, runner_sleeping
+#include "runner_hold.hpp"
 #include "test_support.hpp"
 
 #include <chrono>
@@ -23,6 +24,7 @@
 
 using namespace multidev;
 using test_support::field_of;
+using test_support::hold_guard;
 using test_support::sync;
 
 namespace {
@@ -49,16 +51,6 @@ struct three_devices {
   std::vector<device> d;
   std::vector<context> ctx;
   std::vector<std::thread::id> runner;
-};
-
-/// Turns the hook off on every way out, so a failing check never leaves a
-/// runner held.
-struct hold_guard {
-  explicit hold_guard(detail::device_core& c) : c(c) { c.hold_after_wake(true); }
-  ~hold_guard() { c.hold_after_wake(false); }
-  hold_guard(const hold_guard&) = delete;
-  hold_guard& operator=(const hold_guard&) = delete;
-  detail::device_core& c;
 };
 
 /// Device 1 waits on device 2's blocked task, then runs `x`; device 0 runs a
