@@ -16,7 +16,7 @@ const failure shut_down_cause{failure::kind::failed, {}, {}, 0, "device is shut 
 device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
                          std::size_t queue_capacity,
                          std::shared_ptr<result_board> results, std::size_t trace_capacity,
-                         std::size_t max_in_flight, bool hand_over)
+                         std::size_t max_in_flight, bool hand_over, bool pin_runner)
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)),
@@ -32,6 +32,7 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
   }
   // An asynchronous driver's items run on its stream: nothing to hand over.
   hand_over_ = hand_over && !stream_;
+  pin_runner_ = pin_runner;
   thread_ = std::thread([this] { run(); });
 }
 

@@ -78,7 +78,7 @@ public:
   device_core(std::string name, int ordinal, std::shared_ptr<driver> drv,
               std::size_t queue_capacity, std::shared_ptr<result_board> results,
               std::size_t trace_capacity = 0, std::size_t max_in_flight = 64,
-              bool hand_over = true);
+              bool hand_over = true, bool pin_runner = false);
   /// Drains and joins (see `shutdown`).
   ~device_core();
 
@@ -180,6 +180,9 @@ public:
   /// How many times the runner's doorbell rang (`ring` finding it asleep,
   /// or a stop); for tests.
   uint32_t doorbell_rings() const noexcept { return bell_.load(std::memory_order_relaxed); }
+  /// The CPU this device's runner pinned itself to (`pin_runners`), or -1
+  /// (not pinned, or not yet started).
+  int runner_cpu() const noexcept { return cpu_.load(std::memory_order_relaxed); }
   /// Items of this device that another device's runner ran, having opened
   /// the wait this device was parked on (see `hand_over`); for tests and
   /// diagnostics.
@@ -711,6 +714,9 @@ private:
   // actors of one worker does. `returned`: the runner takes it back.
   enum exec_state : uint8_t { held, lendable, lent, returned };
   bool hand_over_ = true; // set before the runner starts
+  bool pin_runner_ = false; // set before the runner starts
+  // The CPU the runner pinned itself to, -1 when not pinned (debug info).
+  std::atomic<int> cpu_{-1};
   alignas(64) std::atomic<uint8_t> exec_{held};
   // The runner's, a hint for `try_help`: it spins at a wait, and will take
   // the token back itself once the wait ends.

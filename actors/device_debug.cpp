@@ -63,6 +63,8 @@ sexp device_core::debug_info() const {
                           sexp::field("spare_extras", std::to_string(spare)),
                           sexp::field("run_by", hand_over_state()),
                           sexp::field("run_by_others", std::to_string(items_run_by_others())),
+                          sexp::field("cpu", runner_cpu() < 0 ? std::string{"any"}
+                                                              : std::to_string(runner_cpu())),
                           pools});
   if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
     info.push_back(std::move(extra));

@@ -117,6 +117,35 @@ inline int usable_cpus() noexcept {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+/// Pins the calling thread to one CPU of the process's affinity mask (as of
+/// the first call), taking them in turn across the process: the first
+/// runner gets the mask's first CPU, the next one the second, and so on,
+/// round. Returns that CPU, or -1 when the mask has a single CPU (nothing
+/// to spread) or the kernel refuses.
+inline int pin_to_next_cpu() noexcept {
+  static const cpu_set_t mask = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+      CPU_ZERO(&set);
+    return set;
+  }();
+  static std::atomic<unsigned> next{0};
+  const int n = CPU_COUNT(&mask);
+  if (n < 2)
+    return -1;
+  auto k = static_cast<int>(next.fetch_add(1, std::memory_order_relaxed) % static_cast<unsigned>(n));
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask) || k-- > 0)
+      continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0 ? cpu : -1;
+  }
+  return -1;
+}
+
 /// Whether more runners are awake than there are CPUs to run them (as of
 /// the first call).
 inline bool runners_crowd_cpus() noexcept {

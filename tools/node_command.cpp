@@ -28,10 +28,13 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
     // Work accepted and not started when the node stops is cancelled, so the
     // peers waiting on it get an error naming the node instead of a hang.
     // Each runner keeps a trace of its last 65,536 items (`trace` message),
-    // so the runs that attach the node can draw its devices.
+    // so the runs that attach the node can draw its devices. Runners are not
+    // pinned: nodes often share a machine (a multi-node run on one host),
+    // and each process would pin its first runner to the same first CPU.
     backend b{sys, {.num_devices = opts.cpu_devices,
                     .on_destroy = backend_options::destroy_policy::cancel,
-                    .trace_capacity = std::size_t{1} << 16}};
+                    .trace_capacity = std::size_t{1} << 16,
+                    .pin_runners = false}};
     auto node = spawn_node_actor(b, name);
     auto port = publish_node(node, opts.port, opts.bind);
     if (!port) {

@@ -96,6 +96,14 @@ struct backend_options {
   /// very items, so no device waits longer than it would without. Off: each
   /// device's items run on its own runner thread only.
   bool hand_over = true;
+  /// Whether each device's runner thread pins itself to one CPU of the
+  /// process's affinity mask, taking the mask's CPUs in turn across the
+  /// process (one runner a CPU until there are more runners than CPUs).
+  /// Unpinned, the kernel tends to put a runner woken by another on the
+  /// waker's CPU, and two runners that wait for each other then share one
+  /// CPU while another idles. Nothing is pinned when the mask has one CPU.
+  /// Each device's debug info says where its runner runs (`cpu`).
+  bool pin_runners = true;
 };
 
 /// One instance of the Multidev signature: devices of one driver kind.
@@ -199,14 +207,15 @@ public:
   sexp get_global_debug_info() const;
   /// `(device (name ..) (queue_length ..) (scheduled ..) (finished ..)
   /// (pending_waits ..) (waiters ..) (parked_on ..) (error ..) (used_memory ..)
-  /// (spare_extras ..) (run_by ..) (run_by_others ..) (pools ..) ...)`:
+  /// (spare_extras ..) (run_by ..) (run_by_others ..) (cpu ..) (pools ..) ...)`:
   /// `spare_extras` counts the queue entries of copies, zeroings and pool
   /// releases kept for reuse (at most 1,024 once the device is idle; all of
   /// a burst's while it runs); `run_by` says who runs the device's items now
   /// (`runner`, `lendable`: parked at a wait whose opener may run them,
   /// `lent`: another device's runner does, `returned`) and `run_by_others`
-  /// how many items another runner ran (`backend_options::hand_over`).
-  /// With tracing on, ends with `(trace (capacity ..) (recorded ..) (dropped
+  /// how many items another runner ran (`backend_options::hand_over`);
+  /// `cpu` is the CPU its runner is pinned to, or `any`
+  /// (`backend_options::pin_runners`). With tracing on, ends with `(trace (capacity ..) (recorded ..) (dropped
   /// ..) (last (item ..) ...))`: the last 8 items of the runner.
   sexp get_debug_info(const device& d) const;
   /// A copy of `d`'s runner trace (`multidev/trace.hpp`): the last
