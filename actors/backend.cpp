@@ -178,7 +178,7 @@ device backend::get_device(int ordinal) {
   auto core = std::make_shared<detail::device_core>(
     rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results,
     impl_->opts.trace_capacity, impl_->opts.max_in_flight, impl_->opts.hand_over,
-    impl_->opts.pin_runners);
+    impl_->opts.pin_runners && local >= 2); // one device: no runner waits on another
   auto id = static_cast<uint32_t>(rec->device_id);
   device_actor a;
   {

@@ -1,7 +1,8 @@
-// Runner pinning (`backend_options::pin_runners`, on by default): each
-// device's runner thread pins itself to one CPU of the process's affinity
-// mask, the mask's CPUs taken in turn, so two runners that wait for each
-// other do not end up sharing one CPU while another idles. Each device's
+// Runner pinning (`backend_options::pin_runners`, on by default): in a
+// backend of two devices or more, each device's runner thread pins itself
+// to one CPU of the process's affinity mask, the mask's CPUs taken in turn,
+// so two runners that wait for each other do not end up sharing one CPU
+// while another idles. Each device's
 // debug info says where its runner runs (`cpu`).
 #define BOOST_TEST_MODULE pinning
 #include <boost/test/unit_test.hpp>
@@ -75,6 +76,14 @@ BOOST_AUTO_TEST_CASE(test_pinning_each_runner_on_its_own_cpu) {
     BOOST_TEST(static_cast<int>(seen.size()) == n, n << " runners on " << seen.size() << " CPUs");
   else
     BOOST_TEST_MESSAGE("one CPU in this process's mask: pinning is off, as documented");
+}
+
+BOOST_AUTO_TEST_CASE(test_pinning_a_backend_of_one_device_does_not_pin) {
+  const int cpus = process_cpus();
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  BOOST_TEST(place_of(b, d).allowed == cpus);
+  BOOST_TEST(field_of(b.get_debug_info(d), "cpu") == "any");
 }
 
 BOOST_AUTO_TEST_CASE(test_pinning_off_leaves_each_runner_the_whole_mask) {

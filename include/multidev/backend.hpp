@@ -96,13 +96,16 @@ struct backend_options {
   /// very items, so no device waits longer than it would without. Off: each
   /// device's items run on its own runner thread only.
   bool hand_over = true;
-  /// Whether each device's runner thread pins itself to one CPU of the
-  /// process's affinity mask, taking the mask's CPUs in turn across the
-  /// process (one runner a CPU until there are more runners than CPUs).
-  /// Unpinned, the kernel tends to put a runner woken by another on the
-  /// waker's CPU, and two runners that wait for each other then share one
-  /// CPU while another idles. Nothing is pinned when the mask has one CPU.
-  /// Each device's debug info says where its runner runs (`cpu`).
+  /// Whether, in a backend of two devices or more, each device's runner
+  /// thread pins itself to one CPU of the process's affinity mask, taking
+  /// the mask's CPUs in turn across the process (one runner a CPU until
+  /// there are more runners than CPUs). Unpinned, the kernel tends to put a
+  /// runner woken by another on the waker's CPU, and two runners that wait
+  /// for each other then share one CPU while another idles. A backend of
+  /// one device does not pin (no runner of it waits for another, and its
+  /// runner's waits on other processes are answered by unpinned network
+  /// threads), nor does any when the mask has one CPU. Each device's debug
+  /// info says where its runner runs (`cpu`).
   bool pin_runners = true;
 };
 
