@@ -441,6 +441,10 @@ private:
   void execute(item& it);
   /// `execute` for an item without extra (a bare closure).
   void execute_bare(item& it);
+  /// `run_bare_items` with the trace on: `first`, whether the batch's first
+  /// item is next (its start is read from the clock, the others' is the
+  /// previous end).
+  void run_bare_items_traced(bool first);
   /// Runs the item's closure, if any; false when it threw (the device is
   /// then poisoned at `seq`).
   bool call_work(item& it, uint64_t seq);

@@ -69,8 +69,12 @@ void device_core::run() {
 
 void device_core::run_batch(bool first) {
   while (pos_ < batch_.size()) {
-    if (!batch_has_extras_ && !trace_ && !claimed_) {
-      run_bare_items();
+    if (!batch_has_extras_ && !claimed_) {
+      if (!trace_)
+        run_bare_items();
+      else
+        run_bare_items_traced(first);
+      first = false;
       continue;
     }
     if (claimed_) [[unlikely]] {
@@ -108,6 +112,24 @@ void device_core::run_bare_items() {
   while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
     prefetch_ahead(); // the entries only: the batch has no extras
     execute_bare(batch_[pos_++]);
+    if (!spent_batch_.empty()) [[unlikely]]
+      spent_batch_.clear(); // `try_claim` took the next batch early
+  }
+}
+
+void device_core::run_bare_items_traced(bool first) {
+  // The same with the trace on: each item's record, as `execute_traced`
+  // writes it, without the general path's look for a gate or an extra.
+  auto& ring = *trace_;
+  while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
+    prefetch_ahead();
+    auto& it = batch_[pos_++];
+    // Items of one batch run back to back: the previous end is this start.
+    ring.begin(&it, first ? ring.clock().now() : ring.last_end_ns());
+    first = false;
+    execute_bare(it);
+    if (ring.running()) [[unlikely]]
+      trace_done(executed_, failed()); // dropped: no record yet
     if (!spent_batch_.empty()) [[unlikely]]
       spent_batch_.clear(); // `try_claim` took the next batch early
   }
