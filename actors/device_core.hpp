@@ -451,7 +451,9 @@ private:
   /// `execute` timed into the trace; `first_in_batch`: the runner did other
   /// things since the last item, so the start needs a clock read of its own.
   /// `start_ns`, when not 0: when the item's record starts (a gate's: when
-  /// the device parked at it).
+  /// the device parked at it). `bare`: the item has no extra
+  /// (`execute_bare`, inlined for the short loop of bare closures).
+  template <bool bare = false>
   void execute_traced(item& it, bool first_in_batch, int64_t start_ns = 0);
   /// Records the item `execute_traced` (or `retire`) is resolving, if any,
   /// as `seq`, ended now (or at the end `trace_ring::begin` was given);

@@ -117,19 +117,31 @@ void device_core::run_bare_items() {
   }
 }
 
-void device_core::run_bare_items_traced(bool first) {
-  // The same with the trace on: each item's record, as `execute_traced`
-  // writes it, without the general path's look for a gate or an extra.
+template <bool bare>
+[[gnu::always_inline]] inline void device_core::execute_traced(item& it, bool first_in_batch,
+                                                              int64_t start_ns) {
   auto& ring = *trace_;
+  // Items of one batch run back to back: the previous end is this start.
+  if (start_ns == 0)
+    start_ns = first_in_batch ? ring.clock().now() : ring.last_end_ns();
+  ring.begin(&it, start_ns);
+  if constexpr (bare)
+    execute_bare(it);
+  else
+    execute(it);
+  // An item that neither completed nor failed (none does today) still
+  // leaves its record.
+  if (ring.running()) [[unlikely]]
+    trace_done(executed_, failed());
+}
+
+void device_core::run_bare_items_traced(bool first) {
+  // The same with the trace on: each item's record, without the general
+  // path's look for a gate or an extra.
   while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
     prefetch_ahead();
-    auto& it = batch_[pos_++];
-    // Items of one batch run back to back: the previous end is this start.
-    ring.begin(&it, first ? ring.clock().now() : ring.last_end_ns());
+    execute_traced<true>(batch_[pos_++], first);
     first = false;
-    execute_bare(it);
-    if (ring.running()) [[unlikely]]
-      trace_done(executed_, failed()); // dropped: no record yet
     if (!spent_batch_.empty()) [[unlikely]]
       spent_batch_.clear(); // `try_claim` took the next batch early
   }

@@ -14,19 +14,6 @@ namespace {
 constexpr std::size_t debug_info_records = 8;
 } // namespace
 
-void device_core::execute_traced(item& it, bool first_in_batch, int64_t start_ns) {
-  auto& ring = *trace_;
-  // Items of one batch run back to back: the previous end is this start.
-  if (start_ns == 0)
-    start_ns = first_in_batch ? ring.clock().now() : ring.last_end_ns();
-  ring.begin(&it, start_ns);
-  execute(it);
-  // An item that neither completed nor failed (none does today) still
-  // leaves its record.
-  if (ring.running()) [[unlikely]]
-    trace_done(executed_, failed());
-}
-
 void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
   auto& ring = *trace_;
   trace_ring::entry e{seq, trace_kind::cancel, 0, 0, true, 0};

@@ -218,8 +218,9 @@ public:
   /// `lent`: another device's runner does, `returned`) and `run_by_others`
   /// how many items another runner ran (`backend_options::hand_over`);
   /// `cpu` is the CPU its runner is pinned to, or `any`
-  /// (`backend_options::pin_runners`). With tracing on, ends with `(trace (capacity ..) (recorded ..) (dropped
-  /// ..) (last (item ..) ...))`: the last 8 items of the runner.
+  /// (`backend_options::pin_runners`). With tracing on, ends with `(trace
+  /// (capacity ..) (recorded ..) (dropped ..) (last (item ..) ...))`: the
+  /// last 8 items of the runner.
   sexp get_debug_info(const device& d) const;
   /// A copy of `d`'s runner trace (`multidev/trace.hpp`): the last
   /// `trace_capacity` items it handled, oldest first, and how many older
