@@ -67,6 +67,8 @@ void device_core::shutdown() {
   if (thread_.joinable() && current_runner != this) {
     thread_.join();
     stream_.reset(); // the runner resolved everything it submitted
+    // Its orders' pools, if it stopped without going idle: the memory goes now.
+    hand_back_extras_to_producers();
   }
   {
     std::lock_guard guard{waiters_mu_};

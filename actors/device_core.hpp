@@ -314,6 +314,8 @@ private:
   /// A push writes the first two lines (the second: the order's id and
   /// offset, the kind, the node label), which `reused_extra` fetches ahead.
   struct alignas(64) item_extra {
+    /// What the item holds (an order's pool, a described task's buffers);
+    /// see `release_hold` for when it lets go.
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
     order op;
@@ -431,8 +433,15 @@ private:
   /// Moves the whole queue into `batch` (empty) and makes room; false, taking
   /// nothing, when the queue is empty.
   bool take_batch(std::vector<item>& batch);
-  /// Runner only: moves spent_ into spare_ (all of it, while memory lasts).
+  /// Runner only: moves spent_ into spare_ (all of it, while memory lasts),
+  /// letting go of the pools their orders held.
   void hand_back_extras_to_producers() noexcept;
+  /// Runner only, as an item with an extra resolves: lets go of what it
+  /// held, except an order on a pool (a copy, a zeroing: `op.dst` set),
+  /// whose pool stays held until its extra is handed back. A release (an
+  /// order without `dst`) first makes the spent orders let go of theirs, so
+  /// that its pool's memory is gone before its event is done.
+  void release_hold(item_extra& x) noexcept;
   /// Runner only, before it sleeps: frees the spare extras beyond
   /// `spare_extras_max`, kept through a burst.
   void trim_spare_extras() noexcept;
@@ -689,8 +698,11 @@ private:
 
   // Pools: the table as of the end of the queue. A spin lock: every host
   // copy looks its pool up here, the sections are a map lookup or update,
-  // and a pthread mutex's lock and unlock were ~60 instructions a copy.
-  mutable spin_mutex pools_mu_;
+  // and a pthread mutex's lock and unlock were ~60 instructions a copy. On
+  // a line of its own: it was beside gates_pending_ and parked_on_, which
+  // the runner reads, and a sixth of try_pool's samples in a stream of host
+  // copies were on taking it (perf).
+  alignas(64) mutable spin_mutex pools_mu_;
   std::map<int, std::shared_ptr<pool>> pools_;
   std::shared_ptr<std::atomic<std::size_t>> used_;
 

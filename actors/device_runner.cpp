@@ -47,6 +47,8 @@ void device_core::run() {
     batch_.clear();
     pos_ = 0;
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
+      if (!spent_.empty())
+        hand_back_extras_to_producers(); // an idle device holds no pool
       trim_spare_extras();
       if (!sleep_until_work())
         return;
@@ -483,6 +485,12 @@ bool device_core::take_batch(std::vector<item>& batch) {
 }
 
 void device_core::hand_back_extras_to_producers() noexcept {
+  // The pools the orders held, let go of here in a row: one cache line
+  // moves from the host once for the group, where letting go as each order
+  // ran moved it back and forth on every copy (its count is the pool's
+  // shared_ptr's, which the host takes for the next copy).
+  for (auto& x : spent_)
+    x->keep_alive.reset();
   // A group at a time, under a lock of their own: handing back each one
   // moves spare_'s lines to this thread and back for every order, and under
   // mu_ it would take the queue's line from the producers once more. spare_
@@ -525,6 +533,15 @@ void device_core::trim_spare_extras() noexcept {
     }
     spare_.resize(std::max(spare_extras_max, n - slice));
   }
+}
+
+void device_core::release_hold(item_extra& x) noexcept {
+  if (!x.keep_alive || (x.is_order() && x.op.dst))
+    return;
+  if (x.is_order())
+    for (auto& spent : spent_)
+      spent->keep_alive.reset();
+  x.keep_alive.reset();
 }
 
 [[gnu::always_inline]] inline bool device_core::call_work(item& it, uint64_t seq) {
@@ -584,7 +601,7 @@ void device_core::execute(item& it) {
   // buffers) before its event is done, so whoever syncs on it sees the memory
   // gone.
   it.work = nullptr;
-  it.extra->keep_alive.reset();
+  release_hold(*it.extra);
   complete(seq);
 }
 
@@ -661,7 +678,7 @@ void device_core::drop(item& it, uint64_t seq) noexcept {
     trace_dropped(it, seq);
   it.work = nullptr;
   if (it.extra)
-    it.extra->keep_alive.reset();
+    release_hold(*it.extra);
   resolve_bad(seq, std::move(cause));
 }
 
