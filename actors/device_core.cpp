@@ -68,7 +68,7 @@ void device_core::shutdown() {
     thread_.join();
     stream_.reset(); // the runner resolved everything it submitted
     // Its orders' pools, if it stopped without going idle: the memory goes now.
-    hand_back_extras_to_producers();
+    let_go_of_spent_pools();
   }
   {
     std::lock_guard guard{waiters_mu_};

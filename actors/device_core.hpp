@@ -436,6 +436,12 @@ private:
   /// Runner only: moves spent_ into spare_ (all of it, while memory lasts),
   /// letting go of the pools their orders held.
   void hand_back_extras_to_producers() noexcept;
+  /// Runner only (or once it is gone): the spent extras let go of the pools
+  /// their orders held, and stay spent. As a group is handed back, at a
+  /// release, when the runner goes idle (an idle device holds no pool; its
+  /// extras are handed back with the next batch, as ever, so that a host
+  /// syncing on each copy still finds 16 or more spare ones), at shutdown.
+  void let_go_of_spent_pools() noexcept;
   /// Runner only, as an item with an extra resolves: lets go of what it
   /// held, except an order on a pool (a copy, a zeroing: `op.dst` set),
   /// whose pool stays held until its extra is handed back. A release (an

@@ -47,8 +47,7 @@ void device_core::run() {
     batch_.clear();
     pos_ = 0;
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
-      if (!spent_.empty())
-        hand_back_extras_to_producers(); // an idle device holds no pool
+      let_go_of_spent_pools(); // an idle device holds no pool
       trim_spare_extras();
       if (!sleep_until_work())
         return;
@@ -485,12 +484,7 @@ bool device_core::take_batch(std::vector<item>& batch) {
 }
 
 void device_core::hand_back_extras_to_producers() noexcept {
-  // The pools the orders held, let go of here in a row: one cache line
-  // moves from the host once for the group, where letting go as each order
-  // ran moved it back and forth on every copy (its count is the pool's
-  // shared_ptr's, which the host takes for the next copy).
-  for (auto& x : spent_)
-    x->keep_alive.reset();
+  let_go_of_spent_pools();
   // A group at a time, under a lock of their own: handing back each one
   // moves spare_'s lines to this thread and back for every order, and under
   // mu_ it would take the queue's line from the producers once more. spare_
@@ -535,12 +529,20 @@ void device_core::trim_spare_extras() noexcept {
   }
 }
 
+void device_core::let_go_of_spent_pools() noexcept {
+  // In a row: the count's cache line moves from the host once for the
+  // group, where letting go as each order ran moved it back and forth on
+  // every copy (the host takes the same count for its next copy).
+  for (auto& x : spent_)
+    if (x->keep_alive) // else its line is left as it is
+      x->keep_alive.reset();
+}
+
 void device_core::release_hold(item_extra& x) noexcept {
   if (!x.keep_alive || (x.is_order() && x.op.dst))
     return;
   if (x.is_order())
-    for (auto& spent : spent_)
-      spent->keep_alive.reset();
+    let_go_of_spent_pools();
   x.keep_alive.reset();
 }
 
