@@ -72,8 +72,8 @@ void device_core::recycle(item& it) noexcept {
   it.work = nullptr; // its closure points into the extra
   // Only what must not outlive the item, and only when set: the other
   // fields stay as they are for the producer to overwrite, their lines
-  // untouched here. An order's pool is let go of with the group
-  // (`hand_back_extras_to_producers`).
+  // untouched here. An order's pool is let go of later, with the other
+  // spent orders' (`let_go_of_spent_pools`: at a hand-back, a release, idle).
   if (auto& x = *it.extra; x.g)
     x.g.reset(); // a wait's gate goes with the wait
   try {
