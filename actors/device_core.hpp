@@ -666,8 +666,10 @@ private:
   /// `min_waiter_` from both lists. Call under waiters_mu_.
   void update_min_waiter_locked() noexcept;
   /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
-  /// `all`). Call under waiters_mu_.
-  bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out) noexcept;
+  /// `all`); `more`: whether the one after it is due too. Call under
+  /// waiters_mu_.
+  bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
+                                   bool& more) noexcept;
   /// Registers `w` with this (owner) device, or resolves it at once as
   /// `when_resolved` would call a resolver.
   void when_resolved(gate_waiter w);
@@ -691,7 +693,18 @@ private:
   /// (still parked at a pending gate, or past the awaited item): gives the
   /// token back as it was (`parks_` unchanged).
   void relend() noexcept;
-  std::atomic<int> gates_pending_{0};
+  /// Waits queued and waits passed (run or dropped), for debug info's
+  /// `pending_waits`: two counters, each with one writer at a time, rather
+  /// than one that both sides change with a locked instruction, which a
+  /// hop of a chain paid once per wait. `gates_pushed_` is written under
+  /// waiters_mu_; `gates_passed_` by the token holder (on an asynchronous
+  /// driver, under retire_mu_).
+  std::atomic<uint64_t> gates_pushed_{0};
+  std::atomic<uint64_t> gates_passed_{0};
+  void count_gate_passed() noexcept {
+    gates_passed_.store(gates_passed_.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_release); // after its push, for debug_info
+  }
   // The gate the device is parked at, if any: written by the token holder,
   // read under waiters_mu_ and only compared with gates_' entries (a reader
   // that dereferenced it could find it freed). Atomic, not guarded: a hop
@@ -705,7 +718,7 @@ private:
   // Pools: the table as of the end of the queue. A spin lock: every host
   // copy looks its pool up here, the sections are a map lookup or update,
   // and a pthread mutex's lock and unlock were ~60 instructions a copy. On
-  // a line of its own: it was beside gates_pending_ and parked_on_, which
+  // a line of its own: it was beside the waits counter and parked_on_, which
   // the runner reads, and a sixth of try_pool's samples in a stream of host
   // copies were on taking it (perf).
   alignas(64) mutable spin_mutex pools_mu_;

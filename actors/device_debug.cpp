@@ -21,6 +21,10 @@ const char* device_core::hand_over_state() const noexcept {
 sexp device_core::debug_info() const {
   auto s = scheduled();
   auto f = finished();
+  // Passed first: a wait is counted pushed before it can be passed, so the
+  // difference read this way is never negative.
+  auto passed = gates_passed_.load(std::memory_order_acquire);
+  auto pending_waits = gates_pushed_.load(std::memory_order_acquire) - passed;
   std::size_t waiting;
   std::string parked;
   {
@@ -55,7 +59,7 @@ sexp device_core::debug_info() const {
                           sexp::field("queue_length", std::to_string(s - f)),
                           sexp::field("scheduled", std::to_string(s)),
                           sexp::field("finished", std::to_string(f)),
-                          sexp::field("pending_waits", std::to_string(gates_pending_.load())),
+                          sexp::field("pending_waits", std::to_string(pending_waits)),
                           sexp::field("waiters", std::to_string(waiting)),
                           sexp::field("parked_on", parked.empty() ? "none" : parked),
                           sexp::field("error", err ? *err : std::string{"none"}),

@@ -91,14 +91,17 @@ void device_core::update_min_waiter_locked() noexcept {
   min_waiter_.store(m, std::memory_order_seq_cst);
 }
 
-bool device_core::take_due_gate_waiter_locked(uint64_t upto, bool all,
-                                              gate_waiter& out) noexcept {
+bool device_core::take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
+                                              bool& more) noexcept {
+  more = false;
   if (gate_waiters_head_ == gate_waiters_.size())
     return false;
   auto& first = gate_waiters_[gate_waiters_head_];
   if (!all && first.seq > upto)
     return false;
   out = std::move(first);
+  more = gate_waiters_head_ + 1 < gate_waiters_.size() &&
+         (all || gate_waiters_[gate_waiters_head_ + 1].seq <= upto);
   // Spent entries are erased in bulk, once they are half of the list (and
   // at once when it empties): a move per entry, amortized, no allocation.
   if (++gate_waiters_head_ == gate_waiters_.size()) {
@@ -120,12 +123,19 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   std::multimap<uint64_t, resolver> due;
   gate_waiter gw;
   bool has_gate;
+  // Whether another gate waiter was due when the last one was taken: for
+  // a firing of done items the list is looked at again only then. One that
+  // registers later for a seq this covers is resolved by its own
+  // registration (`when_resolved_as` reads progress_ after it enters), so
+  // the second lock a firing took, which a hop of a chain paid every time,
+  // found nothing there.
+  bool more;
   {
     std::lock_guard guard{waiters_mu_};
     auto end = beyond ? waiters_.end() : waiters_.upper_bound(upto);
     while (waiters_.begin() != end)
       due.insert(waiters_.extract(waiters_.begin()));
-    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw);
+    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
     update_min_waiter_locked();
   }
   // Each seq gets its own outcome: a seq resolved done is done for every
@@ -152,9 +162,11 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
       if (c || !try_claim(gw))
         resolve_gate_waiter(gw, c);
     });
+    if (!more && !beyond)
+      break;
     gw = gate_waiter{};
     std::lock_guard guard{waiters_mu_};
-    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw);
+    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
     if (has_gate)
       update_min_waiter_locked();
   }

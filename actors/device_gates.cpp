@@ -166,14 +166,17 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
       gates_prune_at_ = std::max<std::size_t>(64, 2 * gates_.size());
     }
     gates_.push_back(g);
+    gates_pushed_.store(gates_pushed_.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
   }
-  gates_pending_.fetch_add(1);
   try {
     // A wait never waits for room: will_wait_for returns at once, and an
     // actor handler must not block.
     g->seq = enqueue(task{}, g, false);
   } catch (...) {
-    gates_pending_.fetch_sub(1);
+    std::lock_guard guard{waiters_mu_};
+    gates_pushed_.store(gates_pushed_.load(std::memory_order_relaxed) - 1,
+                        std::memory_order_relaxed);
     throw;
   }
   return g;
@@ -224,14 +227,13 @@ std::string gate::owner_label() const {
 void device_core::resolve_gate(gate& g, const failure_ptr& cause) noexcept {
   // `resolving` makes the first resolution win and publishes the cause
   // before the final state; the runner only acts on open or failed.
+  // Opening publishes nothing else: one compare-and-swap.
   int expected = gate::pending;
-  if (!g.state.compare_exchange_strong(expected, gate::resolving))
+  if (!g.state.compare_exchange_strong(expected, cause ? gate::resolving : gate::open))
     return;
   if (cause) {
     g.cause = cause;
     g.state.store(gate::failed, std::memory_order_seq_cst);
-  } else {
-    g.state.store(gate::open, std::memory_order_seq_cst);
   }
   ring();
 }

@@ -216,7 +216,13 @@ void device_core::call_room_callback() noexcept {
 }
 
 void device_core::ring() {
-  if (sleeping_.exchange(awake, std::memory_order_seq_cst) != awake)
+  // Looks before it writes: a runner that is awake (the common case for a
+  // wait opened while its device runs) costs no locked instruction here.
+  // Safe against a runner going to sleep: it stores sleeping_ (seq_cst)
+  // before it looks at what it waits for, and whoever rings stored that
+  // (seq_cst) before this load, so one of the two sees the other.
+  if (sleeping_.load(std::memory_order_seq_cst) != awake &&
+      sleeping_.exchange(awake, std::memory_order_seq_cst) != awake)
     ring_bell();
 }
 

@@ -325,13 +325,13 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   if (!other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
     return false;
   // Holding its token: it stays where it is.
+  // Opened without ringing its runner.
   int expected = gate::pending;
   if (other->parked_gate_ != w.g.get() ||
-      !w.g->state.compare_exchange_strong(expected, gate::resolving)) {
+      !w.g->state.compare_exchange_strong(expected, gate::open)) {
     other->hand_back();
     return false;
   }
-  w.g->state.store(gate::open, std::memory_order_seq_cst); // its runner is not rung
   claimed_ = std::move(other);
   return true;
 }
@@ -591,7 +591,7 @@ void device_core::execute(item& it) {
       drop(it, seq); // counts the gate off
       return;
     }
-    gates_pending_.fetch_sub(1);
+    count_gate_passed();
     if (g.state.load() == gate::failed) {
       poison(seq, [&] { return gate_failure(g); });
       return;
@@ -666,7 +666,7 @@ std::string device_core::describe(const item& it, uint64_t seq) {
 
 void device_core::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
-    gates_pending_.fetch_sub(1);
+    count_gate_passed();
   failure_ptr cause;
   {
     std::lock_guard guard{mu_};
@@ -977,7 +977,7 @@ void device_core::retire(flight& f) noexcept {
       drop(f.it, seq); // counts the gate off
       break;
     }
-    gates_pending_.fetch_sub(1);
+    count_gate_passed();
     if (g.state.load() == gate::failed) {
       poison(seq, [&] { return gate_failure(g); });
       failed_behind_ = started_.load(std::memory_order_seq_cst);
