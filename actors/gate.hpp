@@ -17,8 +17,9 @@ class endpoint;
 /// A point in a device's queue that opens when another device's event is done
 /// (or fails, which poisons the device when the runner reaches it).
 struct gate {
-  /// `resolving` is held only between the compare-and-swap that makes one
-  /// resolution win and the store of its final state (no throwing in between).
+  /// Opening is one compare-and-swap `pending -> open`. A failure holds
+  /// `resolving` between the compare-and-swap that makes it win and the
+  /// store of `failed`, after its cause (no throwing in between).
   enum state_t : int { pending = 0, open = 1, failed = 2, resolving = 3 };
   std::atomic<int> state{pending};
   /// Its place in the device's schedule; 0 until it is queued (the wait
