@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/backstop.hpp"
 #include "actors/trace.hpp"
 
 namespace multidev::detail {
@@ -38,6 +39,8 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
 
 device_core::~device_core() {
   shutdown();
+  if (hand_over_)
+    wake_backstop::instance().forget(this);
 }
 
 void device_core::request_stop() {

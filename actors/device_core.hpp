@@ -189,6 +189,20 @@ public:
   uint64_t items_run_by_others() const noexcept {
     return run_by_others_.load(std::memory_order_relaxed);
   }
+  /// Times another runner opened this device's wait and left its sleeping
+  /// runner asleep, to run its items itself (`try_defer`); for tests and
+  /// diagnostics.
+  uint64_t deferred_wakes() const noexcept {
+    return deferred_wakes_.load(std::memory_order_relaxed);
+  }
+  /// The backstop (and a host that blocks on this device): rings the runner
+  /// if its wake-up deferred with `stamp` is still deferred (nobody took its
+  /// items up). Whether it rang.
+  bool ring_if_deferred(uint64_t stamp) noexcept;
+  /// For tests: a runner defers a wake-up only while the process has at
+  /// least `n` runners (0 restores the default: one more than its CPUs;
+  /// see `runners_may_defer`).
+  static void set_defer_threshold_for_tests(int n) noexcept;
   /// For tests: while on, this runner, woken at a wait with hand-over on,
   /// holds there before it takes its token back, as a runner the kernel has
   /// not scheduled yet would (see `try_help`). Turning it off releases it.
@@ -684,6 +698,29 @@ private:
   /// takes its token and opens the gate without waking its runner; this
   /// runner then runs its items (`serve`) instead of sleeping. Whether it did.
   bool try_claim(const gate_waiter& w) noexcept;
+  /// In `fire`, on this device's own runner, when `try_claim` did not take
+  /// `w`: if the process has more runners than CPUs, `w`'s device is asleep,
+  /// parked at `w`'s gate, and this runner waits for that device within its
+  /// next few items (it will `try_help` there), opens the gate without
+  /// waking it; the backstop rings it if nobody took its items up a period
+  /// or two later. Whether it did.
+  bool try_defer(const gate_waiter& w) noexcept;
+  /// Only while the process has more runners than CPUs (`try_defer`): there
+  /// a woken runner mostly queues for a CPU that other runners keep busy,
+  /// and its wake-up and context switches cost more than its items (the
+  /// fan-out/fan-in DAG of `multidev bench` on 4 and 8 devices). With a CPU
+  /// for each runner, a woken one runs at once, beside this one. Inline: a
+  /// hop of a two-device chain asks on every firing.
+  static bool runners_may_defer() noexcept {
+    return live_runners.load(std::memory_order_relaxed) >=
+           defer_min_runners.load(std::memory_order_relaxed);
+  }
+  /// Whoever takes this device's token from its parked runner: a deferred
+  /// wake-up is taken up, no longer the backstop's to ring.
+  void take_up_deferral() noexcept {
+    if (deferred_.load(std::memory_order_relaxed) != 0)
+      deferred_.store(0, std::memory_order_relaxed);
+  }
   /// The runner, about to park at the pending gate `g` (a wait on another
   /// device of this process): if that device is lendable and can run (its
   /// own wait ended, its runner rung but not yet back), takes its token and
@@ -759,6 +796,10 @@ private:
   // the token back itself once the wait ends.
   std::atomic<bool> spinning_{false};
   std::atomic<bool> hold_after_wake_{false}; // see hold_after_wake
+  // The stamp of the deferred wake-up of this device's runner (0: none):
+  // set by the runner that deferred it, cleared by whoever takes the token
+  // up or rings it (`ring_if_deferred`).
+  std::atomic<uint64_t> deferred_{0};
   // The batch being run and the next item in it, and whether any of its
   // entries has an extra (bare closures need no look ahead at those): the
   // token holder's.
@@ -787,6 +828,7 @@ private:
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
   std::atomic<uint64_t> run_by_others_{0};
+  std::atomic<uint64_t> deferred_wakes_{0};
 
   std::thread thread_;
 };

@@ -159,7 +159,7 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
     outcome(seq, [&](const failure* c) { invoke(r, c); });
   while (has_gate) {
     outcome(gw.seq, [&](const failure* c) {
-      if (c || !try_claim(gw))
+      if (c || !(try_claim(gw) || (runners_may_defer() && try_defer(gw))))
         resolve_gate_waiter(gw, c);
     });
     if (!more && !beyond)
@@ -290,6 +290,10 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     w.seq = seq;
     w.what = what;
     blocked_scope blocked{std::move(w)};
+    // A runner that left this device's runner asleep, to run its items
+    // itself later, may be long in coming: this wait needs them now.
+    if (auto stamp = deferred_.load(std::memory_order_relaxed))
+      ring_if_deferred(stamp);
     // Shared: the resolver may still be notifying after we saw the value.
     struct signal {
       std::atomic<uint32_t> flag{0};

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "actors/backstop.hpp"
 #include "actors/trace.hpp"
 
 namespace multidev::detail {
@@ -93,8 +94,15 @@ void device_core::run_batch(bool first) {
       continue;
     }
     if (auto* g = pending_gate_at_pos()) {
-      if (!try_help(*g))
+      if (!try_help(*g)) {
+        // Parking: a wake-up of the awaited device that some runner
+        // deferred is not this runner's to take up any more.
+        if (hand_over_ && !g->remote)
+          if (auto o = g->owner.lock())
+            if (auto stamp = o->deferred_.load(std::memory_order_relaxed))
+              o->ring_if_deferred(stamp);
         return; // park
+      }
       first = false;
       continue;
     }
@@ -267,8 +275,10 @@ void device_core::park() {
       }
       spin = false;
       auto st = exec_.load(std::memory_order_seq_cst);
-      if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst))
+      if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst)) {
+        take_up_deferral();
         break; // holding the token again: look at where the device is now
+      }
     }
   }
 }
@@ -324,6 +334,7 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   auto st = uint8_t{lendable};
   if (!other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
     return false;
+  other->take_up_deferral();
   // Holding its token: it stays where it is.
   // Opened without ringing its runner.
   int expected = gate::pending;
@@ -333,6 +344,65 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
     return false;
   }
   claimed_ = std::move(other);
+  return true;
+}
+
+namespace {
+/// How many items ahead `try_defer` looks for this runner's own wait on the
+/// device whose wake-up it would defer.
+constexpr std::size_t defer_look_ahead = 16;
+} // namespace
+
+void device_core::set_defer_threshold_for_tests(int n) noexcept {
+  defer_min_runners.store(n > 0 ? n : process_cpus() + 1, std::memory_order_relaxed);
+}
+
+bool device_core::try_defer(const gate_waiter& w) noexcept {
+  // The caller asked `runners_may_defer`. Only this device's own runner,
+  // running its own items (as try_claim).
+  if (!hand_over_ || current_runner != this || serving_other || claimed_)
+    return false;
+  // This runner waits for w's device soon: it will run that device's items
+  // at its own wait (`try_help`), so they do not wait on it long. Its own
+  // entries only: no lock, no reference count yet.
+  bool waits_for_it = false;
+  for (auto i = batch_has_extras_ ? pos_ : batch_.size(), end = std::min(batch_.size(), pos_ + defer_look_ahead); i < end; ++i) {
+    auto* g = batch_[i].as_gate();
+    if (g && !g->remote && !g->owner.owner_before(w.waiter) && !w.waiter.owner_before(g->owner)) {
+      waits_for_it = true;
+      break;
+    }
+  }
+  if (!waits_for_it)
+    return false;
+  auto other = w.waiter.lock();
+  if (!other || !other->hand_over_)
+    return false;
+  // Asleep, parked at exactly this gate, the token left there: only a ring
+  // or a helper gets its items run. Awake (spinning, or rung already), it
+  // takes them up itself.
+  if (other->sleeping_.load(std::memory_order_seq_cst) != on_gate ||
+      other->exec_.load(std::memory_order_relaxed) != lendable ||
+      other->parked_on_.load(std::memory_order_acquire) != w.g.get())
+    return false;
+  auto stamp = wake_backstop::next_stamp();
+  other->deferred_.store(stamp, std::memory_order_seq_cst);
+  int expected = gate::pending;
+  if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
+    // Resolved meanwhile (a cancel): whoever did rang it.
+    other->ring_if_deferred(stamp);
+    return true;
+  }
+  other->deferred_wakes_.fetch_add(1, std::memory_order_relaxed);
+  if (!wake_backstop::instance().deferred(other.get(), stamp))
+    other->ring_if_deferred(stamp); // no backstop: rung now, as without deferral
+  return true;
+}
+
+bool device_core::ring_if_deferred(uint64_t stamp) noexcept {
+  if (!deferred_.compare_exchange_strong(stamp, 0, std::memory_order_seq_cst))
+    return false;
+  ring();
   return true;
 }
 
@@ -365,8 +435,10 @@ bool device_core::try_help(const gate& g) {
     other->relend(); // still held there, or past what g waits for: left as it was
     return false;
   }
-  // Its wait has ended, and its runner (rung) has not taken the token back
-  // yet: the items it would run are those this runner waits for.
+  // Its wait has ended, and its runner (rung, or its wake-up deferred) has
+  // not taken the token back yet: the items it would run are those this
+  // runner waits for.
+  other->take_up_deferral();
   mark_parked(&g);
   other->serve(*this, g, executed_ + 1);
   return true;

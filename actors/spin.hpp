@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <thread>
 
 namespace multidev::detail {
@@ -81,9 +82,13 @@ inline constexpr int gate_yield_every = 256;
 /// The same when more runners are awake than there are CPUs: then a runner
 /// polling a wait takes CPU time from the runners it waits for (8 devices
 /// on this project's 2 vCPUs: the fan-out/fan-in DAG of `multidev bench`
-/// took 59.5 µs a round with the long poll, 31.7 with this one), so it polls
-/// briefly, giving the CPU away often, and then sleeps.
-inline constexpr int gate_spin_pauses_crowded = 64;
+/// took 59.5 µs a round with the long poll, 31.7 with a poll of 64 pauses
+/// yielding every 16). It does not poll at all now: asleep at once, its
+/// wake-up can be deferred to a runner that runs its items itself
+/// (`device_core::try_defer`), which with a polling runner, awake, almost
+/// never happened (the same DAG, alternating: 14.3-16.5 against 22.5-27.0
+/// µs a round at 8 devices, 7.1-9.0 against 11.3-11.6 at 4).
+inline constexpr int gate_spin_pauses_crowded = 0;
 inline constexpr int gate_yield_every_crowded = 16;
 
 /// Runner threads of this process that are not asleep on their doorbell
@@ -91,10 +96,29 @@ inline constexpr int gate_yield_every_crowded = 16;
 /// sleeps). Read, not exact, by `spin_on_gate`.
 inline std::atomic<int> awake_runners{0};
 
-/// Counts the calling runner in `awake_runners` for the scope's life.
+/// Runner threads of this process, asleep or not.
+inline std::atomic<int> live_runners{0};
+
+/// How many runners the process must have for a runner to defer another's
+/// wake-up (`device_core::try_defer`): one more than its CPUs, set by the
+/// first runner (`runner_awake`); tests lower it. Until then, none defers.
+inline std::atomic<int> defer_min_runners{std::numeric_limits<int>::max()};
+
+inline int process_cpus() noexcept;
+
+/// Counts the calling runner in `awake_runners` and `live_runners` for the
+/// scope's life.
 struct runner_awake {
-  runner_awake() noexcept { awake_runners.fetch_add(1, std::memory_order_relaxed); }
-  ~runner_awake() { awake_runners.fetch_sub(1, std::memory_order_relaxed); }
+  runner_awake() noexcept {
+    if (defer_min_runners.load(std::memory_order_relaxed) == std::numeric_limits<int>::max())
+      defer_min_runners.store(process_cpus() + 1, std::memory_order_relaxed);
+    live_runners.fetch_add(1, std::memory_order_relaxed);
+    awake_runners.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~runner_awake() {
+    awake_runners.fetch_sub(1, std::memory_order_relaxed);
+    live_runners.fetch_sub(1, std::memory_order_relaxed);
+  }
   runner_awake(const runner_awake&) = delete;
   runner_awake& operator=(const runner_awake&) = delete;
 };
@@ -117,12 +141,10 @@ inline int usable_cpus() noexcept {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-/// Pins the calling thread to one CPU of the process's affinity mask (as of
-/// the first call), taking them in turn across the process: the first
-/// runner gets the mask's first CPU, the next one the second, and so on,
-/// round. Returns that CPU, or -1 when the mask has a single CPU (nothing
-/// to spread) or the kernel refuses.
-inline int pin_to_next_cpu() noexcept {
+/// The process's affinity mask as of the first call: made before any
+/// runner pins itself (`pin_to_next_cpu` asks for it first), so a pinned
+/// runner does not take its own single CPU for the process's.
+inline const cpu_set_t& process_cpu_mask() noexcept {
   static const cpu_set_t mask = [] {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -130,6 +152,25 @@ inline int pin_to_next_cpu() noexcept {
       CPU_ZERO(&set);
     return set;
   }();
+  return mask;
+}
+
+/// How many CPUs the process may use (`process_cpu_mask`; at least 1).
+inline int process_cpus() noexcept {
+  static const int n = [] {
+    int c = CPU_COUNT(&process_cpu_mask());
+    return c > 0 ? c : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return n;
+}
+
+/// Pins the calling thread to one CPU of the process's affinity mask (as of
+/// the first call), taking them in turn across the process: the first
+/// runner gets the mask's first CPU, the next one the second, and so on,
+/// round. Returns that CPU, or -1 when the mask has a single CPU (nothing
+/// to spread) or the kernel refuses.
+inline int pin_to_next_cpu() noexcept {
+  const cpu_set_t& mask = process_cpu_mask();
   static std::atomic<unsigned> next{0};
   const int n = CPU_COUNT(&mask);
   if (n < 2)
@@ -146,11 +187,18 @@ inline int pin_to_next_cpu() noexcept {
   return -1;
 }
 
-/// Whether more runners are awake than there are CPUs to run them (as of
-/// the first call).
+/// The CPUs the calling runner may run on, as of its first look: the
+/// process's (`process_cpus`), or one for a runner that pinned itself.
+inline int runner_cpus() noexcept {
+  thread_local const int n = usable_cpus();
+  return n;
+}
+
+/// Whether more runners are awake than the calling runner has CPUs: for a
+/// pinned runner (backends of two devices or more, see `pin_to_next_cpu`),
+/// whether any other runner is awake, which may share its CPU.
 inline bool runners_crowd_cpus() noexcept {
-  static const int cpus = usable_cpus();
-  return awake_runners.load(std::memory_order_relaxed) > cpus;
+  return awake_runners.load(std::memory_order_relaxed) > runner_cpus();
 }
 
 template <class Pred>

@@ -11,6 +11,7 @@
 
 #include <multidev/multidev.hpp>
 
+#include "actors/backstop.hpp"    // set_period_for_tests
 #include "actors/device_core.hpp" // pending_gates, runner_sleeping
 #include "runner_hold.hpp"
 #include "test_support.hpp"
@@ -183,4 +184,149 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   t.core(0).resolve_gate(*g, static_cast<const std::string*>(nullptr));
   sync(t.b, y);
   BOOST_TEST((s.y_thread == t.runner[0]));
+}
+
+namespace {
+
+/// Deferred wake-ups on, whatever this machine's CPU count, and the
+/// backstop's period set; both restored on the way out.
+struct deferring {
+  explicit deferring(std::chrono::microseconds backstop_period) {
+    detail::device_core::set_defer_threshold_for_tests(1);
+    detail::wake_backstop::set_period_for_tests(backstop_period);
+  }
+  ~deferring() {
+    detail::device_core::set_defer_threshold_for_tests(0);
+    detail::wake_backstop::set_period_for_tests({});
+  }
+  deferring(const deferring&) = delete;
+  deferring& operator=(const deferring&) = delete;
+};
+
+/// Device 1 waits for device 0's `source`, then runs x; device 0 runs
+/// `source`, then `between`, then waits for x, then runs y. `between` is
+/// empty, or (`between_waits_for_x`) polls for x to be done, for at most
+/// 10 s. Device 0's runner is held in a blocker until device 1's runner
+/// sleeps at its wait and device 0's items are all queued, so that it takes
+/// them in one batch: when `source` completes, device 0's wait for device 1
+/// is two items ahead.
+struct deferral_scenario {
+  deferral_scenario(three_devices& t, bool between_waits_for_x) : t(t) {
+    auto hold = test_support::block_runner(t.b, t.d[0]);
+    t.b.schedule_task(t.d[0], {"source", [] {}});
+    t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
+    t.b.schedule_task(t.d[1], {"x", [this] { x_thread = std::this_thread::get_id(); }});
+    x = t.b.all_work(t.d[1]);
+    BOOST_REQUIRE(test_support::eventually([&] {
+      return t.field(1, "parked_on") != "none" && t.field(1, "run_by") == "lendable" &&
+             t.core(1).runner_sleeping();
+    }));
+    rings_before = t.core(1).doorbell_rings();
+    auto between = [this, between_waits_for_x] {
+      if (between_waits_for_x)
+        saw_x = test_support::eventually([this] { return x.is_done(); }, std::chrono::seconds{10});
+    };
+    t.b.schedule_task(t.d[0], {"between", between});
+    t.b.will_wait_for(t.ctx[0], x);
+    t.b.schedule_task(t.d[0], {"y", [] {}});
+    y = t.b.all_work(t.d[0]);
+    hold->open();
+  }
+
+  three_devices& t;
+  event x, y;
+  std::thread::id x_thread;
+  bool saw_x = false;
+  uint32_t rings_before = 0;
+};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_a_runner_that_will_wait_leaves_the_sleeper_asleep) {
+  // Device 0's `source` opens device 1's wait. Device 0 waits for device 1
+  // two items later: it opens the wait without ringing device 1's runner
+  // (a deferred wake-up), and runs x itself at its own wait. The backstop's
+  // period is long enough that only a helper can have run x.
+  deferring on{std::chrono::seconds{30}};
+  three_devices t;
+  deferral_scenario s{t, false};
+  sync(t.b, s.y);
+  BOOST_TEST(t.core(1).deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).doorbell_rings() == s.rings_before, "device 1's runner was woken");
+  BOOST_TEST((s.x_thread == t.runner[0]), "x ran on device 0's runner");
+  BOOST_TEST(std::stoull(t.field(1, "run_by_others")) >= 1);
+  // Device 1 takes new work on its own runner again.
+  std::thread::id id;
+  t.b.schedule_task(t.d[1], {"after", [&id] { id = std::this_thread::get_id(); }});
+  sync(t.b, t.b.all_work(t.d[1]));
+  BOOST_TEST((id == t.runner[1]));
+}
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferred_wake_nobody_takes_up) {
+  // The same, but device 0's `between` waits for x: device 0 does not get
+  // to its wait until x is done, and x waits for device 1's runner, which
+  // the deferral left asleep. The backstop rings it a period or two later;
+  // without it, `between` gives up after 10 s.
+  deferring on{std::chrono::milliseconds{1}};
+  three_devices t;
+  deferral_scenario s{t, true};
+  sync(t.b, s.y);
+  BOOST_TEST(t.core(1).deferred_wakes() == 1u);
+  BOOST_TEST(s.saw_x, "x never ran while device 0 waited for it in a task");
+  BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner, rung");
+  BOOST_TEST(t.core(1).doorbell_rings() > s.rings_before);
+}
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferral_made_while_it_lingers) {
+  // The same twice, with the backstop's thread made to linger for an hour
+  // between the two: the second deferral must get it looking again. Before
+  // it notified a lingering thread, the second `between` gave up after 10 s
+  // (with the default linger, the ring came 20 ms late).
+  deferring on{std::chrono::milliseconds{1}};
+  struct linger_restored {
+    ~linger_restored() { detail::wake_backstop::set_linger_for_tests({}); }
+  } restore;
+  detail::wake_backstop::set_linger_for_tests(std::chrono::hours{1});
+  auto& backstop = detail::wake_backstop::instance();
+  three_devices t;
+  {
+    deferral_scenario first{t, true};
+    sync(t.b, first.y);
+    BOOST_REQUIRE(first.saw_x);
+  }
+  BOOST_REQUIRE(test_support::eventually([&] { return backstop.lingering(); }));
+  auto rang = backstop.rang();
+  deferral_scenario second{t, true};
+  sync(t.b, second.y);
+  BOOST_TEST(t.core(1).deferred_wakes() == 2u);
+  BOOST_TEST(second.saw_x, "the lingering backstop did not ring the second deferral");
+  BOOST_TEST(backstop.rang() > rang);
+}
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rings_it) {
+  // A host that blocks on device 1's work rings its deferred runner rather
+  // than wait for the backstop (whose period here is longer than the test's
+  // bound) or for device 0 (held in `between` until the host saw x).
+  deferring on{std::chrono::seconds{30}};
+  three_devices t;
+  auto release = std::make_shared<test_support::latch_gate>();
+  auto hold = test_support::block_runner(t.b, t.d[0]);
+  t.b.schedule_task(t.d[0], {"source", [] {}});
+  t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
+  std::thread::id x_thread;
+  t.b.schedule_task(t.d[1], {"x", [&x_thread] { x_thread = std::this_thread::get_id(); }});
+  auto x = t.b.all_work(t.d[1]);
+  BOOST_REQUIRE(test_support::eventually([&] {
+    return t.field(1, "run_by") == "lendable" && t.core(1).runner_sleeping();
+  }));
+  t.b.schedule_task(t.d[0], {"between", [release] { BOOST_REQUIRE(release->wait()); }});
+  t.b.will_wait_for(t.ctx[0], x);
+  auto y = t.b.all_work(t.d[0]);
+  hold->open();
+  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).deferred_wakes() == 1u; }));
+  // Bounded: a host that did not ring would wait for the backstop's 30 s.
+  BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
+  BOOST_TEST((x_thread == t.runner[1]));
+  release->open();
+  sync(t.b, y);
 }

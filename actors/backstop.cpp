@@ -1,0 +1,154 @@
+// The backstop for deferred wake-ups (see backstop.hpp).
+#include "actors/backstop.hpp"
+
+#include <sys/prctl.h>
+
+#include <atomic>
+#include <thread>
+
+#include "actors/device_core.hpp"
+
+namespace multidev::detail {
+
+namespace {
+/// 50 µs: a fan-out round of `multidev bench` on this project's machine
+/// takes a few µs, a futex wake-up with its context switch several: a
+/// backstop that looks once every 50 µs costs one context switch a period
+/// while wake-ups are being deferred.
+constexpr wake_backstop::clock::duration default_period = std::chrono::microseconds{50};
+std::atomic<wake_backstop::clock::rep> period_ticks{default_period.count()};
+/// 20 ms: a thread started and ended for every burst of deferrals would
+/// cost more than the deferrals save; idle for longer, it ends.
+constexpr wake_backstop::clock::duration default_linger = std::chrono::milliseconds{20};
+std::atomic<wake_backstop::clock::rep> linger_ticks{default_linger.count()};
+} // namespace
+
+wake_backstop& wake_backstop::instance() {
+  // Never destroyed: a device of a static backend may defer, or be
+  // forgotten, while the process exits.
+  static auto* b = new wake_backstop;
+  return *b;
+}
+
+wake_backstop::clock::duration wake_backstop::period() noexcept {
+  return clock::duration{period_ticks.load(std::memory_order_relaxed)};
+}
+
+void wake_backstop::set_period_for_tests(clock::duration p) noexcept {
+  period_ticks.store(p > clock::duration::zero() ? p.count() : default_period.count(),
+                     std::memory_order_relaxed);
+  auto& b = instance();
+  {
+    std::lock_guard guard{b.mu_}; // a thread about to wait sees the new period
+  }
+  b.cv_.notify_all(); // one waiting looks again now
+}
+
+wake_backstop::clock::duration wake_backstop::linger() noexcept {
+  return clock::duration{linger_ticks.load(std::memory_order_relaxed)};
+}
+
+void wake_backstop::set_linger_for_tests(clock::duration l) noexcept {
+  linger_ticks.store(l > clock::duration::zero() ? l.count() : default_linger.count(),
+                     std::memory_order_relaxed);
+  auto& b = instance();
+  {
+    std::lock_guard guard{b.mu_}; // a thread about to wait sees the new linger
+  }
+  b.cv_.notify_all();
+}
+
+bool wake_backstop::deferred(device_core* core, uint64_t stamp) noexcept {
+  std::unique_lock guard{mu_};
+  try {
+    entries_.push_back(entry{core, stamp, clock::now()});
+  } catch (...) {
+    return false;
+  }
+  if (running_) {
+    // Its thread lingering with nothing to ring would otherwise see this
+    // one only when the linger ends: 20 ms, not a period.
+    if (lingering_) {
+      lingering_ = false;
+      guard.unlock();
+      cv_.notify_one();
+    }
+    return true;
+  }
+  try {
+    std::thread([this] { loop(); }).detach();
+  } catch (...) {
+    entries_.pop_back();
+    return false;
+  }
+  running_ = true;
+  return true;
+}
+
+void wake_backstop::forget(const device_core* core) noexcept {
+  std::lock_guard guard{mu_};
+  for (auto& e : entries_)
+    if (e.core == core)
+      e.core = nullptr;
+}
+
+uint64_t wake_backstop::next_stamp() noexcept {
+  static std::atomic<uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+uint64_t wake_backstop::rang() const noexcept {
+  std::lock_guard guard{mu_};
+  return rang_;
+}
+
+bool wake_backstop::running() const noexcept {
+  std::lock_guard guard{mu_};
+  return running_;
+}
+
+bool wake_backstop::lingering() const noexcept {
+  std::lock_guard guard{mu_};
+  return running_ && lingering_;
+}
+
+void wake_backstop::loop() noexcept {
+  // The default timer slack (50 µs) would stretch each period by as much.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  std::unique_lock lk{mu_};
+  for (;;) {
+    if (entries_.empty()) {
+      // Nothing deferred: ends unless a deferral comes soon (which notifies
+      // a lingering thread). Its linger is read again on every wake-up, for
+      // tests that change it.
+      auto since = clock::now();
+      lingering_ = true;
+      while (entries_.empty()) {
+        auto until = since + linger();
+        if (clock::now() >= until) {
+          lingering_ = false;
+          running_ = false;
+          return;
+        }
+        cv_.wait_until(lk, until);
+      }
+      lingering_ = false;
+    }
+    auto p = period();
+    auto now = clock::now();
+    // Rung under the lock, so that a device's destructor (`forget`) cannot
+    // free it meanwhile: a compare-and-swap, and a futex wake only for a
+    // runner that still sleeps.
+    while (!entries_.empty() && entries_.front().at + p <= now) {
+      auto e = entries_.front();
+      entries_.pop_front();
+      if (e.core && e.core->ring_if_deferred(e.stamp))
+        ++rang_;
+    }
+    // Once a period, however many were deferred meanwhile: a deferral
+    // waits one to two periods.
+    cv_.wait_until(lk, now + p);
+  }
+}
+
+} // namespace multidev::detail
