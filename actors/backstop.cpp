@@ -34,14 +34,25 @@ wake_backstop::clock::duration wake_backstop::period() noexcept {
   return clock::duration{period_ticks.load(std::memory_order_relaxed)};
 }
 
-void wake_backstop::set_period_for_tests(clock::duration p) noexcept {
-  period_ticks.store(p > clock::duration::zero() ? p.count() : default_period.count(),
-                     std::memory_order_relaxed);
-  auto& b = instance();
+namespace {
+/// Sets `ticks` to `d`, or to `fallback` when `d` is zero, and has a
+/// waiting backstop thread look again at once (the tests' setters).
+void set_ticks_for_tests(std::atomic<wake_backstop::clock::rep>& ticks,
+                         wake_backstop::clock::duration d,
+                         wake_backstop::clock::duration fallback, std::mutex& mu,
+                         std::condition_variable& cv) noexcept {
+  ticks.store(d > wake_backstop::clock::duration::zero() ? d.count() : fallback.count(),
+              std::memory_order_relaxed);
   {
-    std::lock_guard guard{b.mu_}; // a thread about to wait sees the new period
+    std::lock_guard guard{mu}; // a thread about to wait sees the new value
   }
-  b.cv_.notify_all(); // one waiting looks again now
+  cv.notify_all();
+}
+} // namespace
+
+void wake_backstop::set_period_for_tests(clock::duration p) noexcept {
+  auto& b = instance();
+  set_ticks_for_tests(period_ticks, p, default_period, b.mu_, b.cv_);
 }
 
 wake_backstop::clock::duration wake_backstop::linger() noexcept {
@@ -49,13 +60,8 @@ wake_backstop::clock::duration wake_backstop::linger() noexcept {
 }
 
 void wake_backstop::set_linger_for_tests(clock::duration l) noexcept {
-  linger_ticks.store(l > clock::duration::zero() ? l.count() : default_linger.count(),
-                     std::memory_order_relaxed);
   auto& b = instance();
-  {
-    std::lock_guard guard{b.mu_}; // a thread about to wait sees the new linger
-  }
-  b.cv_.notify_all();
+  set_ticks_for_tests(linger_ticks, l, default_linger, b.mu_, b.cv_);
 }
 
 bool wake_backstop::deferred(device_core* core, uint64_t stamp) noexcept {

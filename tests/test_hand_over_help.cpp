@@ -240,6 +240,18 @@ struct deferral_scenario {
   uint32_t rings_before = 0;
 };
 
+/// A `deferral_scenario` with deferral on and the backstop's period set,
+/// run to its end (y done).
+struct deferred_run {
+  deferred_run(std::chrono::microseconds backstop_period, bool between_waits_for_x)
+      : on{backstop_period}, s{t, between_waits_for_x} {
+    sync(t.b, s.y);
+  }
+  deferring on;
+  three_devices t;
+  deferral_scenario s;
+};
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_hand_over_help_a_runner_that_will_wait_leaves_the_sleeper_asleep) {
@@ -247,10 +259,9 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_runner_that_will_wait_leaves_the_slee
   // two items later: it opens the wait without ringing device 1's runner
   // (a deferred wake-up), and runs x itself at its own wait. The backstop's
   // period is long enough that only a helper can have run x.
-  deferring on{std::chrono::seconds{30}};
-  three_devices t;
-  deferral_scenario s{t, false};
-  sync(t.b, s.y);
+  deferred_run r{std::chrono::seconds{30}, false};
+  auto& t = r.t;
+  auto& s = r.s;
   BOOST_TEST(t.core(1).deferred_wakes() == 1u);
   BOOST_TEST(t.core(1).doorbell_rings() == s.rings_before, "device 1's runner was woken");
   BOOST_TEST((s.x_thread == t.runner[0]), "x ran on device 0's runner");
@@ -267,10 +278,9 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferred_wake_nobo
   // to its wait until x is done, and x waits for device 1's runner, which
   // the deferral left asleep. The backstop rings it a period or two later;
   // without it, `between` gives up after 10 s.
-  deferring on{std::chrono::milliseconds{1}};
-  three_devices t;
-  deferral_scenario s{t, true};
-  sync(t.b, s.y);
+  deferred_run r{std::chrono::milliseconds{1}, true};
+  auto& t = r.t;
+  auto& s = r.s;
   BOOST_TEST(t.core(1).deferred_wakes() == 1u);
   BOOST_TEST(s.saw_x, "x never ran while device 0 waited for it in a task");
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner, rung");
