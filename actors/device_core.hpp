@@ -199,6 +199,12 @@ public:
   /// if its wake-up deferred with `stamp` is still deferred (nobody took its
   /// items up). Whether it rang.
   bool ring_if_deferred(uint64_t stamp) noexcept;
+  /// Rings the runner if its wake-up is deferred now, whatever the stamp:
+  /// for whoever needs this device's items and will not run them itself.
+  void ring_deferred() noexcept {
+    if (auto stamp = deferred_.load(std::memory_order_relaxed))
+      ring_if_deferred(stamp);
+  }
   /// For tests: a runner defers a wake-up only while the process has at
   /// least `n` runners (0 restores the default: one more than its CPUs;
   /// see `runners_may_defer`).

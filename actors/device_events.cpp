@@ -292,8 +292,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     blocked_scope blocked{std::move(w)};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
-    if (auto stamp = deferred_.load(std::memory_order_relaxed))
-      ring_if_deferred(stamp);
+    ring_deferred();
     // Shared: the resolver may still be notifying after we saw the value.
     struct signal {
       std::atomic<uint32_t> flag{0};

@@ -99,8 +99,7 @@ void device_core::run_batch(bool first) {
         // deferred is not this runner's to take up any more.
         if (hand_over_ && !g->remote)
           if (auto o = g->owner.lock())
-            if (auto stamp = o->deferred_.load(std::memory_order_relaxed))
-              o->ring_if_deferred(stamp);
+            o->ring_deferred();
         return; // park
       }
       first = false;

@@ -130,15 +130,23 @@ struct runner_asleep {
   runner_asleep& operator=(const runner_asleep&) = delete;
 };
 
-/// The CPUs this process may run on (its affinity mask: `taskset`, a
-/// container's cpuset), which can be fewer than the machine has.
+/// The CPUs in `set`, or the machine's when it is empty (an affinity mask
+/// the kernel would not give); at least 1.
+inline int cpus_in(const cpu_set_t& set) noexcept {
+  if (int n = CPU_COUNT(&set); n > 0)
+    return n;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// The CPUs the calling thread may run on (its affinity mask: `taskset`, a
+/// container's cpuset, or the one CPU a pinned runner has), which can be
+/// fewer than the machine has.
 inline int usable_cpus() noexcept {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    if (int n = CPU_COUNT(&set); n > 0)
-      return n;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (sched_getaffinity(0, sizeof set, &set) != 0)
+    CPU_ZERO(&set);
+  return cpus_in(set);
 }
 
 /// The process's affinity mask as of the first call: made before any
@@ -157,10 +165,7 @@ inline const cpu_set_t& process_cpu_mask() noexcept {
 
 /// How many CPUs the process may use (`process_cpu_mask`; at least 1).
 inline int process_cpus() noexcept {
-  static const int n = [] {
-    int c = CPU_COUNT(&process_cpu_mask());
-    return c > 0 ? c : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }();
+  static const int n = cpus_in(process_cpu_mask());
   return n;
 }
 
