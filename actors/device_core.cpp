@@ -117,8 +117,7 @@ uint64_t device_core::cancel(std::string why) {
     }
   }
   // A runner parked on a wait sleeps on the bell: wake it to drop the wait.
-  bell_.fetch_add(1);
-  bell_.notify_one();
+  bell_ring(bell_);
   return upto;
 }
 
@@ -140,8 +139,7 @@ void device_core::kill(std::string reason) {
   static const std::string why = "the device was killed";
   cancel_remote_waits(why);
   call_room_callback();
-  bell_.fetch_add(1);
-  bell_.notify_one();
+  bell_ring(bell_);
 }
 
 bool device_core::recover() {

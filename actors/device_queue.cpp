@@ -227,8 +227,7 @@ void device_core::ring() {
 }
 
 void device_core::ring_bell() {
-  bell_.fetch_add(1);
-  bell_.notify_one();
+  bell_ring(bell_);
 }
 
 } // namespace multidev::detail

@@ -226,7 +226,7 @@ void device_core::sleep_on_gate_until(Pred ready) {
     if (ready())
       break;
     runner_asleep asleep;
-    bell_.wait(b);
+    bell_sleep(bell_, b);
   }
   sleeping_.store(awake, std::memory_order_relaxed);
 }
@@ -524,8 +524,11 @@ bool device_core::sleep_until_work() {
     sleeping_.store(for_work, std::memory_order_seq_cst);
     lk.unlock();
     {
+      // Idle: polls a little (and yields) before it sleeps, so that a
+      // producer in a burst rarely pays a futex wake-up. At a wait, by
+      // contrast, the runner never yields (`sleep_on_gate_until`).
       runner_asleep asleep;
-      bell_.wait(b);
+      bell_sleep_polled(bell_, b);
     }
     sleeping_.store(awake, std::memory_order_relaxed);
     lk.lock();
@@ -904,7 +907,7 @@ void device_core::run_async() {
     }
     if (!ready()) {
       runner_asleep asleep;
-      bell_.wait(b);
+      bell_sleep_polled(bell_, b); // as in sleep_until_work
     }
     sleeping_.store(awake, std::memory_order_relaxed);
   }

@@ -4,13 +4,17 @@
 /// test-and-test-and-set lock. A poll is far cheaper for both sides than a
 /// futex sleep and wake-up when the other side comes back within microseconds.
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <limits>
 #include <thread>
 
@@ -54,6 +58,44 @@ inline void prefetch_for_write(const void* p) noexcept {
   __builtin_prefetch(p, 1, 3);
 }
 
+/// A runner's doorbell. A runner parked at a wait sleeps on it while `bell`
+/// still reads `seen` (a futex wait, which may also return early: callers
+/// look again); a ring wakes it. Not `std::atomic::wait`: libstdc++ 12's
+/// polls first and calls `sched_yield` four times, and a runner pinned to a
+/// CPU that a busy thread shares (the host, scheduling) gave that CPU away
+/// for a whole scheduler tick per yield (4 ms on this project's guest: of
+/// 2,000 yields beside a thread spinning on the same CPU, 1,266 and 1,330
+/// took over 1 ms in two runs, the median 3.99 ms): the device it was rung
+/// for, and every device waiting on it, sat out the tick. Private futexes, which `std::atomic::wait` does not use here
+/// (libstdc++ 12 was built without them): every wait on a bell and every
+/// ring go through these functions, or a ring would miss its sleeper.
+inline void bell_sleep(const std::atomic<uint32_t>& bell, uint32_t seen) noexcept {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                std::atomic<uint32_t>::is_always_lock_free);
+  syscall(SYS_futex, &bell, FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+}
+/// `bell_sleep` after the poll `std::atomic::wait` makes (12 pauses, then 4
+/// yields): an idle runner's, which saves a producer in a burst the futex
+/// wake-ups (with `bell_sleep` alone, `copy_4KiB` took 194 against 161 ns
+/// a copy, 12 alternating runs of `multidev bench --only copy_4KiB`).
+inline void bell_sleep_polled(const std::atomic<uint32_t>& bell, uint32_t seen) noexcept {
+  for (int i = 0; i < 16; ++i) {
+    if (bell.load(std::memory_order_seq_cst) != seen)
+      return;
+    if (i < 12)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+  bell_sleep(bell, seen);
+}
+/// Rings `bell`: wakes the runner sleeping on it, if any. Callers ring only
+/// a runner marked asleep.
+inline void bell_ring(std::atomic<uint32_t>& bell) noexcept {
+  bell.fetch_add(1, std::memory_order_seq_cst);
+  syscall(SYS_futex, &bell, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
 /// Polls `ready` for a while, every `stride` pauses; true as soon as it
 /// holds. A poll of a line another core keeps writing (the producer's
 /// counter) costs that core a cache miss on its next write, so such polls
@@ -73,12 +115,16 @@ bool spin_until(Pred ready, int stride = 1) {
 
 /// How a runner parked on a wait polls before it sleeps: the awaited device
 /// is usually running the awaited item right now. A pause costs ~19 ns and a
-/// `sched_yield` ~1.2 µs (a system call) on this project's guest, and a
 /// futex wake-up several µs: so it polls with pauses for ~`gate_spin_pauses`
-/// x 19 ns, giving the CPU away once every `gate_yield_every` pauses in case
-/// the device it waits for (or the host scheduling it) shares this CPU.
+/// x 19 ns. It never yields: it used to, once every 256 pauses, in case the
+/// device it waits for (or the host scheduling it) shared its CPU, but a
+/// pinned runner whose CPU a busy thread shares (the host, scheduling) then
+/// gave that CPU away for a whole scheduler tick (see `bell_sleep`).
+/// Without the yields here and in its doorbell's wait, `fan_dag_2dev` took
+/// 6.0 µs a round against 24.7 (medians of 10 alternating `bench --only`
+/// runs with the build before, on the guest's slow days; 4.2 against 3.1
+/// on its fast ones: docs/design.md, "Runners pinned to CPUs").
 inline constexpr int gate_spin_pauses = 1024;
-inline constexpr int gate_yield_every = 256;
 /// The same when more runners are awake than there are CPUs: then a runner
 /// polling a wait takes CPU time from the runners it waits for (8 devices
 /// on this project's 2 vCPUs: the fan-out/fan-in DAG of `multidev bench`
@@ -89,7 +135,6 @@ inline constexpr int gate_yield_every = 256;
 /// never happened (the same DAG, alternating: 14.3-16.5 against 22.5-27.0
 /// µs a round at 8 devices, 7.1-9.0 against 11.3-11.6 at 4).
 inline constexpr int gate_spin_pauses_crowded = 0;
-inline constexpr int gate_yield_every_crowded = 16;
 
 /// Runner threads of this process that are not asleep on their doorbell
 /// (`runner_awake` counts one in for its life, `runner_asleep` out while it
@@ -208,16 +253,11 @@ inline bool runners_crowd_cpus() noexcept {
 
 template <class Pred>
 bool spin_on_gate(Pred ready) {
-  const bool crowded = runners_crowd_cpus();
-  const int pauses = crowded ? gate_spin_pauses_crowded : gate_spin_pauses;
-  const int yield_every = crowded ? gate_yield_every_crowded : gate_yield_every;
-  for (int i = 1; i <= pauses; ++i) {
+  const int pauses = runners_crowd_cpus() ? gate_spin_pauses_crowded : gate_spin_pauses;
+  for (int i = 0; i < pauses; ++i) {
     if (ready())
       return true;
-    if (i % yield_every == 0)
-      std::this_thread::yield();
-    else
-      cpu_relax();
+    cpu_relax();
   }
   return ready();
 }
