@@ -908,9 +908,16 @@ task empty_task() {
 /// own are after it in order), and a sink on device 0 after all of them
 /// (one `will_wait_for` per other device). Rounds chain through device 0.
 /// The host schedules every round, then waits for the last sink.
+/// `prebuilt`: every round is scheduled while device 0 is held (by a task
+/// that waits for a flag), and only their execution is timed, from the
+/// flag's release: what oneTBB's prebuilt graph is timed on.
 double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
-                           const std::vector<context>& ctx, int width, int rounds) {
+                           const std::vector<context>& ctx, int width, int rounds,
+                           bool prebuilt = false) {
   auto n = devs.size();
+  std::atomic<bool> go{!prebuilt};
+  if (prebuilt)
+    b.schedule_task(devs[0], task{{}, [&go] { go.wait(false); }, {}});
   auto t0 = clock_type::now();
   for (int r = 0; r < rounds; ++r) {
     b.schedule_task(devs[0], empty_task()); // the source
@@ -922,6 +929,11 @@ double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
     for (std::size_t j = 1; j < n; ++j)
       b.will_wait_for(ctx[0], b.all_work(devs[j]));
     b.schedule_task(devs[0], empty_task()); // the sink
+  }
+  if (prebuilt) {
+    t0 = clock_type::now();
+    go.store(true);
+    go.notify_one();
   }
   b.sync(b.all_work(devs[0]));
   return seconds_since(t0) * 1e6 / rounds;
@@ -975,12 +987,18 @@ void copy_4k_figures(std::vector<bench_result>& out, backend& b, const device& d
   b.sync_device(d);
 }
 
-/// Case 3 on a backend of 8 devices: `fan_dag_<N>dev` for N = 1, 2, 4, 8.
+/// Case 3 on a backend of 8 devices: `fan_dag_<N>dev` for N = 1, 2, 4, 8,
+/// and `fan_dag_<N>dev_prebuilt`, the same rounds scheduled before they are
+/// timed (informative: how the execution alone compares with oneTBB's
+/// prebuilt graph, which the host builds once, not once a round).
 void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts,
                      const bench_options& o) {
   const std::array<int, 4> counts{1, 2, 4, 8};
   auto name = [](int n) { return fmt::format("fan_dag_{}dev", n); };
-  if (std::none_of(counts.begin(), counts.end(), [&](int n) { return is_wanted(o, name(n)); }))
+  auto prebuilt_name = [](int n) { return fmt::format("fan_dag_{}dev_prebuilt", n); };
+  if (std::none_of(counts.begin(), counts.end(), [&](int n) {
+        return is_wanted(o, name(n)) || is_wanted(o, prebuilt_name(n));
+      }))
     return;
   auto bopts = opts;
   bopts.num_devices = 8;
@@ -990,7 +1008,7 @@ void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts
   int rounds = o.quick ? 100 : 500;
   int starpu_rounds = std::max(1, rounds / 5);
   for (int n : counts) {
-    if (!is_wanted(o, name(n)))
+    if (!is_wanted(o, name(n)) && !is_wanted(o, prebuilt_name(n)))
       continue;
     std::vector<device> devs;
     std::vector<context> ctx;
@@ -1012,6 +1030,10 @@ void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts
                 ? fmt::format("skipped: this StarPU runs at most {} CPU workers",
                               peers::starpu_max_workers())
                 : std::string{}}});
+    compare(out, o, reps, "us/round",
+            [&] { return multidev_fan_dag_us(b, devs, ctx, width, rounds, true); },
+            {{prebuilt_name(n), "oneTBB flow graph", std::nullopt,
+              [&] { return peers::tbb_fan_dag_us(n, width, rounds); }, tbb_missing()}});
   }
 }
 
@@ -1503,8 +1525,10 @@ const std::vector<std::string>& case_names() {
     "gradient_merge_1dev",      "gradient_merge_2dev",         "gradient_merge_4dev",
     "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
     "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
-    "fan_dag_1dev",             "fan_dag_2dev",                "fan_dag_4dev",
-    "fan_dag_8dev",             "wake_after_idle",             "scale_1dev",
+    "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_2dev",
+    "fan_dag_2dev_prebuilt",    "fan_dag_4dev",                "fan_dag_4dev_prebuilt",
+    "fan_dag_8dev",             "fan_dag_8dev_prebuilt",       "wake_after_idle",
+    "scale_1dev",
     "scale_2dev",               "scale_4dev",                  "scale_8dev",
     "scale_depth_1",            "scale_depth_100",             "scale_depth_10000",
     "scale_depth_1000000",      "bytes_per_idle_device",       "bytes_per_queued_task",
