@@ -125,7 +125,8 @@ bool spin_until(Pred ready, int stride = 1) {
 /// runs with the build before, on the guest's slow days; 4.2 against 3.1
 /// on its fast ones: docs/design.md, "Runners pinned to CPUs").
 inline constexpr int gate_spin_pauses = 1024;
-/// The same when more runners are awake than there are CPUs: then a runner
+/// The same when more runners are awake than there are CPUs (for a pinned
+/// runner: another runner pinned to its CPU is awake): then a runner
 /// polling a wait takes CPU time from the runners it waits for (8 devices
 /// on this project's 2 vCPUs: the fan-out/fan-in DAG of `multidev bench`
 /// took 59.5 µs a round with the long poll, 31.7 with a poll of 64 pauses
@@ -151,8 +152,19 @@ inline std::atomic<int> defer_min_runners{std::numeric_limits<int>::max()};
 
 inline int process_cpus() noexcept;
 
+/// Awake runners pinned to each CPU (`pin_to_next_cpu`), the CPU's number
+/// modulo `tracked_cpus`: what `runners_crowd_cpus` asks a pinned runner.
+/// A line each: runners on different CPUs count themselves in and out.
+struct alignas(64) cpu_awake_count {
+  std::atomic<int> n{0};
+};
+inline constexpr int tracked_cpus = 256;
+inline cpu_awake_count awake_on_cpu[tracked_cpus];
+/// The CPU the calling runner pinned itself to, or -1.
+inline thread_local int pinned_cpu = -1;
+
 /// Counts the calling runner in `awake_runners` and `live_runners` for the
-/// scope's life.
+/// scope's life (and in `awake_on_cpu` once it pins itself).
 struct runner_awake {
   runner_awake() noexcept {
     if (defer_min_runners.load(std::memory_order_relaxed) == std::numeric_limits<int>::max())
@@ -161,6 +173,8 @@ struct runner_awake {
     awake_runners.fetch_add(1, std::memory_order_relaxed);
   }
   ~runner_awake() {
+    if (pinned_cpu >= 0)
+      awake_on_cpu[pinned_cpu % tracked_cpus].n.fetch_sub(1, std::memory_order_relaxed);
     awake_runners.fetch_sub(1, std::memory_order_relaxed);
     live_runners.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -169,8 +183,16 @@ struct runner_awake {
 };
 /// Counts the calling runner out of `awake_runners` while it sleeps.
 struct runner_asleep {
-  runner_asleep() noexcept { awake_runners.fetch_sub(1, std::memory_order_relaxed); }
-  ~runner_asleep() { awake_runners.fetch_add(1, std::memory_order_relaxed); }
+  runner_asleep() noexcept {
+    if (pinned_cpu >= 0)
+      awake_on_cpu[pinned_cpu % tracked_cpus].n.fetch_sub(1, std::memory_order_relaxed);
+    awake_runners.fetch_sub(1, std::memory_order_relaxed);
+  }
+  ~runner_asleep() {
+    awake_runners.fetch_add(1, std::memory_order_relaxed);
+    if (pinned_cpu >= 0)
+      awake_on_cpu[pinned_cpu % tracked_cpus].n.fetch_add(1, std::memory_order_relaxed);
+  }
   runner_asleep(const runner_asleep&) = delete;
   runner_asleep& operator=(const runner_asleep&) = delete;
 };
@@ -232,7 +254,13 @@ inline int pin_to_next_cpu() noexcept {
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
-    return sched_setaffinity(0, sizeof one, &one) == 0 ? cpu : -1;
+    if (sched_setaffinity(0, sizeof one, &one) != 0)
+      return -1;
+    if (pinned_cpu < 0) { // a runner pins itself once, awake (`runner_awake`)
+      pinned_cpu = cpu;
+      awake_on_cpu[cpu % tracked_cpus].n.fetch_add(1, std::memory_order_relaxed);
+    }
+    return cpu;
   }
   return -1;
 }
@@ -246,8 +274,18 @@ inline int runner_cpus() noexcept {
 
 /// Whether more runners are awake than the calling runner has CPUs: for a
 /// pinned runner (backends of two devices or more, see `pin_to_next_cpu`),
-/// whether any other runner is awake, which may share its CPU.
+/// whether another runner pinned to its CPU is awake. It used to be whether
+/// any other runner was awake, anywhere: then with two devices on two CPUs,
+/// each runner alone on its own, a runner at a wait never polled and slept
+/// on its futex at once. 4,500 rounds of `fan_dag_2dev_prebuilt` (`multidev
+/// bench`) made 855 and 907 context switches (two runs), against 170 with
+/// 8aa6710's runners, which polled in `std::atomic::wait` first, and 110-115
+/// now; `fan_dag_2dev` took 2.6 against 4.0 µs a round (medians of 6
+/// alternating runs). Runners not pinned, which may be anywhere, count all
+/// awake runners.
 inline bool runners_crowd_cpus() noexcept {
+  if (pinned_cpu >= 0)
+    return awake_on_cpu[pinned_cpu % tracked_cpus].n.load(std::memory_order_relaxed) > 1;
   return awake_runners.load(std::memory_order_relaxed) > runner_cpus();
 }
 
