@@ -10,7 +10,6 @@
 
 #include <barrier>
 #include <latch>
-#include <memory>
 #include <thread>
 #include <vector>
 

@@ -1528,11 +1528,10 @@ const std::vector<std::string>& case_names() {
     "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_2dev",
     "fan_dag_2dev_prebuilt",    "fan_dag_4dev",                "fan_dag_4dev_prebuilt",
     "fan_dag_8dev",             "fan_dag_8dev_prebuilt",       "wake_after_idle",
-    "scale_1dev",
-    "scale_2dev",               "scale_4dev",                  "scale_8dev",
-    "scale_depth_1",            "scale_depth_100",             "scale_depth_10000",
-    "scale_depth_1000000",      "bytes_per_idle_device",       "bytes_per_queued_task",
-    "idle_cpu_8dev"};
+    "scale_1dev",               "scale_2dev",                  "scale_4dev",
+    "scale_8dev",               "scale_depth_1",               "scale_depth_100",
+    "scale_depth_10000",        "scale_depth_1000000",         "bytes_per_idle_device",
+    "bytes_per_queued_task",    "idle_cpu_8dev"};
   return names;
 }
 
