@@ -162,6 +162,16 @@ inline constexpr int tracked_cpus = 256;
 inline cpu_awake_count awake_on_cpu[tracked_cpus];
 /// The CPU the calling runner pinned itself to, or -1.
 inline thread_local int pinned_cpu = -1;
+/// The awake count of the calling runner's CPU (it pinned itself).
+inline std::atomic<int>& awake_on_my_cpu() noexcept {
+  return awake_on_cpu[pinned_cpu % tracked_cpus].n;
+}
+/// Adds `delta` to the awake count of the calling runner's CPU, if it
+/// pinned itself.
+inline void count_awake_on_my_cpu(int delta) noexcept {
+  if (pinned_cpu >= 0)
+    awake_on_my_cpu().fetch_add(delta, std::memory_order_relaxed);
+}
 
 /// Counts the calling runner in `awake_runners` and `live_runners` for the
 /// scope's life (and in `awake_on_cpu` once it pins itself).
@@ -173,8 +183,7 @@ struct runner_awake {
     awake_runners.fetch_add(1, std::memory_order_relaxed);
   }
   ~runner_awake() {
-    if (pinned_cpu >= 0)
-      awake_on_cpu[pinned_cpu % tracked_cpus].n.fetch_sub(1, std::memory_order_relaxed);
+    count_awake_on_my_cpu(-1);
     awake_runners.fetch_sub(1, std::memory_order_relaxed);
     live_runners.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -184,14 +193,12 @@ struct runner_awake {
 /// Counts the calling runner out of `awake_runners` while it sleeps.
 struct runner_asleep {
   runner_asleep() noexcept {
-    if (pinned_cpu >= 0)
-      awake_on_cpu[pinned_cpu % tracked_cpus].n.fetch_sub(1, std::memory_order_relaxed);
+    count_awake_on_my_cpu(-1);
     awake_runners.fetch_sub(1, std::memory_order_relaxed);
   }
   ~runner_asleep() {
     awake_runners.fetch_add(1, std::memory_order_relaxed);
-    if (pinned_cpu >= 0)
-      awake_on_cpu[pinned_cpu % tracked_cpus].n.fetch_add(1, std::memory_order_relaxed);
+    count_awake_on_my_cpu(1);
   }
   runner_asleep(const runner_asleep&) = delete;
   runner_asleep& operator=(const runner_asleep&) = delete;
@@ -258,7 +265,7 @@ inline int pin_to_next_cpu() noexcept {
       return -1;
     if (pinned_cpu < 0) { // a runner pins itself once, awake (`runner_awake`)
       pinned_cpu = cpu;
-      awake_on_cpu[cpu % tracked_cpus].n.fetch_add(1, std::memory_order_relaxed);
+      count_awake_on_my_cpu(1);
     }
     return cpu;
   }
@@ -285,7 +292,7 @@ inline int runner_cpus() noexcept {
 /// awake runners.
 inline bool runners_crowd_cpus() noexcept {
   if (pinned_cpu >= 0)
-    return awake_on_cpu[pinned_cpu % tracked_cpus].n.load(std::memory_order_relaxed) > 1;
+    return awake_on_my_cpu().load(std::memory_order_relaxed) > 1;
   return awake_runners.load(std::memory_order_relaxed) > runner_cpus();
 }
 

@@ -632,6 +632,28 @@ void register_bench_noop() {
   (void)registered;
 }
 
+/// Holds a device's runner with a task that waits for a flag, so that what
+/// is scheduled meanwhile queues behind it, until `release`. The destructor
+/// releases too, so that a figure that throws while scheduling never leaves
+/// a runner blocked (its backend could not shut down); the task shares the
+/// flag, which therefore outlives it.
+class runner_hold {
+public:
+  runner_hold(backend& b, const device& d) {
+    b.schedule_task(d, task{{}, [go = go_] { go->wait(false); }, {}});
+  }
+  ~runner_hold() { release(); }
+  runner_hold(const runner_hold&) = delete;
+  runner_hold& operator=(const runner_hold&) = delete;
+  void release() noexcept {
+    go_->store(true);
+    go_->notify_one();
+  }
+
+private:
+  std::shared_ptr<std::atomic<bool>> go_ = std::make_shared<std::atomic<bool>>(false);
+};
+
 /// us per crossing of a chain of waits that goes back and forth between
 /// `local` and `remote` (a device of another actor system, reached through
 /// its actor over the connection): each crossing is a wait of one device on
@@ -641,8 +663,7 @@ double remote_us_per_hop(backend& b, const device& local, const device& remote,
                          int crossings) {
   register_bench_noop();
   context lctx = b.make_context(local), rctx = b.make_context(remote);
-  std::atomic<bool> go{false};
-  b.schedule_task(local, task{{}, [&go] { go.wait(false); }, {}});
+  runner_hold hold{b, local};
   event last = b.all_work(local);
   for (int i = 0; i < crossings / 2; ++i) {
     b.will_wait_for(rctx, last); // remote waits on local
@@ -652,8 +673,7 @@ double remote_us_per_hop(backend& b, const device& local, const device& remote,
     last = b.all_work(local);
   }
   auto t0 = clock_type::now();
-  go.store(true);
-  go.notify_one();
+  hold.release();
   b.sync(last);
   return seconds_since(t0) * 1e6 / (2 * (crossings / 2));
 }
@@ -797,8 +817,9 @@ double multidev_pool_calls_ns(backend& b, const device& d, int n) {
 double multidev_ns_per_hop(backend& b, const device& d0, const device& d1, int hops,
                            bool prebuilt) {
   context ctx[2] = {b.make_context(d0), b.make_context(d1)};
-  std::atomic<bool> go{!prebuilt};
-  b.schedule_task(d0, task{{}, [&go] { go.wait(false); }, {}});
+  runner_hold hold{b, d0};
+  if (!prebuilt)
+    hold.release(); // the chain runs as it is scheduled
   auto t0 = clock_type::now();
   event last = b.all_work(d0);
   for (int i = 1; i <= hops; ++i) {
@@ -809,8 +830,7 @@ double multidev_ns_per_hop(backend& b, const device& d0, const device& d1, int h
   }
   if (prebuilt) {
     t0 = clock_type::now();
-    go.store(true);
-    go.notify_one();
+    hold.release();
   }
   b.sync(last);
   return seconds_since(t0) * 1e9 / hops;
@@ -915,9 +935,9 @@ double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
                            const std::vector<context>& ctx, int width, int rounds,
                            bool prebuilt = false) {
   auto n = devs.size();
-  std::atomic<bool> go{!prebuilt};
+  std::optional<runner_hold> hold;
   if (prebuilt)
-    b.schedule_task(devs[0], task{{}, [&go] { go.wait(false); }, {}});
+    hold.emplace(b, devs[0]);
   auto t0 = clock_type::now();
   for (int r = 0; r < rounds; ++r) {
     b.schedule_task(devs[0], empty_task()); // the source
@@ -930,10 +950,9 @@ double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
       b.will_wait_for(ctx[0], b.all_work(devs[j]));
     b.schedule_task(devs[0], empty_task()); // the sink
   }
-  if (prebuilt) {
+  if (hold) {
     t0 = clock_type::now();
-    go.store(true);
-    go.notify_one();
+    hold->release();
   }
   b.sync(b.all_work(devs[0]));
   return seconds_since(t0) * 1e6 / rounds;
@@ -1206,14 +1225,12 @@ void scale_figures(std::vector<bench_result>& out, const backend_options& opts,
     bopts.queue_capacity = static_cast<std::size_t>(n) + 16;
     backend b{bopts};
     auto d = b.get_device(0);
-    std::atomic<bool> go{false};
-    b.schedule_task(d, task{{}, [&go] { go.wait(false); }, {}}); // holds the runner
+    runner_hold hold{b, d};
     auto before = heap_in_use();
     for (int i = 0; i < n; ++i)
       b.schedule_task(d, empty_task());
     double ours = static_cast<double>(heap_in_use() - before) / n;
-    go.store(true);
-    go.notify_one();
+    hold.release();
     b.sync(b.all_work(d));
     // The same empty closures queued in the textbook queue, its consumer held.
     double base = 0;
