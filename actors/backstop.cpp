@@ -1,7 +1,9 @@
 // The backstop for deferred wake-ups (see backstop.hpp).
 #include "actors/backstop.hpp"
 
+#include <sched.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -113,6 +115,11 @@ bool wake_backstop::running() const noexcept {
   return running_;
 }
 
+int wake_backstop::thread_id() const noexcept {
+  std::lock_guard guard{mu_};
+  return tid_;
+}
+
 bool wake_backstop::lingering() const noexcept {
   std::lock_guard guard{mu_};
   return running_ && lingering_;
@@ -121,7 +128,22 @@ bool wake_backstop::lingering() const noexcept {
 void wake_backstop::loop() noexcept {
   // The default timer slack (50 µs) would stretch each period by as much.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  // Never ahead of a runner: a thread of the batch policy does not preempt
+  // the one running on its CPU when its timer wakes it, so it looks once
+  // that thread sleeps or its time slice ends (a few ms at most), or at
+  // once where a CPU is idle. Woken with the normal policy, it took the CPU
+  // from the runner that had deferred, every period, on the CPU where it
+  // had slept: here the kernel does not move a woken thread to the other,
+  // idle CPU. A runner of `fan_dag_8dev_prebuilt` then lost 40% of its
+  // time (docs/design.md, "Deferred wake-ups"). A deferral that nobody
+  // takes up is one whose opener is held up: blocked, and its CPU then
+  // free, or busy with a task, and the deferred runner then needs a CPU
+  // anyway. Best effort: the normal policy stays where the batch one is
+  // refused.
+  sched_param none{};
+  (void)sched_setscheduler(0, SCHED_BATCH, &none);
   std::unique_lock lk{mu_};
+  tid_ = static_cast<int>(gettid());
   for (;;) {
     if (entries_.empty()) {
       // Nothing deferred: ends unless a deferral comes soon (which notifies
@@ -134,6 +156,7 @@ void wake_backstop::loop() noexcept {
         if (clock::now() >= until) {
           lingering_ = false;
           running_ = false;
+          tid_ = 0;
           return;
         }
         cv_.wait_until(lk, until);

@@ -63,6 +63,9 @@ public:
   /// Whether its thread runs and waits for a deferral, with none left to
   /// ring; for tests.
   bool lingering() const noexcept;
+  /// The Linux thread id of its thread while it runs (0 when none ran
+  /// yet, or it could not say); for tests.
+  int thread_id() const noexcept;
 
 private:
   wake_backstop() = default;
@@ -79,6 +82,7 @@ private:
   bool running_ = false;      // guarded by mu_: its thread runs
   bool lingering_ = false;    // guarded by mu_: it waits with nothing to ring
   uint64_t rang_ = 0;         // guarded by mu_
+  int tid_ = 0;               // guarded by mu_: its thread's, once it runs
 };
 
 } // namespace multidev::detail

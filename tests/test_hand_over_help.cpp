@@ -16,6 +16,8 @@
 #include "runner_hold.hpp"
 #include "test_support.hpp"
 
+#include <sched.h> // sched_getscheduler
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -285,6 +287,18 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferred_wake_nobo
   BOOST_TEST(s.saw_x, "x never ran while device 0 waited for it in a task");
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner, rung");
   BOOST_TEST(t.core(1).doorbell_rings() > s.rings_before);
+}
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_runs_under_the_batch_policy) {
+  // Its timer must not take the CPU from a runner: under the batch policy,
+  // a woken thread does not preempt the one running on its CPU (see
+  // backstop.cpp). Its period here outlasts the test, so its thread still
+  // runs, with the deferral left to ring.
+  deferred_run r{std::chrono::seconds{30}, false};
+  BOOST_TEST(r.t.core(1).deferred_wakes() == 1u);
+  auto& backstop = detail::wake_backstop::instance();
+  BOOST_REQUIRE(test_support::eventually([&] { return backstop.thread_id() != 0; }));
+  BOOST_TEST(sched_getscheduler(backstop.thread_id()) == SCHED_BATCH);
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferral_made_while_it_lingers) {
