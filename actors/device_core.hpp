@@ -134,8 +134,9 @@ public:
   /// opens it); never waits for room. Gates still pending when this device
   /// shuts down are failed if their owner is remote, gone, or not shutting
   /// down itself, since their answer may never come; gates on owners that
-  /// are draining too open as those drain.
-  std::shared_ptr<gate> push_gate(std::shared_ptr<gate> g);
+  /// are draining too open as those drain. The queue entry takes its own
+  /// reference to `g`.
+  void push_gate(const std::shared_ptr<gate>& g);
   /// Opens (`cause == nullptr`) or fails a gate pushed here (the first
   /// resolution wins), and wakes the runner. Never throws.
   void resolve_gate(gate& g, const failure_ptr& cause) noexcept;
@@ -691,8 +692,9 @@ private:
   bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
                                    bool& more) noexcept;
   /// Registers `w` with this (owner) device, or resolves it at once as
-  /// `when_resolved` would call a resolver.
-  void when_resolved(gate_waiter w);
+  /// `when_resolved` would call a resolver. Moves from `w` only once it is
+  /// stored: when this throws (out of memory), `w` is as it was.
+  void when_resolved(gate_waiter&& w);
   /// Both `when_resolved`s: `enter()` under waiters_mu_ while `seq` is
   /// pending, else `resolve(cause)` at once (null cause: done).
   template <class Enter, class Resolve>

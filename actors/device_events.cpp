@@ -88,7 +88,14 @@ void device_core::update_min_waiter_locked() noexcept {
   auto m = waiters_.empty() ? UINT64_MAX : waiters_.begin()->first;
   if (gate_waiters_head_ < gate_waiters_.size())
     m = std::min(m, gate_waiters_[gate_waiters_head_].seq);
-  min_waiter_.store(m, std::memory_order_seq_cst);
+  // Only a change is stored. A host scheduling ahead appends waits behind
+  // the first, which stays the minimum, and the store (a locked instruction
+  // on the line the runner writes progress_ to, taken from it every wait)
+  // would write the value already there. Every writer holds waiters_mu_, so
+  // an unchanged value is one the runner reads already: a minimum at or
+  // below the new waiter's seq, whose firing takes this lock and finds it.
+  if (min_waiter_.load(std::memory_order_relaxed) != m)
+    min_waiter_.store(m, std::memory_order_seq_cst);
 }
 
 bool device_core::take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
@@ -217,7 +224,7 @@ void device_core::when_resolved(uint64_t seq, resolver r) {
     [&](const failure* cause) { invoke(r, cause); });
 }
 
-void device_core::when_resolved(gate_waiter w) {
+void device_core::when_resolved(gate_waiter&& w) {
   const auto seq = w.seq;
   when_resolved_as(
     seq,

@@ -128,13 +128,19 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   g->owner = owner;
   g->owner_seq = seq;
   push_gate(g);
+  // Two references: the queue entry's and the owner's waiter. `g` moves
+  // into the waiter rather than being copied, and the waiter into the
+  // owner's list: a host scheduling waits took five locked instructions on
+  // the gate's count a wait where one does.
+  gate_waiter w{seq, std::move(g), weak_from_this()};
   // The gate may open at once, on this thread, or later on owner's runner.
   try {
-    owner->when_resolved(gate_waiter{seq, g, weak_from_this()});
+    owner->when_resolved(std::move(w));
   } catch (...) {
     // The gate is queued: left pending, it would hold this device forever.
+    // `w` still holds it (`when_resolved` moves from it only once stored).
     static const std::string reason = "could not register the wait (out of memory)";
-    resolve_gate(*g, &reason);
+    resolve_gate(*w.g, &reason);
     throw;
   }
   return true;
@@ -150,7 +156,7 @@ std::string gate::what() const noexcept {
   }
 }
 
-std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
+void device_core::push_gate(const std::shared_ptr<gate>& g) {
   {
     // Registered before the push: `shutdown` sets stopping_ before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
@@ -179,7 +185,6 @@ std::shared_ptr<gate> device_core::push_gate(std::shared_ptr<gate> g) {
                         std::memory_order_relaxed);
     throw;
   }
-  return g;
 }
 
 void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept {
