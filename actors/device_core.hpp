@@ -49,6 +49,11 @@ class trace_ring;
 /// and by an asynchronous driver's stream thread while it runs that device's
 /// work).
 inline thread_local const device_core* current_runner = nullptr;
+/// The device whose own runner thread this is, for the thread's life (unlike
+/// `current_runner`, not switched while it runs another device's items): a
+/// device outlives its runner thread, so this thread may use it without a
+/// reference.
+inline thread_local device_core* home_runner = nullptr;
 /// On an asynchronous driver's stream: the seq of the item it runs (a task
 /// may sync on the device's earlier items, not on this one or later ones).
 inline thread_local uint64_t current_item = 0;
@@ -684,8 +689,10 @@ private:
   /// reused: appending a wait allocates nothing once it has grown.
   std::vector<gate_waiter> gate_waiters_;
   std::size_t gate_waiters_head_ = 0;
-  /// `min_waiter_` from both lists. Call under waiters_mu_.
-  void update_min_waiter_locked() noexcept;
+  /// `min_waiter_` from both lists. Call under waiters_mu_. `raised`: the
+  /// caller only took waiters out (a firing), so the value can only go up,
+  /// and a release store does (see the definition).
+  void update_min_waiter_locked(bool raised = false) noexcept;
   /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
   /// `all`); `more`: whether the one after it is due too. Call under
   /// waiters_mu_.
@@ -757,6 +764,9 @@ private:
   // hop showed in its cost.
   std::atomic<const gate*> parked_on_{nullptr};
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
+  /// This device, weakly: set by its runner thread as it starts, read only
+  /// there (`is_home`).
+  std::weak_ptr<device_core> self_;
   std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_
 

@@ -84,7 +84,7 @@ void device_core::invoke(resolver& r, const failure* cause) noexcept {
   }
 }
 
-void device_core::update_min_waiter_locked() noexcept {
+void device_core::update_min_waiter_locked(bool raised) noexcept {
   auto m = waiters_.empty() ? UINT64_MAX : waiters_.begin()->first;
   if (gate_waiters_head_ < gate_waiters_.size())
     m = std::min(m, gate_waiters_[gate_waiters_head_].seq);
@@ -94,7 +94,18 @@ void device_core::update_min_waiter_locked() noexcept {
   // would write the value already there. Every writer holds waiters_mu_, so
   // an unchanged value is one the runner reads already: a minimum at or
   // below the new waiter's seq, whose firing takes this lock and finds it.
-  if (min_waiter_.load(std::memory_order_relaxed) != m)
+  if (min_waiter_.load(std::memory_order_relaxed) == m)
+    return;
+  // A firing that took waiters out raises the minimum: every value stored
+  // while a waiter is listed is at most its seq (each is computed here from
+  // the lists), so a runner that reads an older value still fires for it,
+  // and whoever registers next reads this one through waiters_mu_. Only a
+  // registration's store pairs with a progress store (when_resolved_as,
+  // complete), and needs the sequentially consistent one; a firing's took an
+  // `xchg` on the progress line on every hop of a chain.
+  if (raised)
+    min_waiter_.store(m, std::memory_order_release);
+  else
     min_waiter_.store(m, std::memory_order_seq_cst);
 }
 
@@ -143,7 +154,7 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
     while (waiters_.begin() != end)
       due.insert(waiters_.extract(waiters_.begin()));
     has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
-    update_min_waiter_locked();
+    update_min_waiter_locked(true);
   }
   // Each seq gets its own outcome: a seq resolved done is done for every
   // observer, even when this fires because the device failed later.
@@ -175,7 +186,7 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
     std::lock_guard guard{waiters_mu_};
     has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
     if (has_gate)
-      update_min_waiter_locked();
+      update_min_waiter_locked(true);
   }
 }
 

@@ -161,14 +161,15 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
     // Registered before the push: `shutdown` sets stopping_ before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
     std::lock_guard guard{waiters_mu_};
-    // Resolved gates are pruned only when the list has doubled since the last
+    // Spent gates are pruned only when the list has doubled since the last
     // pruning: a host running far ahead of a chain keeps thousands pending,
     // and a scan per push would make scheduling the chain quadratic.
     if (gates_.size() >= gates_prune_at_) {
-      std::erase_if(gates_, [](const auto& w) {
-        auto p = w.lock();
-        return !p || p->state.load() != gate::pending;
-      });
+      // Gates gone only: looking at a live one's state took a reference, two
+      // locked instructions for each gate still listed, and a host running
+      // ahead of a chain lists thousands. A resolved gate goes as its wait
+      // is passed, soon after.
+      std::erase_if(gates_, [](const auto& w) { return w.expired(); });
       gates_prune_at_ = std::max<std::size_t>(64, 2 * gates_.size());
     }
     gates_.push_back(g);
@@ -188,7 +189,16 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
 }
 
 void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept {
-  auto me = w.waiter.lock();
+  // On the waiter's own runner thread (a chain's hop, run here by hand-over,
+  // opening the wait of the device that lent this thread), the waiter
+  // outlives this call: no reference taken, two locked instructions a hop
+  // fewer.
+  std::shared_ptr<device_core> held;
+  device_core* me = home_runner;
+  if (!me || w.waiter.owner_before(me->self_) || me->self_.owner_before(w.waiter)) {
+    held = w.waiter.lock();
+    me = held.get();
+  }
   if (!me)
     return;
   if (!cause) {

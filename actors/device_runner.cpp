@@ -29,6 +29,8 @@ thread_local bool serving_other = false;
 
 void device_core::run() {
   current_runner = this;
+  home_runner = this;
+  self_ = weak_from_this();
   runner_awake counted; // in awake_runners while this thread runs
   if (pin_runner_)
     cpu_.store(pin_to_next_cpu(), std::memory_order_relaxed);
@@ -173,6 +175,9 @@ void device_core::run_bare_items_traced(bool first) {
   if (pos_ + prefetch_extras < n)
     if (auto* x = batch_[pos_ + prefetch_extras].extra.get())
       prefetch_for_write(x);
+  if (pos_ + 2 < n)
+    if (auto* x = batch_[pos_ + 2].extra.get(); x && x->g)
+      prefetch_for_write(x->g.get());
   if (pos_ + 1 < n)
     if (auto* x = batch_[pos_ + 1].extra.get(); x && x->g) {
       prefetch_for_write(x->g.get());
