@@ -683,6 +683,10 @@ private:
     uint64_t seq = 0;
     std::shared_ptr<gate> g;
     std::weak_ptr<device_core> waiter;
+    /// `waiter`'s address, to tell without a reference whether it is the
+    /// device whose runner thread fires it (`home_runner`); never
+    /// dereferenced.
+    const device_core* waiter_at = nullptr;
   };
   /// Sorted by seq from `gate_waiters_head_` on (the entries before it are
   /// spent, compacted away in bulk); guarded by waiters_mu_. Storage is
@@ -764,9 +768,6 @@ private:
   // hop showed in its cost.
   std::atomic<const gate*> parked_on_{nullptr};
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
-  /// This device, weakly: set by its runner thread as it starts, read only
-  /// there (`is_home`).
-  std::weak_ptr<device_core> self_;
   std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
   bool closed_ = false; // shut down; guarded by waiters_mu_
 

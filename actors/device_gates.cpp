@@ -132,7 +132,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   // into the waiter rather than being copied, and the waiter into the
   // owner's list: a host scheduling waits took five locked instructions on
   // the gate's count a wait where one does.
-  gate_waiter w{seq, std::move(g), weak_from_this()};
+  gate_waiter w{seq, std::move(g), weak_from_this(), this};
   // The gate may open at once, on this thread, or later on owner's runner.
   try {
     owner->when_resolved(std::move(w));
@@ -195,7 +195,7 @@ void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause
   // fewer.
   std::shared_ptr<device_core> held;
   device_core* me = home_runner;
-  if (!me || w.waiter.owner_before(me->self_) || me->self_.owner_before(w.waiter)) {
+  if (!me || w.waiter_at != me) {
     held = w.waiter.lock();
     me = held.get();
   }

@@ -30,7 +30,6 @@ thread_local bool serving_other = false;
 void device_core::run() {
   current_runner = this;
   home_runner = this;
-  self_ = weak_from_this();
   runner_awake counted; // in awake_runners while this thread runs
   if (pin_runner_)
     cpu_.store(pin_to_next_cpu(), std::memory_order_relaxed);
