@@ -62,7 +62,7 @@ struct three_devices {
 /// (once device 1's wait has opened) device 0's. Returns `y`'s event.
 struct help_scenario {
   explicit help_scenario(three_devices& t) : t(t) {
-    t.b.schedule_task(t.d[2], {"c", [r = release_c] { BOOST_REQUIRE(r->wait()); }});
+    t.b.schedule_task(t.d[2], {"c", [r = release_c] { r->wait_in_task(); }});
     t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[2]));
     t.b.schedule_task(t.d[1], {"x", [this] {
                                  x_thread = std::this_thread::get_id();
@@ -78,7 +78,7 @@ struct help_scenario {
   event run() {
     hold.emplace(t.core(1));
     t.b.schedule_task(t.d[0], {"a", [r = release_a, this] {
-                                 BOOST_REQUIRE(r->wait());
+                                 r->wait_in_task();
                                  order.push_back("a");
                                }});
     t.b.will_wait_for(t.ctx[0], x);
@@ -93,6 +93,12 @@ struct help_scenario {
     BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).pending_gates().empty(); }));
     release_a->open();
     return y;
+  }
+  /// The tasks' gates opened in time (checked here: no Boost.Test macro may
+  /// run in a task, see `latch_gate::wait_in_task`).
+  void check_gates() const {
+    BOOST_TEST(!release_a->timed_out(), "task a's gate timed out");
+    BOOST_TEST(!release_c->timed_out(), "task c's gate timed out");
   }
 
   three_devices& t;
@@ -129,6 +135,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_parking_runner_runs_the_items_it_wait
     BOOST_TEST((id == t.runner[static_cast<std::size_t>(i)]), "device " << i);
   }
   BOOST_TEST(t.field(1, "run_by") == "runner");
+  s.check_gates();
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_help_leaves_a_device_still_waiting_as_it_was) {
@@ -147,6 +154,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_leaves_a_device_still_waiting_as_it_was
   sync(t.b, y);
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner");
   BOOST_TEST(t.field(1, "run_by_others") == "0");
+  s.check_gates();
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
@@ -162,7 +170,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   t.b.schedule_task(t.d[1], {"z", [&z_thread] { z_thread = std::this_thread::get_id(); }});
   auto z = t.b.all_work(t.d[1]);
   hold_guard hold{t.core(1)};
-  t.b.schedule_task(t.d[0], {"a", [r = s.release_a] { BOOST_REQUIRE(r->wait()); }});
+  t.b.schedule_task(t.d[0], {"a", [r = s.release_a] { r->wait_in_task(); }});
   auto g = std::make_shared<detail::gate>();
   g->owner = t.d[1].get_runner().core();
   g->owner_seq = s.x.seq();
@@ -186,6 +194,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   t.core(0).resolve_gate(*g, static_cast<const std::string*>(nullptr));
   sync(t.b, y);
   BOOST_TEST((s.y_thread == t.runner[0]));
+  s.check_gates();
 }
 
 namespace {
@@ -343,7 +352,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rin
   BOOST_REQUIRE(test_support::eventually([&] {
     return t.field(1, "run_by") == "lendable" && t.core(1).runner_sleeping();
   }));
-  t.b.schedule_task(t.d[0], {"between", [release] { BOOST_REQUIRE(release->wait()); }});
+  t.b.schedule_task(t.d[0], {"between", [release] { release->wait_in_task(); }});
   t.b.will_wait_for(t.ctx[0], x);
   auto y = t.b.all_work(t.d[0]);
   hold->open();
@@ -353,4 +362,5 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rin
   BOOST_TEST((x_thread == t.runner[1]));
   release->open();
   sync(t.b, y);
+  BOOST_TEST(!release->timed_out());
 }

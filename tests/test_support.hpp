@@ -12,6 +12,7 @@
 
 #include <multidev/multidev.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -127,11 +128,23 @@ public:
     std::lock_guard g{mu_};
     return open_;
   }
+  /// `wait` for a task, on a runner thread, where no Boost.Test macro may
+  /// run: Boost.Test is not thread-safe, and a check in a task racing one on
+  /// the test's thread corrupted its checkpoint string (ThreadSanitizer saw
+  /// the race; under it, test_hand_over_help failed 2 runs in 60 with
+  /// std::length_error). A time-out is recorded for the test to check on
+  /// its own thread (`timed_out`).
+  void wait_in_task(std::chrono::seconds limit = hang_limit) {
+    if (!wait(limit))
+      timed_out_.store(true);
+  }
+  bool timed_out() const { return timed_out_.load(); }
 
 private:
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;
+  std::atomic<bool> timed_out_{false};
 };
 
 /// Blocks the runner of `d` until the returned gate opens; returns once the
