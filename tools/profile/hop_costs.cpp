@@ -9,7 +9,6 @@
 #include <multidev/multidev.hpp>
 
 #include <atomic>
-#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
