@@ -1,4 +1,4 @@
-// The API at a glance (quoted by the README): devices, tasks, events, pools,
+// The API at a glance (quoted by docs/api.md): devices, tasks, events, pools,
 // a node uploaded, transformed by a named kernel, copied and read back.
 #include <multidev/multidev.hpp>
 
