@@ -14,12 +14,16 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "actors/device_core.hpp"
+#include "actors/endpoint_remote.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
 #include "test_support.hpp"
@@ -79,6 +83,62 @@ struct cluster {
 buffer_arg buffer(int pool, std::size_t bytes) {
   return buffer_arg{buffer_loc{pool, 0}, bytes};
 }
+
+/// A node actor that lists `devices` under `name`, whatever they are: the
+/// seam for attach_node's failures (a device that does not answer, a node
+/// whose device count changed).
+node_actor::behavior_type listing_impl(node_actor::pointer, std::string name,
+                                       std::vector<caf::actor> devices) {
+  return {
+    [name, devices](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
+      return {name, devices};
+    },
+  };
+}
+
+/// An actor listed as a device that is none: it refuses `identify`.
+caf::behavior not_a_device(caf::event_based_actor*, std::string why) {
+  return {
+    [why](atoms::identify_atom) -> caf::error {
+      return make_error(errc::device_failed, "", why);
+    },
+  };
+}
+
+/// Two backends of this process, each with its own actor system: `server`
+/// serves its devices through node actors the test makes (`serve`),
+/// `client` attaches them with attach_node over 127.0.0.1.
+struct in_process_nodes {
+  explicit in_process_nodes(backend_options server_opts = {.num_devices = 3})
+    : server(server_opts) {}
+  in_process_nodes(const in_process_nodes&) = delete;
+  in_process_nodes& operator=(const in_process_nodes&) = delete;
+  ~in_process_nodes() {
+    for (auto& a : actors) // a node actor left running would hold ~backend
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  /// Publishes a node actor named `name` listing `devices`; returns its port.
+  uint16_t serve(const std::string& name, std::vector<caf::actor> devices) {
+    auto n = server.system().spawn(listing_impl, name, std::move(devices));
+    actors.push_back(caf::actor_cast<caf::actor>(n));
+    auto port = publish_node(n, 0, "127.0.0.1");
+    if (!port)
+      BOOST_FAIL("publish_node: " << server.system().render(port.error()));
+    return *port;
+  }
+  caf::actor device(int i) {
+    return caf::actor_cast<caf::actor>(device_actor_of(server, server.get_device(i)));
+  }
+  caf::actor bogus(const std::string& why) {
+    actors.push_back(server.system().spawn(not_a_device, why));
+    return actors.back();
+  }
+
+  backend server;
+  backend client{{.num_devices = 1}};
+  std::vector<caf::actor> actors;
+};
 
 } // namespace
 
@@ -541,4 +601,46 @@ BOOST_AUTO_TEST_CASE(test_nodes_provenance_names_a_killed_node_as_the_origin_thr
   check_lost_chain(last, a0.name(), {b1_on_local, local_on_b0, b0_on_a0}, "b/1");
   BOOST_TEST_MESSAGE("after the loss: " << (last ? last->what() : "none"));
   BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_attach_node_that_fails_part_way_leaves_nothing_attached) {
+  // A node whose second device does not answer `identify`: attach_node
+  // throws and the first device is not left attached (no link, no entry in
+  // the debug info). Then the node, attached with its two real devices,
+  // lists again with another count: refused, and the third device is not
+  // left attached either.
+  in_process_nodes p;
+  auto& b = p.client;
+  auto attached = [&] {
+    auto info = b.get_global_debug_info();
+    auto* a = info.find("attached");
+    return a ? a->to_string() : std::string{};
+  };
+  // The attached devices' own debug info names them as the node does.
+  auto name_of = [&](int i) { return "(name " + p.server.get_device(i).name() + ")"; };
+  try {
+    attach_node(b, "127.0.0.1", p.serve("n", {p.device(0), p.bogus("not a device")}));
+    BOOST_ERROR("a node with a device that does not answer was attached");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "not a device"), e.what());
+  }
+  BOOST_TEST(b.num_devices() == 1);
+  BOOST_TEST(attached() == "", attached());
+  auto ds = attach_node(b, "127.0.0.1", p.serve("n", {p.device(0), p.device(1)}));
+  BOOST_TEST_REQUIRE(ds.size() == 2u);
+  BOOST_TEST(ds[0].ordinal() == 1);
+  BOOST_TEST(ds[0].name() == "n/" + p.server.get_device(0).name());
+  BOOST_TEST(b.num_devices() == 3);
+  try {
+    attach_node(b, "127.0.0.1", p.serve("n", {p.device(2)}));
+    BOOST_ERROR("a node whose device count changed was attached");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "attached before with 2 device(s), it has 1 now"), e.what());
+  }
+  BOOST_TEST(b.num_devices() == 3);
+  auto now = attached();
+  BOOST_TEST(contains(now, name_of(0)), now);
+  BOOST_TEST(contains(now, name_of(1)), now);
+  BOOST_TEST(!contains(now, name_of(2)), now);
+  b.sync(b.schedule_named(ds[1], {"spin_ns", {int64_t{0}}}));
 }
