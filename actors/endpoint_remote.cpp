@@ -18,6 +18,7 @@
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -198,8 +199,31 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
   return std::make_shared<remote_op>(std::move(issue), std::move(on_error), std::move(shared));
 }
 
+/// Replaces every `theirs` in `text` that stands as a whole device name
+/// (not part of a longer name, nor after a node's `/`) with `ours`.
+void rename_in_text(std::string& text, const std::string& theirs, const std::string& ours) {
+  if (theirs.empty() || theirs == ours)
+    return;
+  auto in_name = [](char c, bool before) {
+    auto u = static_cast<unsigned char>(c);
+    return std::isalnum(u) || c == '_'
+           || (before && (c == ':' || c == '/' || c == '.' || c == '-'));
+  };
+  for (auto at = text.find(theirs); at != std::string::npos; at = text.find(theirs, at)) {
+    auto end = at + theirs.size();
+    if ((at > 0 && in_name(text[at - 1], true)) || (end < text.size() && in_name(text[end], false))) {
+      at = end;
+      continue;
+    }
+    text.replace(at, theirs.size(), ours);
+    at += ours.size();
+  }
+}
+
 /// `err`, from the device named `remote` here (`"b/multidev_cpu:0:1"`), as
-/// this process should read it (see `to_our_names`).
+/// this process should read it (see `to_our_names`): the device it names,
+/// and that device and `remote` where the message names them, get their
+/// node in front (the node's `multidev_cpu:0:1` may be this process's too).
 caf::error in_our_names(const caf::error& err, const std::string& remote) {
   if (auto f = failure_of(err)) {
     to_our_names(*f, remote);
@@ -210,8 +234,13 @@ caf::error in_our_names(const caf::error& err, const std::string& remote) {
       || !ctx.match_element<std::string>(0) || !ctx.match_element<std::string>(1))
     return err;
   auto device = ctx.get_as<std::string>(0);
+  auto message = ctx.get_as<std::string>(1);
+  auto theirs = device;
   to_our_name(device, remote);
-  return make_error(static_cast<errc>(err.code()), std::move(device), ctx.get_as<std::string>(1));
+  rename_in_text(message, theirs, device);
+  if (auto cut = remote.rfind('/'); cut != std::string::npos)
+    rename_in_text(message, remote.substr(cut + 1), remote);
+  return make_error(static_cast<errc>(err.code()), std::move(device), std::move(message));
 }
 
 /// Hands `op` to the link actor, or fails it at once when the link is closed.

@@ -603,6 +603,41 @@ BOOST_AUTO_TEST_CASE(test_nodes_provenance_names_a_killed_node_as_the_origin_thr
   BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
 }
 
+BOOST_AUTO_TEST_CASE(test_nodes_refusals_of_a_nodes_device_name_it_with_its_node) {
+  // The node's device is multidev_cpu:0:1 there, a name a device of this
+  // process may have too: every refusal names it n/multidev_cpu:0:1.
+  node_process node{tool(), 1, "n", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  auto ours = d.name();
+  BOOST_TEST_REQUIRE(ours.starts_with("n/"));
+  auto theirs = ours.substr(2);
+  auto names_it = [&](const char* call, const std::function<void()>& f) {
+    try {
+      f();
+      BOOST_ERROR(call << " was not refused");
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      BOOST_TEST(contains(what, ours), call << ": " << what);
+      // and never without its node
+      for (auto at = what.find(theirs); at != std::string::npos; at = what.find(theirs, at + 1))
+        BOOST_TEST((at >= 2 && what.compare(at - 2, 2, "n/") == 0), call << ": " << what);
+    }
+  };
+  names_it("memset_zero", [&] { b.memset_zero(d, 1000, 0, 8); });
+  names_it("free_pool", [&] { b.free_pool(d, 1000); });
+  names_it("alloc_pool", [&] { b.alloc_pool(d, 5, 64, 3); });
+  b.alloc_pool(d, 5, 64, 64);
+  names_it("memset_zero out of range", [&] { b.memset_zero(d, 5, 32, 64); });
+  names_it("schedule_named", [&] { b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}}); });
+  names_it("schedule_batch", [&] {
+    b.schedule_batch(d, std::vector<task_spec>{{"fill", {buffer(1000, 8), 1.0}}});
+  });
+}
+
 BOOST_AUTO_TEST_CASE(test_nodes_attach_node_that_fails_part_way_leaves_nothing_attached) {
   // A node whose second device does not answer `identify`: attach_node
   // throws and the first device is not left attached (no link, no entry in
