@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cctype>
@@ -50,7 +51,21 @@ namespace {
 
 using post_atom = caf::atom_constant<caf::atom("post")>;
 
-const caf::duration request_timeout{std::chrono::minutes(5)};
+/// The timeout of a request that changes the device (schedules, allocates,
+/// writes, waits, cancels...): none. Such a request fails only when its link
+/// closes (the device's actor is down: its node was lost, by a broken
+/// connection or missed heartbeats, or its backend stopped), never while the
+/// device may still carry it out, so a caller that retries after an error
+/// does not run it twice (docs/design.md, "Requests without a timeout").
+const caf::duration until_lost = caf::infinite;
+
+/// The timeout of a query that changes nothing (status, debug info, trace,
+/// identify...), which a caller may simply ask again; see `set_query_timeout`.
+std::atomic<int64_t> query_timeout_ms{5 * 60 * 1000};
+
+caf::duration query_timeout() {
+  return caf::duration{std::chrono::milliseconds{query_timeout_ms.load(std::memory_order_relaxed)}};
+}
 
 /// Tasks per message of `schedule_batch`.
 constexpr std::size_t batch_limit = 4096;
@@ -530,7 +545,7 @@ public:
   }
 
   uint64_t schedule_named(const task_spec& spec) override {
-    return std::get<0>(call<uint64_t>(shared_, "schedule_named", true, request_timeout,
+    return std::get<0>(call<uint64_t>(shared_, "schedule_named", true, until_lost,
                                       schedule_atom::value, spec));
   }
 
@@ -543,7 +558,7 @@ public:
     for (std::size_t i = 0; i < specs.size(); i += batch_limit) {
       auto chunk = specs.subspan(i, std::min(batch_limit, specs.size() - i));
       auto part = std::get<0>(call<std::vector<uint64_t>>(
-        shared_, "schedule_batch", true, request_timeout, schedule_atom::value,
+        shared_, "schedule_batch", true, until_lost, schedule_atom::value,
         std::vector<task_spec>(chunk.begin(), chunk.end())));
       if (part.size() != chunk.size())
         throw device_error(name(), fmt::format("schedule_batch: {} seqs for {} tasks",
@@ -555,29 +570,29 @@ public:
 
   uint64_t all_work() override {
     return std::get<0>(
-      call<uint64_t>(shared_, "all_work", true, request_timeout, all_work_atom::value));
+      call<uint64_t>(shared_, "all_work", true, until_lost, all_work_atom::value));
   }
 
   void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
 
   void await_until(std::chrono::steady_clock::time_point deadline) override {
     auto seq = std::get<0>(
-      call<uint64_t>(shared_, "await", true, request_timeout, all_work_atom::value));
+      call<uint64_t>(shared_, "await", true, until_lost, all_work_atom::value));
     sync_until(seq, deadline, "await");
   }
 
   bool is_idle() override {
-    return std::get<0>(call<bool>(shared_, "is_idle", false, request_timeout, idle_atom::value));
+    return std::get<0>(call<bool>(shared_, "is_idle", false, query_timeout(), idle_atom::value));
   }
 
   std::size_t queue_length() override {
     auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
-      shared_, "queue_length", false, request_timeout, status_atom::value, uint64_t{0});
+      shared_, "queue_length", false, query_timeout(), status_atom::value, uint64_t{0});
     return scheduled - resolved;
   }
 
   void flush() override {
-    call<uint64_t>(shared_, "flush", true, request_timeout, all_work_atom::value);
+    call<uint64_t>(shared_, "flush", true, until_lost, all_work_atom::value);
   }
 
   void depend(endpoint& owner, uint64_t seq) override {
@@ -598,46 +613,46 @@ public:
                                      remote_owner->gone().value_or("its link is closed")));
     post(*shared_,
          make_op<uint64_t>(
-           shared_, request_timeout, [](uint64_t) {}, [](const caf::error&) {},
+           shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
            depend_atom::value, caf::actor_cast<caf::actor>(a), seq, qualified_name(owner)));
   }
 
   std::optional<std::string> gone() const override { return shared_->closed_reason(); }
 
   void cancel() override {
-    call<uint64_t>(shared_, "cancel", false, request_timeout, cancel_atom::value);
+    call<uint64_t>(shared_, "cancel", false, until_lost, cancel_atom::value);
   }
 
   bool recover() override {
-    return std::get<0>(call<bool>(shared_, "recover", false, request_timeout,
+    return std::get<0>(call<bool>(shared_, "recover", false, until_lost,
                                   recover_atom::value));
   }
 
   void alloc_pool(int id, std::size_t size, std::size_t alignment,
                   std::optional<memory_mode> mode) override {
-    call<uint64_t>(shared_, "alloc_pool", true, request_timeout, alloc_atom::value,
+    call<uint64_t>(shared_, "alloc_pool", true, until_lost, alloc_atom::value,
                    static_cast<int32_t>(id), static_cast<uint64_t>(size),
                    static_cast<uint64_t>(alignment),
                    mode ? static_cast<int32_t>(*mode) : int32_t{-1});
   }
 
   void free_pool(int id) override {
-    call<uint64_t>(shared_, "free_pool", true, request_timeout, free_atom::value,
+    call<uint64_t>(shared_, "free_pool", true, until_lost, free_atom::value,
                    static_cast<int32_t>(id));
   }
 
   uint64_t write_bytes(int id, std::size_t offset, std::string bytes) override {
-    return std::get<0>(call<uint64_t>(shared_, "write", true, request_timeout, write_atom::value,
+    return std::get<0>(call<uint64_t>(shared_, "write", true, until_lost, write_atom::value,
                                       static_cast<int32_t>(id), static_cast<uint64_t>(offset),
                                       std::move(bytes)));
   }
   std::string read_bytes(int id, std::size_t offset, std::size_t size) override {
-    return std::get<0>(call<std::string>(shared_, "read", true, request_timeout, read_atom::value,
+    return std::get<0>(call<std::string>(shared_, "read", true, until_lost, read_atom::value,
                                          static_cast<int32_t>(id), static_cast<uint64_t>(offset),
                                          static_cast<uint64_t>(size)));
   }
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
-    return std::get<0>(call<uint64_t>(shared_, "memset_zero", true, request_timeout,
+    return std::get<0>(call<uint64_t>(shared_, "memset_zero", true, until_lost,
                                       memset_atom::value, static_cast<int32_t>(id),
                                       static_cast<uint64_t>(offset),
                                       static_cast<uint64_t>(size)));
@@ -645,12 +660,12 @@ public:
 
   std::size_t used_memory() override {
     return std::get<0>(
-      call<uint64_t>(shared_, "get_used_memory", false, request_timeout, memory_atom::value));
+      call<uint64_t>(shared_, "get_used_memory", false, query_timeout(), memory_atom::value));
   }
 
   sexp debug_info() override {
     auto text = std::get<0>(
-      call<std::string>(shared_, "get_debug_info", false, request_timeout, debug_atom::value));
+      call<std::string>(shared_, "get_debug_info", false, query_timeout(), debug_atom::value));
     try {
       return parse_sexp(text);
     } catch (const sexp_parse_error&) {
@@ -660,11 +675,11 @@ public:
 
   device_trace trace() override {
     return std::get<0>(
-      call<device_trace>(shared_, "trace", false, request_timeout, trace_atom::value));
+      call<device_trace>(shared_, "trace", false, query_timeout(), trace_atom::value));
   }
 
   std::optional<kernel_result> result(const std::string& name) override {
-    auto [found, r] = call<bool, kernel_result>(shared_, "result", false, request_timeout,
+    auto [found, r] = call<bool, kernel_result>(shared_, "result", false, query_timeout(),
                                                 result_atom::value, name);
     if (!found)
       return std::nullopt;
@@ -676,7 +691,7 @@ public:
 private:
   event_state status(uint64_t seq) {
     auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
-      shared_, "status", false, request_timeout, status_atom::value, seq);
+      shared_, "status", false, query_timeout(), status_atom::value, seq);
     if (state > static_cast<uint8_t>(event_state::cancelled))
       throw device_error(name(), fmt::format("status of seq {}: unknown state {}", seq, state));
     auto s = static_cast<event_state>(state);
@@ -708,7 +723,7 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
   try {
     auto [node, id, name, driver, ordinal] =
       call<std::string, uint32_t, std::string, std::string, int32_t>(
-        shared, "attach_device", false, request_timeout, identify_atom::value);
+        shared, "attach_device", false, query_timeout(), identify_atom::value);
     name = prefix + name;
     shared->set_name(name);
     auto ep = std::make_shared<remote_endpoint>(device_key{node_ref{node}, id}, name, shared);
@@ -718,6 +733,10 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     throw;
   }
+}
+
+void set_query_timeout(std::chrono::milliseconds timeout) {
+  query_timeout_ms.store(std::max<int64_t>(1, timeout.count()));
 }
 
 const std::string& this_process() {

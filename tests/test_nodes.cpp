@@ -140,6 +140,13 @@ struct in_process_nodes {
   std::vector<caf::actor> actors;
 };
 
+/// Shortens the timeout of the remote queries that change nothing
+/// (`detail::set_query_timeout`) for one test.
+struct query_timeout_guard {
+  explicit query_timeout_guard(std::chrono::milliseconds t) { detail::set_query_timeout(t); }
+  ~query_timeout_guard() { detail::set_query_timeout(std::chrono::minutes{5}); }
+};
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_nodes_devices_come_after_the_local_ones_and_work_crosses_both_ways) {
@@ -678,4 +685,39 @@ BOOST_AUTO_TEST_CASE(test_nodes_attach_node_that_fails_part_way_leaves_nothing_a
   BOOST_TEST(contains(now, name_of(1)), now);
   BOOST_TEST(!contains(now, name_of(2)), now);
   b.sync(b.schedule_named(ds[1], {"spin_ns", {int64_t{0}}}));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_request_that_changes_a_node_has_no_timeout_and_runs_once) {
+  // The node's device is held with a full queue, so a schedule and an alloc
+  // sent to it wait there, unanswered, far longer than the (shortened)
+  // timeout of the queries. Neither fails meanwhile: a request the device
+  // may still carry out fails only with the node's loss, never by a
+  // timeout, so nobody retries one that will run. Once the queue drains
+  // each gets its reply and ran exactly once.
+  in_process_nodes p{{.num_devices = 1, .queue_capacity = 4}};
+  auto sd = p.server.get_device(0);
+  auto ds = attach_node(p.client, "127.0.0.1", p.serve("n", {p.device(0)}));
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  auto release = test_support::block_runner(p.server, sd);
+  auto* core = sd.get_runner().local_core();
+  BOOST_TEST_REQUIRE(core != nullptr);
+  while (core->has_room())
+    p.server.schedule_task(sd, {"fill", [] {}});
+  auto before = p.server.all_work(sd).seq();
+  query_timeout_guard shortened{std::chrono::milliseconds{200}};
+  auto scheduled = std::async(std::launch::async, [&] {
+    return p.client.schedule_named(d, {"spin_ns", {int64_t{0}}});
+  });
+  auto allocated = std::async(std::launch::async, [&] { p.client.alloc_pool(d, 7, 4096, 64); });
+  bool held = scheduled.wait_for(2s) == std::future_status::timeout;
+  held = allocated.wait_for(0s) == std::future_status::timeout && held;
+  release->open();
+  BOOST_TEST(held, "a request to the held node's device was answered (a timeout?) before "
+                   "the queue drained");
+  auto ev = test_support::bounded([&] { return scheduled.get(); }, "schedule on the node");
+  test_support::bounded([&] { allocated.get(); }, "alloc on the node");
+  p.client.sync(ev);
+  BOOST_TEST(p.server.all_work(sd).seq() == before + 1);
+  BOOST_TEST(p.client.get_used_memory(d) >= 4096u);
 }
