@@ -76,6 +76,10 @@ struct link_shared {
   caf::actor_addr target; // likewise
   /// Where the replies to `wait`s land (see reply_sink.hpp); likewise.
   std::shared_ptr<reply_sink> sink;
+  /// Held while a batch goes in parts (`schedule_batch`), so that this link
+  /// has at most one open on the device at a time.
+  std::mutex batch_mu;
+  uint64_t last_batch = 0; // the id of the last batch sent in parts; under batch_mu
 
   /// Remembers that a reply said `seq` was done: done forever. Seqs resolve
   /// in order but not all to done (a failure, a cancellation, then a
@@ -550,22 +554,29 @@ public:
   }
 
   std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) override {
-    // In messages of at most `batch_limit` specs, each a round trip: one
-    // message of a million tasks would be hundreds of MB to serialize at
-    // once, and would hold the device actor that long.
+    if (specs.size() <= batch_limit)
+      return checked(specs.size(), std::get<0>(call<std::vector<uint64_t>>(
+                                     shared_, "schedule_batch", true, until_lost,
+                                     schedule_atom::value,
+                                     std::vector<task_spec>(specs.begin(), specs.end()))));
+    // In parts of at most `batch_limit` specs, each a round trip: one message
+    // of a million tasks would be hundreds of MB to serialize at once, and
+    // would hold the device actor that long. The device binds each part as
+    // it comes and holds it; the last part schedules them all. A part that
+    // does not bind drops the batch there: a bad spec anywhere schedules
+    // none (the device forgets a batch whose sender goes away, too).
+    std::lock_guard serial{shared_->batch_mu};
+    auto id = ++shared_->last_batch;
     std::vector<uint64_t> seqs;
-    seqs.reserve(specs.size());
-    for (std::size_t i = 0; i < specs.size(); i += batch_limit) {
+    uint32_t part = 0;
+    for (std::size_t i = 0; i < specs.size(); i += batch_limit, ++part) {
       auto chunk = specs.subspan(i, std::min(batch_limit, specs.size() - i));
-      auto part = std::get<0>(call<std::vector<uint64_t>>(
-        shared_, "schedule_batch", true, until_lost, schedule_atom::value,
-        std::vector<task_spec>(chunk.begin(), chunk.end())));
-      if (part.size() != chunk.size())
-        throw device_error(name(), fmt::format("schedule_batch: {} seqs for {} tasks",
-                                               part.size(), chunk.size()));
-      seqs.insert(seqs.end(), part.begin(), part.end());
+      bool last = i + chunk.size() == specs.size();
+      seqs = std::get<0>(call<std::vector<uint64_t>>(
+        shared_, "schedule_batch", true, until_lost, schedule_atom::value, id, part,
+        std::vector<task_spec>(chunk.begin(), chunk.end()), last));
     }
-    return seqs;
+    return checked(specs.size(), std::move(seqs));
   }
 
   uint64_t all_work() override {
@@ -689,6 +700,14 @@ public:
   device_actor actor() const override { return caf::actor_cast<device_actor>(shared_->target); }
 
 private:
+  /// `seqs`, the reply to a batch of `n` tasks, if it has one seq for each.
+  std::vector<uint64_t> checked(std::size_t n, std::vector<uint64_t> seqs) const {
+    if (seqs.size() != n)
+      throw device_error(name(), fmt::format("schedule_batch: {} seqs for {} tasks",
+                                             seqs.size(), n));
+    return seqs;
+  }
+
   event_state status(uint64_t seq) {
     auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
       shared_, "status", false, query_timeout(), status_atom::value, seq);

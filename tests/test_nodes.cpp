@@ -610,6 +610,81 @@ BOOST_AUTO_TEST_CASE(test_nodes_provenance_names_a_killed_node_as_the_origin_thr
   BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
 }
 
+BOOST_AUTO_TEST_CASE(test_nodes_a_batch_in_parts_with_a_bad_spec_at_the_end_schedules_none) {
+  // More than 4,096 tasks go to a node in parts. A bad spec in the last part
+  // (after two good ones) schedules none of the batch: the node's device
+  // has scheduled nothing more, stays idle, and y is unchanged; the same for
+  // a spec naming a pool the node does not have. A good batch in parts
+  // after them runs each task once.
+  node_process node{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  b.alloc_pool(d, 1000, 8, 64);
+  auto y = buffer_arg{buffer_loc{1000, 0}, 4};
+  auto x = buffer_arg{buffer_loc{1000, 4}, 4};
+  b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
+  b.sync(b.schedule_named(d, {"fill", {y, 0.0}}));
+  auto before = b.all_work(d).seq();
+  std::vector<task_spec> specs(2 * 4096 + 10, task_spec{"axpy", {y, 1.0, x}});
+  std::vector<task_spec> bad_ones{{"no_such_kernel", {}},
+                                  {"axpy", {buffer_arg{buffer_loc{77, 0}, 4}, 1.0, x}}};
+  for (const auto& bad : bad_ones) {
+    specs.back() = bad;
+    try {
+      b.schedule_batch(d, specs);
+      BOOST_ERROR("a batch with a bad last spec was scheduled");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST_MESSAGE("refused: " << e.what());
+    }
+    BOOST_TEST(b.all_work(d).seq() == before);
+    BOOST_TEST(b.is_idle(d));
+  }
+  b.sync(b.schedule_named(d, {"checksum", {y, std::string{"after_bad"}}}));
+  auto r = b.result(d, "after_bad");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 0.0);
+  specs.back() = task_spec{"axpy", {y, 1.0, x}};
+  auto events = b.schedule_batch(d, specs);
+  BOOST_TEST_REQUIRE(events.size() == specs.size());
+  b.sync(b.schedule_named(d, {"checksum", {y, std::string{"after_good"}}}));
+  BOOST_TEST(b.is_done(events.back()));
+  r = b.result(d, "after_good");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == static_cast<double>(specs.size()));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_batch_part_out_of_order_drops_its_batch) {
+  // The protocol's batch in parts, sent by hand: a part that skips one, or
+  // belongs to no open batch, is refused and schedules nothing; part 0 of a
+  // new batch then starts afresh.
+  in_process_nodes p;
+  auto ds = attach_node(p.client, "127.0.0.1", p.serve("n", {p.device(0)}));
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto a = device_actor_of(p.client, ds[0]);
+  auto before = p.client.all_work(ds[0]).seq();
+  std::vector<task_spec> part(3, task_spec{"spin_ns", {int64_t{0}}});
+  caf::scoped_actor self{p.client.system()};
+  auto send = [&](uint64_t batch, uint32_t n, bool last) {
+    std::string outcome;
+    self->request(a, std::chrono::seconds{30}, atoms::schedule_atom::value, batch, n, part, last)
+      .receive([&](std::vector<uint64_t>& seqs) { outcome = std::to_string(seqs.size()) + " seqs"; },
+               [&](caf::error& e) { outcome = describe_error(e); });
+    return outcome;
+  };
+  BOOST_TEST(send(1, 0, false) == "0 seqs");
+  auto skipped = send(1, 2, true);
+  BOOST_TEST(contains(skipped, "part 2 came where part 1 was expected"), skipped);
+  auto orphan = send(1, 1, true);
+  BOOST_TEST(contains(orphan, "belongs to no open batch"), orphan);
+  BOOST_TEST(p.client.all_work(ds[0]).seq() == before);
+  BOOST_TEST(send(2, 0, false) == "0 seqs");
+  BOOST_TEST(send(2, 1, true) == "6 seqs");
+  BOOST_TEST(p.client.all_work(ds[0]).seq() == before + 6);
+}
+
 BOOST_AUTO_TEST_CASE(test_nodes_refusals_of_a_nodes_device_name_it_with_its_node) {
   // The node's device is multidev_cpu:0:1 there, a name a device of this
   // process may have too: every refusal names it n/multidev_cpu:0:1.
