@@ -58,7 +58,9 @@ device_actor backend_impl::actor_for(const device& d) const {
   return ep.actor();
 }
 
-device backend_impl::attach(const device_actor& a, const std::string& prefix) {
+device backend_impl::attach(const device_actor& a, const std::string& prefix, bool* fresh) {
+  if (fresh)
+    *fresh = false;
   if (!a)
     throw std::invalid_argument("attach_device: invalid device actor handle");
   {
@@ -86,8 +88,28 @@ device backend_impl::attach(const device_actor& a, const std::string& prefix) {
   rec->r = runner{remote.ep};
   device d{std::move(rec)};
   attached.emplace(key, d);
-  links.push_back(std::move(remote.link));
+  links.emplace(key, std::move(remote.link));
+  if (fresh)
+    *fresh = true;
   return d;
+}
+
+void backend_impl::detach(const device& d) {
+  caf::actor link;
+  {
+    std::lock_guard guard{mu};
+    auto key = record_of(d).r.key();
+    auto i = attached.find(key);
+    if (i == attached.end() || i->second.get_runner() != d.get_runner())
+      return;
+    attached.erase(i);
+    if (auto l = links.find(key); l != links.end()) {
+      link = std::move(l->second);
+      links.erase(l);
+    }
+  }
+  if (link)
+    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
 }
 
 void backend_impl::shutdown() {
@@ -95,7 +117,7 @@ void backend_impl::shutdown() {
   // have none (that device belongs to its own backend, elsewhere).
   std::vector<std::shared_ptr<device_core>> all;
   std::vector<device_actor> handles;
-  std::vector<caf::actor> remote_links;
+  std::map<device_key, caf::actor> remote_links;
   {
     std::lock_guard guard{mu};
     for (auto& d : made)
@@ -120,7 +142,7 @@ void backend_impl::shutdown() {
   // The attached devices' links go too: calls still waiting on them (a task
   // syncing on a remote event, a host thread) fail instead of holding the
   // joins below.
-  for (auto& l : remote_links)
+  for (auto& [key, l] : remote_links)
     caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
   remote_links.clear();
   for (auto& c : all)

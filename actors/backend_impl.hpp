@@ -85,7 +85,7 @@ struct backend_impl {
   std::map<const device_core*, device_actor> actor_of; // every device made here
   std::vector<device> made;               // make_device results, for shutdown
   std::map<device_key, device> attached;  // attach_device results, by key
-  std::vector<caf::actor> links;          // their link actors, stopped at shutdown
+  std::map<device_key, caf::actor> links; // their link actors, stopped at shutdown
 
   /// A node attached with `attach_node`: its devices take the ordinals after
   /// the local ones, in attachment order; attaching a node of the same name
@@ -110,7 +110,13 @@ struct backend_impl {
 
   /// `a` as a device of this backend (see `attach_device`); `prefix`
   /// ("<node>/") goes in front of its name, so errors name its node.
-  device attach(const device_actor& a, const std::string& prefix = {});
+  /// `fresh`, when given, tells whether this call attached it (false: it
+  /// was made or attached here before).
+  device attach(const device_actor& a, const std::string& prefix = {}, bool* fresh = nullptr);
+
+  /// Undoes the `attach` that attached `d` fresh: forgets it and stops its
+  /// link, so its calls fail (an `attach_node` that fails part way).
+  void detach(const device& d);
 
   void shutdown();
 };

@@ -53,6 +53,17 @@ struct device_state {
   /// Ordered requests held back while the device's queue is full, oldest
   /// first; each one replies when it runs (`refuse`: with an error instead).
   std::deque<std::function<void(bool refuse)>> deferred;
+  /// A batch sent in parts (`schedule` with a batch id): the tasks of the
+  /// parts bound so far, and the number of the part expected next.
+  struct staged_batch {
+    uint32_t next_part = 0;
+    std::vector<task> work;
+  };
+  /// The batches sent in parts and not yet scheduled, by sender and id.
+  std::map<std::pair<caf::actor_addr, uint64_t>, staged_batch> batches;
+  /// The senders of such batches, monitored once each: the batches of one
+  /// that goes down (its node lost, its link stopped) are dropped.
+  std::set<caf::actor_addr> batch_senders;
   static inline const char* name = "multidev_device";
 };
 
@@ -190,6 +201,137 @@ void answer_everything(self_ptr self) {
   }
 }
 
+// -- batches sent in parts -------------------------------------------------------
+
+using batch_key = std::pair<caf::actor_addr, uint64_t>;
+
+/// Batches one sender may have open at once (a link of this library has one).
+constexpr std::ptrdiff_t max_open_batches = 8;
+
+/// Tasks of a batch sent in parts pushed at once (per message handled): as
+/// many as a one-message batch holds, so a full queue still holds it back.
+constexpr std::size_t batch_slice = 4096;
+
+/// Binds `part`, part number `n` of batch `key`, and holds its tasks with
+/// those of the batch's earlier parts. Throws `std::invalid_argument`, the
+/// batch dropped, when a spec does not bind or the part is not the one
+/// expected; nothing is scheduled then.
+device_state::staged_batch& stage(self_ptr self, const batch_key& key, uint32_t n,
+                                  const std::vector<task_spec>& part) {
+  auto& st = self->state;
+  const auto& name = st.core->name();
+  auto it = st.batches.find(key);
+  if (it == st.batches.end()) {
+    if (n != 0)
+      throw std::invalid_argument(fmt::format(
+        "schedule_batch on {}: part {} of batch {} belongs to no open batch (its part 0 "
+        "never came, or an earlier part was refused and the batch dropped)",
+        name, n, key.second));
+    auto open = std::count_if(st.batches.begin(), st.batches.end(),
+                              [&](const auto& kv) { return kv.first.first == key.first; });
+    if (open >= max_open_batches)
+      throw std::invalid_argument(fmt::format(
+        "schedule_batch on {}: batch {}: its sender has {} batches open already (at most {})",
+        name, key.second, open, max_open_batches));
+    if (key.first && st.batch_senders.insert(key.first).second)
+      self->monitor(key.first);
+    it = st.batches.emplace(key, device_state::staged_batch{}).first;
+  } else if (n != it->second.next_part) {
+    auto expected = it->second.next_part;
+    st.batches.erase(it);
+    throw std::invalid_argument(
+      fmt::format("schedule_batch on {}: batch {}: part {} came where part {} was expected; "
+                  "the batch is dropped",
+                  name, key.second, n, expected));
+  }
+  try {
+    auto& work = it->second.work; // grown geometrically: no reserve per part
+    for (const auto& spec : part)
+      work.push_back(bind_spec(st.core, spec).work);
+    ++it->second.next_part;
+  } catch (...) {
+    st.batches.erase(key);
+    throw;
+  }
+  return it->second;
+}
+
+/// The last part of a batch sent in parts, as a deferred request: binds the
+/// part, then pushes the whole batch, `batch_slice` tasks per turn while the
+/// queue has room (it stays first in `deferred` until the batch is in, so
+/// nothing else goes in between), and replies with every seq.
+struct batch_commit {
+  struct job {
+    caf::typed_response_promise<std::vector<uint64_t>> rp;
+    batch_key key;
+    uint32_t part = 0;
+    std::vector<task_spec> last;
+    std::vector<task> work;
+    std::size_t next = 0;
+    std::vector<uint64_t> seqs;
+    bool bound = false;
+  };
+  self_ptr self;
+  std::shared_ptr<job> j;
+
+  void operator()(bool refuse) {
+    auto& st = self->state;
+    auto c = st.core;
+    if (refuse) {
+      st.batches.erase(j->key);
+      j->rp.deliver(make_error(errc::device_failed, c->name(),
+                               "the device actor stopped before this request was handled"));
+      return;
+    }
+    auto step = [this, &st, &c] {
+      if (!j->bound) {
+        auto& b = stage(self, j->key, j->part, j->last);
+        j->work = std::move(b.work);
+        st.batches.erase(j->key);
+        j->last.clear();
+        j->bound = true;
+        j->seqs.reserve(j->work.size());
+      }
+      auto end = std::min(j->work.size(), j->next + batch_slice);
+      for (; j->next < end; ++j->next)
+        j->seqs.push_back(c->push(std::move(j->work[j->next]), false));
+      return j->next == j->work.size();
+    };
+    auto done = attempt(*c, step);
+    if (!done) {
+      st.batches.erase(j->key);
+      j->rp.deliver(std::move(done.error()));
+    } else if (*done) {
+      j->work.clear();
+      j->rp.deliver(std::move(j->seqs));
+    } else {
+      st.deferred.push_front(*this); // the rest, when the runner has made room
+    }
+  }
+};
+
+/// `schedule` with a batch id: see the protocol.
+caf::result<std::vector<uint64_t>> batch_part(self_ptr self, uint64_t batch, uint32_t part,
+                                              std::vector<task_spec> specs, bool last) {
+  batch_key key{caf::actor_cast<caf::actor_addr>(self->current_sender()), batch};
+  if (!last) {
+    auto p = std::make_shared<const std::vector<task_spec>>(std::move(specs));
+    return ordered(self, [self, key, part, p] {
+      stage(self, key, part, *p);
+      return std::vector<uint64_t>{};
+    });
+  }
+  auto j = std::make_shared<batch_commit::job>();
+  j->rp = self->make_response_promise<std::vector<uint64_t>>();
+  j->key = key;
+  j->part = part;
+  j->last = std::move(specs);
+  auto rp = j->rp;
+  self->state.deferred.emplace_back(batch_commit{self, std::move(j)});
+  drain(self);
+  return rp;
+}
+
 /// Fails the gates waiting on `owner` with `msg` and remembers it dead (a
 /// later `depend` on it is refused).
 void fail_owner(self_ptr self, const caf::actor_addr& owner, const std::string& msg) {
@@ -307,6 +449,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         auto* w = r.target<wait_reply>();
         return w != nullptr && w->requester == dm.source;
       });
+    if (st.batch_senders.erase(dm.source) > 0)
+      std::erase_if(st.batches, [&dm](const auto& kv) { return kv.first.first == dm.source; });
     fail_owner(self, dm.source,
                fmt::format("the actor owning the awaited event is down ({})",
                            self->system().render(dm.reason)));
@@ -362,6 +506,11 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, specs] { return push_batch(c, specs); });
+    },
+    [self](schedule_atom, uint64_t batch, uint32_t part, std::vector<task_spec>& specs,
+           bool last) -> caf::result<std::vector<uint64_t>> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      return batch_part(self, batch, part, std::move(specs), last);
     },
     [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // remote_waiters, shared with the down handler

@@ -16,8 +16,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -49,7 +51,21 @@ namespace {
 
 using post_atom = caf::atom_constant<caf::atom("post")>;
 
-const caf::duration request_timeout{std::chrono::minutes(5)};
+/// The timeout of a request that changes the device (schedules, allocates,
+/// writes, waits, cancels...): none. Such a request fails only when its link
+/// closes (the device's actor is down: its node was lost, by a broken
+/// connection or missed heartbeats, or its backend stopped), never while the
+/// device may still carry it out, so a caller that retries after an error
+/// does not run it twice (docs/design.md, "Requests without a timeout").
+const caf::duration until_lost = caf::infinite;
+
+/// The timeout of a query that changes nothing (status, debug info, trace,
+/// identify...), which a caller may simply ask again; see `set_query_timeout`.
+std::atomic<int64_t> query_timeout_ms{5 * 60 * 1000};
+
+caf::duration query_timeout() {
+  return caf::duration{std::chrono::milliseconds{query_timeout_ms.load(std::memory_order_relaxed)}};
+}
 
 /// Tasks per message of `schedule_batch`.
 constexpr std::size_t batch_limit = 4096;
@@ -60,6 +76,10 @@ struct link_shared {
   caf::actor_addr target; // likewise
   /// Where the replies to `wait`s land (see reply_sink.hpp); likewise.
   std::shared_ptr<reply_sink> sink;
+  /// Held while a batch goes in parts (`schedule_batch`), so that this link
+  /// has at most one open on the device at a time.
+  std::mutex batch_mu;
+  uint64_t last_batch = 0; // the id of the last batch sent in parts; under batch_mu
 
   /// Remembers that a reply said `seq` was done: done forever. Seqs resolve
   /// in order but not all to done (a failure, a cancellation, then a
@@ -198,8 +218,31 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
   return std::make_shared<remote_op>(std::move(issue), std::move(on_error), std::move(shared));
 }
 
+/// Replaces every `theirs` in `text` that stands as a whole device name
+/// (not part of a longer name, nor after a node's `/`) with `ours`.
+void rename_in_text(std::string& text, const std::string& theirs, const std::string& ours) {
+  if (theirs.empty() || theirs == ours)
+    return;
+  auto in_name = [](char c, bool before) {
+    auto u = static_cast<unsigned char>(c);
+    return std::isalnum(u) || c == '_'
+           || (before && (c == ':' || c == '/' || c == '.' || c == '-'));
+  };
+  for (auto at = text.find(theirs); at != std::string::npos; at = text.find(theirs, at)) {
+    auto end = at + theirs.size();
+    if ((at > 0 && in_name(text[at - 1], true)) || (end < text.size() && in_name(text[end], false))) {
+      at = end;
+      continue;
+    }
+    text.replace(at, theirs.size(), ours);
+    at += ours.size();
+  }
+}
+
 /// `err`, from the device named `remote` here (`"b/multidev_cpu:0:1"`), as
-/// this process should read it (see `to_our_names`).
+/// this process should read it (see `to_our_names`): the device it names,
+/// and that device and `remote` where the message names them, get their
+/// node in front (the node's `multidev_cpu:0:1` may be this process's too).
 caf::error in_our_names(const caf::error& err, const std::string& remote) {
   if (auto f = failure_of(err)) {
     to_our_names(*f, remote);
@@ -210,8 +253,13 @@ caf::error in_our_names(const caf::error& err, const std::string& remote) {
       || !ctx.match_element<std::string>(0) || !ctx.match_element<std::string>(1))
     return err;
   auto device = ctx.get_as<std::string>(0);
+  auto message = ctx.get_as<std::string>(1);
+  auto theirs = device;
   to_our_name(device, remote);
-  return make_error(static_cast<errc>(err.code()), std::move(device), ctx.get_as<std::string>(1));
+  rename_in_text(message, theirs, device);
+  if (auto cut = remote.rfind('/'); cut != std::string::npos)
+    rename_in_text(message, remote.substr(cut + 1), remote);
+  return make_error(static_cast<errc>(err.code()), std::move(device), std::move(message));
 }
 
 /// Hands `op` to the link actor, or fails it at once when the link is closed.
@@ -501,54 +549,61 @@ public:
   }
 
   uint64_t schedule_named(const task_spec& spec) override {
-    return std::get<0>(call<uint64_t>(shared_, "schedule_named", true, request_timeout,
+    return std::get<0>(call<uint64_t>(shared_, "schedule_named", true, until_lost,
                                       schedule_atom::value, spec));
   }
 
   std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) override {
-    // In messages of at most `batch_limit` specs, each a round trip: one
-    // message of a million tasks would be hundreds of MB to serialize at
-    // once, and would hold the device actor that long.
+    if (specs.size() <= batch_limit)
+      return checked(specs.size(), std::get<0>(call<std::vector<uint64_t>>(
+                                     shared_, "schedule_batch", true, until_lost,
+                                     schedule_atom::value,
+                                     std::vector<task_spec>(specs.begin(), specs.end()))));
+    // In parts of at most `batch_limit` specs, each a round trip: one message
+    // of a million tasks would be hundreds of MB to serialize at once, and
+    // would hold the device actor that long. The device binds each part as
+    // it comes and holds it; the last part schedules them all. A part that
+    // does not bind drops the batch there: a bad spec anywhere schedules
+    // none (the device forgets a batch whose sender goes away, too).
+    std::lock_guard serial{shared_->batch_mu};
+    auto id = ++shared_->last_batch;
     std::vector<uint64_t> seqs;
-    seqs.reserve(specs.size());
-    for (std::size_t i = 0; i < specs.size(); i += batch_limit) {
+    uint32_t part = 0;
+    for (std::size_t i = 0; i < specs.size(); i += batch_limit, ++part) {
       auto chunk = specs.subspan(i, std::min(batch_limit, specs.size() - i));
-      auto part = std::get<0>(call<std::vector<uint64_t>>(
-        shared_, "schedule_batch", true, request_timeout, schedule_atom::value,
-        std::vector<task_spec>(chunk.begin(), chunk.end())));
-      if (part.size() != chunk.size())
-        throw device_error(name(), fmt::format("schedule_batch: {} seqs for {} tasks",
-                                               part.size(), chunk.size()));
-      seqs.insert(seqs.end(), part.begin(), part.end());
+      bool last = i + chunk.size() == specs.size();
+      seqs = std::get<0>(call<std::vector<uint64_t>>(
+        shared_, "schedule_batch", true, until_lost, schedule_atom::value, id, part,
+        std::vector<task_spec>(chunk.begin(), chunk.end()), last));
     }
-    return seqs;
+    return checked(specs.size(), std::move(seqs));
   }
 
   uint64_t all_work() override {
     return std::get<0>(
-      call<uint64_t>(shared_, "all_work", true, request_timeout, all_work_atom::value));
+      call<uint64_t>(shared_, "all_work", true, until_lost, all_work_atom::value));
   }
 
   void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
 
   void await_until(std::chrono::steady_clock::time_point deadline) override {
     auto seq = std::get<0>(
-      call<uint64_t>(shared_, "await", true, request_timeout, all_work_atom::value));
+      call<uint64_t>(shared_, "await", true, until_lost, all_work_atom::value));
     sync_until(seq, deadline, "await");
   }
 
   bool is_idle() override {
-    return std::get<0>(call<bool>(shared_, "is_idle", false, request_timeout, idle_atom::value));
+    return std::get<0>(call<bool>(shared_, "is_idle", false, query_timeout(), idle_atom::value));
   }
 
   std::size_t queue_length() override {
     auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
-      shared_, "queue_length", false, request_timeout, status_atom::value, uint64_t{0});
+      shared_, "queue_length", false, query_timeout(), status_atom::value, uint64_t{0});
     return scheduled - resolved;
   }
 
   void flush() override {
-    call<uint64_t>(shared_, "flush", true, request_timeout, all_work_atom::value);
+    call<uint64_t>(shared_, "flush", true, until_lost, all_work_atom::value);
   }
 
   void depend(endpoint& owner, uint64_t seq) override {
@@ -569,46 +624,46 @@ public:
                                      remote_owner->gone().value_or("its link is closed")));
     post(*shared_,
          make_op<uint64_t>(
-           shared_, request_timeout, [](uint64_t) {}, [](const caf::error&) {},
+           shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
            depend_atom::value, caf::actor_cast<caf::actor>(a), seq, qualified_name(owner)));
   }
 
   std::optional<std::string> gone() const override { return shared_->closed_reason(); }
 
   void cancel() override {
-    call<uint64_t>(shared_, "cancel", false, request_timeout, cancel_atom::value);
+    call<uint64_t>(shared_, "cancel", false, until_lost, cancel_atom::value);
   }
 
   bool recover() override {
-    return std::get<0>(call<bool>(shared_, "recover", false, request_timeout,
+    return std::get<0>(call<bool>(shared_, "recover", false, until_lost,
                                   recover_atom::value));
   }
 
   void alloc_pool(int id, std::size_t size, std::size_t alignment,
                   std::optional<memory_mode> mode) override {
-    call<uint64_t>(shared_, "alloc_pool", true, request_timeout, alloc_atom::value,
+    call<uint64_t>(shared_, "alloc_pool", true, until_lost, alloc_atom::value,
                    static_cast<int32_t>(id), static_cast<uint64_t>(size),
                    static_cast<uint64_t>(alignment),
                    mode ? static_cast<int32_t>(*mode) : int32_t{-1});
   }
 
   void free_pool(int id) override {
-    call<uint64_t>(shared_, "free_pool", true, request_timeout, free_atom::value,
+    call<uint64_t>(shared_, "free_pool", true, until_lost, free_atom::value,
                    static_cast<int32_t>(id));
   }
 
   uint64_t write_bytes(int id, std::size_t offset, std::string bytes) override {
-    return std::get<0>(call<uint64_t>(shared_, "write", true, request_timeout, write_atom::value,
+    return std::get<0>(call<uint64_t>(shared_, "write", true, until_lost, write_atom::value,
                                       static_cast<int32_t>(id), static_cast<uint64_t>(offset),
                                       std::move(bytes)));
   }
   std::string read_bytes(int id, std::size_t offset, std::size_t size) override {
-    return std::get<0>(call<std::string>(shared_, "read", true, request_timeout, read_atom::value,
+    return std::get<0>(call<std::string>(shared_, "read", true, until_lost, read_atom::value,
                                          static_cast<int32_t>(id), static_cast<uint64_t>(offset),
                                          static_cast<uint64_t>(size)));
   }
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
-    return std::get<0>(call<uint64_t>(shared_, "memset_zero", true, request_timeout,
+    return std::get<0>(call<uint64_t>(shared_, "memset_zero", true, until_lost,
                                       memset_atom::value, static_cast<int32_t>(id),
                                       static_cast<uint64_t>(offset),
                                       static_cast<uint64_t>(size)));
@@ -616,12 +671,12 @@ public:
 
   std::size_t used_memory() override {
     return std::get<0>(
-      call<uint64_t>(shared_, "get_used_memory", false, request_timeout, memory_atom::value));
+      call<uint64_t>(shared_, "get_used_memory", false, query_timeout(), memory_atom::value));
   }
 
   sexp debug_info() override {
     auto text = std::get<0>(
-      call<std::string>(shared_, "get_debug_info", false, request_timeout, debug_atom::value));
+      call<std::string>(shared_, "get_debug_info", false, query_timeout(), debug_atom::value));
     try {
       return parse_sexp(text);
     } catch (const sexp_parse_error&) {
@@ -631,11 +686,11 @@ public:
 
   device_trace trace() override {
     return std::get<0>(
-      call<device_trace>(shared_, "trace", false, request_timeout, trace_atom::value));
+      call<device_trace>(shared_, "trace", false, query_timeout(), trace_atom::value));
   }
 
   std::optional<kernel_result> result(const std::string& name) override {
-    auto [found, r] = call<bool, kernel_result>(shared_, "result", false, request_timeout,
+    auto [found, r] = call<bool, kernel_result>(shared_, "result", false, query_timeout(),
                                                 result_atom::value, name);
     if (!found)
       return std::nullopt;
@@ -645,9 +700,17 @@ public:
   device_actor actor() const override { return caf::actor_cast<device_actor>(shared_->target); }
 
 private:
+  /// `seqs`, the reply to a batch of `n` tasks, if it has one seq for each.
+  std::vector<uint64_t> checked(std::size_t n, std::vector<uint64_t> seqs) const {
+    if (seqs.size() != n)
+      throw device_error(name(), fmt::format("schedule_batch: {} seqs for {} tasks",
+                                             seqs.size(), n));
+    return seqs;
+  }
+
   event_state status(uint64_t seq) {
     auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
-      shared_, "status", false, request_timeout, status_atom::value, seq);
+      shared_, "status", false, query_timeout(), status_atom::value, seq);
     if (state > static_cast<uint8_t>(event_state::cancelled))
       throw device_error(name(), fmt::format("status of seq {}: unknown state {}", seq, state));
     auto s = static_cast<event_state>(state);
@@ -679,7 +742,7 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
   try {
     auto [node, id, name, driver, ordinal] =
       call<std::string, uint32_t, std::string, std::string, int32_t>(
-        shared, "attach_device", false, request_timeout, identify_atom::value);
+        shared, "attach_device", false, query_timeout(), identify_atom::value);
     name = prefix + name;
     shared->set_name(name);
     auto ep = std::make_shared<remote_endpoint>(device_key{node_ref{node}, id}, name, shared);
@@ -689,6 +752,10 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     throw;
   }
+}
+
+void set_query_timeout(std::chrono::milliseconds timeout) {
+  query_timeout_ms.store(std::max<int64_t>(1, timeout.count()));
 }
 
 const std::string& this_process() {

@@ -17,6 +17,7 @@
 /// link's reply sink instead (reply_sink.hpp), its reply handled on the
 /// thread that delivers it; the link closes the sink when it closes.
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,14 @@ struct remote_device {
 /// `device_error` when `target` does not answer; the link is stopped then.
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
                             const std::string& prefix = {});
+
+/// How long a request to a device of another actor system that changes
+/// nothing there (`is_idle`, `queue_length`, a status, debug info, a trace,
+/// a result, used memory, `identify`) waits for its reply before it fails;
+/// 5 minutes unless set, for the whole process. A request that changes the
+/// device (schedules, allocates, writes, reads, waits, cancels, recovers)
+/// has no timeout: it fails only when its link closes. Tests shorten it.
+void set_query_timeout(std::chrono::milliseconds timeout);
 
 /// This process as another one names it in a `depend`: `"<host>:<pid>"`
 /// (a device of this process goes as `"<host>:<pid>/<name>"`).

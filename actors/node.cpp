@@ -118,37 +118,58 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
                                               "devices: {}",
                                               address, sys.render(*err)));
   }
-  std::vector<device> result;
-  for (auto& a : actors)
-    result.push_back(b.impl().attach(caf::actor_cast<device_actor>(a), name + "/"));
+  // All or none: nothing is attached when the count is wrong, and what this
+  // call attached is undone when a later step throws.
   auto& impl = b.impl();
-  std::lock_guard guard{impl.mu};
-  auto local = impl.drv->device_count();
-  // A node attached before under this name (restarted): its ordinals again.
-  auto it = std::find_if(impl.nodes.begin(), impl.nodes.end(),
-                         [&](const auto& n) { return n.name == name; });
-  int first = it != impl.nodes.end() && !it->devices.empty()
-                ? it->devices.front().ordinal()
-                : local + static_cast<int>(impl.node_devices.size());
-  if (it != impl.nodes.end() && it->devices.size() != result.size())
-    throw std::invalid_argument(fmt::format(
-      "attach_node {}: node '{}' was attached before with {} device(s), it has {} now",
-      address, name, it->devices.size(), result.size()));
-  for (std::size_t i = 0; i < result.size(); ++i) {
-    // The record is this backend's view of the device: its ordinal here.
-    auto& rec = *result[i].record();
-    rec.ordinal = first + static_cast<int>(i);
-    auto slot = static_cast<std::size_t>(rec.ordinal - local);
-    if (slot < impl.node_devices.size())
-      impl.node_devices[slot] = result[i];
-    else
-      impl.node_devices.push_back(result[i]);
+  auto previous = [&]() -> std::vector<detail::backend_impl::attached_node>::iterator {
+    auto it = std::find_if(impl.nodes.begin(), impl.nodes.end(),
+                           [&](const auto& n) { return n.name == name; });
+    if (it != impl.nodes.end() && it->devices.size() != actors.size())
+      throw std::invalid_argument(fmt::format(
+        "attach_node {}: node '{}' was attached before with {} device(s), it has {} now",
+        address, name, it->devices.size(), actors.size()));
+    return it;
+  };
+  {
+    std::lock_guard guard{impl.mu};
+    previous();
   }
-  if (it != impl.nodes.end()) {
-    it->address = address;
-    it->devices = result;
-  } else {
-    impl.nodes.push_back({name, address, result});
+  std::vector<device> result;
+  std::vector<device> fresh;
+  try {
+    for (auto& a : actors) {
+      bool is_new = false;
+      result.push_back(impl.attach(caf::actor_cast<device_actor>(a), name + "/", &is_new));
+      if (is_new)
+        fresh.push_back(result.back());
+    }
+    std::lock_guard guard{impl.mu};
+    auto it = previous(); // again: another thread may have attached it meanwhile
+    auto local = impl.drv->device_count();
+    // A node attached before under this name (restarted): its ordinals again.
+    int first = it != impl.nodes.end() && !it->devices.empty()
+                  ? it->devices.front().ordinal()
+                  : local + static_cast<int>(impl.node_devices.size());
+    for (std::size_t i = 0; i < result.size(); ++i) {
+      // The record is this backend's view of the device: its ordinal here.
+      auto& rec = *result[i].record();
+      rec.ordinal = first + static_cast<int>(i);
+      auto slot = static_cast<std::size_t>(rec.ordinal - local);
+      if (slot < impl.node_devices.size())
+        impl.node_devices[slot] = result[i];
+      else
+        impl.node_devices.push_back(result[i]);
+    }
+    if (it != impl.nodes.end()) {
+      it->address = address;
+      it->devices = result;
+    } else {
+      impl.nodes.push_back({name, address, result});
+    }
+  } catch (...) {
+    for (auto& d : fresh)
+      impl.detach(d);
+    throw;
   }
   return result;
 }

@@ -332,12 +332,16 @@ private:
     return lookup(s, sym::event).id;
   }
 
-  /// A context: a context name, or a device ordinal for a fresh context.
+  /// A context: a context name, or a device (an ordinal, or `NODE/K` that
+  /// is no declared name) for a fresh context.
   void ctx(const sexp& s, step& st) const {
-    if (s.is_atom() && looks_numeric(text(s, "a context"))) {
-      st.device = device(s);
-      st.ctx = -1;
-      return;
+    if (s.is_atom()) {
+      auto t = text(s, "a context");
+      if (looks_numeric(t) || (t.find('/') != std::string::npos && !names_.contains(t))) {
+        st.device = device(s);
+        st.ctx = -1;
+        return;
+      }
     }
     if (s.is_list()) {
       st.device = device(s);

@@ -14,12 +14,16 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "actors/device_core.hpp"
+#include "actors/endpoint_remote.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
 #include "test_support.hpp"
@@ -79,6 +83,69 @@ struct cluster {
 buffer_arg buffer(int pool, std::size_t bytes) {
   return buffer_arg{buffer_loc{pool, 0}, bytes};
 }
+
+/// A node actor that lists `devices` under `name`, whatever they are: the
+/// seam for attach_node's failures (a device that does not answer, a node
+/// whose device count changed).
+node_actor::behavior_type listing_impl(node_actor::pointer, std::string name,
+                                       std::vector<caf::actor> devices) {
+  return {
+    [name, devices](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
+      return {name, devices};
+    },
+  };
+}
+
+/// An actor listed as a device that is none: it refuses `identify`.
+caf::behavior not_a_device(caf::event_based_actor*, std::string why) {
+  return {
+    [why](atoms::identify_atom) -> caf::error {
+      return make_error(errc::device_failed, "", why);
+    },
+  };
+}
+
+/// Two backends of this process, each with its own actor system: `server`
+/// serves its devices through node actors the test makes (`serve`),
+/// `client` attaches them with attach_node over 127.0.0.1.
+struct in_process_nodes {
+  explicit in_process_nodes(backend_options server_opts = {.num_devices = 3})
+    : server(server_opts) {}
+  in_process_nodes(const in_process_nodes&) = delete;
+  in_process_nodes& operator=(const in_process_nodes&) = delete;
+  ~in_process_nodes() {
+    for (auto& a : actors) // a node actor left running would hold ~backend
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  /// Publishes a node actor named `name` listing `devices`; returns its port.
+  uint16_t serve(const std::string& name, std::vector<caf::actor> devices) {
+    auto n = server.system().spawn(listing_impl, name, std::move(devices));
+    actors.push_back(caf::actor_cast<caf::actor>(n));
+    auto port = publish_node(n, 0, "127.0.0.1");
+    if (!port)
+      BOOST_FAIL("publish_node: " << server.system().render(port.error()));
+    return *port;
+  }
+  caf::actor device(int i) {
+    return caf::actor_cast<caf::actor>(device_actor_of(server, server.get_device(i)));
+  }
+  caf::actor bogus(const std::string& why) {
+    actors.push_back(server.system().spawn(not_a_device, why));
+    return actors.back();
+  }
+
+  backend server;
+  backend client{{.num_devices = 1}};
+  std::vector<caf::actor> actors;
+};
+
+/// Shortens the timeout of the remote queries that change nothing
+/// (`detail::set_query_timeout`) for one test.
+struct query_timeout_guard {
+  explicit query_timeout_guard(std::chrono::milliseconds t) { detail::set_query_timeout(t); }
+  ~query_timeout_guard() { detail::set_query_timeout(std::chrono::minutes{5}); }
+};
 
 } // namespace
 
@@ -541,4 +608,191 @@ BOOST_AUTO_TEST_CASE(test_nodes_provenance_names_a_killed_node_as_the_origin_thr
   check_lost_chain(last, a0.name(), {b1_on_local, local_on_b0, b0_on_a0}, "b/1");
   BOOST_TEST_MESSAGE("after the loss: " << (last ? last->what() : "none"));
   BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_batch_in_parts_with_a_bad_spec_at_the_end_schedules_none) {
+  // More than 4,096 tasks go to a node in parts. A bad spec in the last part
+  // (after two good ones) schedules none of the batch: the node's device
+  // has scheduled nothing more, stays idle, and y is unchanged; the same for
+  // a spec naming a pool the node does not have. A good batch in parts
+  // after them runs each task once.
+  node_process node{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  b.alloc_pool(d, 1000, 8, 64);
+  auto y = buffer_arg{buffer_loc{1000, 0}, 4};
+  auto x = buffer_arg{buffer_loc{1000, 4}, 4};
+  b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
+  b.sync(b.schedule_named(d, {"fill", {y, 0.0}}));
+  auto before = b.all_work(d).seq();
+  std::vector<task_spec> specs(2 * 4096 + 10, task_spec{"axpy", {y, 1.0, x}});
+  std::vector<task_spec> bad_ones{{"no_such_kernel", {}},
+                                  {"axpy", {buffer_arg{buffer_loc{77, 0}, 4}, 1.0, x}}};
+  for (const auto& bad : bad_ones) {
+    specs.back() = bad;
+    try {
+      b.schedule_batch(d, specs);
+      BOOST_ERROR("a batch with a bad last spec was scheduled");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST_MESSAGE("refused: " << e.what());
+    }
+    BOOST_TEST(b.all_work(d).seq() == before);
+    BOOST_TEST(b.is_idle(d));
+  }
+  b.sync(b.schedule_named(d, {"checksum", {y, std::string{"after_bad"}}}));
+  auto r = b.result(d, "after_bad");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 0.0);
+  specs.back() = task_spec{"axpy", {y, 1.0, x}};
+  auto events = b.schedule_batch(d, specs);
+  BOOST_TEST_REQUIRE(events.size() == specs.size());
+  b.sync(b.schedule_named(d, {"checksum", {y, std::string{"after_good"}}}));
+  BOOST_TEST(b.is_done(events.back()));
+  r = b.result(d, "after_good");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == static_cast<double>(specs.size()));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_batch_part_out_of_order_drops_its_batch) {
+  // The protocol's batch in parts, sent by hand: a part that skips one, or
+  // belongs to no open batch, is refused and schedules nothing; part 0 of a
+  // new batch then starts afresh.
+  in_process_nodes p;
+  auto ds = attach_node(p.client, "127.0.0.1", p.serve("n", {p.device(0)}));
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto a = device_actor_of(p.client, ds[0]);
+  auto before = p.client.all_work(ds[0]).seq();
+  std::vector<task_spec> part(3, task_spec{"spin_ns", {int64_t{0}}});
+  caf::scoped_actor self{p.client.system()};
+  auto send = [&](uint64_t batch, uint32_t n, bool last) {
+    std::string outcome;
+    self->request(a, std::chrono::seconds{30}, atoms::schedule_atom::value, batch, n, part, last)
+      .receive([&](std::vector<uint64_t>& seqs) { outcome = std::to_string(seqs.size()) + " seqs"; },
+               [&](caf::error& e) { outcome = describe_error(e); });
+    return outcome;
+  };
+  BOOST_TEST(send(1, 0, false) == "0 seqs");
+  auto skipped = send(1, 2, true);
+  BOOST_TEST(contains(skipped, "part 2 came where part 1 was expected"), skipped);
+  auto orphan = send(1, 1, true);
+  BOOST_TEST(contains(orphan, "belongs to no open batch"), orphan);
+  BOOST_TEST(p.client.all_work(ds[0]).seq() == before);
+  BOOST_TEST(send(2, 0, false) == "0 seqs");
+  BOOST_TEST(send(2, 1, true) == "6 seqs");
+  BOOST_TEST(p.client.all_work(ds[0]).seq() == before + 6);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_refusals_of_a_nodes_device_name_it_with_its_node) {
+  // The node's device is multidev_cpu:0:1 there, a name a device of this
+  // process may have too: every refusal names it n/multidev_cpu:0:1.
+  node_process node{tool(), 1, "n", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  auto ours = d.name();
+  BOOST_TEST_REQUIRE(ours.starts_with("n/"));
+  auto theirs = ours.substr(2);
+  auto names_it = [&](const char* call, const std::function<void()>& f) {
+    try {
+      f();
+      BOOST_ERROR(call << " was not refused");
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      BOOST_TEST(contains(what, ours), call << ": " << what);
+      // and never without its node
+      for (auto at = what.find(theirs); at != std::string::npos; at = what.find(theirs, at + 1))
+        BOOST_TEST((at >= 2 && what.compare(at - 2, 2, "n/") == 0), call << ": " << what);
+    }
+  };
+  names_it("memset_zero", [&] { b.memset_zero(d, 1000, 0, 8); });
+  names_it("free_pool", [&] { b.free_pool(d, 1000); });
+  names_it("alloc_pool", [&] { b.alloc_pool(d, 5, 64, 3); });
+  b.alloc_pool(d, 5, 64, 64);
+  names_it("memset_zero out of range", [&] { b.memset_zero(d, 5, 32, 64); });
+  names_it("schedule_named", [&] { b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}}); });
+  names_it("schedule_batch", [&] {
+    b.schedule_batch(d, std::vector<task_spec>{{"fill", {buffer(1000, 8), 1.0}}});
+  });
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_attach_node_that_fails_part_way_leaves_nothing_attached) {
+  // A node whose second device does not answer `identify`: attach_node
+  // throws and the first device is not left attached (no link, no entry in
+  // the debug info). Then the node, attached with its two real devices,
+  // lists again with another count: refused, and the third device is not
+  // left attached either.
+  in_process_nodes p;
+  auto& b = p.client;
+  auto attached = [&] {
+    auto info = b.get_global_debug_info();
+    auto* a = info.find("attached");
+    return a ? a->to_string() : std::string{};
+  };
+  // The attached devices' own debug info names them as the node does.
+  auto name_of = [&](int i) { return "(name " + p.server.get_device(i).name() + ")"; };
+  try {
+    attach_node(b, "127.0.0.1", p.serve("n", {p.device(0), p.bogus("not a device")}));
+    BOOST_ERROR("a node with a device that does not answer was attached");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "not a device"), e.what());
+  }
+  BOOST_TEST(b.num_devices() == 1);
+  BOOST_TEST(attached() == "", attached());
+  auto ds = attach_node(b, "127.0.0.1", p.serve("n", {p.device(0), p.device(1)}));
+  BOOST_TEST_REQUIRE(ds.size() == 2u);
+  BOOST_TEST(ds[0].ordinal() == 1);
+  BOOST_TEST(ds[0].name() == "n/" + p.server.get_device(0).name());
+  BOOST_TEST(b.num_devices() == 3);
+  try {
+    attach_node(b, "127.0.0.1", p.serve("n", {p.device(2)}));
+    BOOST_ERROR("a node whose device count changed was attached");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), "attached before with 2 device(s), it has 1 now"), e.what());
+  }
+  BOOST_TEST(b.num_devices() == 3);
+  auto now = attached();
+  BOOST_TEST(contains(now, name_of(0)), now);
+  BOOST_TEST(contains(now, name_of(1)), now);
+  BOOST_TEST(!contains(now, name_of(2)), now);
+  b.sync(b.schedule_named(ds[1], {"spin_ns", {int64_t{0}}}));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_request_that_changes_a_node_has_no_timeout_and_runs_once) {
+  // The node's device is held with a full queue, so a schedule and an alloc
+  // sent to it wait there, unanswered, far longer than the (shortened)
+  // timeout of the queries. Neither fails meanwhile: a request the device
+  // may still carry out fails only with the node's loss, never by a
+  // timeout, so nobody retries one that will run. Once the queue drains
+  // each gets its reply and ran exactly once.
+  in_process_nodes p{{.num_devices = 1, .queue_capacity = 4}};
+  auto sd = p.server.get_device(0);
+  auto ds = attach_node(p.client, "127.0.0.1", p.serve("n", {p.device(0)}));
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  auto release = test_support::block_runner(p.server, sd);
+  auto* core = sd.get_runner().local_core();
+  BOOST_TEST_REQUIRE(core != nullptr);
+  while (core->has_room())
+    p.server.schedule_task(sd, {"fill", [] {}});
+  auto before = p.server.all_work(sd).seq();
+  query_timeout_guard shortened{std::chrono::milliseconds{200}};
+  auto scheduled = std::async(std::launch::async, [&] {
+    return p.client.schedule_named(d, {"spin_ns", {int64_t{0}}});
+  });
+  auto allocated = std::async(std::launch::async, [&] { p.client.alloc_pool(d, 7, 4096, 64); });
+  bool held = scheduled.wait_for(2s) == std::future_status::timeout;
+  held = allocated.wait_for(0s) == std::future_status::timeout && held;
+  release->open();
+  BOOST_TEST(held, "a request to the held node's device was answered (a timeout?) before "
+                   "the queue drained");
+  auto ev = test_support::bounded([&] { return scheduled.get(); }, "schedule on the node");
+  test_support::bounded([&] { allocated.get(); }, "alloc on the node");
+  p.client.sync(ev);
+  BOOST_TEST(p.server.all_work(sd).seq() == before + 1);
+  BOOST_TEST(p.client.get_used_memory(d) >= 4096u);
 }

@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 
+#include "scenario/program.hpp"
 #include "scenario/scenario.hpp"
 
 using namespace multidev;
@@ -407,4 +408,41 @@ BOOST_AUTO_TEST_CASE(test_scenario_timeline_svg_is_well_formed_with_a_lane_per_d
   for (int d = 0; d < 4; ++d)
     BOOST_TEST(svg.find(">device " + std::to_string(d) + " (") != std::string::npos);
   BOOST_TEST(svg.find("marker-end=\"url(#arrow)\"") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_nodes_device_written_name_k_is_a_fresh_context_in_kernel_and_wait) {
+  // docs/scenarios.md: `kernel` and `wait` take a device where a context is
+  // expected, meaning a fresh context on it, and a node's device may be
+  // written NAME/K. A declared context of that spelling is still the context.
+  const std::string text = "(devices 1)\n(nodes (n 2))\n"
+                           "(kernel n/1 spin_ns 0 (as k))\n"       // step 0
+                           "(wait n/0 k)\n"                        // step 1
+                           "(kernel n/0 spin_ns 0 (as on_n))\n"    // step 2
+                           "(wait 0 on_n)\n"                       // step 3
+                           "(kernel 0 spin_ns 0 (as back))\n"      // step 4
+                           "(expect (sync back) ok)\n"
+                           "(expect (before k on_n))\n(expect (before on_n back))\n";
+  auto p = scn::load(text, "name_k.scn");
+  std::vector<std::string> kernel_and_wait; // "device ctx" of each kernel and wait step
+  for (const auto& st : p->steps)
+    if (st.kind == scn::op::kernel || st.kind == scn::op::wait)
+      kernel_and_wait.push_back(std::to_string(st.device) + " " + std::to_string(st.ctx));
+  std::vector<std::string> expected{"2 -1", "1 -1", "1 -1", "0 -1", "0 -1"};
+  BOOST_TEST(kernel_and_wait == expected, boost::test_tools::per_element());
+  auto e = error_of("(devices 1)\n(nodes (n 2))\n(kernel m/0 spin_ns 0)\n");
+  BOOST_TEST(e == "3:9: unknown node 'm' in 'm/0'", e);
+  e = error_of("(devices 1)\n(nodes (n 2))\n(wait n/2 k)\n");
+  BOOST_TEST(starts_with(e, "3:7: 'n/2': node n has 2 device(s)"), e);
+  auto named = scn::load("(devices 1)\n(nodes (n 1))\n(context n/0 0)\n(kernel n/0 spin_ns 0)\n",
+                         "named.scn");
+  BOOST_TEST(named->steps.back().ctx == 0);
+  BOOST_TEST(named->steps.back().device == 0);
+  // And it runs, on a node process started for it.
+  auto& suite = boost::unit_test::framework::master_test_suite();
+  BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
+  scn::run_options o;
+  o.spawn_nodes = true;
+  o.tool = suite.argv[1];
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.ok(), scn::summary(r));
 }

@@ -85,6 +85,15 @@ using device_actor = caf::typed_actor<
   /// resolved first, so an unknown kernel or a bad argument schedules none;
   /// replies with their seqs.
   caf::replies_to<atoms::schedule_atom, std::vector<task_spec>>::with<std::vector<uint64_t>>,
+  /// Part `part` (0, 1, ...) of batch `batch`, a batch sent in parts
+  /// (`backend::schedule_batch` sends more than 4,096 tasks so): the parts
+  /// of one sender's batch are resolved as they come and held here; the
+  /// `last` one schedules them all, in order, and replies with their seqs
+  /// (the others reply with none). A part that does not resolve, or comes
+  /// out of order, drops the batch: a bad spec anywhere schedules none. A
+  /// sender has at most 8 batches open; its batches go when it goes down.
+  caf::replies_to<atoms::schedule_atom, uint64_t, uint32_t, std::vector<task_spec>,
+                  bool>::with<std::vector<uint64_t>>,
   /// Replies with `seq` once this device has finished it (at once when it
   /// has); an error if it never will (the device failed or shut down first),
   /// `invalid_argument` at once when `seq` was never scheduled.
