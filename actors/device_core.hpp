@@ -243,6 +243,10 @@ public:
   /// Forgets the waiters for which `pred` holds, uncalled (their requester
   /// is gone: a node that went away); returns how many.
   std::size_t drop_waiters(const std::function<bool(const resolver&)>& pred);
+  /// Forgets one waiter of `seq` for which `pred` holds, uncalled (a sync
+  /// that gave up at its deadline); false when there is none: it has fired,
+  /// or is firing now.
+  bool drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred);
   /// For tests: registers `w` without looking at progress, as a waiter does
   /// that loses the race with `complete` (it stores itself after the runner
   /// read the waiter minimum, and before it re-checks progress).

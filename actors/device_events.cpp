@@ -16,6 +16,37 @@ namespace {
 // Made at load time: it stands in when memory runs out.
 const failure unreadable_cause{failure::kind::failed, {}, {}, 0,
                                "failed (its cause could not be read)", {}};
+
+/// How a resolver tells a blocked `sync_until` the outcome. Shared: the
+/// resolver may still be notifying after the sync saw the value.
+struct sync_signal {
+  std::atomic<uint32_t> flag{0}; // 1: done, 2: failed (cause set before)
+  device_core::failure_ptr cause;
+  // For a wait with a deadline (the atomic wait has no timeout).
+  std::mutex mu;
+  std::condition_variable cv;
+  bool timed = false;
+};
+
+/// The resolver a `sync_until` registers; named, so that a sync that gives
+/// up at its deadline can find its own among the seq's waiters and drop it.
+struct sync_resolver {
+  std::shared_ptr<sync_signal> sig;
+  void operator()(const failure* cause) const {
+    if (cause) {
+      // The cause lives in the device's table (or a static); share it.
+      sig->cause = std::shared_ptr<const failure>(std::make_shared<failure>(*cause));
+    }
+    if (sig->timed) {
+      std::lock_guard guard{sig->mu};
+      sig->flag.store(cause ? 2 : 1);
+      sig->cv.notify_all();
+      return;
+    }
+    sig->flag.store(cause ? 2 : 1);
+    sig->flag.notify_one();
+  }
+};
 } // namespace
 
 uint64_t device_core::finished() const noexcept {
@@ -268,6 +299,19 @@ std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>
   return n;
 }
 
+bool device_core::drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred) {
+  std::lock_guard guard{waiters_mu_};
+  auto [first, last] = waiters_.equal_range(seq);
+  for (auto i = first; i != last; ++i) {
+    if (pred(i->second)) {
+      waiters_.erase(i);
+      update_min_waiter_locked();
+      return true;
+    }
+  }
+  return false;
+}
+
 void device_core::when_done(uint64_t seq, waiter w) {
   when_resolved(seq, [w = std::move(w)](const failure* cause) mutable {
     if (!cause) {
@@ -311,38 +355,24 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
     ring_deferred();
-    // Shared: the resolver may still be notifying after we saw the value.
-    struct signal {
-      std::atomic<uint32_t> flag{0};
-      failure_ptr cause; // written before flag becomes 2
-      // For a wait with a deadline (the atomic wait has no timeout).
-      std::mutex mu;
-      std::condition_variable cv;
-      bool timed = false;
-    };
-    auto sig = std::make_shared<signal>();
+    auto sig = std::make_shared<sync_signal>();
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
     sig->timed = timed;
-    when_resolved(seq, [sig](const failure* cause) {
-      if (cause) {
-        // The cause lives in the device's table (or a static); share it.
-        sig->cause = std::shared_ptr<const failure>(std::make_shared<failure>(*cause));
-      }
-      if (sig->timed) {
-        std::lock_guard guard{sig->mu};
-        sig->flag.store(cause ? 2 : 1);
-        sig->cv.notify_all();
-        return;
-      }
-      sig->flag.store(cause ? 2 : 1);
-      sig->flag.notify_one();
-    });
+    when_resolved(seq, sync_resolver{sig});
     uint32_t v;
     if (timed) {
       std::unique_lock lock{sig->mu};
       auto start = std::chrono::steady_clock::now();
       if (!sig->cv.wait_until(lock, deadline, [&] { return sig->flag.load() != 0; })) {
         lock.unlock();
+        // Deregistered: a sync that gives up leaves nothing behind (a loop
+        // of short syncs on a pending event would otherwise pile up one
+        // waiter each, until the event resolves). One already firing is
+        // left to fire; the signal outlives it.
+        drop_waiter(seq, [&sig](const resolver& r) {
+          const auto* mine = r.target<sync_resolver>();
+          return mine != nullptr && mine->sig == sig;
+        });
         auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
         auto chain = wait_chain(*this, seq);
         throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace multidev::detail {
@@ -29,6 +30,15 @@ void device_core::alloc_pool(int id, std::size_t size, std::size_t alignment,
   if (id < 0)
     throw std::invalid_argument(
       fmt::format("alloc_pool on {}: pool id {} is negative", name_, id));
+  // No block may exceed PTRDIFF_MAX bytes once rounded up to its alignment;
+  // the drivers check their own rounding too, but a size this large is
+  // refused before any of them sees it (a wrapped sum once gave a few bytes).
+  constexpr std::size_t most = PTRDIFF_MAX;
+  if (alignment > most || size > most - (alignment - 1))
+    throw std::invalid_argument(fmt::format(
+      "alloc_pool on {}: pool {}: {} bytes aligned to {} is more than any device can "
+      "address (at most {} bytes)",
+      name_, id, size, alignment, most));
   check();
   if (stopping())
     throw device_error(name_, "device is shut down; no new pool is accepted");
@@ -93,10 +103,14 @@ std::shared_ptr<pool> device_core::pool_span(int id, std::size_t offset, std::si
   auto p = try_pool(id);
   if (!p)
     throw unknown_pool(who, id, name_);
-  if (offset > p->size || size > p->size - offset)
-    throw std::invalid_argument(fmt::format(
-      "{}: bytes [{}, {}) are outside pool {} of {} ({} bytes)", who, offset,
-      offset + size, id, name_, p->size));
+  // Never `offset + size > p->size`: the sum may wrap around.
+  if (offset > p->size || size > p->size - offset) {
+    auto span = size <= SIZE_MAX - offset
+                  ? fmt::format("bytes [{}, {})", offset, offset + size)
+                  : fmt::format("{} bytes at offset {}", size, offset);
+    throw std::invalid_argument(fmt::format("{}: {} are outside pool {} of {} ({} bytes)",
+                                            who, span, id, name_, p->size));
+  }
   return p;
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <new>
 #include <set>
 #include <vector>
 
@@ -72,4 +74,17 @@ BOOST_AUTO_TEST_CASE(test_cpu_driver_allocation_may_outlive_its_driver) {
   a.reset();
   big.reset();
   BOOST_TEST(!drv);
+}
+
+// Issue 36 point 1: rounding a size near SIZE_MAX up to the alignment wrapped
+// around to a few bytes, and the driver handed out that tiny block.
+BOOST_AUTO_TEST_CASE(test_cpu_driver_refuses_a_size_whose_rounding_overflows) {
+  auto drv = make_cpu_driver(1);
+  constexpr auto max = std::numeric_limits<std::size_t>::max();
+  for (std::size_t size : {max - 10, max - 63, max})
+    BOOST_CHECK_THROW(drv->allocate(0, size, 64, std::nullopt), std::bad_alloc);
+  BOOST_CHECK_THROW(drv->allocate(0, 1, std::size_t{1} << 63, std::nullopt), std::bad_alloc);
+  // Still hands out blocks.
+  auto a = drv->allocate(0, 100, 64, std::nullopt);
+  BOOST_TEST(aligned(*a, 64));
 }

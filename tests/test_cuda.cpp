@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -546,6 +547,50 @@ BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit
   BOOST_TEST(s.streams_destroyed == s.streams_created);
   BOOST_TEST(s.events_destroyed == s.events_created);
   BOOST_TEST(s.calls_in_host_funcs == 0u); // frees asked for there were deferred
+}
+
+// -- Sizes that cannot be allocated ----------------------------------------------------------
+
+// Issue 36 point 1: `max(size, 1) + extra` (the over-allocation for an
+// alignment above 256) wrapped around for a size near SIZE_MAX, and the
+// driver handed out a block of a few bytes.
+BOOST_AUTO_TEST_CASE(a_size_whose_over_allocation_overflows_is_refused, *boost::unit_test::precondition(fake_only{})) {
+  auto fake = std::make_shared<cuda::fake_api>(1);
+  auto drv = detail::make_cuda_driver(fake, std::nullopt);
+  BOOST_TEST_REQUIRE(drv->device_count() == 1);
+  constexpr auto max = std::numeric_limits<std::size_t>::max();
+  BOOST_CHECK_THROW(drv->allocate(0, max - 10, 1024, std::nullopt), std::bad_alloc);
+  BOOST_CHECK_THROW(drv->allocate(0, max, 4096, std::nullopt), std::bad_alloc);
+  BOOST_CHECK_THROW(drv->allocate(0, 16, std::size_t{1} << 63, std::nullopt), std::bad_alloc);
+  BOOST_TEST(fake->stats().bytes_held == 0u);
+  auto a = drv->allocate(0, 100, 1024, std::nullopt);
+  BOOST_TEST(reinterpret_cast<std::uintptr_t>(a->base()) % 1024 == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(alloc_pool_of_a_size_no_device_holds_leaves_the_device_as_it_was) {
+  backend b{cuda_opts(1)};
+  auto d = b.get_device(0);
+  b.alloc_pool(d, 1, 4096, 256);
+  constexpr auto max = std::numeric_limits<std::size_t>::max();
+  auto info = b.get_debug_info(d).to_string();
+  auto used = b.get_used_memory(d);
+  for (int pool : {2, 1}) {
+    try {
+      b.alloc_pool(d, pool, max - 10, 1024);
+      BOOST_FAIL("alloc_pool of " << max - 10 << " bytes on pool " << pool << " was accepted");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(contains(e.what(), "pool " + std::to_string(pool)), e.what());
+      BOOST_TEST(contains(e.what(), b.get_name(d)), e.what());
+    }
+  }
+  BOOST_TEST(b.get_debug_info(d).to_string() == info);
+  BOOST_TEST(b.get_used_memory(d) == used);
+  b.schedule_named(d, spec("fill", {buf(1, 0, 4096), 1.0}));
+  auto e = b.schedule_named(d, spec("checksum", {buf(1, 0, 4096), std::string{"after"}}));
+  sync(b, e);
+  auto r = b.result(d, "after");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 1024.0);
 }
 
 // -- Entry point: the real runtime without a GPU skips ----------------------------------------

@@ -445,6 +445,48 @@ BOOST_AUTO_TEST_CASE(test_errors_alloc_pool_rejects_bad_alignment) {
   BOOST_TEST(still_runs(b, d, 1, 64, "errors_alignment") == 128.0);
 }
 
+// Issue 36 point 1: a size whose rounding to the alignment wrapped around
+// was accepted with a tiny block behind it, and the pool recorded the size
+// asked for: memset_zero, writes and kernels then wrote past the block.
+BOOST_AUTO_TEST_CASE(test_errors_alloc_pool_refuses_a_size_no_device_can_hold) {
+  backend b{two_devices(1)};
+  auto d = b.get_device(0);
+  b.alloc_pool(d, 1, 256, 64);
+  bounded([&] { b.await(d); }, "await");
+  auto info = b.get_debug_info(d).to_string();
+  auto used = b.get_used_memory(d);
+
+  struct huge {
+    std::size_t size;
+    std::size_t alignment;
+  };
+  constexpr auto max = std::numeric_limits<std::size_t>::max();
+  // A fresh pool id first, then the existing one, whose pool must stay.
+  for (int pool : {2, 1}) {
+    for (auto h : {huge{max - 10, 64}, huge{max, 1}, huge{max - 63, 64}, huge{max - 100, 4096},
+                   huge{max / 2 + 1, 64}, huge{16, std::size_t{1} << 63}}) {
+      auto msg = expect_invalid("alloc_pool of a huge size",
+                                [&] { b.alloc_pool(d, pool, h.size, h.alignment); });
+      BOOST_TEST_REQUIRE(!msg.empty(), "pool " << pool << " size " << h.size << " accepted");
+      BOOST_TEST(contains(msg, "pool " + std::to_string(pool)), msg);
+      BOOST_TEST(contains(msg, std::to_string(h.size)), msg);
+      BOOST_TEST(contains(msg, b.get_name(d)), msg);
+    }
+  }
+  BOOST_TEST(b.get_debug_info(d).to_string() == info);
+  BOOST_TEST(b.get_used_memory(d) == used);
+  auto none = expect_invalid("memset_zero on the refused pool",
+                             [&] { b.memset_zero(d, 2, 0, 64); });
+  BOOST_TEST(contains(none, "pool 2 is not allocated"), none);
+  // Pool 1 kept its 256 bytes and the device still works.
+  BOOST_TEST(contains(expect_invalid("memset past pool 1", [&] { b.memset_zero(d, 1, 0, 257); }),
+                      "(256 bytes)"));
+  BOOST_TEST(still_runs(b, d, 1, 64, "errors_huge_pool") == 128.0);
+  b.alloc_pool(d, 2, 4096, 64);
+  BOOST_CHECK_NO_THROW(b.memset_zero(d, 2, 0, 4096));
+  BOOST_TEST(still_runs(b, d, 2, 1024, "errors_huge_pool_after") == 2048.0);
+}
+
 BOOST_AUTO_TEST_CASE(test_errors_free_pool_rejects_unknown_pool_and_double_free) {
   backend b{two_devices(1)};
   auto d = b.get_device(0);
@@ -555,6 +597,16 @@ BOOST_AUTO_TEST_CASE(test_errors_schedule_named_rejects_bad_specs) {
     b.schedule_named(d, task_spec{"fill", {buffer_arg{buffer_loc{1, 128}, 256}, 1.0}});
   });
   BOOST_TEST(contains(too_big, "pool 1"), too_big);
+  // An offset near SIZE_MAX: offset + size wraps to a small number, which a
+  // check written as `offset + size <= pool size` would let through; the
+  // error names the span as asked, not as wrapped.
+  constexpr auto max = std::numeric_limits<std::size_t>::max();
+  auto wrapped = expect_invalid("buffer at an offset near SIZE_MAX", [&] {
+    b.schedule_named(d, task_spec{"fill", {buffer_arg{buffer_loc{1, max - 7}, 16}, 1.0}});
+  });
+  BOOST_TEST(contains(wrapped, "pool 1"), wrapped);
+  BOOST_TEST(contains(wrapped, "argument 0"), wrapped);
+  BOOST_TEST(contains(wrapped, "16 bytes at offset " + std::to_string(max - 7)), wrapped);
 
   BOOST_TEST(b.get_debug_info(d).to_string() == info);
   BOOST_TEST(still_runs(b, d, 1, 64, "errors_specs") == 128.0);

@@ -416,3 +416,43 @@ BOOST_AUTO_TEST_CASE(test_hardening_flush_from_a_task_is_refused) {
   BOOST_TEST_REQUIRE(refused.has_value());
   BOOST_TEST(contains(*refused, d.name()), *refused);
 }
+
+// -- issue 36 point 2: a timed-out sync deregisters ---------------------------------
+
+BOOST_AUTO_TEST_CASE(test_hardening_a_timed_out_sync_leaves_no_waiter_behind) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  b.schedule_task(d, {"pending", [ran] { ran->store(true); }});
+  auto pending = b.all_work(d);
+  BOOST_TEST_REQUIRE(field_of(b.get_debug_info(d), "waiters") == "0");
+
+  // Each call registers a waiter and gives up: a deadline already passed,
+  // then a few real time-outs (sync and await share the wait).
+  constexpr int passed = 5000, short_waits = 20;
+  int timed_out = 0;
+  for (int i = 0; i < passed + short_waits; ++i) {
+    try {
+      if (i < passed)
+        b.sync(pending, std::chrono::steady_clock::now());
+      else if (i % 2 == 0)
+        b.sync(pending, 1ms);
+      else
+        b.await(d, 1ms);
+    } catch (const timeout_error&) {
+      ++timed_out;
+    }
+  }
+  BOOST_TEST(timed_out == passed + short_waits);
+  BOOST_TEST(!pending.is_done());
+  auto info = b.get_debug_info(d);
+  BOOST_TEST(field_of(info, "waiters") == "0", info.to_string());
+
+  // The event still resolves, and a sync without a deadline still completes.
+  release->open();
+  bounded([&] { b.sync(pending); }, "sync on the released event");
+  BOOST_TEST(ran->load());
+  BOOST_TEST(field_of(b.get_debug_info(d), "waiters") == "0");
+  b.sync(pending, 1ms); // done: returns at once
+}

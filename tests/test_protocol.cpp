@@ -99,6 +99,14 @@ caf::behavior probe(caf::event_based_actor* self, std::shared_ptr<reply_log> log
     [=](memset_atom a, int32_t id, uint64_t offset, uint64_t size) {
       fwd("memset", a, id, offset, size);
     },
+    [=](write_atom a, int32_t id, uint64_t offset, const std::string& bytes) {
+      fwd("write", a, id, offset, bytes);
+    },
+    [=](read_atom a, int32_t id, uint64_t offset, uint64_t size) {
+      self->request(dev, caf::infinite, a, id, offset, size)
+        .then([log](std::string& s) { log->push_back(reply{"read", std::nullopt, {}, s}); },
+              [log](caf::error& e) { log->push_back(reply{"read", std::nullopt, e, {}}); });
+    },
     [=](debug_atom a) {
       self->request(dev, caf::infinite, a)
         .then([log](std::string& s) { log->push_back(reply{"debug", std::nullopt, {}, s}); },
@@ -494,6 +502,91 @@ BOOST_AUTO_TEST_CASE(test_protocol_pool_messages_reply_in_order) {
     BOOST_TEST(field_of(b.get_debug_info(d), "error") == "none");
     BOOST_TEST(!contains(b.get_debug_info(d).to_string(), "(pool (id 1)"));
 
+  }
+}
+
+// Issue 36 point 1: any peer can send these. A size whose rounding wrapped
+// around was allocated as a tiny block that the pool recorded at the size
+// asked for; memset, write and read then ran past it.
+BOOST_AUTO_TEST_CASE(test_protocol_pool_messages_refuse_sizes_and_offsets_that_overflow) {
+  testing_system ts;
+  auto& sched = *ts.sched;
+  {
+    one_stepped_device f{ts};
+    auto& [b, d, act, log, p] = f.parts();
+    constexpr auto max = std::numeric_limits<uint64_t>::max();
+    auto invalid = [&](std::size_t i, const char* what, const std::string& needle) {
+      const auto& r = log->at(i);
+      BOOST_TEST(r.what == what, "reply " << i);
+      BOOST_TEST(!r.value.has_value(), "reply " << i << " (" << what << ") was a value");
+      BOOST_TEST(is_multidev_error(r.err, errc::invalid_argument),
+                 "reply " << i << ": " << ts.sys->render(r.err));
+      auto [dev, msg] = error_strings(r.err);
+      BOOST_TEST(dev == b.get_name(d), "reply " << i);
+      BOOST_TEST(contains(msg, needle), "reply " << i << ": " << msg);
+    };
+
+    caf::anon_send(p, alloc_atom::value, int32_t{1}, uint64_t{256}, uint64_t{64}, int32_t{-1});
+    caf::anon_send(p, debug_atom::value);
+    sched.run();
+    BOOST_TEST_REQUIRE(log->size() == 2u);
+    BOOST_TEST_REQUIRE(log->at(0).value.has_value(), ts.sys->render(log->at(0).err));
+    const auto info = log->at(1).text;
+    log->clear();
+
+    // A fresh pool and the existing one: both refused, neither changed.
+    caf::anon_send(p, alloc_atom::value, int32_t{2}, max - 10, uint64_t{64}, int32_t{-1});
+    caf::anon_send(p, alloc_atom::value, int32_t{1}, max - 10, uint64_t{64}, int32_t{-1});
+    caf::anon_send(p, alloc_atom::value, int32_t{2}, max, uint64_t{1}, int32_t{-1});
+    caf::anon_send(p, debug_atom::value);
+    sched.run();
+    BOOST_TEST_REQUIRE(log->size() == 4u);
+    for (std::size_t i = 0; i < 3; ++i)
+      BOOST_TEST_REQUIRE(!log->at(i).value.has_value(),
+                         "alloc " << i << " of a huge size was accepted");
+    invalid(0, "alloc", "pool 2");
+    invalid(1, "alloc", "pool 1");
+    invalid(2, "alloc", "pool 2");
+    BOOST_TEST(log->at(3).text == info);
+    BOOST_TEST(b.get_used_memory(d) == 256u);
+    log->clear();
+
+    // Spans whose end wraps around. Every one is refused in the handler
+    // (the reads too: their replies come at once), so the log is complete
+    // once the scheduler has run.
+    caf::anon_send(p, memset_atom::value, int32_t{2}, uint64_t{0}, uint64_t{1} << 20);
+    caf::anon_send(p, memset_atom::value, int32_t{1}, max - 4, uint64_t{8});
+    caf::anon_send(p, memset_atom::value, int32_t{1}, uint64_t{8}, max - 4);
+    caf::anon_send(p, write_atom::value, int32_t{1}, max - 2, std::string(8, 'x'));
+    caf::anon_send(p, read_atom::value, int32_t{1}, max - 2, uint64_t{8});
+    caf::anon_send(p, read_atom::value, int32_t{1}, uint64_t{0}, max - 10);
+    caf::anon_send(p, debug_atom::value);
+    sched.run();
+    BOOST_TEST_REQUIRE(log->size() == 7u);
+    invalid(0, "memset", "pool 2 is not allocated");
+    invalid(1, "memset", "pool 1");
+    invalid(2, "memset", "pool 1");
+    invalid(3, "write", "pool 1");
+    invalid(4, "read", "pool 1");
+    invalid(5, "read", "pool 1");
+    BOOST_TEST(log->at(6).text == info);
+    log->clear();
+
+    // The device still works through the same messages: two floats written
+    // at the end of pool 1, summed by a kernel.
+    const float ones[2] = {1.0f, 1.0f};
+    caf::anon_send(p, write_atom::value, int32_t{1}, uint64_t{248},
+                   std::string(reinterpret_cast<const char*>(ones), sizeof ones));
+    sched.run();
+    BOOST_TEST_REQUIRE(log->size() == 1u);
+    BOOST_TEST(log->at(0).value.has_value(), ts.sys->render(log->at(0).err));
+    auto e = b.schedule_named(
+      d, task_spec{"checksum", {buffer_arg{buffer_loc{1, 248}, 8}, std::string{"tail"}}});
+    bounded([&] { b.sync(e); }, "sync on the checksum");
+    auto r = b.result("tail");
+    BOOST_TEST_REQUIRE(r.has_value());
+    BOOST_TEST(r->sum == 2.0);
+    BOOST_TEST(field_of(b.get_debug_info(d), "error") == "none");
   }
 }
 

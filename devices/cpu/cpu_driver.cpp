@@ -1,6 +1,7 @@
 #include "devices/driver.hpp"
 
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -78,7 +79,12 @@ public:
   host_allocation(std::size_t size, std::size_t alignment, std::shared_ptr<block_cache> cache)
     : cache_(std::move(cache)), alignment_(alignment) {
     // aligned_alloc wants a size that is a multiple of the alignment, and
-    // may return null for zero bytes: round up, and never ask for zero.
+    // may return null for zero bytes: round up, and never ask for zero. No
+    // object may exceed PTRDIFF_MAX bytes: a size that rounds past it (or
+    // whose rounding would wrap around to a few bytes) is out of memory.
+    constexpr std::size_t most = PTRDIFF_MAX;
+    if (alignment > most || size > most - (alignment - 1))
+      throw std::bad_alloc{};
     bytes_ = size == 0 ? alignment : (size + alignment - 1) / alignment * alignment;
     ptr_ = cache_->take(bytes_, alignment_);
     if (ptr_ == nullptr)

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -381,6 +382,13 @@ std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
                                                   std::size_t alignment,
                                                   std::optional<memory_mode>) {
   check_ordinal(ordinal, "allocate");
+  // cudaMallocAsync aligns to 256 bytes; more is made by over-allocating.
+  // No block may exceed PTRDIFF_MAX bytes: a size that would (or whose sum
+  // would wrap around to a few bytes) is out of memory, before any call.
+  constexpr std::size_t most = PTRDIFF_MAX;
+  const std::size_t extra = alignment > 256 ? alignment : 0;
+  if (extra > most || std::max<std::size_t>(size, 1) > most - extra)
+    throw std::bad_alloc{};
   refuse_if_quarantined(ordinal);
   check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
   cuda::stream_t s = nullptr;
@@ -394,8 +402,6 @@ std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
   // Outside mu_: a failed check may quarantine, which takes it.
   if (configure)
     check(ordinal, api_->configure_mem_pool(), "cudaMemPoolSetAttribute");
-  // cudaMallocAsync aligns to 256 bytes; more is made by over-allocating.
-  std::size_t extra = alignment > 256 ? alignment : 0;
   std::size_t bytes = std::max<std::size_t>(size, 1) + extra;
   void* raw = nullptr;
   auto st = api_->malloc_async(&raw, bytes, s);
