@@ -57,6 +57,7 @@ backend::backend(backend_options opts) : impl_(make_impl(std::move(opts))) {
   // CAF's scheduler at all. The middleman and heartbeats let it attach
   // nodes (configure_system).
   configure_system(*impl_->own_cfg);
+  detail::mark_system_threads(*impl_->own_cfg); // see ~backend
   impl_->own_cfg->set("scheduler.max-threads", static_cast<size_t>(threads));
   // Built on a helper thread, so that no caller thread stays tied to the
   // system's logger (see logger_tie_guard): the backend may be destroyed on
@@ -82,13 +83,9 @@ backend::backend(caf::actor_system& sys, backend_options opts)
 }
 
 backend::~backend() {
-  impl_->shutdown();
-  impl_->devices.clear();
-  impl_->made.clear();
-  if (impl_->own_sys) {
-    impl_->own_sys->await_all_actors_done();
-    impl_->own_sys.reset();
-  }
+  // Here, or on the reaper's thread when the teardown would wait for this
+  // one (a task of this backend, a handler on its own actor system).
+  detail::destroy(std::move(impl_));
 }
 
 const std::string& backend::name() const {

@@ -3,14 +3,20 @@
 #include "actors/backend_impl.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/thread_hook.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <stdexcept>
 
 #include "actors/endpoint_remote.hpp"
+#include "actors/logger_tie.hpp"
+#include "actors/reaper.hpp"
 
 namespace multidev::detail {
 
@@ -112,26 +118,19 @@ void backend_impl::detach(const device& d) {
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
 }
 
-void backend_impl::shutdown() {
-  // The cores of this process; records made on an attached device's runner
-  // have none (that device belongs to its own backend, elsewhere).
+void backend_impl::stop_accepting() {
   std::vector<std::shared_ptr<device_core>> all;
-  std::vector<device_actor> handles;
   std::map<device_key, caf::actor> remote_links;
   {
     std::lock_guard guard{mu};
     for (auto& d : made)
       if (d.get_runner().local_core())
         all.push_back(d.get_runner().core());
-    for (auto& [core, a] : actor_of)
-      handles.push_back(a);
-    actor_of.clear();
     remote_links = std::move(links);
     links.clear();
   }
-  // Finish accepted work first (waits between devices resolve through the
-  // cores), then stop the actors. Every core stops accepting before any is
-  // joined: a runner finishing its queue may be waiting on another device.
+  // Every core stops accepting before any is joined: a runner finishing its
+  // queue may be waiting on another device.
   if (opts.on_destroy == backend_options::destroy_policy::cancel)
     for (auto& c : all)
       c->cancel("cancelled: the backend was destroyed");
@@ -141,15 +140,131 @@ void backend_impl::shutdown() {
     c->cancel_unanswerable_waits();
   // The attached devices' links go too: calls still waiting on them (a task
   // syncing on a remote event, a host thread) fail instead of holding the
-  // joins below.
+  // joins that follow.
   for (auto& [key, l] : remote_links)
     caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
-  remote_links.clear();
+}
+
+void backend_impl::shutdown() {
+  // Finish accepted work first (waits between devices resolve through the
+  // cores), then stop the actors.
+  stop_accepting();
+  // The cores of this process; records made on an attached device's runner
+  // have none (that device belongs to its own backend, elsewhere).
+  std::vector<std::shared_ptr<device_core>> all;
+  std::vector<device_actor> handles;
+  std::vector<caf::actor_addr> nodes_served;
+  {
+    std::lock_guard guard{mu};
+    for (auto& d : made)
+      if (d.get_runner().local_core())
+        all.push_back(d.get_runner().core());
+    for (auto& [core, a] : actor_of)
+      handles.push_back(a);
+    actor_of.clear();
+    nodes_served = std::move(node_actors);
+    node_actors.clear();
+  }
   for (auto& c : all)
     c->shutdown();
   for (auto& a : handles)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   handles.clear();
+  // The node actors that served these devices go with them.
+  for (auto& n : nodes_served)
+    if (auto a = caf::actor_cast<caf::actor>(n))
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+/// The actor system whose thread this is, if any (`mark_system_threads`).
+thread_local const caf::actor_system* system_of_this_thread = nullptr;
+
+class system_thread_marker final : public caf::thread_hook {
+public:
+  void init(caf::actor_system& sys) override { sys_ = &sys; }
+  void thread_started() override { system_of_this_thread = sys_; }
+  void thread_terminates() override { system_of_this_thread = nullptr; }
+
+private:
+  const caf::actor_system* sys_ = nullptr;
+};
+
+/// The teardown proper, on a thread it does not wait for.
+void tear_down(backend_impl& impl) {
+  impl.shutdown();
+  impl.devices.clear();
+  impl.made.clear();
+  if (impl.own_sys) {
+    impl.own_sys->await_all_actors_done();
+    impl.own_sys.reset();
+  }
+}
+
+/// Keeps a system the program owns from finishing its destructor while a
+/// teardown handed to the reaper still uses it: ~actor_system waits for
+/// every actor, this one included, until the teardown stops it.
+caf::behavior keeper_impl(caf::event_based_actor*, int) {
+  return {[](int) {}};
+}
+
+} // namespace
+
+void mark_system_threads(caf::actor_system_config& cfg) {
+  cfg.add_thread_hook<system_thread_marker>();
+}
+
+bool backend_impl::teardown_waits_for_this_thread() const {
+  if (own_sys && system_of_this_thread == own_sys.get())
+    return true; // it waits for every actor and joins the workers
+  if (home_runner == nullptr && current_runner == nullptr)
+    return false;
+  std::lock_guard guard{mu};
+  for (auto& [core, a] : actor_of)
+    if (core == home_runner || core == current_runner)
+      return true; // it joins the runners
+  return false;
+}
+
+void destroy(std::unique_ptr<backend_impl> impl) noexcept {
+  if (!impl)
+    return;
+  try {
+    if (!impl->teardown_waits_for_this_thread()) {
+      tear_down(*impl);
+      return; // the rest goes with `impl`
+    }
+    // This thread runs on once it returns: hand the teardown over. The
+    // devices stop accepting work now, as they would here.
+    impl->stop_accepting();
+    caf::actor keeper;
+    if (!impl->own_sys) {
+      try {
+        logger_tie_guard untie; // spawning ties this thread to the system
+        // With an argument: CAF 0.17 dereferences a null argument tuple for
+        // a function that takes none (UBSan).
+        keeper = impl->sys->spawn(keeper_impl, 0);
+      } catch (...) {
+        // Out of memory: the program's system may then go first.
+      }
+    }
+    std::function<void()> job = [impl = std::shared_ptr<backend_impl>(std::move(impl)),
+                                 keeper]() mutable {
+      tear_down(*impl);
+      impl.reset(); // the devices, endpoints and driver, here too
+      if (keeper)
+        caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
+    };
+    if (!reaper::instance().adopt(job)) {
+      // No thread to be had: the backend stays as it is (stopped, not torn
+      // down) rather than hang this thread.
+      new std::function<void()>(std::move(job));
+    }
+  } catch (...) {
+    // Nothing in a teardown throws but an allocation; what is left is
+    // destroyed with `impl`.
+  }
 }
 
 } // namespace multidev::detail

@@ -86,6 +86,10 @@ struct backend_impl {
   std::vector<device> made;               // make_device results, for shutdown
   std::map<device_key, device> attached;  // attach_device results, by key
   std::map<device_key, caf::actor> links; // their link actors, stopped at shutdown
+  /// The node actors that serve this backend's devices (`spawn_node_actor`),
+  /// stopped at shutdown: one left running would hold its actor system
+  /// (a backend's own: ~backend) forever. Weak: the backend keeps none alive.
+  std::vector<caf::actor_addr> node_actors;
 
   /// A node attached with `attach_node`: its devices take the ordinals after
   /// the local ones, in attachment order; attaching a node of the same name
@@ -118,8 +122,27 @@ struct backend_impl {
   /// link, so its calls fail (an `attach_node` that fails part way).
   void detach(const device& d);
 
+  /// Stops accepting work and cuts what leaves the backend (the first
+  /// phases of `shutdown`); waits for nothing, so any thread may call it.
+  void stop_accepting();
+  /// The whole teardown of the backend's devices and actors (docs/design.md,
+  /// "Shutdown"): joins the runners, so it must not run on one of them.
   void shutdown();
+  /// Whether tearing the backend down would wait for the calling thread: a
+  /// runner (or a driver's stream thread) of one of its devices, or a thread
+  /// of its own actor system (a CAF worker running a user's handler).
+  bool teardown_waits_for_this_thread() const;
 };
+
+/// Tears `impl` down (shutdown, then the actor system it owns) on this
+/// thread, or, when that would wait for this thread, on the reaper's
+/// (actors/reaper.hpp) after stopping its devices from accepting work.
+void destroy(std::unique_ptr<backend_impl> impl) noexcept;
+
+/// Marks the threads of an actor system made with it, so that
+/// `teardown_waits_for_this_thread` knows them (CAF 0.17 says nothing of
+/// which system a thread belongs to).
+void mark_system_threads(caf::actor_system_config& cfg);
 
 /// `d`'s record; throws `std::invalid_argument` for a default-constructed device.
 device_record& record_of(const device& d);

@@ -43,6 +43,10 @@ struct device_state {
   /// one goes (its node died or was cut off), its waits are dropped instead
   /// of holding its handle until the awaited seqs resolve, maybe never.
   std::set<caf::actor_addr> remote_waiters;
+  /// The actors this one monitors (owners of remote gates, remote
+  /// requesters): one monitor each, however many waits (`watch`); an actor
+  /// leaves the set with its down message.
+  std::set<caf::actor_addr> monitored;
   /// Owners of remote gates seen going down, the latest few: a `depend` on
   /// one of them is refused.
   std::deque<caf::actor_addr> dead_owners;
@@ -64,7 +68,29 @@ struct device_state {
   /// The senders of such batches, monitored once each: the batches of one
   /// that goes down (its node lost, its link stopped) are dropped.
   std::set<caf::actor_addr> batch_senders;
+  /// The actor, as the key of its handlers' turns (tsan.hpp).
+  const void* turn_key = nullptr;
   static inline const char* name = "multidev_device";
+
+  device_state() = default;
+  device_state(const device_state&) = delete;
+  device_state& operator=(const device_state&) = delete;
+  /// However the actor ends, its state goes (CAF destroys it as the actor
+  /// finishes, before its monitors hear of it): an exit message, an
+  /// exception, or `exit_reason::kill`, which skips the exit handler. Every
+  /// deferred request is refused here, so each one gets a reply.
+  ~device_state() {
+    tsan_turn turn{turn_key}; // `deferred`: see ordered
+    refuse_deferred();
+  }
+  /// Refuses the deferred requests, oldest first.
+  void refuse_deferred() {
+    while (!deferred.empty()) {
+      auto next = std::move(deferred.front());
+      deferred.pop_front();
+      next(true);
+    }
+  }
 };
 
 using self_ptr = device_actor_full::stateful_pointer<device_state>;
@@ -171,13 +197,14 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   if (st.deferred.empty() && st.core->has_room())
     return attempt(*st.core, f);
   auto rp = self->make_response_promise<value>();
-  st.deferred.emplace_back([self, rp, f](bool refuse) mutable {
+  // The core, not the state: a refusal may come from the state's destructor.
+  st.deferred.emplace_back([core = st.core, rp, f](bool refuse) mutable {
     if (refuse) {
-      rp.deliver(make_error(errc::device_failed, self->state.core->name(),
+      rp.deliver(make_error(errc::device_failed, core->name(),
                             "the device actor stopped before this request was handled"));
       return;
     }
-    auto x = attempt(*self->state.core, f);
+    auto x = attempt(*core, f);
     if (x)
       rp.deliver(std::move(*x));
     else
@@ -187,18 +214,12 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   return rp;
 }
 
-/// Before the actor stops: every deferred request gets an error; nothing new
-/// is scheduled. (Replies owed to `wait` requests come from the core, which
-/// resolves every seq once: done, or failed as the device is killed or shut
-/// down.)
-void answer_everything(self_ptr self) {
-  tsan_turn turn{self}; // `deferred`: see ordered
-  auto& st = self->state;
-  while (!st.deferred.empty()) {
-    auto next = std::move(st.deferred.front());
-    st.deferred.pop_front();
-    next(true);
-  }
+/// Monitors `who` unless this actor does already: one monitor per actor it
+/// waits on or answers, however many waits (a monitor per `depend` piled up
+/// on the owner, one per wait, for as long as both lived).
+void watch(self_ptr self, const caf::actor_addr& who) {
+  if (who && self->state.monitored.insert(who).second)
+    self->monitor(who);
 }
 
 // -- batches sent in parts -------------------------------------------------------
@@ -233,8 +254,10 @@ device_state::staged_batch& stage(self_ptr self, const batch_key& key, uint32_t 
       throw std::invalid_argument(fmt::format(
         "schedule_batch on {}: batch {}: its sender has {} batches open already (at most {})",
         name, key.second, open, max_open_batches));
-    if (key.first && st.batch_senders.insert(key.first).second)
-      self->monitor(key.first);
+    if (key.first) {
+      st.batch_senders.insert(key.first);
+      watch(self, key.first); // one monitor per peer, shared with the waits
+    }
     it = st.batches.emplace(key, device_state::staged_batch{}).first;
   } else if (n != it->second.next_part) {
     auto expected = it->second.next_part;
@@ -388,12 +411,11 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
     c->push_gate(g);
     try {
       // A vanished owner (a node gone) may never answer: the monitor's
-      // down message fails the gate instead. One monitor per owner; gates
-      // already resolved are dropped here.
+      // down message fails the gate instead. One monitor per owner (`watch`);
+      // gates already resolved are dropped here.
       auto& gates = self->state.remote_gates;
       std::erase_if(gates, [](const auto& kv) { return kv.second.expired(); });
-      if (gates.find(owner.address()) == gates.end())
-        self->monitor(owner);
+      watch(self, owner.address());
       gates.emplace(owner.address(), g);
       std::weak_ptr<device_core> weak = c;
       auto& sink = self->state.sink;
@@ -441,9 +463,11 @@ device_actor_full::behavior_type device_impl(self_ptr self,
   self->state.core = std::move(core);
   self->state.id = *id;
   self->state.key = random_key();
+  self->state.turn_key = self;
   self->set_down_handler([self](caf::down_msg& dm) {
     tsan_turn turn{self}; // remote_waiters, shared with `wait` (tsan.hpp)
     auto& st = self->state;
+    st.monitored.erase(dm.source);
     if (st.remote_waiters.erase(dm.source) > 0)
       st.core->drop_waiters([&dm](const device_core::resolver& r) {
         auto* w = r.target<wait_reply>();
@@ -490,7 +514,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     // below) would otherwise hear of the end before the device is killed,
     // and work released meanwhile could still run.
     kill_device(msg.reason);
-    answer_everything(self);
+    self->state.refuse_deferred(); // the state's destructor would, too
     self->quit(msg.reason);
   });
   // Any other end (a kill, an exception).
@@ -526,7 +550,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto registered = [&] {
         c->check_scheduled(seq, "wait");
         if (remote && st.remote_waiters.insert(remote).second)
-          self->monitor(remote);
+          watch(self, remote);
         // Every registered seq resolves once (done, failed, cancelled, or
         // killed with the device), so every wait gets exactly one reply,
         // even after this actor has stopped -- unless its requester went

@@ -44,10 +44,18 @@ node_actor spawn_node_actor(backend& b, std::string name) {
       continue; // a node serves its own devices, not the ones it attached
     devices.push_back(caf::actor_cast<caf::actor>(device_actor_of(b, d)));
   }
-  detail::logger_tie_guard untie; // spawning ties this thread to the system
-  // Spawned from a function with arguments: CAF 0.17 dereferences a null
-  // argument tuple for a function (or lambda) that takes none (UBSan).
-  return b.system().spawn(node_impl, std::move(name), std::move(devices));
+  node_actor node;
+  {
+    detail::logger_tie_guard untie; // spawning ties this thread to the system
+    // Spawned from a function with arguments: CAF 0.17 dereferences a null
+    // argument tuple for a function (or lambda) that takes none (UBSan).
+    node = b.system().spawn(node_impl, std::move(name), std::move(devices));
+  }
+  // It serves the backend's devices: it goes with them (~backend stops it).
+  auto& impl = b.impl();
+  std::lock_guard guard{impl.mu};
+  impl.node_actors.push_back(node.address());
+  return node;
 }
 
 caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,

@@ -7,6 +7,9 @@
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/attachable.hpp>
+#include <caf/default_attachable.hpp>
+#include <caf/monitorable_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -20,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -341,6 +345,84 @@ BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_acto
   BOOST_TEST(answered == 4);
   BOOST_TEST(timed_out == 0);
   release->open();
+}
+
+BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_actor_is_killed_outright) {
+  // Issue 36 point 6: `exit_reason::kill` skips the exit handler, which
+  // answered the deferred requests; they must be answered all the same.
+  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  b.schedule_task(d, {"fills the queue", [] {}});
+  auto a = device_actor_of(b, d);
+  caf::scoped_actor self{b.system()};
+  auto pending = defer_four_requests(self, a);
+  BOOST_TEST(scheduled_count(b, d) == 2);
+  caf::anon_send_exit(a, caf::exit_reason::kill);
+  std::vector<std::string> errors;
+  int timed_out = 0, values = 0;
+  for (auto& p : pending)
+    p.receive([&](uint64_t) { ++values; },
+              [&](caf::error& e) {
+                if (e == caf::sec::request_timeout)
+                  ++timed_out;
+                else
+                  errors.push_back(b.system().render(e));
+              });
+  BOOST_TEST(timed_out == 0);
+  BOOST_TEST(values == 0); // refused, not run: the device is killed
+  BOOST_TEST_REQUIRE(errors.size() == 4u);
+  for (const auto& e : errors) {
+    BOOST_TEST(contains(e, "stopped before this request was handled"), e);
+    BOOST_TEST(contains(e, d.name()), e);
+  }
+  release->open();
+}
+
+// -- issue 36 point 3: one monitor per (waiting actor, owner) ------------------------
+
+namespace {
+
+/// White box: how many monitors `observer` holds on `observed`. CAF keeps
+/// them in the observed actor's list of attachables (protected; reached
+/// through member pointers taken in a derived class).
+struct attachables_peek : caf::monitorable_actor {
+  static std::size_t monitors(const caf::actor& observed, const caf::actor_addr& observer) {
+    auto* a = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(observed));
+    BOOST_TEST_REQUIRE(a != nullptr);
+    std::mutex caf::abstract_actor::*mtx = &attachables_peek::mtx_;
+    caf::attachable_ptr caf::monitorable_actor::*head = &attachables_peek::attachables_head_;
+    caf::default_attachable::predicate is_monitor{observer, caf::default_attachable::monitor};
+    std::size_t n = 0;
+    std::lock_guard guard{a->*mtx};
+    for (const caf::attachable_ptr* p = &(a->*head); *p; p = &(*p)->next)
+      if (is_monitor(*p))
+        ++n;
+    return n;
+  }
+};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_hardening_sequential_depends_on_one_owner_keep_one_monitor) {
+  backend b{backend_options{.num_devices = 2, .scheduler_threads = 2}};
+  auto owner = b.get_device(0), waiter = b.get_device(1);
+  auto owner_actor = caf::actor_cast<caf::actor>(device_actor_of(b, owner));
+  auto waiter_actor = caf::actor_cast<caf::actor>(device_actor_of(b, waiter));
+  caf::scoped_actor self{b.system()};
+  constexpr int waits = 2000;
+  int answered = 0;
+  for (int i = 0; i < waits; ++i) {
+    b.schedule_task(owner, {"step", [] {}});
+    auto seq = b.all_work(owner).seq();
+    self->request(waiter_actor, 30s, atoms::depend_atom::value, owner_actor, seq)
+      .receive([&](uint64_t) { ++answered; },
+               [&](caf::error& e) { BOOST_ERROR("depend: " << b.system().render(e)); });
+    // Each wait is over before the next one starts.
+    bounded([&] { b.sync(b.all_work(waiter)); }, "the wait");
+  }
+  BOOST_TEST(answered == waits);
+  BOOST_TEST(attachables_peek::monitors(owner_actor, waiter_actor.address()) == 1u);
 }
 
 // -- from review: waits that leave with the actor, chains across backends -------------

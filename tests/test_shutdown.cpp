@@ -8,6 +8,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/logger.hpp>
 #include <caf/send.hpp>
 
 #include <multidev/multidev.hpp>
@@ -295,4 +296,162 @@ BOOST_AUTO_TEST_CASE(test_shutdown_reply_sink_may_die_inside_its_own_reply) {
   // Every actor ends, the sink's companion included.
   bounded([&] { sys->await_all_actors_done(); }, "the actors' end");
   sys.reset();
+}
+
+// -- issue 36 points 5 and 7: the last reference, from anywhere; a node actor ---
+
+namespace {
+
+/// Queues on `b`'s devices 0 and 1 a task that drops the last reference to
+/// `b` (once `b` itself is let go: this takes it), 201 counted tasks behind
+/// and beside it, and returns the two devices' cores, weakly: no device
+/// handle is kept (one would keep its device alive), so the device actors'
+/// state are the devices' last owners, as in a program that let go.
+std::vector<std::weak_ptr<multidev::detail::device_core>>
+drop_inside_a_task(std::shared_ptr<backend> b, std::atomic<int>& after,
+                   std::promise<void>& dropped) {
+  auto d0 = b->get_device(0), d1 = b->get_device(1);
+  std::vector<std::weak_ptr<multidev::detail::device_core>> cores{d0.get_runner().core(),
+                                                                  d1.get_runner().core()};
+  b->alloc_pool(d0, 1, 4096, 64);
+  auto hold = std::make_shared<latch_gate>();
+  auto holder = std::make_shared<std::shared_ptr<backend>>(b);
+  b->schedule_task(d0, {"drops the backend", [hold, holder, &dropped] {
+                          hold->wait_in_task();
+                          holder->reset(); // the last reference: ~backend here
+                          dropped.set_value();
+                        }});
+  for (int i = 0; i < 100; ++i) {
+    b->schedule_task(d0, {"after, on d0", [&after] { ++after; }});
+    b->schedule_task(d1, {"on d1", [&after] { ++after; }});
+  }
+  // d1's tail waits for d0's work, which waits for the task above.
+  b->will_wait_for(b->make_context(d1), b->all_work(d0));
+  b->schedule_task(d1, {"tail", [&after] { ++after; }});
+  holder.reset();
+  b.reset(); // only the task holds the backend now
+  hold->open();
+  return cores;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_shutdown_last_reference_dropped_inside_its_own_task) {
+  // The runner that runs the task runs ~backend: it must not wait for itself
+  // (its own join, or the device actors whose end joins it). The work queued
+  // behind that task still runs, and everything ends: threads, devices.
+  auto baseline = thread_count();
+  std::atomic<int> after{0};
+  std::promise<void> dropped;
+  auto dropped_fut = dropped.get_future();
+  auto cores = drop_inside_a_task(
+    std::make_shared<backend>(test_support::on_test_driver(backend_options{.num_devices = 2})),
+    after, dropped);
+  bounded([&] { dropped_fut.wait(); }, "~backend inside its own task");
+  // The teardown goes on after the task: the accepted work drains, the
+  // runners and the backend's actor system end, the devices go.
+  BOOST_TEST(eventually([&] { return after.load() == 201; }), "ran " << after.load());
+  BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
+             "threads: " << thread_count() << ", before the backend: " << baseline);
+  for (auto& c : cores)
+    BOOST_TEST(eventually([&] { return c.expired(); }));
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_last_reference_dropped_inside_a_task_on_a_system_the_program_owns) {
+  // The same on a system the program owns and destroys as soon as the task
+  // has let go: the system's destructor waits until the teardown handed
+  // over is complete, so by then all the work ran and the devices are gone.
+  std::atomic<int> after{0};
+  std::vector<std::weak_ptr<multidev::detail::device_core>> cores;
+  bounded(
+    [&] {
+      caf::actor_system_config cfg;
+      multidev::register_types(cfg);
+      cfg.set("scheduler.max-threads", std::size_t{2});
+      caf::actor_system sys{cfg};
+      std::promise<void> dropped;
+      cores = drop_inside_a_task(std::make_shared<backend>(sys, backend_options{.num_devices = 2}),
+                                 after, dropped);
+      dropped.get_future().wait();
+    },
+    "~backend inside its own task, then ~actor_system");
+  BOOST_TEST(after.load() == 201);
+  for (auto& c : cores)
+    BOOST_TEST(c.expired());
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_last_reference_dropped_in_a_handler_on_its_own_system) {
+  // A user actor on the backend's own actor system drops the last reference
+  // inside a handler: ~backend runs on one of that system's workers, which
+  // cannot wait for all actors (its own is running) nor join the workers.
+  auto baseline = thread_count();
+  std::atomic<int> ran{0};
+  std::promise<void> dropped;
+  auto dropped_fut = dropped.get_future();
+  {
+    auto b = std::make_shared<backend>(backend_options{.num_devices = 1, .scheduler_threads = 2});
+    auto d = b->get_device(0);
+    for (int i = 0; i < 100; ++i)
+      b->schedule_task(d, {"inc", [&ran] { ++ran; }});
+    auto holder = std::make_shared<std::shared_ptr<backend>>(b);
+    caf::actor user;
+    {
+      // An argument, though unused: CAF 0.17 spawns a function without one
+      // through a null tuple pointer (UBSan).
+      user = b->system().spawn(
+        [holder, &dropped](caf::event_based_actor* self, int) -> caf::behavior {
+          return {[=, &dropped](multidev::atoms::cancel_atom) {
+            holder->reset(); // the last reference: ~backend on this worker
+            dropped.set_value();
+            self->quit();
+          }};
+        },
+        0);
+      // Spawning tied this thread to the system's logger, which the
+      // system's destructor (on another thread) would wait for.
+      caf::logger::set_current_actor_system(nullptr);
+    }
+    holder.reset();
+    caf::anon_send(user, multidev::atoms::cancel_atom::value);
+    user = nullptr;
+    b.reset(); // the actor's holder is the last one
+  }
+  bounded([&] { dropped_fut.wait(); }, "~backend inside a handler on its own system");
+  BOOST_TEST(eventually([&] { return ran.load() == 100; }), "ran " << ran.load());
+  BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
+             "threads: " << thread_count() << ", before the backend: " << baseline);
+}
+
+BOOST_AUTO_TEST_CASE(test_shutdown_node_actor_never_stopped_does_not_hold_the_backend) {
+  // The node actor serves the backend's devices and goes with it, even
+  // while something still holds it (the program, or the middleman after
+  // `publish_node`): an actor system waits for every actor on it, so one
+  // left running held ~backend (its own system) or ~actor_system forever.
+  auto baseline = thread_count();
+  multidev::node_actor kept;
+  bounded(
+    [&] {
+      backend b{backend_options{.num_devices = 2, .scheduler_threads = 2}};
+      kept = multidev::spawn_node_actor(b, "kept");
+      auto published = multidev::spawn_node_actor(b, "published");
+      BOOST_TEST_REQUIRE(static_cast<bool>(multidev::publish_node(published, 0, "127.0.0.1")));
+      b.schedule_task(b.get_device(0), {"t", [] {}});
+    },
+    "~backend with node actors");
+  kept = nullptr;
+  // The same on a system the program owns: its destructor waits for every
+  // actor.
+  bounded(
+    [&] {
+      caf::actor_system_config cfg;
+      multidev::register_types(cfg);
+      cfg.set("scheduler.max-threads", std::size_t{2});
+      caf::actor_system sys{cfg};
+      backend b{sys, backend_options{.num_devices = 1}};
+      kept = multidev::spawn_node_actor(b, "kept");
+    },
+    "~actor_system after ~backend with a node actor");
+  kept = nullptr;
+  BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
+             "threads: " << thread_count() << ", before: " << baseline);
 }

@@ -123,6 +123,14 @@ public:
   /// Call `register_types(cfg)` (protocol.hpp) on its config first to use the
   /// actor protocol across processes.
   explicit backend(caf::actor_system& sys, backend_options opts = {});
+  /// Finishes (or cancels) the accepted work, joins the runners, frees the
+  /// pools, stops the device actors and the node actors made on it, and
+  /// destroys its own actor system. Any thread may run it. On a thread the
+  /// teardown would wait for (a runner of its devices, where a task drops
+  /// the last reference, or a thread of its own actor system, in a
+  /// handler), it stops the devices from accepting work and hands the rest
+  /// to a thread of its own, which the process joins at exit: it is then
+  /// complete soon after, not on return (docs/design.md, "Shutdown").
   ~backend();
   backend(const backend&) = delete;
   backend& operator=(const backend&) = delete;

@@ -76,7 +76,8 @@ using lost_atom = caf::atom_constant<caf::atom("lost")>;
 /// Replies carry a seq of this device's schedule (an event is `(device, seq)`);
 /// failures come back as `caf::error`s of category `multidev` (see `errc`).
 /// Every request gets a reply, a value or an error: when the actor stops
-/// (its backend is destroyed), requests still waiting get `device_failed`.
+/// (its backend is destroyed, an exit message, `exit_reason::kill`, an
+/// exception), requests still waiting get `device_failed`.
 using device_actor = caf::typed_actor<
   /// Schedules a named kernel (resolved through the kernel registry here);
   /// replies with its seq.
@@ -363,7 +364,8 @@ device attach_device(backend& b, const device_actor& a);
 
 /// Spawns, on `b`'s actor system, the node actor that lists `b`'s devices
 /// (all `b.num_devices()` local ones, made now) under `name`. Publish it
-/// with `publish_node` to serve them.
+/// with `publish_node` to serve them. It serves them for as long as `b`
+/// lives: `~backend` stops it (published or not).
 node_actor spawn_node_actor(backend& b, std::string name);
 
 /// Publishes `node` on `address:port` (port 0: one the system picks) and
