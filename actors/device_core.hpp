@@ -131,10 +131,13 @@ public:
   uint64_t push_order(const order& o, trace_kind kind, std::string_view label,
                       std::shared_ptr<const void> hold);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
-  /// event is done or `owner` is this device; returns whether a gate was added.
+  /// event is done or `owner` is this device, and for `wait_kind::order` when
+  /// it is resolved in any way; returns whether a gate was added. A
+  /// `wait_kind::order` gate opens when `seq` fails or is cancelled too.
   /// Never waits for room (a wait is one small entry). Throws
   /// `std::invalid_argument` when `owner` never scheduled `seq`.
-  bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
+  bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
+                 wait_kind kind = wait_kind::data);
   /// Appends a gate that someone else opens or fails (`g.remote`: a CAF reply
   /// opens it); never waits for room. Gates still pending when this device
   /// shuts down are failed if their owner is remote, gone, or not shutting
