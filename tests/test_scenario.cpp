@@ -399,6 +399,28 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_forgotten_hold_does_not_hang_a_sync) {
              r.unexpected[0].observed);
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_logical_trace_shows_write_after_read_edges) {
+  // Device 1 copies w from device 0, then device 0 overwrites w: the runtime
+  // makes the writer wait for the copy (write-after-read), and the logical
+  // trace says so, with the Lamport clock that follows from it.
+  auto p = scn::load("(scenario war)\n(devices 2)\n(tnode w (floats 8))\n"
+                     "(context c0 0)\n(context c1 1)\n"
+                     "(from-host c0 w (fill 1))\n"
+                     "(copy w (from c0) (to c1) (as moved))\n"
+                     "(kernel c0 scale w 2 (as scaled))\n"
+                     "(expect (sync scaled) ok)\n"
+                     "(expect (before moved scaled))\n",
+                     "war.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  auto text = scn::logical_trace(r);
+  BOOST_TEST(text.find("(edge (from 0 1) (to 1 1) (kind copy))") != std::string::npos, text);
+  BOOST_TEST(text.find("(edge (from 1 1) (to 0 2) (kind war))") != std::string::npos, text);
+  BOOST_TEST(text.find("(item (step 2) (clock 3) (kind task) (description \"scale w 2\")")
+               != std::string::npos,
+             text);
+}
+
 BOOST_AUTO_TEST_CASE(test_scenario_timeline_svg_is_well_formed_with_a_lane_per_device) {
   auto r = run_example("gradient_merge.scn");
   auto svg = scn::timeline_svg(r);
