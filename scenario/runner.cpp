@@ -865,6 +865,7 @@ private:
     try {
       execute(*st.action);
     } catch (const step_timeout& e) {
+      never_made(*st.action);
       record(st, false, e.what());
       stopped_ = true;
       return;
@@ -875,6 +876,10 @@ private:
     } catch (const std::exception& e) {
       error = e.what();
     }
+    // An action that failed before making its event, expected or not: a
+    // `(sync-in ...)` task waiting for that event learns it at once.
+    if (error)
+      never_made(*st.action);
     if (st.pred == predicate::ok)
       return record(st, !error, error ? "failed: " + *error : "ok");
     if (!error)

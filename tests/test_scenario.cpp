@@ -399,6 +399,36 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_forgotten_hold_does_not_hang_a_sync) {
              r.unexpected[0].observed);
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_sync_in_learns_at_once_that_an_expected_failure_made_no_event) {
+  // The step that makes `missing` fails inside (expect ... (fails)): the
+  // sync-in task waiting for the event must fail at once, naming the event
+  // never made, as it does when the step fails outside an expect (issue 36
+  // point 10). The delay makes the task start waiting after the host's sync
+  // began: had the task not been told, the host's sync would reach the step
+  // timeout first and the expectation would read "did not finish within".
+  auto p = scn::load("(devices 2)\n"
+                     "(fail-at 1 1 \"boom\")\n"
+                     "(kernel 1 spin_ns 0 (as broken))\n"
+                     "(expect (sync broken) (fails (matches \"boom\")))\n"
+                     "(delay 0 300)\n"
+                     "(sync-in 0 missing (as blocked))\n"
+                     "(expect (kernel 1 spin_ns 0 (as missing)) (fails (matches \"boom\")))\n"
+                     "(expect (sync blocked) (fails (matches \"was never made\")))\n",
+                     "never_made.scn");
+  scn::run_options o;
+  o.step_timeout_s = 20;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  BOOST_TEST_REQUIRE(r.expectations.size() == 3u);
+  BOOST_TEST(r.expectations[2].where.str() == "never_made.scn:8:1");
+  BOOST_TEST(r.expectations[2].held, r.expectations[2].observed);
+  BOOST_TEST(r.expectations[2].observed.find("sync-in: event 'missing' was never made")
+               != std::string::npos,
+             r.expectations[2].observed);
+  BOOST_TEST(r.expectations[2].observed.find("did not finish") == std::string::npos,
+             r.expectations[2].observed);
+}
+
 BOOST_AUTO_TEST_CASE(test_scenario_logical_trace_shows_write_after_read_edges) {
   // Device 1 copies w from device 0, then device 0 overwrites w: the runtime
   // makes the writer wait for the copy (write-after-read), and the logical
