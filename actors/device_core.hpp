@@ -526,6 +526,17 @@ private:
   /// On the runner: settles the oldest unresolved item when it is a gate
   /// ordered on the device that has ended; whether it did.
   bool settle_gated() noexcept;
+  /// On this device's runner thread, inside an item's work, on an
+  /// asynchronous driver that runs that work on the runner (the CUDA driver
+  /// launches an item's work as it submits it): a task that syncs on an
+  /// earlier item of its own device blocks the runner, and the runner alone
+  /// settles the waits the driver ordered on the device (`gated`), so an
+  /// item behind such a wait would never resolve. Until `flag` is non-zero
+  /// or `deadline` passes, does the runner's part for the items already
+  /// started (settles those waits as they end, resolves what is ready),
+  /// sleeping on the bell in between. Whether `flag` became non-zero.
+  bool serve_started_until(const std::atomic<uint32_t>& flag,
+                           std::chrono::steady_clock::time_point deadline) noexcept;
   /// Whether the oldest item in the window is settled (reported by the
   /// stream, or settled by the runner) and not yet resolved.
   bool retirable() const noexcept;

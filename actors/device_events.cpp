@@ -322,8 +322,13 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     };
     auto sig = std::make_shared<signal>();
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
-    sig->timed = timed;
-    when_resolved(seq, [sig](const failure* cause) {
+    // A task on this device's own runner thread (an asynchronous driver that
+    // runs work as it submits it): the runner must go on settling the items
+    // already started while it waits (`serve_started_until`), so the
+    // resolver rings it. `this` outlives the resolver, which it holds.
+    device_core* serve = stream_ && home_runner == this ? this : nullptr;
+    sig->timed = timed && !serve;
+    when_resolved(seq, [sig, serve](const failure* cause) {
       if (cause) {
         // The cause lives in the device's table (or a static); share it.
         sig->cause = std::shared_ptr<const failure>(std::make_shared<failure>(*cause));
@@ -335,19 +340,30 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
         return;
       }
       sig->flag.store(cause ? 2 : 1);
+      if (serve) {
+        serve->ring();
+        return;
+      }
       sig->flag.notify_one();
     });
+    auto start = std::chrono::steady_clock::now();
+    auto passed_deadline = [&] {
+      auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+      auto chain = wait_chain(*this, seq);
+      return timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
+                                       what, name_, seq, waited.count(), chain),
+                           chain);
+    };
     uint32_t v;
-    if (timed) {
+    if (serve) {
+      if (!serve_started_until(sig->flag, deadline))
+        throw passed_deadline();
+      v = sig->flag.load();
+    } else if (timed) {
       std::unique_lock lock{sig->mu};
-      auto start = std::chrono::steady_clock::now();
       if (!sig->cv.wait_until(lock, deadline, [&] { return sig->flag.load() != 0; })) {
         lock.unlock();
-        auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
-        auto chain = wait_chain(*this, seq);
-        throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
-                                        what, name_, seq, waited.count(), chain),
-                            chain);
+        throw passed_deadline();
       }
       v = sig->flag.load();
     } else {
