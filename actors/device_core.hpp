@@ -131,10 +131,13 @@ public:
   uint64_t push_order(const order& o, trace_kind kind, std::string_view label,
                       std::shared_ptr<const void> hold);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
-  /// event is done or `owner` is this device; returns whether a gate was added.
+  /// event is done or `owner` is this device, and for `wait_kind::order` when
+  /// it is resolved in any way; returns whether a gate was added. A
+  /// `wait_kind::order` gate opens when `seq` fails or is cancelled too.
   /// Never waits for room (a wait is one small entry). Throws
   /// `std::invalid_argument` when `owner` never scheduled `seq`.
-  bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq);
+  bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
+                 wait_kind kind = wait_kind::data);
   /// Appends a gate that someone else opens or fails (`g.remote`: a CAF reply
   /// opens it); never waits for room. Gates still pending when this device
   /// shuts down are failed if their owner is remote, gone, or not shutting
@@ -211,6 +214,9 @@ public:
     if (auto stamp = deferred_.load(std::memory_order_relaxed))
       ring_if_deferred(stamp);
   }
+  /// Rings the runner: the resolver of a task's sync on its own runner
+  /// thread, which serves the stream while it waits (`sync_until`).
+  void wake_runner() { ring(); }
   /// For tests: a runner defers a wake-up only while the process has at
   /// least `n` runners (0 restores the default: one more than its CPUs;
   /// see `runners_may_defer`).
@@ -527,6 +533,17 @@ private:
   /// On the runner: settles the oldest unresolved item when it is a gate
   /// ordered on the device that has ended; whether it did.
   bool settle_gated() noexcept;
+  /// On this device's runner thread, inside an item's work, on an
+  /// asynchronous driver that runs that work on the runner (the CUDA driver
+  /// launches an item's work as it submits it): a task that syncs on an
+  /// earlier item of its own device blocks the runner, and the runner alone
+  /// settles the waits the driver ordered on the device (`gated`), so an
+  /// item behind such a wait would never resolve. Until `flag` is non-zero
+  /// or `deadline` passes, does the runner's part for the items already
+  /// started (settles those waits as they end, resolves what is ready),
+  /// sleeping on the bell in between. Whether `flag` became non-zero.
+  bool serve_started_until(const std::atomic<uint32_t>& flag,
+                           std::chrono::steady_clock::time_point deadline) noexcept;
   /// Whether the oldest item in the window is settled (reported by the
   /// stream, or settled by the runner) and not yet resolved.
   bool retirable() const noexcept;

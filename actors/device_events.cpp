@@ -32,6 +32,10 @@ struct sync_signal {
 /// up at its deadline can find its own among the seq's waiters and drop it.
 struct sync_resolver {
   std::shared_ptr<sync_signal> sig;
+  /// Set for a task syncing on its own runner thread (see `sync_until`):
+  /// that runner is rung instead of the flag notified. It outlives the
+  /// resolver, which it holds.
+  device_core* serve = nullptr;
   void operator()(const failure* cause) const {
     if (cause) {
       // The cause lives in the device's table (or a static); share it.
@@ -44,6 +48,10 @@ struct sync_resolver {
       return;
     }
     sig->flag.store(cause ? 2 : 1);
+    if (serve) {
+      serve->wake_runner();
+      return;
+    }
     sig->flag.notify_one();
   }
 };
@@ -357,27 +365,39 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     ring_deferred();
     auto sig = std::make_shared<sync_signal>();
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
-    sig->timed = timed;
-    when_resolved(seq, sync_resolver{sig});
+    // A task on this device's own runner thread (an asynchronous driver that
+    // runs work as it submits it): the runner must go on settling the items
+    // already started while it waits (`serve_started_until`), so the
+    // resolver rings it.
+    device_core* serve = stream_ && home_runner == this ? this : nullptr;
+    sig->timed = timed && !serve;
+    when_resolved(seq, sync_resolver{sig, serve});
+    auto start = std::chrono::steady_clock::now();
+    // Deregistered: a sync that gives up leaves nothing behind (a loop of
+    // short syncs on a pending event would otherwise pile up one waiter
+    // each, until the event resolves). One already firing is left to fire;
+    // the signal outlives it.
+    auto passed_deadline = [&] {
+      drop_waiter(seq, [&sig](const resolver& r) {
+        const auto* mine = r.target<sync_resolver>();
+        return mine != nullptr && mine->sig == sig;
+      });
+      auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+      auto chain = wait_chain(*this, seq);
+      return timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
+                                       what, name_, seq, waited.count(), chain),
+                           chain);
+    };
     uint32_t v;
-    if (timed) {
+    if (serve) {
+      if (!serve_started_until(sig->flag, deadline))
+        throw passed_deadline();
+      v = sig->flag.load();
+    } else if (timed) {
       std::unique_lock lock{sig->mu};
-      auto start = std::chrono::steady_clock::now();
       if (!sig->cv.wait_until(lock, deadline, [&] { return sig->flag.load() != 0; })) {
         lock.unlock();
-        // Deregistered: a sync that gives up leaves nothing behind (a loop
-        // of short syncs on a pending event would otherwise pile up one
-        // waiter each, until the event resolves). One already firing is
-        // left to fire; the signal outlives it.
-        drop_waiter(seq, [&sig](const resolver& r) {
-          const auto* mine = r.target<sync_resolver>();
-          return mine != nullptr && mine->sig == sig;
-        });
-        auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
-        auto chain = wait_chain(*this, seq);
-        throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
-                                        what, name_, seq, waited.count(), chain),
-                            chain);
+        throw passed_deadline();
       }
       v = sig->flag.load();
     } else {

@@ -116,8 +116,13 @@ std::shared_ptr<gate> make_gate() {
   return std::allocate_shared<gate>(gate_allocator<gate>{});
 }
 
-bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq) {
+bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
+                            wait_kind kind) {
   if (owner.get() == this || owner->is_done(seq))
+    return false;
+  // An ordering-only wait on an item that failed or was cancelled: nothing
+  // to wait for.
+  if (kind == wait_kind::order && seq <= owner->finished())
     return false;
   if (auto s = owner->scheduled(); seq > s)
     throw std::invalid_argument(fmt::format(
@@ -127,6 +132,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   auto g = make_gate();
   g->owner = owner;
   g->owner_seq = seq;
+  g->order_only = kind == wait_kind::order;
   push_gate(g);
   // Two references: the queue entry's and the owner's waiter. `g` moves
   // into the waiter rather than being copied, and the waiter into the
@@ -201,7 +207,8 @@ void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause
   }
   if (!me)
     return;
-  if (!cause) {
+  // An ordering-only wait ends however the awaited item resolved.
+  if (!cause || w.g->order_only) {
     me->resolve_gate(*w.g, failure_ptr{});
     return;
   }

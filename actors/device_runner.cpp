@@ -952,6 +952,45 @@ bool device_core::settle_gated() noexcept {
   return true;
 }
 
+bool device_core::serve_started_until(const std::atomic<uint32_t>& flag,
+                                      std::chrono::steady_clock::time_point deadline) noexcept {
+  auto resolve = [&] {
+    bool any = false;
+    while (settle_gated()) {
+      retire_ready();
+      any = true;
+    }
+    if (retirable()) {
+      retire_ready();
+      any = true;
+    }
+    return any;
+  };
+  for (;;) {
+    resolve();
+    if (flag.load(std::memory_order_seq_cst) != 0)
+      return true;
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline)
+      return false;
+    // As run_async sleeps: whoever ends a gate, reports an item or resolves
+    // the awaited seq (the sync's resolver) rings once sleeping_ is set.
+    auto b = bell_.load();
+    {
+      std::lock_guard guard{mu_};
+      sleeping_.store(for_work, std::memory_order_seq_cst);
+    }
+    if (flag.load(std::memory_order_seq_cst) == 0 && !resolve()) {
+      runner_asleep asleep;
+      if (deadline == std::chrono::steady_clock::time_point::max())
+        bell_sleep(bell_, b);
+      else
+        bell_sleep_for(bell_, b, deadline - now);
+    }
+    sleeping_.store(awake, std::memory_order_relaxed);
+  }
+}
+
 bool device_core::order_on_device(const gate& g) {
   if (g.remote)
     return false;

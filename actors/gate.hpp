@@ -14,8 +14,21 @@ namespace multidev::detail {
 class device_core;
 class endpoint;
 
+/// What a wait on another device's event carries besides its order.
+enum class wait_kind : unsigned char {
+  /// A data dependency (a read-after-write, a user's `will_wait_for`): the
+  /// awaited event's failure fails the waiting device.
+  data,
+  /// Ordering only (a write-after-read: a writer waits for the copies still
+  /// reading the bytes it overwrites): the wait ends however the awaited
+  /// event resolves. A reader that failed, was cancelled or was killed
+  /// reads no more, so its failure does not reach the writer.
+  order,
+};
+
 /// A point in a device's queue that opens when another device's event is done
-/// (or fails, which poisons the device when the runner reaches it).
+/// (or fails, which poisons the device when the runner reaches it, unless
+/// the wait is ordering only).
 struct gate {
   /// Opening is one compare-and-swap `pending -> open`. A failure holds
   /// `resolving` between the compare-and-swap that makes it win and the
@@ -32,6 +45,9 @@ struct gate {
   std::string label;
   /// Whether a CAF reply opens it (the owner lives behind an actor).
   bool remote = false;
+  /// An ordering-only wait (`wait_kind::order`): it opens however the
+  /// awaited event resolves, done, failed or cancelled.
+  bool order_only = false;
   /// The awaited device's name when it lives behind an actor (empty: ask
   /// `owner`, or use the label).
   std::string owner_name;

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <limits>
 #include <thread>
@@ -73,6 +75,13 @@ inline void bell_sleep(const std::atomic<uint32_t>& bell, uint32_t seen) noexcep
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                 std::atomic<uint32_t>::is_always_lock_free);
   syscall(SYS_futex, &bell, FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+}
+/// `bell_sleep` that returns after `timeout` at the latest.
+inline void bell_sleep_for(const std::atomic<uint32_t>& bell, uint32_t seen,
+                           std::chrono::nanoseconds timeout) noexcept {
+  auto ns = std::max<int64_t>(timeout.count(), 0);
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  syscall(SYS_futex, &bell, FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
 }
 /// `bell_sleep` after the poll `std::atomic::wait` makes (12 pauses, then 4
 /// yields): an idle runner's, which saves a producer in a burst the futex

@@ -59,9 +59,16 @@ void check_size(const tnode& t, std::size_t n, const char* what) {
                   node_name(t), t.size_in_bytes, n));
 }
 
-/// Drops done events, so the lists stay short.
+/// Whether a reader (a copy of this process) is resolved: done, failed or
+/// cancelled. A reader that failed reads no more, like one that finished.
+bool read_over(const event& e) {
+  const auto& c = e.core();
+  return c ? e.seq() <= c->finished() : e.is_done();
+}
+
+/// Drops the readers that are over, so the lists stay short.
 void prune(std::vector<event>& evs) {
-  std::erase_if(evs, [](const event& e) { return e.is_done(); });
+  std::erase_if(evs, read_over);
 }
 
 /// Locks one record, or two in a deadlock-free order (`b` may be null or `a`).
@@ -86,29 +93,40 @@ private:
   std::unique_lock<detail::spin_mutex> a_, b_;
 };
 
+/// A wait a step needs: on what, and whether its failure carries.
+struct unmet_wait {
+  event e;
+  detail::wait_kind kind;
+};
+
 /// What a step must wait for before it runs on `core` (`dst`'s): the last
-/// writers of its `inputs` on the source device, and copies on other devices
-/// still reading the `outputs` it overwrites; less what is done and what runs
-/// on `core` anyway (FIFO). Call with both records locked.
+/// writers of its `inputs` on the source device (read-after-write: their
+/// failure fails the step), and copies on other devices still reading the
+/// `outputs` it overwrites (write-after-read: ordering only, since a reader
+/// that failed or was cancelled reads no more); less what is done (a reader:
+/// resolved) and what runs on `core` anyway (FIFO). One wait per event, a
+/// data one when it is both. Call with both records locked.
 template <class Inputs, class Outputs>
-std::vector<event> unmet_waits(const Inputs& inputs, const Outputs& outputs,
-                               const detail::device_record& dst,
-                               const detail::device_record* src,
-                               const detail::device_core& core) {
-  std::vector<event> out;
-  auto add = [&](const event& e) {
-    auto same = [&e](const event& x) { return x == e; };
-    if (e.core().get() != &core && !e.is_done() && std::none_of(out.begin(), out.end(), same))
-      out.push_back(e);
+std::vector<unmet_wait> unmet_waits(const Inputs& inputs, const Outputs& outputs,
+                                    const detail::device_record& dst,
+                                    const detail::device_record* src,
+                                    const detail::device_core& core) {
+  std::vector<unmet_wait> out;
+  auto add = [&](const event& e, detail::wait_kind kind) {
+    auto same = [&e](const unmet_wait& x) { return x.e == e; };
+    if (e.core().get() != &core && std::none_of(out.begin(), out.end(), same))
+      out.push_back({e, kind});
   };
   if (src)
     for (const auto& t : inputs)
       if (auto i = src->updating_for.find(t); i != src->updating_for.end())
-        add(i->second);
+        if (!i->second.is_done())
+          add(i->second, detail::wait_kind::data);
   for (const auto& t : outputs)
     if (auto i = dst.readers.find(t); i != dst.readers.end())
       for (const auto& e : i->second)
-        add(e);
+        if (!read_over(e))
+          add(e, detail::wait_kind::order);
   return out;
 }
 
@@ -154,8 +172,8 @@ uint64_t schedule_step(detail::device_record& rec, Push&& push, const Inputs& in
   // same room.
   core->wait_for_room();
   record_locks locks{rec, src};
-  for (const auto& e : unmet_waits(inputs, outputs, rec, src, *core))
-    core->push_wait(e.core(), e.seq()); // never waits for room
+  for (const auto& w : unmet_waits(inputs, outputs, rec, src, *core))
+    core->push_wait(w.e.core(), w.e.seq(), w.kind); // never waits for room
   const auto& ep = rec.r.endpoint();
   const uint64_t seq = push(*core);
   for (const auto& t : outputs) {

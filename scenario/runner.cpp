@@ -579,6 +579,19 @@ private:
     return it == writers_.end() ? std::pair{-1, -1} : it->second;
   }
 
+  /// Item `idx` of device `d` writes tnode `t` there: as the runtime does,
+  /// it waits for the copies on other devices still reading `t` from `d`
+  /// (write-after-read edges, which carry no failure), and it is the last
+  /// writer of `t` on `d` from now on.
+  void writes(int d, int t, int idx) {
+    if (auto it = readers_.find({d, t}); it != readers_.end()) {
+      for (auto from : it->second)
+        add_edge(from, d, idx, "war");
+      readers_.erase(it);
+    }
+    writers_[{d, t}] = {d, idx};
+  }
+
   /// `scale w 2`: the kernel and its arguments as the script gave them.
   static std::string describe_kernel(const step& st) {
     std::string out = st.kernel;
@@ -628,7 +641,7 @@ private:
         add_edge(writer(st.device, t->id - 1), st.device, idx, "data");
     for (int i : def->writes)
       if (auto* t = std::get_if<tnode>(&st.args[i]))
-        writers_[{st.device, t->id - 1}] = {st.device, idx};
+        writes(st.device, t->id - 1, idx);
   }
 
   /// A kernel on a device of a node: a named task with the context's
@@ -673,7 +686,8 @@ private:
     auto before = last_seq(st.device);
     contexts_[st.ctx] = b_.init_from_host(*contexts_[st.ctx], t, std::as_bytes(std::span{data}));
     int idx = add_item(st.device, before, "copy", "from_host " + t.label, st.as, st);
-    writers_[{st.device, st.tnodes[0]}] = {st.device, idx};
+    if (model_[st.device][idx].seq != 0) // not a cached constant, which is not written again
+      writes(st.device, st.tnodes[0], idx);
   }
 
   void copy(const step& st) {
@@ -694,8 +708,11 @@ private:
     }
     int idx = add_item(st.device, before, "copy", desc, st.as, st);
     add_edge(writer(src_dev, st.tnodes[0]), st.device, idx, "copy");
+    // A copy into the merge buffer writes no tnode of its device.
     if (!st.into_merge)
-      writers_[{st.device, st.tnodes[0]}] = {st.device, idx};
+      writes(st.device, st.tnodes[0], idx);
+    if (src_dev != st.device)
+      readers_[{src_dev, st.tnodes[0]}].push_back({st.device, idx});
   }
 
   void kill(const step& st) {
@@ -848,6 +865,7 @@ private:
     try {
       execute(*st.action);
     } catch (const step_timeout& e) {
+      never_made(*st.action);
       record(st, false, e.what());
       stopped_ = true;
       return;
@@ -858,6 +876,10 @@ private:
     } catch (const std::exception& e) {
       error = e.what();
     }
+    // An action that failed before making its event, expected or not: a
+    // `(sync-in ...)` task waiting for that event learns it at once.
+    if (error)
+      never_made(*st.action);
     if (st.pred == predicate::ok)
       return record(st, !error, error ? "failed: " + *error : "ok");
     if (!error)
@@ -1105,6 +1127,9 @@ private:
   std::vector<std::vector<model_item>> model_;
   std::vector<model_edge> edges_;
   std::map<std::pair<int, int>, std::pair<int, int>> writers_;
+  /// By (device, tnode): the copies on other devices that read it there
+  /// since its last writer (a later writer waits for them).
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> readers_;
   std::map<int, std::set<int64_t>> script_pools_;
   std::vector<std::pair<const step*, std::size_t>> deferred_;
   std::vector<device_trace> traces_;

@@ -9,6 +9,7 @@
 // with a message.
 #define BOOST_TEST_MODULE cuda
 #define BOOST_TEST_NO_MAIN
+#include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "actors/backend_impl.hpp"
@@ -418,6 +419,56 @@ BOOST_AUTO_TEST_CASE(waits_between_cpu_and_cuda_devices_go_both_ways) {
   cpu.schedule_task(cd, {"read host", [seen, &out] { seen->store(out[n - 1]); }});
   sync(cpu, cpu.all_work(cd));
   BOOST_TEST(seen->load() == 3.0f);
+}
+
+// A task that syncs on an earlier item of its own device, which sits behind
+// a wait the driver ordered on the stream (issue 36 point 8). The task's
+// work runs on the runner as it is submitted, and the runner alone settled
+// such waits: the earlier item never resolved (finished 0, in flight 0).
+// The task's sync is bounded (10 s) so a regression fails instead of
+// hanging; `timed = false` syncs without a deadline (then the test's own
+// 30 s bound ends a regression).
+BOOST_DATA_TEST_CASE(a_task_syncs_on_its_own_item_behind_a_wait_on_the_device,
+                     boost::unit_test::data::make({true, false}), timed) {
+  if (real_mode()) {
+    BOOST_TEST_MESSAGE("skipped: steers the fake CUDA runtime");
+    return;
+  }
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  sync(b, b.all_work(d0));
+  sync(b, b.all_work(d1));
+  f.pause(0); // device 0's item is submitted but does not run
+  auto producer = b.schedule_named(d0, spec("spin_ns", {int64_t{0}}));
+  b.will_wait_for(b.make_context(d1), producer);
+  auto behind = b.schedule_named(d1, spec("spin_ns", {int64_t{0}}));
+  auto started = std::make_shared<latch_gate>();
+  auto outcome = std::make_shared<std::string>("did not run");
+  b.schedule_task(d1, {"sync on an earlier item", [&b, behind, started, outcome, timed] {
+                         started->open();
+                         try {
+                           if (timed)
+                             b.sync(behind, std::chrono::steady_clock::now() + 10s);
+                           else
+                             b.sync(behind);
+                           *outcome = "done";
+                         } catch (const std::exception& e) {
+                           *outcome = e.what();
+                         }
+                       }});
+  auto task_done = b.all_work(d1);
+  // The task starts only once the runner passed the wait, which device 0
+  // (paused) cannot have opened: the driver ordered it on the stream.
+  BOOST_TEST_REQUIRE(started->wait());
+  BOOST_TEST(f.stats().stream_waits >= 1u);
+  BOOST_TEST(!b.is_done(behind));
+  f.resume(0);
+  sync(b, task_done);
+  BOOST_TEST(*outcome == "done");
+  BOOST_TEST(b.is_done(behind));
+  BOOST_TEST(b.is_done(producer));
 }
 
 // -- Errors ------------------------------------------------------------------------------

@@ -400,6 +400,58 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_forgotten_hold_does_not_hang_a_sync) {
              r.unexpected[0].observed);
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_sync_in_learns_at_once_that_an_expected_failure_made_no_event) {
+  // The step that makes `missing` fails inside (expect ... (fails)): the
+  // sync-in task waiting for the event must fail at once, naming the event
+  // never made, as it does when the step fails outside an expect (issue 36
+  // point 10). The delay makes the task start waiting after the host's sync
+  // began: had the task not been told, the host's sync would reach the step
+  // timeout first and the expectation would read "did not finish within".
+  auto p = scn::load("(devices 2)\n"
+                     "(fail-at 1 1 \"boom\")\n"
+                     "(kernel 1 spin_ns 0 (as broken))\n"
+                     "(expect (sync broken) (fails (matches \"boom\")))\n"
+                     "(delay 0 300)\n"
+                     "(sync-in 0 missing (as blocked))\n"
+                     "(expect (kernel 1 spin_ns 0 (as missing)) (fails (matches \"boom\")))\n"
+                     "(expect (sync blocked) (fails (matches \"was never made\")))\n",
+                     "never_made.scn");
+  scn::run_options o;
+  o.step_timeout_s = 20;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  BOOST_TEST_REQUIRE(r.expectations.size() == 3u);
+  BOOST_TEST(r.expectations[2].where.str() == "never_made.scn:8:1");
+  BOOST_TEST(r.expectations[2].held, r.expectations[2].observed);
+  BOOST_TEST(r.expectations[2].observed.find("sync-in: event 'missing' was never made")
+               != std::string::npos,
+             r.expectations[2].observed);
+  BOOST_TEST(r.expectations[2].observed.find("did not finish") == std::string::npos,
+             r.expectations[2].observed);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_logical_trace_shows_write_after_read_edges) {
+  // Device 1 copies w from device 0, then device 0 overwrites w: the runtime
+  // makes the writer wait for the copy (write-after-read), and the logical
+  // trace says so, with the Lamport clock that follows from it.
+  auto p = scn::load("(scenario war)\n(devices 2)\n(tnode w (floats 8))\n"
+                     "(context c0 0)\n(context c1 1)\n"
+                     "(from-host c0 w (fill 1))\n"
+                     "(copy w (from c0) (to c1) (as moved))\n"
+                     "(kernel c0 scale w 2 (as scaled))\n"
+                     "(expect (sync scaled) ok)\n"
+                     "(expect (before moved scaled))\n",
+                     "war.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  auto text = scn::logical_trace(r);
+  BOOST_TEST(text.find("(edge (from 0 1) (to 1 1) (kind copy))") != std::string::npos, text);
+  BOOST_TEST(text.find("(edge (from 1 1) (to 0 2) (kind war))") != std::string::npos, text);
+  BOOST_TEST(text.find("(item (step 2) (clock 3) (kind task) (description \"scale w 2\")")
+               != std::string::npos,
+             text);
+}
+
 BOOST_AUTO_TEST_CASE(test_scenario_timeline_svg_is_well_formed_with_a_lane_per_device) {
   auto r = run_example("gradient_merge.scn");
   auto svg = scn::timeline_svg(r);

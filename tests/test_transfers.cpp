@@ -352,6 +352,117 @@ BOOST_AUTO_TEST_CASE(test_device_to_device_destination_waits_for_its_pending_rea
   BOOST_TEST(all_equal(read_back(b, c1, t), 5.0f));
 }
 
+// -- failure and write-after-read (issue 36 point 9) -------------------------------
+//
+// A writer of a node waits for the copies still reading it on other devices
+// (write-after-read) only so it does not overwrite bytes being read: a reader
+// that failed or was cancelled no longer reads them, so its failure must not
+// fail the writer. A read-after-write wait (the copy's source writer) still
+// carries failure.
+
+namespace {
+
+/// Device 0's `t` holds 1.0, device 1 holds a buffer for it; nothing pending.
+struct war_fixture {
+  backend b = make_backend(2);
+  multidev::device d0 = b.get_device(0), d1 = b.get_device(1);
+  tnode t = node(1, "a", 256);
+  context c0 = b.alloc_node(b.make_context(d0), t);
+  context c1 = b.alloc_node(b.make_context(d1), t);
+  war_fixture() {
+    b.run(b.link(c0, "fill", {t, 1.0}));
+    sync_all(b, 2);
+  }
+  /// Queues the copy of `t` from device 0 to device 1; returns its event.
+  event queue_copy() {
+    BOOST_TEST_REQUIRE(b.device_to_device(t, merge_buffer_use::no, c1, c0).has_value());
+    auto e = d1.updating_for(t);
+    BOOST_TEST_REQUIRE(e.has_value());
+    return *e;
+  }
+  /// Syncs on `e`, which must succeed; the error it threw otherwise.
+  std::string sync_ok(const event& e) {
+    try {
+      sync(b, e);
+      return "done";
+    } catch (const std::exception& x) {
+      return x.what();
+    }
+  }
+};
+
+/// A latch task that throws `boom` once released, failing its device.
+multidev::task failing_latch(const latch& l) {
+  auto o = l.open;
+  return multidev::task{"failing latch", [o] {
+                          auto until = std::chrono::steady_clock::now() + 30s;
+                          while (!o->load() && std::chrono::steady_clock::now() < until)
+                            std::this_thread::sleep_for(100us);
+                          throw std::runtime_error("boom");
+                        },
+                        nullptr};
+}
+
+} // namespace
+
+BOOST_FIXTURE_TEST_CASE(test_writer_after_a_cancelled_reader_runs, war_fixture) {
+  latch hold;
+  b.schedule_task(d1, hold.as_task()); // device 1 held: the copy stays queued
+  auto read = queue_copy();
+  b.cancel(d1);
+  auto w = b.run(b.link(c0, "fill", {t, 2.0})); // waits for the (cancelled) reader
+  hold.release();
+  BOOST_CHECK_THROW(sync(b, read), multidev::cancelled_error);
+  BOOST_TEST(sync_ok(w) == "done");
+  BOOST_TEST(all_equal(read_back(b, c0, t), 2.0f));
+}
+
+BOOST_FIXTURE_TEST_CASE(test_writer_after_a_reader_on_a_failed_device_runs, war_fixture) {
+  latch hold;
+  b.schedule_task(d1, failing_latch(hold)); // device 1 fails once released
+  auto read = queue_copy();
+  auto w = b.run(b.link(c0, "fill", {t, 2.0})); // queued while the reader is pending
+  hold.release();
+  auto err = test_support::sync_error(b, read, "the copy behind the failure");
+  BOOST_TEST_REQUIRE(err.has_value());
+  BOOST_TEST(err->original_message() == "boom");
+  BOOST_TEST(sync_ok(w) == "done");
+  BOOST_TEST(all_equal(read_back(b, c0, t), 2.0f));
+}
+
+BOOST_FIXTURE_TEST_CASE(test_writer_after_recover_ignores_the_failed_reader, war_fixture) {
+  latch hold;
+  b.schedule_task(d1, failing_latch(hold));
+  auto read = queue_copy();
+  hold.release();
+  BOOST_TEST_REQUIRE(test_support::sync_error(b, read, "the copy behind the failure").has_value());
+  BOOST_TEST_REQUIRE(b.recover(d1));
+  // The failed copy is still the last reader of device 0's `a`: the next
+  // writer there must not inherit its failure.
+  auto w = b.run(b.link(c0, "fill", {t, 3.0}));
+  BOOST_TEST(sync_ok(w) == "done");
+  BOOST_TEST(all_equal(read_back(b, c0, t), 3.0f));
+  // Device 1 works again and reads the new value.
+  BOOST_TEST_REQUIRE(b.device_to_device(t, merge_buffer_use::no, c1, c0).has_value());
+  BOOST_TEST(all_equal(read_back(b, c1, t), 3.0f));
+}
+
+BOOST_FIXTURE_TEST_CASE(test_copy_of_a_failed_writer_still_fails, war_fixture) {
+  // Read-after-write carries failure: device 0 fails, so its writer of `a`
+  // never completes, and the copy that reads it (a writer of device 1's `a`)
+  // fails with the origin's error.
+  latch hold;
+  b.schedule_task(d0, failing_latch(hold));
+  auto producer = b.run(b.link(c0, "fill", {t, 4.0}));
+  auto read = queue_copy();
+  hold.release();
+  auto err = test_support::sync_error(b, read, "the copy of the failed writer");
+  BOOST_TEST_REQUIRE(err.has_value());
+  BOOST_TEST(err->original_message() == "boom");
+  BOOST_TEST(err->origin_device() == d0.name());
+  BOOST_TEST(!b.is_done(producer));
+}
+
 namespace {
 
 /// The host model of one randomized schedule: every device holds every node.
