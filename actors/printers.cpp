@@ -102,4 +102,18 @@ sexp to_sexp(const context& c) {
                  c.merge_buffer_node ? to_sexp(*c.merge_buffer_node) : sexp::atom("none"))});
 }
 
+sexp to_sexp(const routine& r) {
+  auto labels = [](const char* key, const std::set<tnode>& nodes) {
+    auto l = sexp::list({sexp::atom(key)});
+    for (const auto& t : nodes)
+      l.push_back(sexp::atom(t.label));
+    return l;
+  };
+  return sexp::list(
+    {sexp::atom("routine"), sexp::field("name", r.name), to_sexp(r.context),
+     labels("inputs", r.inputs), labels("outputs", r.outputs),
+     sexp::field("merge_buffer_input",
+                 r.merge_buffer_input ? to_sexp(*r.merge_buffer_input) : sexp::atom("none"))});
+}
+
 } // namespace multidev

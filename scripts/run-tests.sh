@@ -9,11 +9,12 @@
 # ThreadSanitizer (scripts/run-tsan.sh: the `tsan` preset in build-tsan/,
 # about 10 minutes with its build; every report with both sides in this
 # repository fails it); MULTIDEV_TSAN=0 skips it.
-# Chromium (Debian `chromium`) is installed for the test that renders a
-# scenario's SVG timeline to a PNG.
+# The packages of the build, of the tests and of the bench are installed
+# (scripts/setup.sh, MULTIDEV_SETUP=tests), and Chromium (Debian `chromium`)
+# for the test that renders a scenario's SVG timeline to a PNG.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-MULTIDEV_EXTRA_PACKAGES=chromium scripts/setup.sh
+MULTIDEV_SETUP=tests MULTIDEV_EXTRA_PACKAGES=chromium scripts/setup.sh
 ctest --preset default
 
 if [ "${MULTIDEV_SANITIZE:-1}" != 0 ]; then

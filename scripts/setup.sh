@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
 # Installs the Debian packages multidev needs (when missing), then configures
 # and builds it with the default preset: everything, or the targets given as
-# arguments. Used by run-main.sh and run-tests.sh. MULTIDEV_EXTRA_PACKAGES
-# adds packages (run-tests.sh: chromium, which renders the SVG timeline;
-# run-fuzz.sh: clang and libFuzzer). MULTIDEV_SETUP_BUILD=0 installs only
-# (run-fuzz.sh builds a tree of its own).
+# arguments. MULTIDEV_SETUP says for what:
+#   main   what building and running the tool and the library need
+#          (run-main.sh); configures without the test suite
+#          (-DMULTIDEV_BUILD_TESTS=OFF), which needs Boost.Test;
+#   tests  (default) that, plus what the tests and the bench use; configures
+#          with the test suite (run-tests.sh, run-fuzz.sh, run_gpu_checks.sh).
+# MULTIDEV_EXTRA_PACKAGES adds packages (run-tests.sh: chromium, which
+# renders the SVG timeline; run-fuzz.sh: clang and libFuzzer).
+# MULTIDEV_SETUP_BUILD=0 installs only (run-fuzz.sh builds a tree of its own).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# valgrind: the tests labelled valgrind run the examples and the tool under
-# memcheck (tests/valgrind.sh; skipped, with a message, without it).
-packages=(cmake g++ make ccache pkgconf openssl libcaf-dev libboost-test-dev libcli11-dev libfmt-dev
-          nlohmann-json3-dev libtbb-dev libstarpu-dev valgrind ${MULTIDEV_EXTRA_PACKAGES:-})
+setup=${MULTIDEV_SETUP:-tests}
+# The build and the tool: compiler and build tools, CAF, fmt, CLI11, JSON.
+main_packages=(cmake g++ make ccache libcaf-dev libcli11-dev libfmt-dev nlohmann-json3-dev)
+# The tests and the bench: Boost.Test; openssl (the TLS test's certificates);
+# pkgconf (the package test's pkg-config build; the bench finds StarPU
+# through it); valgrind (the tests labelled valgrind run the examples and the
+# tool under memcheck: tests/valgrind.sh, skipped with a message without it);
+# doxygen (the API reference, target doc, and its test docs_api_reference);
+# oneTBB and StarPU (the bench's peers).
+test_packages=(libboost-test-dev openssl pkgconf valgrind doxygen libtbb-dev libstarpu-dev)
+case "$setup" in
+  main)
+    packages=("${main_packages[@]}")
+    build_tests=OFF
+    ;;
+  tests)
+    packages=("${main_packages[@]}" "${test_packages[@]}")
+    build_tests=ON
+    ;;
+  *)
+    echo "setup: MULTIDEV_SETUP is main or tests, got '$setup'" >&2
+    exit 2
+    ;;
+esac
+# shellcheck disable=SC2206 # a space-separated list
+packages+=(${MULTIDEV_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,7 +59,7 @@ fi
 
 if [ "${MULTIDEV_SETUP_BUILD:-1}" = 0 ]; then exit 0; fi
 
-cmake --preset default >/dev/null
+cmake --preset default -DMULTIDEV_BUILD_TESTS=$build_tests >/dev/null
 if [ $# -gt 0 ]; then
   cmake --build --preset default --target "$@"
 else

@@ -702,6 +702,14 @@ BOOST_AUTO_TEST_CASE(test_backend_handles_print_as_sexp) {
   auto chs = to_sexp(child);
   BOOST_TEST(field(chs, "parent") == "some");
   BOOST_TEST(chs.find("merge_buffer_node")->items()[1].find("label") != nullptr);
+  // A linked routine: its name, context, and the labels of what it reads and writes.
+  auto held = b.alloc_node(b.make_context(d), t);
+  auto rs = to_sexp(b.link(held, "scale", {t, 2.0}));
+  BOOST_TEST(rs.items().at(0).as_atom() == "routine");
+  BOOST_TEST(field(rs, "name") == "scale");
+  BOOST_TEST(rs.find("context") != nullptr);
+  BOOST_TEST(rs.find("outputs")->to_string() == "(outputs w)");
+  BOOST_TEST(field(rs, "merge_buffer_input") == "none");
 
   b.alloc_pool(d, 0, 16, 64);
   multidev::buffer_ptr p = *d.merge_buffer();

@@ -7,6 +7,8 @@
 #include <caf/io/middleman.hpp>
 
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -25,6 +27,7 @@
 #include "bench.hpp"
 #include "node_command.hpp"
 #include "run_command.hpp"
+#include "terminal.hpp"
 
 namespace {
 
@@ -50,32 +53,63 @@ public:
     return custom_options_.cli_long_name_lookup(caf::string_view{name.data(), name.size()})
            != nullptr;
   }
+
+  /// CAF's options as the command line spells them (`--scheduler.max-threads`).
+  std::vector<std::string> option_names() const {
+    std::vector<std::string> names;
+    for (const auto& opt : custom_options_) {
+      auto category = opt.category();
+      auto name = opt.long_name();
+      std::string cli = "--";
+      if (category != "global")
+        cli.append(category.data(), category.size()).append(".");
+      names.push_back(cli.append(name.data(), name.size()));
+    }
+    return names;
+  }
 };
+
+/// The commands, in the order --help lists them.
+const std::vector<std::string> command_names{"devices", "kernels", "run", "node", "bench"};
+
+/// "; did you mean X?" when one of `known` is close to `given`, else "".
+std::string did_you_mean(const std::string& given, const std::vector<std::string>& known) {
+  auto close = multidev::tools::closest_name(given, known);
+  return close ? "; did you mean " + *close + "?" : "";
+}
 
 /// CAF's own options (`--scheduler.max-threads=2`, also spelled
 /// `--caf.scheduler.max-threads=2`; `--config-file=F`) go to CAF's config.
 /// What is left after multidev's options must be one of those: returns what
-/// is wrong with them in one line, or nothing.
+/// is wrong with them in one line, or nothing. An unknown option or command
+/// gets the closest of `options` (multidev's that apply), CAF's options and
+/// the commands suggested.
 std::optional<std::string> configure_caf(tool_config& cfg, std::vector<std::string> extras,
-                                         bool have_command) {
+                                         bool have_command, std::vector<std::string> options) {
   // The middleman, heartbeats (a peer silent for 5 s is dropped, its
   // devices fail), the work-sharing scheduler: what a backend's own system
   // has. The command line and a config file override each.
   multidev::configure_system(cfg);
   cfg.set("scheduler.max-threads",
           static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())));
+  auto caf_options = cfg.option_names();
+  options.insert(options.end(), caf_options.begin(), caf_options.end());
   for (auto& a : extras) {
     if (a.rfind("--caf.", 0) == 0)
       a = "--" + a.substr(6);
     if (a.rfind("--", 0) != 0 || a.size() == 2) {
       if (a.rfind('-', 0) == 0)
-        return "unknown option '" + a + "'";
-      if (!have_command)
-        return "unknown command '" + a + "'; the commands are devices, kernels, run, node, bench";
+        return "unknown option '" + a + "'" + (a.size() > 2 ? did_you_mean(a, options) : "");
+      if (!have_command) {
+        auto close = multidev::tools::closest_name(a, command_names);
+        return "unknown command '" + a + "'" + (close ? " (did you mean " + *close + "?)" : "")
+               + "; the commands are devices, kernels, run, node, bench";
+      }
       return "unexpected argument '" + a + "'";
     }
     if (!cfg.knows(a))
-      return "unknown option '" + a + "', neither multidev's nor CAF's";
+      return "unknown option '" + a + "', neither multidev's nor CAF's"
+             + did_you_mean(a.substr(0, a.find('=')), options);
   }
   std::string given;
   for (const auto& a : extras)
@@ -115,6 +149,8 @@ int main(int argc, char** argv) {
                "Usage errors exit with status 2."};
   app.require_subcommand(0, 1);
   app.allow_extras();
+  app.set_version_flag("--version", "multidev " MULTIDEV_VERSION,
+                       "print the version (multidev MAJOR.MINOR.PATCH) and exit");
   // Counts are read as text and checked by read_count, so a bad value gets
   // one plain line instead of CLI11's range of the type.
   std::string num_devices;
@@ -252,6 +288,8 @@ int main(int argc, char** argv) {
     return app.exit(e); // help on stdout, status 0
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e); // the version on stdout, status 0
   } catch (const CLI::ParseError& e) {
     return usage(e.what());
   }
@@ -325,8 +363,19 @@ int main(int argc, char** argv) {
                        tls.ca_file};
   }
 
+  // The long options that apply: the top level's and the given command's.
+  std::vector<std::string> known_options;
+  auto add_options = [&](const CLI::App& a) {
+    for (const auto* opt : a.get_options())
+      for (const auto& name : opt->get_lnames())
+        known_options.push_back("--" + name);
+  };
+  add_options(app);
+  for (const auto* sub : app.get_subcommands())
+    add_options(*sub);
   tool_config cfg;
-  if (auto err = configure_caf(cfg, app.remaining(true), app.get_subcommands().size() > 0))
+  if (auto err = configure_caf(cfg, app.remaining(true), app.get_subcommands().size() > 0,
+                               std::move(known_options)))
     return usage(*err);
   if (use_tls) {
     try {
@@ -343,9 +392,20 @@ int main(int argc, char** argv) {
       caf::actor_system sys{cfg};
       opts.driver = backend_kind;
       multidev::backend b{sys, opts};
-      std::cout << b.static_properties().to_string() << "\n";
+      // For a reader on a terminal: indented, a device a line. For a pipe or
+      // a file: one s-expression a line, as scripts read it.
+      auto print = [](const multidev::sexp& x) {
+        if (isatty(STDOUT_FILENO) == 0)
+          return x.to_string();
+        winsize ws{};
+        std::size_t width = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0
+                              ? ws.ws_col
+                              : 80;
+        return multidev::tools::pretty_sexp(x, width);
+      };
+      std::cout << print(b.static_properties()) << "\n";
       if (limits)
-        std::cout << to_sexp(b.hardware_limits()).to_string() << "\n";
+        std::cout << print(to_sexp(b.hardware_limits())) << "\n";
       return 0;
     }
     if (*kernels) {

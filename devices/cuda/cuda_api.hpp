@@ -4,7 +4,8 @@
 /// call the driver makes goes through `cuda::api`, one virtual per runtime
 /// call, with the runtime's own status codes (`cudaError_t` values as `int`).
 /// Two implementations: `real_api()` (cuda_runtime.cpp, linked against
-/// libcudart; only in builds with the CUDA Toolkit) and `fake_api`
+/// libcudart; only in builds with the CUDA Toolkit, and only in programs that
+/// link the library multidev_cuda, see cuda_runtime_hook.cpp) and `fake_api`
 /// (fake_cuda_api.hpp: streams on host threads, for tests without a GPU).
 /// No CUDA header is included here, so the driver's logic compiles and is
 /// tested without the toolkit.
@@ -168,10 +169,14 @@ public:
   virtual std::string error_string(status s) = 0;
 };
 
-/// The CUDA runtime, or null in a build without the CUDA Toolkit.
+/// The CUDA runtime, or null in a build without the CUDA Toolkit or in a
+/// program that does not link multidev_cuda (`multidev::cuda`).
 std::shared_ptr<api> real_api();
 
-/// Whether this build has the real runtime (`real_api()` is not null).
+/// Whether this program has the real runtime (`real_api()` is not null).
 bool built_with_cuda() noexcept;
+
+/// Why `real_api()` is null, in one sentence (the CUDA driver's `unavailable`).
+std::string no_runtime_reason();
 
 } // namespace multidev::detail::cuda

@@ -319,8 +319,7 @@ private:
 void cuda_driver::probe() const {
   std::call_once(probed_, [this] {
     if (!api_) {
-      why_none_ = "this build has no CUDA runtime (configured with MULTIDEV_CUDA=OFF or "
-                  "without the CUDA Toolkit)";
+      why_none_ = cuda::no_runtime_reason();
     } else {
       int n = 0;
       auto s = api_->get_device_count(&n);

@@ -61,7 +61,7 @@ private:
   bool sticky_;
 };
 
-/// The CUDA driver over `api` (null: a build without the CUDA Toolkit),
+/// The CUDA driver over `api` (null: no runtime, `cuda::no_runtime_reason()`),
 /// exposing at most `num_devices` of the devices the runtime reports.
 /// `backend` is its backend name.
 std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,

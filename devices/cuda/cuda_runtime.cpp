@@ -1,5 +1,7 @@
 // `cuda::api` on the CUDA runtime (libcudart): one runtime call per method.
-// Only in builds with the CUDA Toolkit (cuda_runtime_none.cpp otherwise).
+// Only in builds with the CUDA Toolkit, and not in the core library: this file
+// and the kernels are the library multidev_cuda (multidev::cuda once
+// installed), which cuda_runtime_hook.cpp finds when a program links it.
 // No CUDA call is made before the first method call, and none aborts when no
 // driver or device is present: the runtime then answers
 // `cudaErrorInsufficientDriver` or `cudaErrorNoDevice`.
@@ -231,13 +233,15 @@ public:
 
 } // namespace
 
-std::shared_ptr<api> real_api() {
+/// What `real_api()` returns when this file is linked (cuda_runtime_hook.cpp).
+std::shared_ptr<api> linked_runtime_api() {
   static const std::shared_ptr<api> instance = std::make_shared<runtime_api>();
   return instance;
 }
 
-bool built_with_cuda() noexcept {
-  return true;
-}
-
 } // namespace multidev::detail::cuda
+
+/// Named by multidev_cuda's link option (`--undefined=multidev_cuda_runtime_linked`):
+/// nothing calls this file by name, so without it the linker would leave it
+/// out of a program that links multidev_cuda.
+extern "C" const char multidev_cuda_runtime_linked = 1;

@@ -82,6 +82,7 @@ struct backend_options {
     drain,  ///< Finish it (as OCANNL does).
     cancel, ///< Cancel it, so a program can always shut down promptly.
   };
+  /// What `~backend` does with work accepted and not started.
   destroy_policy on_destroy = destroy_policy::drain;
   /// Records each device's runner trace keeps (its last items, see
   /// `backend::trace`); 0, the default, turns tracing off.
@@ -162,6 +163,7 @@ public:
   /// A new device record for `dv` driven by `r`, with a fresh device id and
   /// empty bookkeeping. `get_device` uses it once per ordinal.
   device make_device(const multidev::dev& dv, const runner& r, int ordinal);
+  /// A root context of `d` holding `buffers`, compiled with `opt`.
   context make_context(const device& d, ctx_buffers buffers = {},
                        optimize_ctx opt = {});
   /// A context with `parent` = `ctx`; omitted fields are inherited.
@@ -169,17 +171,22 @@ public:
                      std::optional<ctx_buffers> buffers = std::nullopt,
                      std::optional<optimize_ctx> opt = std::nullopt,
                      std::optional<std::optional<tnode>> merge_buffer_node = std::nullopt);
+  /// `d`'s name: `"<backend name>:<ordinal>:<device_id>"`.
   std::string get_name(const device& d) const;
 
   // -- Events ----------------------------------------------------------------
 
+  /// Blocks until `e` is done. Throws `device_error` when it failed,
+  /// `cancelled_error` when it was cancelled.
   void sync(const event& e) const;
   /// `sync` that gives up at `deadline` (or after `timeout`) with a
   /// `timeout_error` naming the chain of waits that holds `e`. From a task,
   /// `sync` (with or without a deadline) throws `deadlock_error` naming the
   /// cycle when waiting would close a cycle of runners.
   void sync(const event& e, std::chrono::steady_clock::time_point deadline) const;
+  /// `sync` that gives up after `timeout` (see above).
   void sync(const event& e, std::chrono::steady_clock::duration timeout) const;
+  /// Whether `e` is done; never blocks. A failed event is not done.
   bool is_done(const event& e) const;
   /// Everything scheduled on `ctx.device` after this call starts only after
   /// `e` is done. Returns at once; a no-op for events of the same device or
@@ -215,6 +222,11 @@ public:
   /// Bytes held by `d`'s pools, including pools freed or replaced whose
   /// release still waits for earlier work.
   std::size_t get_used_memory(const device& d) const;
+  /// `(<backend name> (num_devices ..) (devices_in_use ..) (devices ...) ...)`:
+  /// the debug info of every device made so far (and of the attached ones),
+  /// ending with the live wait-for graph, `(wait_for (wait ...) ...)`: every
+  /// queued wait and every thread blocked in `sync` or `await`, and who holds
+  /// or poisoned each event.
   sexp get_global_debug_info() const;
   /// `(device (name ..) (queue_length ..) (scheduled ..) (finished ..)
   /// (pending_waits ..) (waiters ..) (parked_on ..) (error ..) (used_memory ..)
@@ -245,6 +257,7 @@ public:
   /// `await` that gives up at `deadline` (or after `timeout`) with a
   /// `timeout_error` naming the chain of waits that holds the device.
   void await(const device& d, std::chrono::steady_clock::time_point deadline) const;
+  /// `await` that gives up after `timeout` (see above).
   void await(const device& d, std::chrono::steady_clock::duration timeout) const;
   /// Done exactly when everything scheduled on `d` before the call finished.
   event all_work(const device& d) const;
@@ -252,6 +265,8 @@ public:
   bool is_idle(const device& d) const;
   /// Memoized; throws `std::invalid_argument` naming the ordinal and the count.
   device get_device(int ordinal);
+  /// The number of devices: the driver's, plus those of the nodes attached
+  /// with `attach_node`.
   int num_devices() const;
   /// Appends `t` to `d`'s queue and returns; waits for room when the queue is
   /// full. Throws `device_error` when `d` failed or was shut down.

@@ -36,8 +36,10 @@ public:
 
   /// The node id's text; empty for the default name.
   const std::string& str() const noexcept;
+  /// Whether this is the default, empty name.
   bool empty() const noexcept { return text_ == nullptr; }
 
+  /// Equal when the texts are (a pointer compare).
   friend bool operator==(node_ref x, node_ref y) noexcept { return x.text_ == y.text_; }
   /// By text, so that the order is the same in every process.
   friend std::strong_ordering operator<=>(node_ref x, node_ref y) noexcept;
@@ -53,14 +55,19 @@ std::ostream& operator<<(std::ostream& os, node_ref n);
 /// Device ids are unique per process, so a key names one device (one runner:
 /// the devices `make_device` adds on a runner share its key) everywhere.
 struct device_key {
+  /// The node the device lives on.
   node_ref node;
+  /// The device's id on that node.
   uint32_t device_id = 0;
+  /// Member-wise equality.
   friend bool operator==(const device_key&, const device_key&) = default;
+  /// Ordered by node, then device id.
   friend std::strong_ordering operator<=>(const device_key&, const device_key&) = default;
 };
 
 /// `(device_key (node <node>) (device_id <id>))`.
 sexp to_sexp(const device_key& k);
+/// `to_sexp(k)`, printed.
 std::ostream& operator<<(std::ostream& os, const device_key& k);
 
 /// A point in one device's schedule: done once that device's runner has
@@ -105,7 +112,9 @@ public:
   /// affected. Throws as `sync` does otherwise.
   void sync(std::chrono::steady_clock::time_point deadline) const;
 
+  /// The event's place in its device's schedule.
   uint64_t seq() const noexcept { return seq_; }
+  /// The device the event belongs to.
   const device_key& key() const noexcept { return key_; }
   /// The owning device's name; empty for the default (done) event.
   std::string device_name() const;
@@ -118,9 +127,11 @@ public:
   /// whose device this process does not know.
   std::shared_ptr<detail::endpoint> endpoint() const;
 
+  /// Equal when key and seq are.
   friend bool operator==(const event& x, const event& y) noexcept {
     return x.seq_ == y.seq_ && x.key_ == y.key_;
   }
+  /// Ordered by key, then seq.
   friend std::strong_ordering operator<=>(const event& x, const event& y) noexcept {
     if (auto c = x.key_ <=> y.key_; c != 0)
       return c;
@@ -139,10 +150,14 @@ private:
 /// process's device not yet known to be done (printing never makes a round
 /// trip).
 sexp to_sexp(const event& e);
+/// `to_sexp(e)`, printed.
 std::ostream& operator<<(std::ostream& os, const event& e);
 
 } // namespace multidev
 
+/// \cond std_hash
+// Events, keys and node names hash (`std::unordered_map<event, ...>`). Left
+// out of the API reference: Doxygen cannot place specializations of `std::hash`.
 template <>
 struct std::hash<multidev::node_ref> {
   std::size_t operator()(multidev::node_ref n) const noexcept {
@@ -164,3 +179,4 @@ struct std::hash<multidev::event> {
     return h ^ (std::hash<uint64_t>{}(e.seq()) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
   }
 };
+/// \endcond

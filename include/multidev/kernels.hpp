@@ -27,15 +27,20 @@ namespace multidev {
 
 /// Host-visible results written by kernels (e.g. `checksum`), by name.
 struct kernel_result {
+  /// The sum of the elements.
   double sum = 0;
+  /// The FNV-1a hash of the bytes.
   uint64_t hash = 0;
+  /// The number of elements.
   std::size_t count = 0;
+  /// Member-wise equality.
   friend bool operator==(const kernel_result&, const kernel_result&) = default;
 };
 
 /// The kind of one kernel parameter.
 enum class arg_kind { integer, real, string, buffer };
 
+/// The name as printed in errors: `"int"`, `"float"`, `"string"`, `"buffer"`.
 std::string to_string(arg_kind k);
 
 class kernel_call;
@@ -55,6 +60,7 @@ class kernel_args;
 ///     and it holds at least that parameter's size;
 ///  4. `check`, when set.
 struct kernel_def {
+  /// The kind of each parameter, in order.
   std::vector<arg_kind> params;
   /// Indices into `params` of buffers the kernel reads.
   std::vector<int> reads;
@@ -100,9 +106,11 @@ public:
   const std::string& kernel() const { return spec_->kernel; }
   /// The number of arguments.
   std::size_t size() const { return spec_->args.size(); }
+  /// An `int` argument.
   int64_t integer(int i) const;
   /// A `float` argument; an `int` one converted.
   double real(int i) const;
+  /// A `string` argument.
   const std::string& string(int i) const;
   /// The size in bytes of buffer argument `i` (for the merge-buffer
   /// parameter: the size of the node expected in the merge buffer).
@@ -122,8 +130,11 @@ private:
 class kernel_call {
 public:
   virtual ~kernel_call() = default;
+  /// An `int` argument.
   virtual int64_t integer(int i) const = 0;
+  /// A `float` argument; an `int` one converted.
   virtual double real(int i) const = 0;
+  /// A `string` argument.
   virtual const std::string& string(int i) const = 0;
   /// The bytes of buffer parameter `i`; for the merge-buffer parameter, the
   /// first bytes of the merge buffer, as many as that parameter's size.

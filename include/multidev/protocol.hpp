@@ -50,25 +50,45 @@ namespace multidev {
 
 /// The atoms of the protocol (CAF 0.17: at most 10 characters each).
 namespace atoms {
+/// Schedule a named kernel (`task_spec`) or several; replies with the seq(s).
 using schedule_atom = caf::atom_constant<caf::atom("schedule")>;
+/// Reply once a seq is done (or with its error).
 using wait_atom = caf::atom_constant<caf::atom("wait")>;
+/// Make this device's later work wait for another device's seq.
 using depend_atom = caf::atom_constant<caf::atom("depend")>;
+/// Allocate (or replace) a pool.
 using alloc_atom = caf::atom_constant<caf::atom("alloc")>;
+/// Free a pool once the work before is done.
 using free_atom = caf::atom_constant<caf::atom("free")>;
+/// Zero a range of a pool, as ordered work.
 using memset_atom = caf::atom_constant<caf::atom("memset")>;
+/// The seq of everything scheduled so far.
 using all_work_atom = caf::atom_constant<caf::atom("all_work")>;
+/// Whether the runner is waiting for work.
 using idle_atom = caf::atom_constant<caf::atom("idle")>;
+/// The bytes the device's pools hold.
 using memory_atom = caf::atom_constant<caf::atom("memory")>;
+/// The device's debug info, printed.
 using debug_atom = caf::atom_constant<caf::atom("debug")>;
+/// The device's node, id, name, driver and ordinal.
 using identify_atom = caf::atom_constant<caf::atom("identify")>;
+/// A seq's state, and the device's last resolved and scheduled seqs.
 using status_atom = caf::atom_constant<caf::atom("status")>;
+/// The last result a kernel published under a name.
 using result_atom = caf::atom_constant<caf::atom("result")>;
+/// Cancel the work queued and not started.
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+/// Bring a failed device back.
 using recover_atom = caf::atom_constant<caf::atom("recover")>;
+/// A copy of the runner trace.
 using trace_atom = caf::atom_constant<caf::atom("trace")>;
+/// A node actor's name and device actors.
 using list_atom = caf::atom_constant<caf::atom("list")>;
+/// Write bytes into a pool, as ordered work.
 using write_atom = caf::atom_constant<caf::atom("write")>;
+/// Read bytes of a pool, after the work scheduled before.
 using read_atom = caf::atom_constant<caf::atom("read")>;
+/// Another device this one waits for cannot be reached any more.
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 } // namespace atoms
 
@@ -184,6 +204,7 @@ enum class errc : uint8_t {
 /// The category atom of multidev errors.
 constexpr caf::atom_value error_category = caf::atom("multidev");
 
+/// An error of category `multidev` with `code`, naming `device`, saying `message`.
 caf::error make_error(errc code, std::string device, std::string message);
 
 /// The error for an event that did not complete because of `f`: `cancelled`
@@ -223,11 +244,13 @@ void configure_system(caf::actor_system_config& cfg);
 
 // -- inspect overloads: the wire form of the messages' value types ----------
 
+/// A `buffer_loc` travels as its pool id and offset.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, buffer_loc& x) {
   return f(caf::meta::type_name("buffer_loc"), x.pool_id, x.offset);
 }
 
+/// A `buffer_arg` travels as its location and size.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, buffer_arg& x) {
   return f(caf::meta::type_name("buffer_arg"), x.loc, x.size_in_bytes);
@@ -235,22 +258,31 @@ typename Inspector::result_type inspect(Inspector& f, buffer_arg& x) {
 
 /// A `kernel_arg` travels as a tagged record.
 struct wire_arg {
+  /// The `kernel_arg`'s variant index: which member below holds it.
   uint8_t kind = 0; // the variant index
+  /// An `int` argument.
   int64_t integer = 0;
+  /// A `float` argument.
   double real = 0;
+  /// A `string` argument.
   std::string text;
+  /// A buffer argument.
   buffer_arg buffer;
 };
 
+/// `x` as a tagged record.
 wire_arg to_wire(const kernel_arg& x);
+/// The `kernel_arg` `w` holds.
 kernel_arg from_wire(const wire_arg& w);
 
+/// A `wire_arg` travels as its tag and every member.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, wire_arg& x) {
   return f(caf::meta::type_name("wire_arg"), x.kind, x.integer, x.real, x.text,
            x.buffer);
 }
 
+/// A `task_spec` travels as the kernel's name and its arguments as `wire_arg`s.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
   std::vector<wire_arg> args;
@@ -265,6 +297,7 @@ typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
   return f(caf::meta::type_name("task_spec"), x.kernel, args, load);
 }
 
+/// A `failure_hop` travels as its waiter, device and seq.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, failure_hop& x) {
   return f(caf::meta::type_name("failure_hop"), x.waiter, x.device, x.seq);
@@ -284,6 +317,7 @@ typename Inspector::result_type inspect(Inspector& f, failure& x) {
            x.path, load);
 }
 
+/// A `trace_record` travels whole; a kind this process does not know is an error.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trace_record& x) {
   auto kind = static_cast<uint8_t>(x.kind);
@@ -297,11 +331,13 @@ typename Inspector::result_type inspect(Inspector& f, trace_record& x) {
            x.end_ns, x.failed, x.awaited_device, x.awaited_seq, load);
 }
 
+/// A `device_trace` travels whole: device, capacity, records, dropped.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_trace& x) {
   return f(caf::meta::type_name("device_trace"), x.device, x.capacity, x.records, x.dropped);
 }
 
+/// A `kernel_result` travels as its sum, hash and count.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kernel_result& x) {
   return f(caf::meta::type_name("kernel_result"), x.sum, x.hash, x.count);
@@ -377,8 +413,11 @@ caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,
 /// The files of a TLS identity (PEM): this side's certificate and private
 /// key, and the CA certificate that signs the peers' certificates.
 struct tls_files {
+  /// This side's certificate (PEM file).
   std::string certificate;
+  /// This side's private key (PEM file).
   std::string key;
+  /// The CA certificate that signs the peers' certificates (PEM file).
   std::string ca_file;
   /// For an encrypted key; empty otherwise.
   std::string passphrase;

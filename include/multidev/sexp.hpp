@@ -46,7 +46,9 @@ public:
     return list({atom(std::move(key)), std::move(value)});
   }
 
+  /// Whether this is an atom.
   bool is_atom() const noexcept { return is_atom_; }
+  /// Whether this is a list.
   bool is_list() const noexcept { return !is_atom_; }
 
   /// The atom's text; throws `std::logic_error` on a list.
@@ -73,6 +75,7 @@ public:
 
   /// Where a parsed value started (1-based); 0 when not parsed.
   int line = 0;
+  /// The column where a parsed value started (1-based); 0 when not parsed.
   int column = 0;
 
 private:
@@ -84,8 +87,11 @@ private:
 /// Thrown by `parse_sexp`: what was wrong and where (`line:column: message`).
 class sexp_parse_error : public std::runtime_error {
 public:
+  /// `what()` is `line:column: message`.
   sexp_parse_error(int line, int column, const std::string& message);
+  /// The line of the error (1-based).
   int line() const noexcept { return line_; }
+  /// The column of the error (1-based).
   int column() const noexcept { return column_; }
   /// The message without the position.
   const std::string& message() const noexcept { return message_; }

@@ -27,19 +27,27 @@ namespace multidev {
 /// closure's captures go by the end of the runner's current batch.
 /// `kind` only labels the task in the runner trace (`multidev/trace.hpp`).
 struct task {
+  /// What the task is, for errors, debug info and traces; may be empty.
   std::string description;
+  /// The work.
   std::function<void()> work;
+  /// Kept alive while the task lives; may be null.
   std::shared_ptr<const void> keep_alive;
+  /// The task's label in the runner trace.
   trace_kind kind = trace_kind::task;
 };
 
+/// `(task (description ..) (keeps_alive true|false))`.
 sexp to_sexp(const task& t);
 
 /// A buffer argument of a named kernel: `size_in_bytes` bytes at `loc` in the
 /// executing device's pool table.
 struct buffer_arg {
+  /// Where the bytes start.
   buffer_loc loc;
+  /// How many bytes.
   std::size_t size_in_bytes = 0;
+  /// Member-wise equality.
   friend bool operator==(const buffer_arg&, const buffer_arg&) = default;
 };
 
@@ -52,15 +60,20 @@ using kernel_arg =
 /// `"string"`, `"buffer"`.
 std::string kind_name(const kernel_arg& a);
 
+/// A scalar as an atom, a buffer as `(buffer (pool ..) (offset ..) (size ..))`.
 sexp to_sexp(const kernel_arg& a);
 
 /// A named kernel call: what scenarios and remote nodes schedule.
 struct task_spec {
+  /// The kernel's registered name.
   std::string kernel;
+  /// Its arguments, one per parameter.
   std::vector<kernel_arg> args;
+  /// Member-wise equality.
   friend bool operator==(const task_spec&, const task_spec&) = default;
 };
 
+/// `(<kernel> <arg>...)`.
 sexp to_sexp(const task_spec& t);
 
 } // namespace multidev

@@ -32,6 +32,7 @@ std::string to_string(trace_kind k);
 /// Parses a name printed by `to_string`; `std::nullopt` when unknown.
 std::optional<trace_kind> trace_kind_from_string(const std::string& s);
 
+/// The name as an atom.
 sexp to_sexp(trace_kind k);
 
 /// Nanoseconds of the trace clock, one monotonic clock for every device and
@@ -46,6 +47,7 @@ int64_t trace_clock_ns() noexcept;
 struct trace_record {
   /// The item's place in its device's schedule (its event's seq).
   uint64_t seq = 0;
+  /// What the item was.
   trace_kind kind = trace_kind::task;
   /// The task's description; `task#<seq>` for a nameless closure;
   /// `wait for <device> seq <n>` for a gate.
@@ -53,6 +55,7 @@ struct trace_record {
   /// When the runner took the item up and when its event was done
   /// (`trace_clock_ns`); a gate's span is the time the runner waited.
   int64_t start_ns = 0;
+  /// When its event was done (`trace_clock_ns`).
   int64_t end_ns = 0;
   /// Whether the item failed (the task threw, the awaited event failed);
   /// the device failed with it.
@@ -61,8 +64,10 @@ struct trace_record {
   /// or a label for a device behind an actor) and its seq. Empty and 0 for
   /// the other kinds.
   std::string awaited_device;
+  /// A gate's awaited seq; 0 for the other kinds.
   uint64_t awaited_seq = 0;
 
+  /// Member-wise equality.
   friend bool operator==(const trace_record&, const trace_record&) = default;
 };
 

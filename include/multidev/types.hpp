@@ -33,63 +33,89 @@ std::string to_string(memory_mode m);
 /// Parses a name printed by `to_string`; `std::nullopt` when unknown.
 std::optional<memory_mode> memory_mode_from_string(const std::string& s);
 
+/// The name as an atom (`on_device`).
 sexp to_sexp(memory_mode m);
 
 /// A tensor node's identity: the unit that contexts map to buffers and that
 /// transfers move. Nodes compare by `id` alone.
 struct tnode {
+  /// The node's identity: nodes compare by it alone.
   int id = 0;
+  /// A name for messages and printing.
   std::string label;
+  /// The bytes of the node's buffer.
   std::size_t size_in_bytes = 0;
+  /// How the node's memory is used.
   memory_mode mode = memory_mode::on_device;
 
+  /// Equal when the ids are.
   friend bool operator==(const tnode& x, const tnode& y) { return x.id == y.id; }
+  /// Ordered by id.
   friend auto operator<=>(const tnode& x, const tnode& y) { return x.id <=> y.id; }
 };
 
+/// `(tnode (id ..) (label ..) (size ..) (mode ..))`.
 sexp to_sexp(const tnode& t);
 
 /// A position inside one device's pool table: `base(pool_id) + offset`.
 struct buffer_loc {
+  /// The pool, in the device's pool table (0 is the merge buffer).
   int pool_id = 0;
+  /// Bytes from the pool's start.
   std::size_t offset = 0;
+  /// Member-wise equality.
   friend bool operator==(const buffer_loc&, const buffer_loc&) = default;
 };
 
+/// `(buffer_loc (pool_id ..) (offset ..))`.
 sexp to_sexp(const buffer_loc& b);
 
 /// Which tensor nodes a context holds, and where.
 using ctx_buffers = std::map<tnode, buffer_loc>;
 
+/// `(ctx_buffers ((tnode ..) (buffer_loc ..)) ...)`.
 sexp to_sexp(const ctx_buffers& b);
 
 /// Optimization settings a context was compiled with (OCANNL's
 /// `Low_level.optimize_ctx`); carried along, opaque to the scheduler.
 struct optimize_ctx {
+  /// The settings, as OCANNL gave them.
   sexp computations = sexp::list();
+  /// Member-wise equality.
   friend bool operator==(const optimize_ctx&, const optimize_ctx&) = default;
 };
 
+/// `(optimize_ctx <computations>)`.
 sexp to_sexp(const optimize_ctx& o);
 
 /// Conservative per-workgroup limits: the minimum across a backend's devices;
 /// all empty for backends that do not bind hardware axes (CPU).
 struct hardware_limits {
+  /// Threads in one block (CUDA `maxThreadsPerBlock`).
   std::optional<int> max_threads_per_block;
+  /// A block's x dimension (CUDA `maxThreadsDim[0]`).
   std::optional<int> max_block_dim_x;
+  /// A grid's x dimension (CUDA `maxGridSize[0]`).
   std::optional<int> max_grid_dim_x;
+  /// Bytes of shared memory in one block (CUDA `sharedMemPerBlock`).
   std::optional<int> shared_memory_per_block;
+  /// Member-wise equality.
   friend bool operator==(const hardware_limits&, const hardware_limits&) = default;
 };
 
+/// `(hardware_limits (max_threads_per_block ..) ...)`; `none` for an empty limit.
 sexp to_sexp(const hardware_limits& h);
 
 /// One step of a failure's way to an observer: `waiter` waited for `device`'s
 /// `seq`, which did not complete.
 struct failure_hop {
+  /// The device that waited (`"<name>:<ordinal>:<id>"`).
   std::string waiter;
+  /// The device it waited for.
   std::string device;
+  /// The seq of that device's schedule it waited for.
   uint64_t seq = 0;
+  /// Member-wise equality.
   friend bool operator==(const failure_hop&, const failure_hop&) = default;
 };
 
@@ -101,6 +127,7 @@ struct failure {
     failed,    ///< A task threw, or the device failed or was killed.
     cancelled, ///< The work was cancelled before it started.
   };
+  /// Whether the origin failed or was cancelled.
   kind origin_kind = kind::failed;
   /// The device where it started (`"<name>:<ordinal>:<id>"`).
   std::string device;
@@ -134,6 +161,7 @@ struct failure {
 /// How an event ended, or that it has not yet.
 enum class event_state : uint8_t { pending, done, failed, cancelled };
 
+/// The name: `"pending"`, `"done"`, `"failed"` or `"cancelled"`.
 std::string to_string(event_state s);
 
 /// A device failed (a task threw, a device it waited on failed, it was shut
@@ -141,7 +169,10 @@ std::string to_string(event_state s);
 /// `cause()` says where it started and which devices it travelled through.
 class device_error : public std::runtime_error {
 public:
+  /// A failure that started at `device_name` (`"<name>:<ordinal>:<device_id>"`),
+  /// with `message`.
   device_error(std::string device_name, std::string message);
+  /// The failure `cause`, with its provenance.
   explicit device_error(std::shared_ptr<const failure> cause);
   /// `"<name>:<ordinal>:<device_id>"` of the failed device.
   const std::string& device_name() const noexcept { return cause_->about(); }
@@ -149,10 +180,15 @@ public:
   const std::string& message() const noexcept { return message_; }
   /// The provenance: origin device, task, original message and path.
   const failure& cause() const noexcept { return *cause_; }
+  /// `cause()`, shared: to pass on without a copy.
   const std::shared_ptr<const failure>& cause_ptr() const noexcept { return cause_; }
+  /// The device where the failure started (`failure::device`).
   const std::string& origin_device() const noexcept { return cause_->device; }
+  /// The task there (`failure::task`).
   const std::string& origin_task() const noexcept { return cause_->task; }
+  /// The original message (`failure::message`).
   const std::string& original_message() const noexcept { return cause_->message; }
+  /// The waits it travelled through (`failure::path`).
   const std::vector<failure_hop>& path() const noexcept { return cause_->path; }
 
 private:
@@ -165,6 +201,7 @@ private:
 /// with a plain `device_error` whose cause says so.
 class cancelled_error : public device_error {
 public:
+  /// `device_error`'s constructors.
   using device_error::device_error;
 };
 
@@ -189,8 +226,10 @@ public:
 /// the event is not affected and may still complete.
 class timeout_error : public std::runtime_error {
 public:
+  /// `what()` is `what`; `chain()` is `chain`.
   timeout_error(const std::string& what, std::string chain)
     : std::runtime_error(what), chain_(std::move(chain)) {}
+  /// The chain of waits from the awaited event to what holds it.
   const std::string& chain() const noexcept { return chain_; }
 
 private:

@@ -1,8 +1,11 @@
 # The package test (cmake -P): installs the build tree into a prefix, then
-# builds tests/package against it twice, with find_package and with
-# pkg-config, and runs both programs. Inputs: BUILD_DIR, SOURCE_DIR, WORK_DIR,
-# LIBDIR (lib, as installed), CXX (the compiler), CXX_FLAGS and LINK_FLAGS
-# (the build's, e.g. sanitizers).
+# builds tests/package against it three times: with find_package, with
+# find_package where CUDA cannot be found (a program that does not use CUDA
+# must not need it), and with pkg-config; and runs the programs. In a build
+# with CUDA, the `cuda` component's program too (find_package and
+# pkg-config). Inputs: BUILD_DIR, SOURCE_DIR, WORK_DIR, LIBDIR (lib, as
+# installed), CXX (the compiler), CXX_FLAGS and LINK_FLAGS (the build's, e.g.
+# sanitizers), HAVE_CUDA (whether the build has the CUDA runtime layer).
 cmake_minimum_required(VERSION 3.25)
 
 function(run)
@@ -45,6 +48,55 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "package test: the find_package program failed (${rc})")
 endif()
 
+# The cuda component: built and run where the build has it.
+if(HAVE_CUDA)
+  if(NOT EXISTS "${WORK_DIR}/build/package_cuda_user")
+    message(FATAL_ERROR "package test: the build has CUDA, but find_package(multidev "
+                        "OPTIONAL_COMPONENTS cuda) gave no multidev::cuda")
+  endif()
+  execute_process(COMMAND "${WORK_DIR}/build/package_cuda_user" RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out)
+  message("find_package cuda: ${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "package test: the multidev::cuda program failed (${rc})")
+  endif()
+endif()
+
+# find_package where CUDA cannot be found, as on a machine without the CUDA
+# Toolkit: no nvcc on PATH, no CUDACXX or CUDA_PATH, no CUDAToolkit_ROOT
+# that exists, and find_package(CUDAToolkit) disabled. multidev::multidev
+# must configure, build and run; the optional cuda component is just absent.
+set(path_without_cuda "")
+string(REPLACE ":" ";" path_dirs "$ENV{PATH}")
+foreach(dir IN LISTS path_dirs)
+  if(NOT EXISTS "${dir}/nvcc" AND NOT dir MATCHES "cuda")
+    list(APPEND path_without_cuda "${dir}")
+  endif()
+endforeach()
+string(REPLACE ";" ":" path_without_cuda "${path_without_cuda}")
+execute_process(COMMAND "${CMAKE_COMMAND}" -E env "PATH=${path_without_cuda}" --unset=CUDACXX
+                        --unset=CUDA_PATH --unset=CUDA_HOME --unset=CUDAToolkit_ROOT
+                        "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build-no-cuda"
+                        "-DCMAKE_PREFIX_PATH=${prefix}" "-DCMAKE_CXX_COMPILER=${CXX}"
+                        "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}"
+                        -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
+                        -DCUDAToolkit_ROOT=/nonexistent
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "package test: find_package(multidev) failed where CUDA cannot be "
+                      "found (${rc}):\n${out}")
+endif()
+run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build-no-cuda")
+if(EXISTS "${WORK_DIR}/build-no-cuda/package_cuda_user")
+  message(FATAL_ERROR "package test: multidev::cuda was found where CUDA cannot be")
+endif()
+execute_process(COMMAND "${WORK_DIR}/build-no-cuda/package_user" RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out)
+message("without CUDA: ${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "package test: the program built without CUDA failed (${rc})")
+endif()
+
 # multidev_add_scenario_test: the passing scenario passes, the one whose
 # expectation fails fails.
 execute_process(COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${WORK_DIR}/build" -R "^package_scenario$"
@@ -67,6 +119,9 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "package test: pkg-config --cflags --libs multidev failed (${rc})")
 endif()
 message("pkg-config --cflags --libs multidev: ${pc_flags}")
+if(pc_flags MATCHES "[Cc][Uu][Dd][Aa]")
+  message(FATAL_ERROR "package test: multidev.pc names CUDA: ${pc_flags}")
+endif()
 separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
 separate_arguments(extra UNIX_COMMAND "${CXX_FLAGS} ${LINK_FLAGS}")
 run("${CXX}" -std=c++20 ${extra} "${SOURCE_DIR}/main.cpp" -o "${WORK_DIR}/pc_user" ${pc_flags})
@@ -74,4 +129,20 @@ execute_process(COMMAND "${WORK_DIR}/pc_user" RESULT_VARIABLE rc OUTPUT_VARIABLE
 message("pkg-config: ${out}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "package test: the pkg-config program failed (${rc})")
+endif()
+
+if(HAVE_CUDA)
+  execute_process(COMMAND pkg-config --cflags --libs multidev-cuda RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE pc_cuda_flags OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "package test: pkg-config --cflags --libs multidev-cuda failed (${rc})")
+  endif()
+  separate_arguments(pc_cuda_flags UNIX_COMMAND "${pc_cuda_flags}")
+  run("${CXX}" -std=c++20 ${extra} "${SOURCE_DIR}/cuda_user.cpp" -o "${WORK_DIR}/pc_cuda_user"
+      ${pc_cuda_flags})
+  execute_process(COMMAND "${WORK_DIR}/pc_cuda_user" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  message("pkg-config cuda: ${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "package test: the multidev-cuda program failed (${rc})")
+  endif()
 endif()

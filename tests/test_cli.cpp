@@ -1,0 +1,98 @@
+// The `multidev` command's terminal manners (tools/terminal.hpp): the
+// indented s-expressions `multidev devices` prints on a terminal, and the
+// closest valid name suggested for a mistyped option or command. The tool
+// itself is tested through CTest (tests/CMakeLists.txt, label cli).
+#define BOOST_TEST_MODULE cli
+#include <boost/test/unit_test.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <multidev/multidev.hpp>
+
+#include "terminal.hpp"
+
+using namespace multidev;
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in{text};
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+const std::vector<std::string> commands{"devices", "kernels", "run", "node", "bench"};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_pretty_sexp_prints_the_devices_one_a_line) {
+  backend b{backend_options{.num_devices = 3}};
+  auto props = b.static_properties();
+  auto text = tools::pretty_sexp(props, 80);
+  BOOST_TEST_MESSAGE(text);
+  auto lines = lines_of(text);
+  BOOST_TEST_REQUIRE(lines.size() > 3u);
+  BOOST_TEST(lines.front() == "(multidev_cpu");
+  int devices = 0;
+  for (const auto& line : lines) {
+    if (line.rfind("    (device ", 0) == 0) {
+      // The whole device, and only it, on its line.
+      BOOST_TEST(line.find("(ordinal " + std::to_string(devices) + ")") != std::string::npos,
+                 line);
+      BOOST_TEST(line.find("(device ", 5) == std::string::npos, line);
+      ++devices;
+    } else {
+      BOOST_TEST(line.size() <= 80u, line);
+    }
+  }
+  BOOST_TEST(devices == 3);
+  // The same s-expression as the one-line form scripts read.
+  BOOST_TEST(parse_sexp(text).to_string() == props.to_string());
+}
+
+BOOST_AUTO_TEST_CASE(test_pretty_sexp_keeps_what_fits_on_one_line) {
+  auto small = parse_sexp("(a (b 1) (c \"two words\"))");
+  BOOST_TEST(tools::pretty_sexp(small, 80) == small.to_string());
+  BOOST_TEST(tools::pretty_sexp(sexp::atom("x y"), 1) == "\"x y\"");
+  // Too wide: the head stays, each item gets a line two columns in; a
+  // nested record (c ...) stays whole even past the width.
+  auto wide = parse_sexp("(a (b 1) (c (d 2) (e 3)))");
+  BOOST_TEST(tools::pretty_sexp(wide, 10) == "(a\n  (b 1)\n  (c (d 2) (e 3)))");
+  auto deep = parse_sexp("(a (b (c (d 1))))");
+  BOOST_TEST(tools::pretty_sexp(deep, 8) == "(a\n  (b\n    (c (d 1))))");
+  BOOST_TEST(parse_sexp(tools::pretty_sexp(deep, 8)).to_string() == deep.to_string());
+  // A top-level record that does not fit breaks too.
+  auto record = parse_sexp("(limits (x none) (y none))");
+  BOOST_TEST(tools::pretty_sexp(record, 20) == "(limits\n  (x none)\n  (y none))");
+}
+
+BOOST_AUTO_TEST_CASE(test_edit_distance_counts_one_edit_per_typo) {
+  BOOST_TEST(tools::edit_distance("trace", "trace") == 0u);
+  BOOST_TEST(tools::edit_distance("tarce", "trace") == 1u); // a transposition
+  BOOST_TEST(tools::edit_distance("trac", "trace") == 1u);
+  BOOST_TEST(tools::edit_distance("tracex", "trace") == 1u);
+  BOOST_TEST(tools::edit_distance("trade", "trace") == 1u);
+  BOOST_TEST(tools::edit_distance("kitten", "sitting") == 3u);
+  BOOST_TEST(tools::edit_distance("", "abc") == 3u);
+  BOOST_TEST(tools::edit_distance("abc", "") == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(test_closest_name_suggests_only_likely_typos) {
+  std::vector<std::string> run_options{"--help", "--trace", "--report", "--timeline", "--seed"};
+  BOOST_TEST(tools::closest_name("--tarce", run_options).value_or("") == "--trace");
+  BOOST_TEST(tools::closest_name("-trace", run_options).value_or("") == "--trace");
+  BOOST_TEST(tools::closest_name("--seeds", run_options).value_or("") == "--seed");
+  BOOST_TEST(!tools::closest_name("--verbose", run_options).has_value());
+  BOOST_TEST(!tools::closest_name("--", run_options).has_value());
+  BOOST_TEST(tools::closest_name("devics", commands).value_or("") == "devices");
+  BOOST_TEST(tools::closest_name("rn", commands).value_or("") == "run");
+  BOOST_TEST(!tools::closest_name("bogus", commands).has_value());
+  BOOST_TEST(tools::closest_name("--scheduler.max-thread",
+                                 {"--scheduler.policy", "--scheduler.max-threads"})
+               .value_or("")
+             == "--scheduler.max-threads");
+}
