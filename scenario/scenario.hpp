@@ -151,8 +151,10 @@ struct run_result {
   std::string backend;
   int devices = 0;
   std::vector<expectation_result> expectations;
-  /// Steps that went wrong without an expectation saying they would (a
-  /// `sync` that threw, a step that timed out): each fails the run.
+  /// What went wrong without an expectation saying it would: steps (a
+  /// `sync` that threw, a step that timed out), then the items that failed
+  /// or were cancelled from a failure no expectation saw, in script order
+  /// (`observed`: `failed on device 1: ...`). Each fails the run.
   std::vector<expectation_result> unexpected;
   /// Items the script scheduled per device.
   std::vector<uint64_t> items;
