@@ -384,6 +384,60 @@ BOOST_AUTO_TEST_CASE(test_scenario_an_expectation_that_saw_a_failure_covers_its_
   BOOST_TEST(u.empty());
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_tool_checks_output_paths_before_the_run) {
+  // An output file that cannot be written was found only after the whole
+  // run (exit 1, the summary printed). It is now a usage error (exit 2, one
+  // line naming the option and the path) before anything runs.
+  auto script = examples_dir() + "quickstart.scn";
+  auto dir = std::filesystem::temp_directory_path()
+             / ("scenario-outputs-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto missing = (dir / "no-such-dir" / "t.json").string();
+  for (auto [option, path] : {std::pair<std::string, std::string>{"--trace", missing},
+                              {"--report", dir.string()}, // a directory
+                              {"--timeline", missing},
+                              {"--logical-trace", missing}}) {
+    std::string err, out;
+    int status = run_tool({"run", script, option, path}, err, &out);
+    BOOST_TEST(status == 2, option << ": " << out << err);
+    BOOST_TEST(out.empty(), option << ": the run went ahead: " << out);
+    BOOST_TEST(starts_with(err, "multidev: " + option + " " + path + ": cannot write there: "),
+               err);
+    BOOST_TEST(std::count(err.begin(), err.end(), '\n') == 1, err);
+  }
+  // A writable path is left as it was when the script is wrong.
+  auto bad = (dir / "bad.scn").string();
+  std::ofstream{bad} << "(devices 0)\n";
+  auto fresh = (dir / "fresh.json").string();
+  std::string err;
+  BOOST_TEST(run_tool({"run", bad, "--trace", fresh}, err) == 2, err);
+  BOOST_TEST(!std::filesystem::exists(fresh));
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_progress_line_fits_the_terminal_and_shows_the_time) {
+  // The live line ran past 80 columns with a few devices, so each redraw in
+  // an 80x24 terminal left a wrapped line behind; it had no elapsed time.
+  std::vector<scn::device_progress> ps(16, scn::device_progress{123'456'789, 987'654'321});
+  auto line = scn::progress_line(ps, 12.34, 80);
+  BOOST_TEST(line.size() <= 79u, line); // the last column stays free
+  BOOST_TEST(starts_with(line, "12.3 s  "), line);
+  BOOST_TEST(line.find("items done") != std::string::npos, line);
+  BOOST_TEST(line.find("d0 123456789/987654321") != std::string::npos, line);
+  BOOST_TEST(line.find("...") != std::string::npos, line); // the devices that did not fit
+  for (char c : line)
+    BOOST_TEST((c >= ' ' && c <= '~'), "a control character in " << line);
+  // Every device when they fit; a narrow terminal still gets a whole line.
+  auto wide = scn::progress_line(ps, 125, 1000);
+  BOOST_TEST(wide.find("d15 ") != std::string::npos, wide);
+  BOOST_TEST(wide.find("...") == std::string::npos, wide);
+  BOOST_TEST(starts_with(wide, "2 min 05 s  "), wide);
+  for (std::size_t w : {1u, 2u, 10u, 40u, 80u, 81u, 200u})
+    BOOST_TEST(scn::progress_line(ps, 3725, w).size() <= std::max<std::size_t>(w - 1, 1),
+               "width " << w);
+  BOOST_TEST(scn::elapsed_text(3725) == "1 h 02 min");
+}
+
 // -- what a run produces -------------------------------------------------------
 
 scn::run_result run_example(const std::string& name, std::optional<uint64_t> seed = {}) {

@@ -310,6 +310,10 @@ int main(int argc, char** argv) {
   if (*run && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("run takes its devices from the script's (devices N ...) form; -n and "
                  "--queue-capacity do not apply to it");
+  // An output file that cannot be written is found now, not after the run.
+  if (*run)
+    if (auto bad = multidev::tools::check_outputs(ropts))
+      return usage(*bad);
   if (repeats_opt->count() > 0) {
     if (auto bad = read_count("--repeats", repeats, 1, 1'000'000, count))
       return usage(*bad);
