@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
 
   auto* run = app.add_subcommand(
     "run", "run a scenario script (docs/scenarios.md) on local devices and the nodes it names; "
-           "exit status 0: every expectation held, 1: one failed, 2: the script is wrong");
+           "exit status 0: every expectation held, 1: one did not or something failed that none "
+           "saw, 2: the script is wrong (or an output file cannot be written)");
   run->fallthrough();
   multidev::tools::run_command_options ropts;
   run->add_option("FILE", ropts.file, "the scenario script (.scn)")->required();

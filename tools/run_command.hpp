@@ -36,8 +36,9 @@ struct run_command_options {
 /// such file or directory`), or nothing. Leaves no file behind.
 std::optional<std::string> check_outputs(const run_command_options& opts);
 
-/// Returns the exit status: 0 every expectation held, 1 one did not (or an
-/// output could not be written), 2 the script is wrong.
+/// Returns the exit status: 0 every expectation held and nothing failed
+/// that none saw, 1 otherwise (or an output could not be written after
+/// all), 2 the script is wrong.
 int run_scenario(caf::actor_system& sys, const run_command_options& opts);
 
 } // namespace multidev::tools
