@@ -1070,10 +1070,8 @@ private:
 
   /// Whether device `d`'s trace shows its item `seq` run to the end.
   bool ran(int d, uint64_t seq) const {
-    const auto& rs = traces_[d].records;
-    auto r = std::lower_bound(rs.begin(), rs.end(), seq,
-                              [](const trace_record& x, uint64_t s) { return x.seq < s; });
-    return r != rs.end() && r->seq == seq && !r->failed && r->kind != trace_kind::cancel;
+    const auto* r = record_at(d, seq);
+    return r && !r->failed && r->kind != trace_kind::cancel;
   }
 
   /// Whether an expectation saw a failure of the device `name` itself (not
@@ -1091,7 +1089,11 @@ private:
     auto [d, item] = event_items_[id];
     if (d < 0)
       return nullptr;
-    auto seq = events_[id]->seq();
+    return record_at(d, events_[id]->seq());
+  }
+
+  /// The record of device `d`'s item `seq` in its trace, or nullptr.
+  const trace_record* record_at(int d, uint64_t seq) const {
     const auto& rs = traces_[d].records;
     auto it = std::lower_bound(rs.begin(), rs.end(), seq,
                                [](const trace_record& r, uint64_t s) { return r.seq < s; });
