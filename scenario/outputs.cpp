@@ -200,8 +200,16 @@ std::string summary(const run_result& r) {
   for (const auto& e : r.expectations)
     if (!e.held)
       out += fmt::format("  FAILED {}: {}\n    observed: {}\n", e.where.str(), e.text, e.observed);
-  for (const auto& e : r.unexpected)
+  // The first few: one failure can poison thousands of items (the report
+  // lists them all).
+  constexpr std::size_t shown = 20;
+  for (std::size_t i = 0; i < r.unexpected.size() && i < shown; ++i) {
+    const auto& e = r.unexpected[i];
     out += fmt::format("  UNEXPECTED {}: {}\n    {}\n", e.where.str(), e.text, e.observed);
+  }
+  if (r.unexpected.size() > shown)
+    out += fmt::format("  ... and {} more unexpected failure(s) (the report lists them all)\n",
+                       r.unexpected.size() - shown);
   if (r.dropped_records > 0)
     out += fmt::format("  note: the traces dropped {} record(s)\n", r.dropped_records);
   out += fmt::format("{}: {} of {} expectation(s) held{}\n", r.ok() ? "PASSED" : "FAILED", held,

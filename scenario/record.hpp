@@ -15,6 +15,8 @@
 
 namespace multidev::scenario {
 
+struct step;
+
 /// An item the script put on a device.
 struct model_item {
   /// Its seq in the device's schedule; 0 when the runtime queued nothing
@@ -27,6 +29,8 @@ struct model_item {
   location where;
   /// Its place among all items of the run, in script order.
   uint64_t order = 0;
+  /// The step that scheduled it (the program outlives the run).
+  const step* source = nullptr;
 };
 
 /// `from` must finish before `to` goes on: a wait, a copy's source, a

@@ -27,6 +27,7 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 
 namespace multidev::scenario {
@@ -239,6 +240,10 @@ private:
       never_made(st);
       unexpected(st, e.what());
       stopped_ = true; // the run cannot go on in order; wrap up
+    } catch (const device_error& e) {
+      never_made(st);
+      unexpected(st, e.what());
+      saw(e); // reported here: the items that failed from it are not listed again
     } catch (const std::exception& e) {
       never_made(st);
       unexpected(st, e.what());
@@ -282,7 +287,8 @@ private:
                const step& st) {
     uint64_t seq = last_seq(d);
     model_item it{seq > before ? seq : 0, std::move(kind), std::move(description),
-                  as >= 0 ? p_.events[as].name : std::string{}, st.where, next_order_++};
+                  as >= 0 ? p_.events[as].name : std::string{}, st.where, next_order_++,
+                  &st};
     model_[d].push_back(std::move(it));
     int idx = static_cast<int>(model_[d].size()) - 1;
     if (as >= 0) {
@@ -755,9 +761,13 @@ private:
     } catch (const step_timeout& e) {
       record(st, false, e.what());
       stopped_ = true;
+    } catch (const device_error& e) {
+      // What the expectation looks at failed (a checksum's item threw): the
+      // expectation did not hold, and it saw the failure.
+      saw(e);
+      record(st, false, std::string{"failed: "} + e.what());
     } catch (const std::exception& e) {
-      // What the expectation looks at failed (a checksum's item threw, an
-      // event was never made): the expectation did not hold.
+      // An event was never made: the expectation did not hold.
       record(st, false, std::string{"failed: "} + e.what());
     }
   }
@@ -770,6 +780,7 @@ private:
         const auto& e = ev(st.ev);
         if (st.state != "pending")
           bounded("the event", [&] { return b_.state(e) != event_state::pending; });
+        saw_failure_of(e);
         auto got = to_string(b_.state(e));
         return record(st, got == st.state, got);
       }
@@ -816,6 +827,7 @@ private:
       return record(st, false, "the to-host copy never ran");
     const auto& done = *host_done_[st.host];
     bounded("the to-host copy", [&] { return b_.state(done) != event_state::pending; });
+    saw_failure_of(done);
     if (b_.state(done) != event_state::done)
       return record(st, false, fmt::format("the to-host copy did not complete ({})",
                                            to_string(b_.state(done))));
@@ -870,6 +882,7 @@ private:
       stopped_ = true;
       return;
     } catch (const device_error& e) {
+      saw(e);
       derr.emplace(e);
       cancellation = dynamic_cast<const cancelled_error*>(&e) != nullptr;
       error = e.what();
@@ -969,10 +982,104 @@ private:
       }
       result_.dropped_records += traces_.back().dropped;
     }
-    for (auto [st, slot] : deferred_)
+    for (auto [st, slot] : deferred_) {
       result_.expectations[slot] = expect_before(*st);
+      for (int id : {st->ev, st->ev2})
+        if (events_[id])
+          saw_failure_of(*events_[id]);
+    }
     for (const auto& dag : p_.dags)
       check_dag(dag);
+    unexpected_items();
+  }
+
+  // -- failures no expectation saw ---------------------------------------------
+
+  /// Where a failure started, as its cause says (the kind, the device, the
+  /// task, its seq and the original message): every item that failed from
+  /// it, here or on a device that waited, has the same.
+  using origin = std::tuple<int, std::string, std::string, uint64_t, std::string>;
+
+  static origin origin_of(const failure& f) {
+    return {static_cast<int>(f.origin_kind), f.device, f.task, f.seq, f.message};
+  }
+
+  /// An expectation (or a step reported as an unexpected failure) saw `e`:
+  /// the items that failed from its origin are accounted for.
+  void saw(const device_error& e) { seen_.insert(origin_of(e.cause())); }
+
+  /// `saw` the failure of `e` if it failed or was cancelled.
+  void saw_failure_of(const event& e) {
+    try {
+      auto s = b_.state(e);
+      if (s == event_state::failed || s == event_state::cancelled)
+        b_.sync(e, clock::now());
+    } catch (const device_error& x) {
+      saw(x);
+    } catch (const std::exception&) {
+      // No cause to learn (a node that is gone): nothing seen.
+    }
+  }
+
+  /// Every item of the script that failed or was cancelled and whose origin
+  /// no expectation saw is an unexpected failure, named with its device and
+  /// error, in script order (docs/scenarios.md, "Expected failures").
+  void unexpected_items() {
+    std::vector<std::tuple<uint64_t, int, std::size_t>> items;
+    for (int d = 0; d < p_.devices; ++d)
+      for (std::size_t i = 0; i < model_[d].size(); ++i)
+        if (model_[d][i].seq != 0)
+          items.emplace_back(model_[d][i].order, d, i);
+    std::sort(items.begin(), items.end());
+    for (auto [order, d, i] : items) {
+      const auto& it = model_[d][i];
+      if (ran(d, it.seq))
+        continue; // its trace says it did (no question to a node)
+      event e{dev(d).get_runner(), it.seq};
+      std::string how = "failed";
+      std::string what;
+      try {
+        auto s = b_.state(e);
+        if (s != event_state::failed && s != event_state::cancelled)
+          continue; // done, or pending (finish reported the device busy)
+        if (s == event_state::cancelled)
+          how = "cancelled";
+        try {
+          b_.sync(e, clock::now());
+          continue;
+        } catch (const device_error& x) {
+          if (seen_.count(origin_of(x.cause())))
+            continue;
+          what = x.what();
+        }
+      } catch (const std::exception& x) {
+        // Its device cannot answer any more (its node is gone) and the
+        // trace does not show it done: it was lost with the node, which an
+        // expectation that saw the device itself fail (a device that waited
+        // on it) accounts for.
+        if (saw_device_failure(dev(d).name()))
+          continue;
+        how = "lost";
+        what = x.what();
+      }
+      result_.unexpected.push_back(
+        expectation_result{it.where, it.source ? it.source->text : it.description, false,
+                           fmt::format("{} on device {}: {}", how, d, what)});
+    }
+  }
+
+  /// Whether device `d`'s trace shows its item `seq` run to the end.
+  bool ran(int d, uint64_t seq) const {
+    const auto* r = record_at(d, seq);
+    return r && !r->failed && r->kind != trace_kind::cancel;
+  }
+
+  /// Whether an expectation saw a failure of the device `name` itself (not
+  /// of one of its tasks): killed, or its node lost.
+  bool saw_device_failure(const std::string& name) const {
+    return std::any_of(seen_.begin(), seen_.end(), [&](const origin& o) {
+      return std::get<1>(o) == name && std::get<2>(o).empty();
+    });
   }
 
   /// The record of an event's item, or nullptr.
@@ -982,7 +1089,11 @@ private:
     auto [d, item] = event_items_[id];
     if (d < 0)
       return nullptr;
-    auto seq = events_[id]->seq();
+    return record_at(d, events_[id]->seq());
+  }
+
+  /// The record of device `d`'s item `seq` in its trace, or nullptr.
+  const trace_record* record_at(int d, uint64_t seq) const {
     const auto& rs = traces_[d].records;
     auto it = std::lower_bound(rs.begin(), rs.end(), seq,
                                [](const trace_record& r, uint64_t s) { return r.seq < s; });
@@ -1016,6 +1127,10 @@ private:
       auto* b = record_of(dag.events[to]);
       if (!a || !b || a->kind == trace_kind::cancel || b->kind == trace_kind::cancel
           || a->failed || b->failed) {
+        // The expectation looks at every task: it saw their failures.
+        for (int id : {dag.events[from], dag.events[to]})
+          if (events_[id])
+            saw_failure_of(*events_[id]);
         if (bad.empty())
           bad = fmt::format("{}.{} -> {}.{}: a task has no record or did not run", dag.name,
                             from, dag.name, to);
@@ -1132,6 +1247,8 @@ private:
   std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> readers_;
   std::map<int, std::set<int64_t>> script_pools_;
   std::vector<std::pair<const step*, std::size_t>> deferred_;
+  /// The origins of the failures expectations saw (and of those reported).
+  std::set<origin> seen_;
   std::vector<device_trace> traces_;
   std::vector<slice> host_slices_;
   int64_t start_ = 0;

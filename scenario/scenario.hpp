@@ -71,6 +71,17 @@ struct device_progress {
   uint64_t scheduled = 0;
 };
 
+/// `12.3 s` under a minute, `4 min 05 s` under an hour, then `2 h 03 min`.
+std::string elapsed_text(double seconds);
+
+/// The live progress line for a terminal `width` columns wide: the time
+/// since the run started, the items done of those scheduled in all, then
+/// each device's (`d0 195/300`) as long as they fit, `...` for the rest. At
+/// most `width - 1` columns (ASCII only, no control characters), so that
+/// rewriting it after a carriage return leaves nothing of the last one.
+std::string progress_line(const std::vector<device_progress>& devices, double elapsed_s,
+                          std::size_t width);
+
 struct run_options {
   /// The actor system the devices live in; a system of the backend's own
   /// when null (with CAF's middleman when the script has nodes).
@@ -151,8 +162,10 @@ struct run_result {
   std::string backend;
   int devices = 0;
   std::vector<expectation_result> expectations;
-  /// Steps that went wrong without an expectation saying they would (a
-  /// `sync` that threw, a step that timed out): each fails the run.
+  /// What went wrong without an expectation saying it would: steps (a
+  /// `sync` that threw, a step that timed out), then the items that failed
+  /// or were cancelled from a failure no expectation saw, in script order
+  /// (`observed`: `failed on device 1: ...`). Each fails the run.
   std::vector<expectation_result> unexpected;
   /// Items the script scheduled per device.
   std::vector<uint64_t> items;

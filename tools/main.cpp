@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
 
   auto* run = app.add_subcommand(
     "run", "run a scenario script (docs/scenarios.md) on local devices and the nodes it names; "
-           "exit status 0: every expectation held, 1: one failed, 2: the script is wrong");
+           "exit status 0: every expectation held, 1: one did not or something failed that none "
+           "saw, 2: the script is wrong (or an output file cannot be written)");
   run->fallthrough();
   multidev::tools::run_command_options ropts;
   run->add_option("FILE", ropts.file, "the scenario script (.scn)")->required();
@@ -348,6 +349,10 @@ int main(int argc, char** argv) {
   if (*run && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("run takes its devices from the script's (devices N ...) form; -n and "
                  "--queue-capacity do not apply to it");
+  // An output file that cannot be written is found now, not after the run.
+  if (*run)
+    if (auto bad = multidev::tools::check_outputs(ropts))
+      return usage(*bad);
   if (repeats_opt->count() > 0) {
     if (auto bad = read_count("--repeats", repeats, 1, 1'000'000, count))
       return usage(*bad);

@@ -2,8 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -26,7 +32,53 @@ bool write_file(const std::string& path, const std::string& text, const char* wh
   return true;
 }
 
+/// Whether `path` can be written, without changing it: a file that was not
+/// there is made and removed again.
+std::optional<std::string> cannot_write(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return std::nullopt;
+  }
+  if (errno == EEXIST) {
+    fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC); // no O_TRUNC: left as it is
+    if (fd >= 0) {
+      ::close(fd);
+      return std::nullopt;
+    }
+  }
+  return std::string{std::strerror(errno)};
+}
+
+/// The terminal's width in columns: TIOCGWINSZ on stdout, else $COLUMNS,
+/// else 80.
+std::size_t terminal_width() {
+  winsize ws{};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS")) {
+    char* end = nullptr;
+    long n = std::strtol(c, &end, 10);
+    if (end != c && *end == '\0' && n > 0 && n < 100'000)
+      return static_cast<std::size_t>(n);
+  }
+  return 80;
+}
+
 } // namespace
+
+std::optional<std::string> check_outputs(const run_command_options& opts) {
+  std::pair<const char*, const std::string*> outputs[] = {{"--report", &opts.report},
+                                                          {"--trace", &opts.trace},
+                                                          {"--logical-trace", &opts.logical_trace},
+                                                          {"--timeline", &opts.timeline}};
+  for (auto [option, path] : outputs)
+    if (!path->empty())
+      if (auto why = cannot_write(*path))
+        return fmt::format("{} {}: cannot write there: {}", option, *path, *why);
+  return std::nullopt;
+}
 
 int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   using namespace multidev::scenario;
@@ -51,18 +103,13 @@ int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   bool live = !opts.quiet && isatty(STDOUT_FILENO) == 1;
   bool shown = false;
   std::mutex out_mu;
+  auto start = std::chrono::steady_clock::now();
   if (live)
     ro.on_progress = [&](const std::vector<device_progress>& ps) {
-      std::string line = "\r\033[K";
-      uint64_t done = 0, scheduled = 0;
-      for (std::size_t d = 0; d < ps.size(); ++d) {
-        done += ps[d].done;
-        scheduled += ps[d].scheduled;
-        if (d < 8)
-          line += fmt::format("d{} {}/{}  ", d, ps[d].done, ps[d].scheduled);
-      }
-      line += fmt::format("{}total {}/{} items done", ps.size() > 8 ? "...  " : "", done,
-                          scheduled);
+      // One line narrower than the terminal (asked each time: it may have
+      // been resized), so that "\r" and erasing the line redraw it whole.
+      std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      auto line = "\r\033[K" + progress_line(ps, elapsed.count(), terminal_width());
       std::lock_guard guard{out_mu};
       std::cout << line << std::flush;
       shown = true;

@@ -30,8 +30,15 @@ struct run_command_options {
   std::vector<std::string> node_args;
 };
 
-/// Returns the exit status: 0 every expectation held, 1 one did not (or an
-/// output could not be written), 2 the script is wrong.
+/// Whether every output file asked for (--trace, --report, --logical-trace,
+/// --timeline) can be written, checked before anything runs: what is wrong
+/// with the first that cannot (`--trace out/t.json: cannot write there: No
+/// such file or directory`), or nothing. Leaves no file behind.
+std::optional<std::string> check_outputs(const run_command_options& opts);
+
+/// Returns the exit status: 0 every expectation held and nothing failed
+/// that none saw, 1 otherwise (or an output could not be written after
+/// all), 2 the script is wrong.
 int run_scenario(caf::actor_system& sys, const run_command_options& opts);
 
 } // namespace multidev::tools
