@@ -38,7 +38,10 @@
 #   --no-build    reuse the build made before (the prefix must still be there)
 # Environment: MULTIDEV_GPU_PREFIX, MULTIDEV_GPU_BUILD_DIR, MULTIDEV_GPU_JOBS
 # (default: every core), MULTIDEV_GPU_SANITIZE=0 (no compute-sanitizer run),
-# MULTIDEV_GPU_SANITIZER_TIMEOUT (seconds per tool, default 240),
+# MULTIDEV_GPU_SANITIZER_TIMEOUT (seconds per tool, default 240; cut to what
+# is left of MULTIDEV_GPU_TIME_BUDGET, default 570 s from the start, as a
+# device call's command runs 600 s at most: a tool with under 60 s left is
+# skipped, saying so),
 # MULTIDEV_GPU_STAGING_LIMIT_MIB (the staging check's limit, default 256),
 # MULTIDEV_GPU_CUDA_ARCH (CMAKE_CUDA_ARCHITECTURES; default: the GPU's, or
 # CMake's default where there is none), CXX, CUDACXX.
@@ -401,6 +404,12 @@ for tool in memcheck synccheck; do
   if [ "${MULTIDEV_GPU_SANITIZE:-1}" = 0 ]; then record skipped "$name" "MULTIDEV_GPU_SANITIZE=0"; continue; fi
   if [ -z "$sanitizer" ]; then record skipped "$name" "no compute-sanitizer in the toolkit"; continue; fi
   limit="${MULTIDEV_GPU_SANITIZER_TIMEOUT:-240}"
+  left=$(( ${MULTIDEV_GPU_TIME_BUDGET:-570} - SECONDS - 10 ))
+  if [ "$left" -lt 60 ]; then
+    record skipped "$name" "no time left: ${SECONDS} s of the ${MULTIDEV_GPU_TIME_BUDGET:-570} s budget spent (MULTIDEV_GPU_TIME_BUDGET)"
+    continue
+  fi
+  [ "$left" -lt "$limit" ] && limit="$left"
   say "test_cuda under compute-sanitizer --tool $tool (at most $limit s)"
   status=0
   MULTIDEV_TEST_CUDA=real timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 86 \
