@@ -563,6 +563,19 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         return std::move(r.error());
       return caf::delegated<uint64_t>{};
     },
+    [self](wait_atom, cancel_atom, uint64_t seq, uint64_t request) {
+      // A requester gave up one wait (its deadline passed): only that wait
+      // goes, found by its sender and request id among the waits on `seq`.
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      const auto& sender = self->current_sender();
+      if (!sender)
+        return;
+      self->state.core->drop_waiter(seq, [&](const device_core::resolver& r) {
+        auto* w = r.target<wait_reply>();
+        return w != nullptr && w->to.sender == sender
+               && w->to.mid.request_id().integer_value() == request;
+      });
+    },
     [self](room_atom, uint64_t key) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       if (key != self->state.key)

@@ -198,6 +198,18 @@ private:
   std::atomic<bool> settled_{false};
 };
 
+/// What the device is told when request `xs...` (sent as `id`) timed out:
+/// nothing, except for a `wait`, which the device would keep registered until
+/// its seq resolves.
+template <class... Ts>
+void give_up(caf::event_based_actor*, const device_actor&, caf::message_id, const Ts&...) {}
+
+void give_up(caf::event_based_actor* self, const device_actor& target, caf::message_id id,
+             wait_atom, uint64_t seq) {
+  self->send(target, wait_atom::value, cancel_atom::value, seq,
+             id.request_id().integer_value());
+}
+
 /// A request `xs...` expecting `Rs...`: `on_value` gets the reply, `on_error`
 /// any error (including the link closing).
 template <class... Rs, class OnValue, class... Ts>
@@ -208,12 +220,17 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
                                           const device_actor& target,
                                           const std::shared_ptr<remote_op>& me) {
     // The link actor may handle the reply on another worker (tsan.hpp).
-    self->request(target, timeout, xs...)
-      .then(handed_off<void(Rs...)>([me, on_value](Rs... rs) {
-              if (me->settle())
-                on_value(std::move(rs)...);
-            }),
-            handed_off<void(caf::error&)>([me](caf::error& e) { me->fail(e); }));
+    auto handle = self->request(target, timeout, xs...);
+    auto id = handle.id();
+    handle.then(handed_off<void(Rs...)>([me, on_value](Rs... rs) {
+                  if (me->settle())
+                    on_value(std::move(rs)...);
+                }),
+                handed_off<void(caf::error&)>([self, target, id, me, xs...](caf::error& e) {
+                  if (e == caf::sec::request_timeout)
+                    give_up(self, target, id, xs...);
+                  me->fail(e);
+                }));
   };
   return std::make_shared<remote_op>(std::move(issue), std::move(on_error), std::move(shared));
 }

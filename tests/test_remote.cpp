@@ -696,6 +696,54 @@ BOOST_AUTO_TEST_CASE(test_remote_a_deadline_names_a_wait_on_another_node) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(test_remote_a_timed_out_sync_leaves_no_wait_on_the_device) {
+  // A's device 0 is held; B syncs 200 times on a pending event of it, each
+  // with a 1 ms deadline. Each gives up at its deadline and tells the device
+  // (issue 36 point 2): no wait stays registered there until the event
+  // resolves. Once released, a sync without a deadline still completes.
+  caf::actor_system_config cfg_a;
+  auto sys_a = make_system(cfg_a);
+  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
+  auto ports = publish_devices(*sys_a, *a);
+  caf::actor_system_config cfg_b;
+  auto sys_b = make_system(cfg_b);
+  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
+  {
+    watchdog guard{"timed-out syncs on a device of another node"};
+    auto a0 = attach(*sys_b, *b, ports[0]);
+    auto release = test_support::block_runner(*a, a->get_device(0));
+    auto pending = b->schedule_named(a0, sleep_ms(0));
+    BOOST_TEST_REQUIRE(test_support::field_of(b->get_debug_info(a0), "waiters") == "0");
+    constexpr int tries = 200;
+    int timed_out = 0;
+    for (int i = 0; i < tries; ++i) {
+      try {
+        if (i % 2 == 0)
+          b->sync(pending, 1ms);
+        else
+          b->await(a0, 1ms);
+      } catch (const multidev::timeout_error&) {
+        ++timed_out;
+      }
+    }
+    BOOST_TEST(timed_out == tries);
+    // Through the same link as the syncs' cancellations: after them.
+    auto info = b->get_debug_info(a0);
+    BOOST_TEST(test_support::field_of(info, "waiters") == "0", info.to_string());
+    release->open();
+    bounded([&] { b->sync(pending); }, "the sync once the remote device was released");
+    BOOST_TEST(pending.is_done());
+    BOOST_TEST(test_support::field_of(b->get_debug_info(a0), "waiters") == "0");
+  }
+  {
+    watchdog guard{"shutting down both systems"};
+    b.reset();
+    sys_b.reset();
+    a.reset();
+    sys_a.reset();
+  }
+}
+
 BOOST_AUTO_TEST_CASE(test_remote_devices_of_another_process) {
   peer_process peer;
   std::istringstream line{peer.read_line()};

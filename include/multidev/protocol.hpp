@@ -119,6 +119,12 @@ using device_actor = caf::typed_actor<
   /// has); an error if it never will (the device failed or shut down first),
   /// `invalid_argument` at once when `seq` was never scheduled.
   caf::replies_to<atoms::wait_atom, uint64_t>::with<uint64_t>,
+  /// The sender gives up its `wait` for `seq` whose request id is `request`
+  /// (the 60-bit id of CAF's `message_id::request_id()`): that wait is
+  /// dropped unanswered, other waits stay. No reply; no effect when the wait
+  /// has been answered already. A sender sends it after its own wait
+  /// request, so it arrives after it (a deadline of a remote `sync`).
+  caf::reacts_to<atoms::wait_atom, atoms::cancel_atom, uint64_t, uint64_t>,
   /// Work scheduled here after this message waits until `owner` (a device
   /// actor, local or remote) has finished `seq`; replies with the wait's seq.
   caf::replies_to<atoms::depend_atom, caf::actor, uint64_t>::with<uint64_t>,
