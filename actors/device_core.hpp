@@ -30,6 +30,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "actors/gate.hpp"
@@ -341,31 +342,155 @@ public:
   device_trace trace() const;
 
 private:
-  /// What a task carries besides its work; most bare closures have none.
-  /// An order's description is built from `op` when asked (`description_of`).
+  /// What an order or a wait carries besides its work. An order's
+  /// description is built from `op` when asked (`description_of`).
   /// The runner reads and writes only the first cache line (the pool held,
   /// the gate, the order's pointers and size) unless a trace or an error asks
-  /// for names: orders' and waits' extras are reused (`recycle`), and the lines a
+  /// for names: these extras are reused (`recycle`), and the lines a
   /// producer fills are then still in its cache.
   /// A push writes the first two lines (the second: the order's id and
   /// offset, the kind, the node label), which `reused_extra` fetches ahead.
   struct alignas(64) item_extra {
-    /// What the item holds (an order's pool, a described task's buffers);
-    /// see `release_hold` for when it lets go.
+    /// The pool an order holds; see `release_hold` for when it lets go.
     std::shared_ptr<const void> keep_alive;
     std::shared_ptr<gate> g;
     order op;
     trace_kind kind = trace_kind::task;
     std::string node_label; // an order's; assigned, so its room is reused
-    std::string description;
     bool is_order() const noexcept { return op.what[0] != '\0'; }
+  };
+  /// What a task that holds a `keep_alive` (or has a description too long
+  /// for the queue's text, see `extra_ptr::max_text`) carries besides its
+  /// work: its description inline, in one plain allocation sized to it, made
+  /// by the producer and freed with the runner's batch.
+  class named_extra {
+  public:
+    /// Copies `description`. Throws `std::bad_alloc`.
+    static named_extra* make(std::string_view description, std::shared_ptr<const void> keep_alive,
+                             trace_kind kind);
+    static void destroy(named_extra* x) noexcept;
+    std::string_view description() const noexcept {
+      return {reinterpret_cast<const char*>(this + 1), size_};
+    }
+    trace_kind kind() const noexcept { return kind_; }
+    /// What the task holds; released before its event is done.
+    std::shared_ptr<const void> keep_alive;
+
+  private:
+    named_extra(std::shared_ptr<const void> k, trace_kind t, std::size_t n) noexcept
+      : keep_alive(std::move(k)), size_(n), kind_(t) {}
+    ~named_extra() = default;
+    std::size_t size_; // of the text, which follows the object
+    trace_kind kind_;
+  };
+  /// An entry's extra: none (a bare closure), an `item_extra` (an order or
+  /// a wait, owned), a `named_extra` (owned), or a described task's text:
+  /// where its description is in the text of the entry's batch (`queue_text_`
+  /// as it was pushed, `batch_text_` as it runs), and its kind. One word,
+  /// so that an entry stays 40 bytes: the low bits say which (the two kinds
+  /// of allocation are at least 8-aligned), the rest is the pointer or the
+  /// text's place.
+  ///
+  /// A task with a description used to take an `item_extra` (192 bytes
+  /// aligned to 64, which glibc serves from neither its thread cache nor
+  /// its fast bins) made by the producer and freed by the runner: ~300 bytes
+  /// of heap a task, and a burst of them 5-7 times slower than bare closures
+  /// (issue 36, point 4). Its text now goes where its entry goes, appended
+  /// to a buffer that is swapped with the batch and keeps its room, as the
+  /// queue's vector does: nothing is allocated or freed per task, and the
+  /// runner does not read the text unless a trace or an error names it.
+  class extra_ptr {
+  public:
+    /// The longest description kept in the queue's text.
+    static constexpr std::size_t max_text = 0xffff;
+    /// The end of the queue's text it can address (1 TiB).
+    static constexpr std::size_t max_text_end = std::size_t{1} << 40;
+
+    extra_ptr() noexcept = default;
+    explicit extra_ptr(std::unique_ptr<item_extra> x) noexcept
+      : bits_(reinterpret_cast<uintptr_t>(x.release())) {}
+    explicit extra_ptr(named_extra* x) noexcept {
+      if (x)
+        bits_ = reinterpret_cast<uintptr_t>(x) | named_bit | (x->keep_alive ? holds_bit : 0);
+    }
+    /// A description of `size` bytes (at most `max_text`) at `offset` of
+    /// the batch's text (`offset + size` at most `max_text_end`).
+    static extra_ptr text(std::size_t offset, std::size_t size, trace_kind kind) noexcept {
+      extra_ptr e;
+      e.bits_ = text_bit | static_cast<uintptr_t>(kind) << kind_shift |
+                static_cast<uintptr_t>(size) << size_shift |
+                static_cast<uintptr_t>(offset) << offset_shift;
+      return e;
+    }
+    extra_ptr(extra_ptr&& o) noexcept : bits_(std::exchange(o.bits_, 0)) {}
+    extra_ptr& operator=(extra_ptr&& o) noexcept {
+      if (this != &o) {
+        reset();
+        bits_ = std::exchange(o.bits_, 0);
+      }
+      return *this;
+    }
+    ~extra_ptr() { reset(); }
+    explicit operator bool() const noexcept { return bits_ != 0; }
+    /// The order's or the wait's extra; null for any other.
+    item_extra* order_or_wait() const noexcept {
+      return bits_ & (named_bit | text_bit) ? nullptr : reinterpret_cast<item_extra*>(bits_);
+    }
+    /// The named extra; null for any other.
+    named_extra* named() const noexcept {
+      return bits_ & named_bit ? reinterpret_cast<named_extra*>(bits_ & ~tag_bits) : nullptr;
+    }
+    /// A named extra that holds a `keep_alive`, which the runner releases;
+    /// null otherwise (no look at the allocation).
+    named_extra* named_holding() const noexcept {
+      return bits_ & holds_bit ? named() : nullptr;
+    }
+    bool is_text() const noexcept { return bits_ & text_bit; }
+    std::size_t text_offset() const noexcept { return bits_ >> offset_shift; }
+    std::size_t text_size() const noexcept { return (bits_ >> size_shift) & max_text; }
+    trace_kind text_kind() const noexcept {
+      return static_cast<trace_kind>((bits_ >> kind_shift) & kind_mask);
+    }
+    /// The allocation, if any (for prefetching).
+    const void* address() const noexcept {
+      return bits_ & text_bit ? nullptr : reinterpret_cast<const void*>(bits_ & ~tag_bits);
+    }
+    /// Hands over an order's or a wait's extra (for reuse), leaving none.
+    std::unique_ptr<item_extra> take_order_or_wait() noexcept {
+      return std::unique_ptr<item_extra>{
+        reinterpret_cast<item_extra*>(std::exchange(bits_, 0))};
+    }
+    void reset() noexcept {
+      if (auto* n = named())
+        named_extra::destroy(n);
+      else
+        delete order_or_wait();
+      bits_ = 0;
+    }
+
+  private:
+    static constexpr uintptr_t named_bit = 1; // a named_extra
+    static constexpr uintptr_t text_bit = 2;  // a place in the batch's text
+    static constexpr uintptr_t holds_bit = 4; // a named_extra with a keep_alive
+    static constexpr uintptr_t tag_bits = 7;
+    static constexpr int kind_shift = 3; // then the kind, 5 bits
+    static constexpr uintptr_t kind_mask = 31;
+    static constexpr int size_shift = 8;    // the size, 16 bits
+    static constexpr int offset_shift = 24; // the offset, 40 bits
+    static_assert(static_cast<uintptr_t>(trace_kind::cancel) <= kind_mask);
+    static_assert(max_text == (uintptr_t{1} << (offset_shift - size_shift)) - 1);
+    static_assert(max_text_end == uintptr_t{1} << (64 - offset_shift));
+    uintptr_t bits_ = 0;
   };
   /// One queue entry: 40 bytes for a bare closure, so a burst of pushes
   /// moves as few cache lines as possible from producer to runner.
   struct item {
     std::function<void()> work;
-    std::unique_ptr<item_extra> extra;
-    gate* as_gate() const noexcept { return extra ? extra->g.get() : nullptr; }
+    extra_ptr extra;
+    gate* as_gate() const noexcept {
+      auto* x = extra.order_or_wait();
+      return x ? x->g.get() : nullptr;
+    }
   };
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
@@ -398,17 +523,23 @@ private:
     std::atomic<uint8_t> state{flying};
   };
 
-  uint64_t enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait);
+  /// Appends the wait `g` (see push_gate) as an item of its own; never waits
+  /// for room. Returns its seq.
+  uint64_t enqueue_wait(std::shared_ptr<gate> g);
   /// An extra for an order or a wait: one the runner handed back (holding no
   /// pool and no gate, its other fields stale: the caller sets them), or a new one.
   std::unique_ptr<item_extra> reused_extra();
   /// Runner only, once the order or wait `it` is resolved: keeps its extra for the
   /// next `take_batch` to hand back, having released its pool.
   void recycle(item& it) noexcept;
-  /// Appends an item built in its queue slot from `work` and `extra`;
-  /// returns its seq.
-  uint64_t enqueue(std::function<void()>&& work, std::unique_ptr<item_extra>&& extra,
-                   bool may_wait);
+  /// Appends an item built in its queue slot from `work` and the extra
+  /// `make_extra()` returns, called with mu_ held; returns its seq.
+  template <class MakeExtra>
+  uint64_t enqueue(std::function<void()>&& work, MakeExtra&& make_extra, bool may_wait);
+  /// With mu_ held: appends `description` to the queue's text; its place
+  /// there, or null (no room left to address it: the caller makes a
+  /// `named_extra`).
+  extra_ptr append_text(std::string_view description, trace_kind kind);
   /// Room for another entry, or a failed or stopping device (a push then
   /// fails at once). Call with mu_ held.
   bool has_room_locked() const noexcept {
@@ -466,9 +597,15 @@ private:
   /// A device that ran this one's items gives the token back: lendable when
   /// this one is parked at a pending gate, otherwise to its runner (woken).
   void hand_back() noexcept;
-  /// Moves the whole queue into `batch` (empty) and makes room; false, taking
-  /// nothing, when the queue is empty.
-  bool take_batch(std::vector<item>& batch);
+  /// Moves the whole queue into `batch` (empty) and its text into `text`
+  /// (the last batch's, dropped), and makes room; false, taking nothing,
+  /// when the queue is empty.
+  bool take_batch(std::vector<item>& batch, std::string& text);
+  /// Lets go of the batch `try_claim` replaced, once its last item is done.
+  void clear_spent_batch() noexcept {
+    spent_batch_.clear();
+    spent_batch_text_.clear();
+  }
   /// Runner only: moves spent_ into spare_ (all of it, while memory lasts),
   /// letting go of the pools their orders held.
   void hand_back_extras_to_producers() noexcept;
@@ -484,14 +621,21 @@ private:
   /// order without `dst`) first makes the spent orders let go of theirs, so
   /// that its pool's memory is gone before its event is done.
   void release_hold(item_extra& x) noexcept;
+  /// The same for whatever extra `it` has (a described task's `keep_alive`
+  /// goes at once).
+  void release_hold(item& it) noexcept;
   /// Runner only, before it sleeps: frees the spare extras beyond
   /// `spare_extras_max`, kept through a burst.
   void trim_spare_extras() noexcept;
   /// Sleeps until the queue has items; false when it is empty and stopping.
   bool sleep_until_work();
   void execute(item& it);
-  /// `execute` for an item without extra (a bare closure).
+  /// `execute` for an item without an order's or a wait's extra (a bare
+  /// closure, or a described task).
   void execute_bare(item& it);
+  /// `execute_bare`'s end for a described task that ran: lets go of its
+  /// closure and what it held, and completes it.
+  void complete_described(item& it, uint64_t seq);
   /// `run_bare_items` with the trace on: `first`, whether the batch's first
   /// item is next (its start is read from the clock, the others' is the
   /// previous end).
@@ -564,12 +708,18 @@ private:
   /// of its path.
   failure_ptr gate_failure(const gate& g) const;
   /// The task's description as given, or built for an order; empty for a
-  /// bare closure and a gate.
-  static std::string description_of(const item& it);
-  /// `'<description>'`, or `task#<seq>` for a nameless closure.
-  static std::string describe(const item& it, uint64_t seq);
-  /// The same without quotes, as a failure's `task` records it.
-  static std::string task_name(const item& it, uint64_t seq);
+  /// bare closure and a gate. A description in the batch's text is read
+  /// from `batch_text_`: `it` is in `batch_` (the token holder's).
+  std::string description_of(const item& it) const;
+  /// A described task's description in the batch's text (`it.extra` is a
+  /// place there), `it` in `batch_` or, on an asynchronous driver, just
+  /// taken from the runner's batch.
+  std::string_view text_of(const item& it) const noexcept {
+    return std::string_view{batch_text_}.substr(it.extra.text_offset(), it.extra.text_size());
+  }
+  /// The same without quotes, as a failure's `task` records it, or
+  /// `task#<seq>` for a nameless closure.
+  std::string task_name(const item& it, uint64_t seq) const;
   /// Resolving (`complete`, `resolve_bad`, `poison`, `drop`: "runner only"
   /// below) is one thread at a time, in seq order: the runner, or on an
   /// asynchronous driver whoever holds retire_mu_ (the runner, or the
@@ -618,7 +768,8 @@ private:
   // Producer side: append under mu_; the runner swaps the whole vector out.
   alignas(64) mutable spin_mutex mu_;
   std::vector<item> queue_;
-  // Entries in queue_ with an extra (a wait, an order, a described task).
+  // Entries in queue_ with an order's or a wait's extra (not counting
+  // described tasks': those run on the short path of bare closures).
   std::size_t extras_queued_ = 0;
   std::atomic<uint64_t> scheduled_{0};
   // The runner sleeps on bell_ when sleeping_ is set; whoever clears it
@@ -637,6 +788,10 @@ private:
   bool stopping_ = false;
   bool failed_ = false;
   bool killed_ = false;
+  // The descriptions of the described tasks in queue_ (see extra_ptr);
+  // swapped with the batch's as the runner takes it. Not on the first
+  // line: that one holds what every push touches.
+  std::string queue_text_;
 
   // Runner side: resolved seq; the least awaited seq, which lets the runner
   // skip the waiter lock.
@@ -841,13 +996,15 @@ private:
   // up or rings it (`ring_if_deferred`).
   std::atomic<uint64_t> deferred_{0};
   // The batch being run and the next item in it, and whether any of its
-  // entries has an extra (bare closures need no look ahead at those): the
-  // token holder's.
+  // entries has an order's or a wait's extra (bare closures and described
+  // tasks need no look ahead at those): the token holder's.
   std::vector<item> batch_;
   std::size_t pos_ = 0;
   bool batch_has_extras_ = false;
+  std::string batch_text_; // its described tasks' descriptions
   // The runner's: the batch `try_claim` replaced while its last item ran.
   std::vector<item> spent_batch_;
+  std::string spent_batch_text_;
   // The token holder's: the gate it left this device parked at (lendable),
   // and when the device parked there (for the trace; 0 when not tracing).
   gate* parked_gate_ = nullptr;

@@ -183,9 +183,7 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
                         std::memory_order_relaxed);
   }
   try {
-    // A wait never waits for room: will_wait_for returns at once, and an
-    // actor handler must not block.
-    g->seq = enqueue(task{}, g, false);
+    g->seq = enqueue_wait(g);
   } catch (...) {
     std::lock_guard guard{waiters_mu_};
     gates_pushed_.store(gates_pushed_.load(std::memory_order_relaxed) - 1,

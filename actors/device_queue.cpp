@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <new>
 #include <stdexcept>
 
 namespace multidev::detail {
@@ -11,8 +13,9 @@ namespace multidev::detail {
 // Inlined into its callers: a bare closure's push is the hot path, and a
 // call of its own cost it ~20 instructions (callgrind, 186 against 165 a
 // push).
+template <class MakeExtra>
 [[gnu::always_inline]] inline uint64_t device_core::enqueue(std::function<void()>&& work,
-                                                            std::unique_ptr<item_extra>&& extra,
+                                                            MakeExtra&& make_extra,
                                                             bool may_wait) {
   bool wake;
   uint64_t seq;
@@ -25,7 +28,8 @@ namespace multidev::detail {
       n = wait_for_room_held(); // returns at once on a runner thread
     if (failed_ || stopping_) [[unlikely]]
       throw_refusal_locked();
-    extras_queued_ += extra != nullptr;
+    extra_ptr extra = make_extra();
+    extras_queued_ += extra.order_or_wait() != nullptr;
     auto cap = queue_.capacity(); // unchanged by this push when n < cap
     // Built in its slot: a closure moved once, not into an item and again.
     queue_.emplace_back(std::move(work), std::move(extra));
@@ -74,27 +78,37 @@ void device_core::recycle(item& it) noexcept {
   // fields stay as they are for the producer to overwrite, their lines
   // untouched here. An order's pool is let go of later, with the other
   // spent orders' (`let_go_of_spent_pools`: at a hand-back, a release, idle).
-  if (auto& x = *it.extra; x.g)
+  if (auto& x = *it.extra.order_or_wait(); x.g)
     x.g.reset(); // a wait's gate goes with the wait
+  auto x = it.extra.take_order_or_wait();
   try {
-    spent_.push_back(std::move(it.extra));
+    spent_.push_back(std::move(x));
   } catch (...) {
-    it.extra.reset(); // out of memory: freed instead
+    // Out of memory: freed instead (x, as it goes).
   }
 }
 
-uint64_t device_core::enqueue(task&& t, std::shared_ptr<gate> g, bool may_wait) {
-  // A wait's extra is reused, as an order's is (see recycle); a described
-  // task's is new.
-  bool wait = g && t.description.empty() && !t.keep_alive;
-  auto extra = wait ? reused_extra() : std::make_unique<item_extra>();
-  auto& x = *extra;
-  x.op.what = ""; // not an order
-  x.keep_alive = std::move(t.keep_alive);
-  x.g = std::move(g);
-  x.kind = t.kind;
-  x.description = std::move(t.description); // empty for a wait
-  return enqueue(std::move(t.work), std::move(extra), may_wait);
+device_core::named_extra* device_core::named_extra::make(std::string_view description,
+                                                         std::shared_ptr<const void> keep_alive,
+                                                         trace_kind kind) {
+  auto* x = new (::operator new(sizeof(named_extra) + description.size()))
+    named_extra(std::move(keep_alive), kind, description.size());
+  std::memcpy(reinterpret_cast<char*>(x + 1), description.data(), description.size());
+  return x;
+}
+
+void device_core::named_extra::destroy(named_extra* x) noexcept {
+  x->~named_extra();
+  ::operator delete(static_cast<void*>(x));
+}
+
+device_core::extra_ptr device_core::append_text(std::string_view description, trace_kind kind) {
+  auto offset = queue_text_.size();
+  if (description.size() > extra_ptr::max_text ||
+      offset + description.size() > extra_ptr::max_text_end) [[unlikely]]
+    return {};
+  queue_text_.append(description);
+  return extra_ptr::text(offset, description.size(), kind);
 }
 
 uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_view label,
@@ -114,14 +128,43 @@ uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_vi
       return [drv, op] { drv->zero(op->dst, op->bytes); };
     return {};
   };
-  return enqueue(work(), std::move(extra), false);
+  return enqueue(work(), [&] { return extra_ptr{std::move(extra)}; }, false);
+}
+
+uint64_t device_core::enqueue_wait(std::shared_ptr<gate> g) {
+  // A wait's extra is reused, as an order's is (see recycle).
+  auto extra = reused_extra();
+  extra->keep_alive.reset();
+  extra->op.what = ""; // not an order
+  extra->g = std::move(g);
+  extra->kind = trace_kind::gate;
+  // A wait never waits for room: will_wait_for returns at once, and an
+  // actor handler must not block.
+  return enqueue(nullptr, [&] { return extra_ptr{std::move(extra)}; }, false);
 }
 
 uint64_t device_core::push(task&& t, bool may_wait) {
   // A bare closure, the common case, carries nothing else: no extra.
   if (t.description.empty() && !t.keep_alive && t.kind == trace_kind::task) [[likely]]
-    return enqueue(std::move(t.work), nullptr, may_wait);
-  return enqueue(std::move(t), nullptr, may_wait);
+    return enqueue(std::move(t.work), [] { return extra_ptr{}; }, may_wait);
+  // A described task: its text goes into the queue's (see extra_ptr),
+  // unless it holds a value (released as it resolves) or its text is too
+  // long to place there; then it takes a named_extra, freed if the push
+  // throws.
+  extra_ptr named;
+  if (t.keep_alive || t.description.size() > extra_ptr::max_text) [[unlikely]]
+    named = extra_ptr{named_extra::make(t.description, std::move(t.keep_alive), t.kind)};
+  return enqueue(
+    std::move(t.work),
+    [&] {
+      if (named)
+        return std::move(named);
+      if (auto e = append_text(t.description, t.kind)) [[likely]]
+        return e;
+      // The queue's text is full (1 TiB): an allocation of its own.
+      return extra_ptr{named_extra::make(t.description, nullptr, t.kind)};
+    },
+    may_wait);
 }
 
 void device_core::throw_if_failed() const {

@@ -61,7 +61,7 @@ void device_core::run() {
         for (int j = 0; j < 16; ++j)
           cpu_relax();
     }
-    if (!take_batch(batch_)) {
+    if (!take_batch(batch_, batch_text_)) {
       if (stopping())
         return;
       continue;
@@ -110,19 +110,20 @@ void device_core::run_batch(bool first) {
     run_item(first);
     first = false;
     if (!spent_batch_.empty()) [[unlikely]]
-      spent_batch_.clear(); // `try_claim` took the next batch early
+      clear_spent_batch(); // `try_claim` took the next batch early
   }
 }
 
 void device_core::run_bare_items() {
-  // A batch without extras holds bare closures only: no gate to look for,
-  // no extra to fetch or recycle, no trace. Until the batch changes (`try_claim`
-  // may take the next one early) or a firing claims another device.
+  // A batch without orders and waits holds bare closures and described
+  // tasks only: no gate to look for, no extra to fetch ahead, no trace.
+  // Until the batch changes (`try_claim` may take the next one early) or a
+  // firing claims another device.
   while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
     prefetch_ahead(); // the entries only: the batch has no extras
     execute_bare(batch_[pos_++]);
     if (!spent_batch_.empty()) [[unlikely]]
-      spent_batch_.clear(); // `try_claim` took the next batch early
+      clear_spent_batch(); // `try_claim` took the next batch early
   }
 }
 
@@ -146,13 +147,13 @@ template <bool bare>
 
 void device_core::run_bare_items_traced(bool first) {
   // The same with the trace on: each item's record, without the general
-  // path's look for a gate or an extra.
+  // path's look for a gate or an order.
   while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
     prefetch_ahead();
     execute_traced<true>(batch_[pos_++], first);
     first = false;
     if (!spent_batch_.empty()) [[unlikely]]
-      spent_batch_.clear(); // `try_claim` took the next batch early
+      clear_spent_batch(); // `try_claim` took the next batch early
   }
 }
 
@@ -172,13 +173,13 @@ void device_core::run_bare_items_traced(bool first) {
   if (!batch_has_extras_)
     return;
   if (pos_ + prefetch_extras < n)
-    if (auto* x = batch_[pos_ + prefetch_extras].extra.get())
+    if (auto* x = batch_[pos_ + prefetch_extras].extra.address())
       prefetch_for_write(x);
   if (pos_ + 2 < n)
-    if (auto* x = batch_[pos_ + 2].extra.get(); x && x->g)
-      prefetch_for_write(x->g.get());
+    if (auto* g = batch_[pos_ + 2].as_gate())
+      prefetch_for_write(g);
   if (pos_ + 1 < n)
-    if (auto* x = batch_[pos_ + 1].extra.get(); x && x->g) {
+    if (auto* x = batch_[pos_ + 1].extra.order_or_wait(); x && x->g) {
       prefetch_for_write(x->g.get());
       // Its last line too, which the gate's destruction reads first (its
       // `cause`) as the runner lets go of it: 18% of device 0's runner in
@@ -195,14 +196,14 @@ void device_core::run_item(bool first_in_batch) {
   } else {
     execute(it);
   }
-  // Orders' and waits' extras are kept for reuse (see spare_); described
-  // tasks' are freed with the batch. A wait's extra freed here, on another
-  // thread than the host that allocated it, took glibc's arena lock against
-  // that host's next allocation: with a host scheduling a chain while it
-  // runs, futex waits and wakes on both sides, 10% of the samples. Reused,
-  // a scheduled chain's hop took 1,950-2,150 ns against 2,600-3,100, and a
-  // prebuilt one 250-300 against 450-640 (tools chain, this machine).
-  if (it.extra && (it.extra->is_order() || it.extra->g))
+  // Orders' and waits' extras are kept for reuse (see spare_). A wait's
+  // extra freed here, on another thread than the host that allocated it,
+  // took glibc's arena lock against that host's next allocation: with a
+  // host scheduling a chain while it runs, futex waits and wakes on both
+  // sides, 10% of the samples. Reused, a scheduled chain's hop took
+  // 1,950-2,150 ns against 2,600-3,100, and a prebuilt one 250-300 against
+  // 450-640 (tools chain, this machine).
+  if (it.extra.order_or_wait())
     recycle(it);
 }
 
@@ -253,7 +254,7 @@ void device_core::park() {
     }
     // Kept alive while this thread waits without the token: whoever holds
     // it may take a new batch and free this one.
-    auto keep = batch_[pos_].extra->g;
+    auto keep = batch_[pos_].extra.order_or_wait()->g;
     spinning_.store(true, std::memory_order_relaxed); // before the token is lendable
     auto mine = release_parked(*g);
     // Whether to take the token back: it was returned, or this runner's wait
@@ -326,8 +327,9 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
     // The next item is queued, not yet taken: take it now. The item running
     // (in this batch) stays where it is until `run_batch` frees the batch.
     batch_.swap(spent_batch_);
+    batch_text_.swap(spent_batch_text_); // the running item's description with it
     pos_ = 0;
-    take_batch(batch_);
+    take_batch(batch_, batch_text_);
   }
   auto* next = pending_gate_at_pos();
   // Its next item waits for w's device (owner equality without touching
@@ -381,7 +383,7 @@ bool device_core::try_defer(const gate_waiter& w) noexcept {
   // took 29% of device 0's runner in prebuilt rounds of the 8-device fan
   // DAG). Fetched in two passes first, the misses of each level overlap.
   for (auto i = first; i < end; ++i)
-    if (auto* x = batch_[i].extra.get())
+    if (auto* x = batch_[i].extra.order_or_wait())
       __builtin_prefetch(x);
   for (auto i = first; i < end; ++i)
     if (auto* g = batch_[i].as_gate())
@@ -468,7 +470,7 @@ bool device_core::try_help(const gate& g) {
 void device_core::relend() noexcept {
   // The gate is kept alive across the release: once the token is lendable,
   // its runner may take it, run past the gate and free it.
-  auto keep = batch_[pos_].extra->g;
+  auto keep = batch_[pos_].extra.order_or_wait()->g;
   lend_at(*keep, executed_ + 1);
 }
 
@@ -485,7 +487,7 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
     if (pos_ == batch_.size()) {
       batch_.clear();
       pos_ = 0;
-      if (!take_batch(batch_))
+      if (!take_batch(batch_, batch_text_))
         break;
       first = true;
     }
@@ -511,11 +513,11 @@ void device_core::hand_back() noexcept {
     // next wait of a chain, where it parks lendable again.
     batch_.clear();
     pos_ = 0;
-    take_batch(batch_);
+    take_batch(batch_, batch_text_);
   }
   if (auto* g = pending_gate_at_pos()) {
     // Kept alive across the release, as in relend.
-    auto keep = batch_[pos_].extra->g;
+    auto keep = batch_[pos_].extra.order_or_wait()->g;
     mark_parked(g);
     release_parked(*g);
     return;
@@ -558,13 +560,15 @@ bool device_core::sleep_until_work() {
   return true;
 }
 
-bool device_core::take_batch(std::vector<item>& batch) {
+bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
   bool wants_room;
   {
     std::lock_guard guard{mu_};
     if (queue_.empty())
       return false;
     batch.swap(queue_);
+    text.swap(queue_text_);
+    queue_text_.clear(); // the last batch's, done with
     taken_ += batch.size();
     batch_has_extras_ = extras_queued_ != 0;
     extras_queued_ = 0;
@@ -634,6 +638,13 @@ void device_core::let_go_of_spent_pools() noexcept {
       x->keep_alive.reset();
 }
 
+void device_core::release_hold(item& it) noexcept {
+  if (auto* n = it.extra.named_holding())
+    n->keep_alive.reset();
+  else if (auto* x = it.extra.order_or_wait())
+    release_hold(*x);
+}
+
 void device_core::release_hold(item_extra& x) noexcept {
   if (!x.keep_alive || (x.is_order() && x.op.dst))
     return;
@@ -663,12 +674,25 @@ void device_core::release_hold(item_extra& x) noexcept {
   }
   // The closure is left for batch.clear(): writing to the entry here would
   // pull its cache line back from the producer on every item.
-  if (call_work(it, seq))
-    complete(seq);
+  if (!call_work(it, seq))
+    return;
+  if (it.extra) [[unlikely]] {
+    complete_described(it, seq);
+    return;
+  }
+  complete(seq);
+}
+
+void device_core::complete_described(item& it, uint64_t seq) {
+  // Its captures and what it held go before its event is done (task.hpp).
+  it.work = nullptr;
+  if (auto* n = it.extra.named_holding())
+    n->keep_alive.reset();
+  complete(seq); // records it in the trace, its description read there
 }
 
 void device_core::execute(item& it) {
-  if (!it.extra) {
+  if (!it.extra.order_or_wait()) {
     execute_bare(it);
     return;
   }
@@ -695,11 +719,10 @@ void device_core::execute(item& it) {
   } else if (!call_work(it, seq)) {
     return;
   }
-  // Release what a described task held (a freed pool's memory, captured
-  // buffers) before its event is done, so whoever syncs on it sees the memory
-  // gone.
+  // Release what an order held (a freed pool's memory) before its event is
+  // done, so whoever syncs on it sees the memory gone.
   it.work = nullptr;
-  release_hold(*it.extra);
+  release_hold(*it.extra.order_or_wait());
   complete(seq);
 }
 
@@ -727,13 +750,15 @@ device_core::failure_ptr device_core::gate_failure(const gate& g) const {
   return f;
 }
 
-std::string device_core::description_of(const item& it) {
-  if (!it.extra || it.extra->g)
+std::string device_core::description_of(const item& it) const {
+  if (it.extra.is_text())
+    return std::string{text_of(it)};
+  if (auto* n = it.extra.named())
+    return std::string{n->description()};
+  auto* x = it.extra.order_or_wait();
+  if (!x || x->g)
     return {};
-  const auto& x = *it.extra;
-  if (!x.is_order())
-    return x.description;
-  const auto& o = x.op;
+  const auto& o = x->op;
   switch (o.naming) {
   case order::pool_span:
     return fmt::format("{} pool {} [{}, {})", o.what, o.id, o.offset, o.offset + o.bytes);
@@ -742,22 +767,15 @@ std::string device_core::description_of(const item& it) {
   case order::node:
     break;
   }
-  return x.node_label.empty() ? fmt::format("{} #{}", o.what, o.id)
-                              : fmt::format("{} '{}' (#{})", o.what, x.node_label, o.id);
+  return x->node_label.empty() ? fmt::format("{} #{}", o.what, o.id)
+                               : fmt::format("{} '{}' (#{})", o.what, x->node_label, o.id);
 }
 
-std::string device_core::task_name(const item& it, uint64_t seq) {
+std::string device_core::task_name(const item& it, uint64_t seq) const {
   if (auto* g = it.as_gate())
     return "wait for " + g->what();
   auto d = description_of(it);
   return d.empty() ? nameless_task_name(seq) : d;
-}
-
-std::string device_core::describe(const item& it, uint64_t seq) {
-  if (auto* g = it.as_gate())
-    return "'wait for " + g->what() + "'";
-  auto d = description_of(it);
-  return d.empty() ? nameless_task_name(seq) : "'" + d + "'";
 }
 
 void device_core::drop(item& it, uint64_t seq) noexcept {
@@ -775,8 +793,7 @@ void device_core::drop(item& it, uint64_t seq) noexcept {
   if (trace_) [[unlikely]]
     trace_dropped(it, seq);
   it.work = nullptr;
-  if (it.extra)
-    release_hold(*it.extra);
+  release_hold(it);
   resolve_bad(seq, std::move(cause));
 }
 
@@ -889,7 +906,7 @@ void device_core::run_async() {
       if (next == batch.size()) {
         batch.clear();
         next = 0;
-        take_batch(batch);
+        take_batch(batch, batch_text_);
         continue;
       }
       auto& it = batch[next++];
@@ -1005,6 +1022,15 @@ bool device_core::order_on_device(const gate& g) {
 }
 
 void device_core::start(item&& it, int64_t parked_ns, bool gate_on_device) {
+  if (it.extra.is_text()) [[unlikely]] {
+    // The item outlives its batch in the window: its description leaves the
+    // batch's text with it. Out of memory, it goes nameless.
+    try {
+      it.extra = extra_ptr{named_extra::make(text_of(it), nullptr, it.extra.text_kind())};
+    } catch (...) {
+      it.extra = extra_ptr{};
+    }
+  }
   auto seq = started_.load(std::memory_order_relaxed) + 1;
   auto& f = flights_[seq % window_];
   f.it = std::move(it);

@@ -45,13 +45,19 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
   }
   // Out of line, so that a bare closure's path sets up none of this.
   [&]() __attribute__((noinline)) {
+    if (it->extra.is_text()) {
+      e.kind = it->extra.text_kind();
+      ring.write(e, text_of(*it), {});
+      return;
+    }
+    if (auto* n = it->extra.named()) {
+      e.kind = n->kind();
+      ring.write(e, n->description(), {});
+      return;
+    }
     auto* g = it->as_gate();
     if (!g) {
-      e.kind = it->extra->kind;
-      if (!it->extra->is_order()) {
-        ring.write(e, it->extra->description, {});
-        return;
-      }
+      e.kind = it->extra.order_or_wait()->kind;
       std::string description; // an order's, built now
       try {
         description = description_of(*it);

@@ -32,13 +32,17 @@ namespace {
 /// Allocations made on this thread while `counting` is set.
 thread_local bool counting = false;
 thread_local long allocations = 0;
-/// Of those, the ones of over-aligned types (a queue entry's extra).
+/// Of those, the ones of over-aligned types (an order's or a wait's extra).
 thread_local long aligned_allocations = 0;
+/// The bytes those asked for.
+thread_local std::size_t bytes_allocated = 0;
 } // namespace
 
 void* operator new(std::size_t n) {
-  if (counting)
+  if (counting) {
     ++allocations;
+    bytes_allocated += n;
+  }
   if (void* p = std::malloc(n == 0 ? 1 : n))
     return p;
   throw std::bad_alloc{};
@@ -47,6 +51,7 @@ void* operator new(std::size_t n, std::align_val_t a) {
   if (counting) {
     ++allocations;
     ++aligned_allocations;
+    bytes_allocated += n;
   }
   auto align = static_cast<std::size_t>(a);
   if (void* p = std::aligned_alloc(align, (n + align - 1) / align * align))
@@ -68,6 +73,7 @@ template <class F>
 long allocations_in(F&& f) {
   allocations = 0;
   aligned_allocations = 0;
+  bytes_allocated = 0;
   counting = true;
   f();
   counting = false;
@@ -167,6 +173,103 @@ BOOST_AUTO_TEST_CASE(test_hot_path_reused_extras_keep_each_item_its_own_name_and
     BOOST_TEST(r.seq == i + 1);
     BOOST_TEST((r.kind == want[i].first), "seq " << r.seq << ": " << to_string(r.kind));
     BOOST_TEST(r.description == want[i].second, "seq " << r.seq);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_hot_path_a_described_task_allocates_nothing_once_its_queue_has_grown) {
+  // Issue 36 point 4: a task with a description took the extra sized and
+  // aligned for orders and waits (192 bytes aligned to 64, ~300 bytes of
+  // heap each with its entry, and an aligned allocation, which glibc
+  // serves from neither its thread cache nor its fast bins), made anew for
+  // every task. Its description now goes where its entry goes (the queue's
+  // text, which keeps its room as the queue's vector does): nothing is
+  // allocated for it once the queue has held as much. A task that holds a
+  // value takes one plain allocation, well within the 128 bytes a
+  // description may add to a queued task.
+  backend b{backend_options{.num_devices = 1}};
+  auto d = b.get_device(0);
+  const std::string name = "matmul 'layer_3.weights' (#1042)"; // past a string's inline room
+  // The queue's buffers grown first (the producer and the runner swap
+  // them), so that a push below allocates only for its own item.
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 64; ++i)
+      b.schedule_task(d, task{name, [] {}, {}});
+    sync(b, b.all_work(d));
+  }
+  for (int i = 0; i < 40; ++i) {
+    task t{name, [] {}, {}, i % 2 ? trace_kind::memset : trace_kind::task};
+    auto n = allocations_in([&] { b.schedule_task(d, std::move(t)); });
+    BOOST_TEST(n == 0, "described task " << i << " allocated " << n << " time(s), "
+                                         << aligned_allocations << " aligned, "
+                                         << bytes_allocated << " bytes");
+    sync(b, b.all_work(d));
+  }
+  for (int i = 0; i < 8; ++i) {
+    BOOST_TEST_CONTEXT("described task " << i << " holding a value") {
+      task t{name, [] {}, std::make_shared<int>(i)};
+      auto n = allocations_in([&] { b.schedule_task(d, std::move(t)); });
+      BOOST_TEST(n == 1);
+      BOOST_TEST(aligned_allocations == 0);
+      BOOST_TEST(bytes_allocated + 16 <= 128u); // 16: malloc's header, at most
+      sync(b, b.all_work(d));
+    }
+  }
+  // The control: a bare closure allocates nothing.
+  BOOST_TEST(allocations_in([&] { b.schedule_task(d, task{{}, [] {}, {}}); }) == 0);
+  sync(b, b.all_work(d));
+}
+
+BOOST_AUTO_TEST_CASE(test_hot_path_described_tasks_keep_each_its_own_name_kind_and_value) {
+  // Described tasks' texts share their batch's buffer, which the runner
+  // swaps with the queue's and reuses: none may read another's text or
+  // kind, whether it runs alone or in a batch of many, nameless (a kind or
+  // a value alone), holding a value, or with a text too long for the
+  // buffer's places (past 65,535 bytes: an allocation of its own).
+  backend b{traced(256)};
+  auto d = b.get_device(0);
+  std::vector<std::pair<trace_kind, std::string>> want;
+  std::vector<std::weak_ptr<int>> watches;
+  auto schedule = [&](int i) {
+    auto text = i % 7 == 3    ? std::string(100 + i, 'x') + std::to_string(i)
+                : i % 5 == 4  ? std::string{}
+                : i % 11 == 6 ? std::string(70'000, 'y') + std::to_string(i)
+                              : "t" + std::to_string(i);
+    auto kind = i % 3 == 0 ? trace_kind::memset : trace_kind::task;
+    auto held = i % 2 ? std::make_shared<int>(i) : nullptr;
+    watches.push_back(held);
+    b.schedule_task(d, task{text, [] {}, std::move(held), kind});
+    auto seq = b.all_work(d).seq();
+    want.emplace_back(kind, text.empty() ? "task#" + std::to_string(seq) : text);
+  };
+  // One at a time: each a batch of its own.
+  for (int i = 0; i < 40; ++i) {
+    schedule(i);
+    sync(b, b.all_work(d));
+    BOOST_TEST(watches.back().expired(), "task " << i << ": its value outlived its event");
+  }
+  // A burst behind a held runner: one batch, the texts side by side.
+  auto release = test_support::block_runner(b, d);
+  want.emplace_back(trace_kind::task, "blocker");
+  for (int i = 40; i < 100; ++i)
+    schedule(i);
+  release->open();
+  sync(b, b.all_work(d));
+  for (std::size_t i = 0; i < watches.size(); ++i)
+    BOOST_TEST(watches[i].expired(), "task " << i << ": its value outlived its event");
+  // One that fails is named as it was named.
+  b.schedule_task(d, task{"the failing one", [] { throw std::runtime_error("boom"); }, {}});
+  auto err = test_support::sync_error(b, b.all_work(d), "sync on the failed task");
+  BOOST_TEST_REQUIRE(err.has_value());
+  BOOST_TEST(err->origin_task() == "the failing one", err->what());
+  want.emplace_back(trace_kind::task, "the failing one");
+
+  auto tr = b.trace(d);
+  BOOST_TEST_REQUIRE(tr.records.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const auto& r = tr.records[i];
+    BOOST_TEST((r.kind == want[i].first), "record " << i << ": " << to_string(r.kind));
+    BOOST_TEST((r.description == want[i].second), "record " << i << ": '"
+                                                   << r.description.substr(0, 40) << "'");
   }
 }
 

@@ -807,11 +807,35 @@ std::vector<std::byte> random_bytes(std::size_t n) {
 
 // -- multidev figures ----------------------------------------------------------
 
-double multidev_ns_per_task(backend& b, const device& d, int n) {
+/// The work of the independent_tasks items: counts itself, captures nothing.
+void count_item() {
+  items_run.value.fetch_add(1, std::memory_order_relaxed);
+}
+
+/// What `independent_tasks_described` and `bytes_per_queued_task_described`
+/// name each task, copied into each as a user naming a task does. Within
+/// std::string's inline room: the figures are what multidev does with a
+/// description, not the caller's allocation of its string (past 15
+/// characters, a malloc and a free on the caller's thread, ~20 ns here).
+constexpr std::string_view described_task_name = "layer_3 matmul";
+
+/// A task of `count_item`, bare or with `described_task_name`.
+task counting_task(bool described) {
+  return described ? task{std::string{described_task_name}, [] { count_item(); }, {}}
+                   : task{{}, [] { count_item(); }, {}};
+}
+
+/// ns per task of `n` tasks scheduled back to back on `d` from this thread,
+/// then waited for: bare closures, or the same with a description.
+double multidev_ns_per_task(backend& b, const device& d, int n, bool described = false) {
   auto t0 = clock_type::now();
-  for (int i = 0; i < n; ++i)
-    b.schedule_task(
-      d, task{{}, [] { items_run.value.fetch_add(1, std::memory_order_relaxed); }, {}});
+  if (described) {
+    for (int i = 0; i < n; ++i)
+      b.schedule_task(d, counting_task(true));
+  } else {
+    for (int i = 0; i < n; ++i)
+      b.schedule_task(d, counting_task(false));
+  }
   b.sync(b.all_work(d));
   return seconds_since(t0) * 1e9 / n;
 }
@@ -941,6 +965,28 @@ std::size_t heap_in_use() {
 task empty_task() {
   return task{{}, [] {}, {}};
 }
+
+/// Heap bytes per task of `n` tasks queued on the one device of a fresh
+/// backend (its queue sized for all of them) whose runner is held:
+/// `counting_task`s, bare or described.
+double multidev_bytes_per_queued_task(const backend_options& opts, int n, bool described) {
+  auto bopts = opts;
+  bopts.num_devices = 1;
+  bopts.queue_capacity = static_cast<std::size_t>(n) + 16;
+  backend b{bopts};
+  auto d = b.get_device(0);
+  runner_hold hold{b, d};
+  auto before = heap_in_use();
+  for (int i = 0; i < n; ++i)
+    b.schedule_task(d, counting_task(described));
+  double bytes = static_cast<double>(heap_in_use() - before) / n;
+  hold.release();
+  b.sync(b.all_work(d));
+  return bytes;
+}
+
+/// The bound on what a description adds to a queued task (issue 36).
+constexpr double described_task_bytes = 128;
 
 /// Case 3: µs per round of the fan-out/fan-in DAG on `devs`: a source task
 /// on device 0, `width` empty tasks spread round-robin over the devices,
@@ -1238,27 +1284,17 @@ void scale_figures(std::vector<bench_result>& out, const backend_options& opts,
                        "a mutex+cv queue and its thread (heap; stacks not counted)",
                        std::max(base, 1.0), "lower", std::nullopt));
   }
+  int queued = o.quick ? 100'000 : 1'000'000;
   if (is_wanted(o, "bytes_per_queued_task")) {
-    int n = o.quick ? 100'000 : 1'000'000;
-    auto bopts = opts;
-    bopts.num_devices = 1;
-    bopts.queue_capacity = static_cast<std::size_t>(n) + 16;
-    backend b{bopts};
-    auto d = b.get_device(0);
-    runner_hold hold{b, d};
-    auto before = heap_in_use();
-    for (int i = 0; i < n; ++i)
-      b.schedule_task(d, empty_task());
-    double ours = static_cast<double>(heap_in_use() - before) / n;
-    hold.release();
-    b.sync(b.all_work(d));
+    int n = queued;
+    double ours = multidev_bytes_per_queued_task(opts, n, false);
     // The same empty closures queued in the textbook queue, its consumer held.
     double base = 0;
     {
       std::atomic<bool> hold{false};
       cv_queue q;
       q.push([&hold] { hold.wait(false); });
-      before = heap_in_use();
+      auto before = heap_in_use();
       for (int i = 0; i < n; ++i)
         q.push([] {});
       base = static_cast<double>(heap_in_use() - before) / n;
@@ -1269,6 +1305,19 @@ void scale_figures(std::vector<bench_result>& out, const backend_options& opts,
                   "std::deque<std::function> behind a mutex", std::max(base, 1.0), "lower",
                   std::nullopt);
     r.value_target = 256.0; // an empty closure: nothing of its own
+    out.push_back(r);
+  }
+  if (is_wanted(o, "bytes_per_queued_task_described")) {
+    // Each on a backend of its own, built alike: a queue that grew once
+    // keeps its room.
+    double bare = multidev_bytes_per_queued_task(opts, queued, false);
+    double ours = multidev_bytes_per_queued_task(opts, queued, true);
+    auto r = make("bytes_per_queued_task_described", "B", ours,
+                  "the same tasks, no description", std::max(bare, 1.0),
+                  "lower", std::nullopt);
+    // Issue 36: a description costs at most 128 B beyond the bare task (the
+    // closure's captures are the same: none).
+    r.value_target = r.baseline_value + described_task_bytes;
     out.push_back(r);
   }
 }
@@ -1307,6 +1356,11 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
              {"independent_tasks", "StarPU empty CPU tasks", 1.0 / 50,
               [&] { return peers::starpu_ns_per_task(n_starpu); }, starpu_missing()}});
   }
+  // Users name their tasks: the same tasks with a description, beside the
+  // bare ones, alternating.
+  compare(out, o, reps, "ns/task", [&] { return multidev_ns_per_task(b, d0, n_tasks, true); },
+          {{"independent_tasks_described", "the same tasks, no description", 1.5,
+            [&] { return multidev_ns_per_task(b, d0, n_tasks); }}});
   int hops = o.quick ? 2'000 : 20'000;
   // The CAF system and its two actors only when a figure needs them.
   std::optional<caf_ping_pong> caf_hops;
@@ -1560,7 +1614,7 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
 
 const std::vector<std::string>& case_names() {
   static const std::vector<std::string> names{
-    "independent_tasks",        "will_wait_for_chain",         "will_wait_for_chain_scheduled",
+    "independent_tasks",        "independent_tasks_described", "will_wait_for_chain",         "will_wait_for_chain_scheduled",
     "copy_host_to_device_64MiB", "copy_device_to_device_64MiB", "copy_4KiB",
     "gradient_merge_1dev",      "gradient_merge_2dev",         "gradient_merge_4dev",
     "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
@@ -1571,7 +1625,7 @@ const std::vector<std::string>& case_names() {
     "scale_1dev",               "scale_2dev",                  "scale_4dev",
     "scale_8dev",               "scale_depth_1",               "scale_depth_100",
     "scale_depth_10000",        "scale_depth_1000000",         "bytes_per_idle_device",
-    "bytes_per_queued_task",    "idle_cpu_8dev"};
+    "bytes_per_queued_task",    "bytes_per_queued_task_described", "idle_cpu_8dev"};
   return names;
 }
 
