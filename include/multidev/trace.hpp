@@ -99,15 +99,16 @@ std::string to_string(host_span_kind k);
 /// A node loss: the device lives in another process, and this process
 /// declared its node lost (its actor went down: a connection that broke, or
 /// one silent for longer than CAF's `middleman.connection-timeout`). The
-/// span ends when the loss was declared and starts at the device's last
-/// reply to this process, or, if that is earlier, at the connection timeout
-/// plus one heartbeat interval before the loss: CAF checks at each
-/// heartbeat tick whether anything (heartbeats included) was heard from a
-/// node for the timeout, so a silent node went silent no earlier than that.
-/// For a node in use the span is the time its loss took to be found; for
-/// one idle when it went silent, it may start up to one heartbeat interval
-/// early. A device whose actor stopped (its backend was destroyed) gets a
-/// span of no length at the moment its link learned it.
+/// span runs from when this process last heard from the device, as far as
+/// it can tell, to when it declared the loss. "Last heard" is the device's
+/// last reply, but no earlier than the connection timeout plus one
+/// `middleman.heartbeat-interval` before the loss: CAF drops a node at a
+/// heartbeat tick once nothing, heartbeats included, was heard from it for
+/// the timeout. For a node cut off while in use the span is the time its
+/// loss took to be found; a killed node, whose connection closes, is found
+/// at once, and its span is as long as it had been idle. A device whose
+/// actor stopped (its backend was destroyed) gets a span of no length at
+/// the moment its link learned it.
 struct host_span {
   host_span_kind kind = host_span_kind::wait;
   /// `sync seq 3`, `await seq 7`; `node lost: <why>`.
@@ -220,8 +221,9 @@ timeline make_timeline(const std::vector<device_trace>& traces, bool host_waits 
 /// The timeline of `b`'s devices: the ones its `get_device` returned so far,
 /// local and attached (in ordinal order), then the devices attached to it
 /// otherwise (lanes `attached (<name>)`); each device's `backend::trace`,
-/// host waits included. A device of another process is asked by message
-/// (its node's clock is taken as this one's: the same machine's). Throws
+/// host waits included. A device of another process is asked by message;
+/// its records are timed by its own process's trace clock (steady-clock
+/// nanoseconds: aligned on one machine, not across machines). Throws
 /// `std::invalid_argument` when tracing is off for `b`
 /// (`backend_options::trace_capacity` is 0 and `MULTIDEV_TRACE` is unset).
 timeline make_timeline(const backend& b);
