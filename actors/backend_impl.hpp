@@ -151,8 +151,9 @@ struct backend_impl {
 /// `MULTIDEV_TRACE`, for a backend made with `opts`: when it names a file
 /// and `opts.trace_capacity` is 0 (no explicit trace settings), turns
 /// tracing on (65,536 records a device) and returns the file's path for
-/// this backend (`%p`: the process id; the process's second backend gets
-/// `.1` before the extension, the third `.2`...), made empty now so that an
+/// this backend (`%p`: the process id; the second backend of the process
+/// given the same value gets `.1` before the extension, the third `.2`...),
+/// made empty now so that an
 /// unwritable path is found at once: then a message on stderr, no tracing,
 /// and an empty return. Never throws.
 std::string trace_file_from_environment(backend_options& opts) noexcept;

@@ -257,7 +257,8 @@ public:
   host_wait_scope(host_span_log* log, const char* what, const std::string& device,
                   uint64_t seq) noexcept
     : log_(log), what_(what), device_(device), seq_(seq),
-      start_ns_(log ? trace_clock::get().now() : 0), exceptions_(std::uncaught_exceptions()) {}
+      start_ns_(log ? trace_clock::get().now() : 0),
+      exceptions_(log ? std::uncaught_exceptions() : 0) {}
   ~host_wait_scope();
   host_wait_scope(const host_wait_scope&) = delete;
   host_wait_scope& operator=(const host_wait_scope&) = delete;

@@ -7,13 +7,14 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 
@@ -27,8 +28,8 @@ namespace {
 constexpr std::size_t env_trace_capacity = std::size_t{1} << 16;
 
 /// `path` with `%p` replaced by the process id and, for the `n`th backend
-/// of the process (from 0), `.n` before the extension: `run.json`,
-/// `run.1.json`, `run.2.json`...
+/// of the process given it (from 0), `.n` before the extension:
+/// `run.json`, `run.1.json`, `run.2.json`...
 std::string numbered(std::string path, int n) {
   for (auto at = path.find("%p"); at != std::string::npos; at = path.find("%p", at))
     path.replace(at, 2, std::to_string(getpid()));
@@ -104,12 +105,18 @@ void write_file(const std::string& path, const std::string& text, const char* wh
 } // namespace
 
 std::string trace_file_from_environment(backend_options& opts) noexcept {
-  static std::atomic<int> backends{0};
+  // Backends that took a file so far, by the variable's value.
+  static std::mutex mu;
+  static std::map<std::string, int> taken;
   try {
     const char* env = std::getenv("MULTIDEV_TRACE");
     if (env == nullptr || *env == '\0' || opts.trace_capacity != 0)
       return {};
-    auto path = numbered(env, backends.fetch_add(1));
+    std::string path;
+    {
+      std::lock_guard guard{mu};
+      path = numbered(env, taken[env]++);
+    }
     // Found now, not after the whole run: the file is made (empty) here.
     errno = 0;
     std::ofstream probe{path, std::ios::binary | std::ios::trunc};
