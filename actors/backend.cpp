@@ -39,6 +39,7 @@ std::unique_ptr<detail::backend_impl> make_impl(backend_options opts) {
       fmt::format("num_devices must be >= 0, got {}", *opts.num_devices));
   auto impl = std::make_unique<detail::backend_impl>();
   impl->drv = make_driver({.num_devices = opts.num_devices});
+  impl->trace_file = detail::trace_file_from_environment(opts);
   impl->opts = std::move(opts);
   return impl;
 }

@@ -78,7 +78,7 @@ device backend_impl::attach(const device_actor& a, const std::string& prefix, bo
           if (d.get_runner().local_core() == core)
             return d;
   }
-  auto remote = attach_remote(*sys, a, prefix);
+  auto remote = attach_remote(*sys, a, prefix, opts.trace_capacity);
   std::lock_guard guard{mu};
   auto key = remote.ep->key();
   if (auto i = attached.find(key); i != attached.end()) {
@@ -119,6 +119,8 @@ void backend_impl::detach(const device& d) {
 }
 
 void backend_impl::stop_accepting() {
+  // The trace file's records of attached devices: their links close below.
+  read_remote_traces();
   std::vector<std::shared_ptr<device_core>> all;
   std::map<device_key, caf::actor> remote_links;
   {
@@ -194,6 +196,7 @@ private:
 /// The teardown proper, on a thread it does not wait for.
 void tear_down(backend_impl& impl) {
   impl.shutdown();
+  impl.write_trace_file(); // the devices are stopped, their records complete
   impl.devices.clear();
   impl.made.clear();
   if (impl.own_sys) {

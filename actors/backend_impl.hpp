@@ -103,6 +103,20 @@ struct backend_impl {
   /// The devices of `nodes`, by ordinal minus the local device count.
   std::vector<device> node_devices;
 
+  /// Where the backend's trace goes when it is destroyed (`MULTIDEV_TRACE`,
+  /// see `trace_file_from_environment`); empty: nowhere.
+  std::string trace_file;
+  /// For that file: the attached devices' traces, read as the teardown
+  /// begins (before their links close), by key.
+  std::map<device_key, device_trace> last_remote_traces;
+  bool remote_traces_read = false;
+  /// Reads `last_remote_traces` once, when there is a trace file and this
+  /// thread may wait for replies (not one the teardown waits for).
+  void read_remote_traces() noexcept;
+  /// Writes the trace file, if any, from the local devices' traces and
+  /// `last_remote_traces`; what goes wrong is said on stderr.
+  void write_trace_file() noexcept;
+
   /// `d`'s endpoint; throws `std::invalid_argument` when the device does not
   /// belong to this backend (made or attached here).
   endpoint& endpoint_of(const device& d) const;
@@ -133,6 +147,16 @@ struct backend_impl {
   /// of its own actor system (a CAF worker running a user's handler).
   bool teardown_waits_for_this_thread() const;
 };
+
+/// `MULTIDEV_TRACE`, for a backend made with `opts`: when it names a file
+/// and `opts.trace_capacity` is 0 (no explicit trace settings), turns
+/// tracing on (65,536 records a device) and returns the file's path for
+/// this backend (`%p`: the process id; the second backend of the process
+/// given the same value gets `.1` before the extension, the third `.2`...),
+/// made empty now so that an
+/// unwritable path is found at once: then a message on stderr, no tracing,
+/// and an empty return. Never throws.
+std::string trace_file_from_environment(backend_options& opts) noexcept;
 
 /// Tears `impl` down (shutdown, then the actor system it owns) on this
 /// thread, or, when that would wait for this thread, on the reaper's

@@ -22,6 +22,7 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
+    host_spans_(trace_capacity > 0 ? std::make_unique<host_span_log>(trace_capacity) : nullptr),
     used_(std::make_shared<std::atomic<std::size_t>>(0)) {
   oom_cause_ = std::make_shared<const failure>(
     failure{failure::kind::failed, name_, {}, 0, "task failed", {}});

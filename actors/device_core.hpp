@@ -45,6 +45,7 @@ namespace multidev::detail {
 
 class device_core;
 class trace_ring;
+class host_span_log;
 
 /// The device whose runner this thread is, if any (set by the runner thread,
 /// and by an asynchronous driver's stream thread while it runs that device's
@@ -337,7 +338,8 @@ public:
 
   // -- Trace (device_trace.cpp) -------------------------------------------------
 
-  /// A copy of the runner trace, taken without stopping the runner; empty,
+  /// A copy of the runner trace, taken without stopping the runner, with
+  /// the host threads' blocking waits on this device (`host_span`); empty,
   /// with capacity 0, when tracing is off. Any thread.
   device_trace trace() const;
 
@@ -807,6 +809,8 @@ private:
   std::atomic<uint64_t> bad_max_{0};
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
   std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
+  // Host threads' blocking waits on this device; null when tracing is off.
+  std::unique_ptr<host_span_log> host_spans_;
 
   // Orders' extras for reuse. A producer that allocates what the runner
   // frees contends with it for the allocator's arena lock on every item

@@ -1,6 +1,7 @@
 // Progress and outcomes: what is done, what failed or was cancelled and why,
 // who is told, and blocking syncs.
 #include "actors/device_core.hpp"
+#include "actors/trace.hpp"
 #include "actors/wait_graph.hpp"
 
 #include <fmt/format.h>
@@ -360,6 +361,10 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     w.seq = seq;
     w.what = what;
     blocked_scope blocked{std::move(w)};
+    // With tracing on, a host thread's wait goes in the trace (a task's
+    // shows as its item).
+    host_wait_scope traced{current_runner == nullptr ? host_spans_.get() : nullptr, what, name_,
+                           seq};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
     ring_deferred();

@@ -84,6 +84,8 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
 device_trace device_core::trace() const {
   auto t = trace_ ? trace_->read() : device_trace{};
   t.device = name_;
+  if (host_spans_)
+    t.host = host_spans_->read();
   return t;
 }
 

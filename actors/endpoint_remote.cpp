@@ -5,6 +5,7 @@
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/system_messages.hpp>
 #include <caf/event_based_actor.hpp>
@@ -32,6 +33,7 @@
 #include "actors/device_core.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/reply_sink.hpp"
+#include "actors/trace.hpp"
 #include "messages/tsan.hpp"
 
 namespace multidev::detail {
@@ -80,6 +82,18 @@ struct link_shared {
   /// has at most one open on the device at a time.
   std::mutex batch_mu;
   uint64_t last_batch = 0; // the id of the last batch sent in parts; under batch_mu
+  /// With tracing on (set once, before the link starts): host threads'
+  /// waits on the device, and its loss. Null when tracing is off.
+  std::unique_ptr<host_span_log> spans;
+  /// With tracing on, when the last reply from the device arrived
+  /// (`trace_clock`): where a node loss's span starts at the latest.
+  std::atomic<int64_t> last_heard_ns{0};
+
+  /// Notes that a reply from the device arrived now (tracing on only).
+  void heard() noexcept {
+    if (spans)
+      last_heard_ns.store(trace_clock::get().now_relaxed(), std::memory_order_relaxed);
+  }
 
   /// Remembers that a reply said `seq` was done: done forever. Seqs resolve
   /// in order but not all to done (a failure, a cancellation, then a
@@ -177,6 +191,7 @@ public:
   /// Whether this call wins the one settlement.
   bool settle() noexcept { return !settled_.exchange(true); }
   bool settled() const noexcept { return settled_.load(); }
+  link_shared& shared() const noexcept { return *shared_; }
   void issue(caf::event_based_actor* self, const device_actor& target,
              const std::shared_ptr<remote_op>& me) {
     issue_(self, target, me);
@@ -223,6 +238,7 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
     auto handle = self->request(target, timeout, xs...);
     auto id = handle.id();
     handle.then(handed_off<void(Rs...)>([me, on_value](Rs... rs) {
+                  me->shared().heard();
                   if (me->settle())
                     on_value(std::move(rs)...);
                 }),
@@ -369,6 +385,42 @@ struct link_state {
 
 using link_ptr = caf::stateful_actor<link_state>*;
 
+/// With tracing on, records the loss of the link's device, declared now
+/// because its actor went down for `reason` (see `host_span`).
+void trace_loss(link_ptr self, const caf::error& reason, const std::string& why) {
+  auto& shared = *self->state.shared;
+  if (!shared.spans || shared.closed_reason())
+    return;
+  host_span s;
+  s.kind = host_span_kind::node_lost;
+  s.failed = true;
+  s.end_ns = trace_clock::get().now();
+  auto heard = shared.last_heard_ns.load(std::memory_order_relaxed);
+  if (reason == caf::exit_reason::remote_link_unreachable) {
+    // Its node is gone: a broken connection, found at once, or a silent
+    // one, dropped at a heartbeat tick once nothing was heard from it for
+    // the connection timeout, so not heard from since at least the timeout
+    // and at most one heartbeat interval more before now. The span starts
+    // at the device's last reply, or that earliest moment if later.
+    const auto& cfg = self->system().config();
+    auto beat = caf::get_or(cfg, "middleman.heartbeat-interval", caf::timespan{0});
+    auto timeout = caf::get_or(cfg, "middleman.connection-timeout", caf::timespan{0});
+    s.start_ns = heard != 0 ? heard : s.end_ns;
+    if (beat.count() > 0 && timeout.count() > 0)
+      s.start_ns = std::max(s.start_ns,
+                            s.end_ns - static_cast<int64_t>((timeout + beat).count()));
+  } else {
+    s.start_ns = s.end_ns; // its actor stopped: nothing to find out
+  }
+  s.start_ns = std::min(s.start_ns, s.end_ns);
+  try {
+    s.description = fmt::format("node lost: {}: {}", shared.name(), why);
+  } catch (...) {
+    // Out of memory: the span goes without its text.
+  }
+  shared.spans->add(std::move(s));
+}
+
 /// Fails every pending request with `why`, and every later one.
 void close_link(link_ptr self, const std::string& why) {
   auto& st = self->state;
@@ -403,7 +455,9 @@ caf::behavior link_impl(link_ptr self, device_actor target,
     tsan_turn turn{self};
     if (dm.source != self->state.target.address())
       return;
-    close_link(self, fmt::format("its actor is down ({})", self->system().render(dm.reason)));
+    auto why = fmt::format("its actor is down ({})", self->system().render(dm.reason));
+    trace_loss(self, dm.reason, why);
+    close_link(self, why);
   });
   self->set_exit_handler([self](caf::exit_msg& msg) {
     tsan_turn turn{self};
@@ -506,6 +560,9 @@ public:
     w.seq = seq;
     w.what = what;
     blocked_scope blocked{std::move(w)};
+    // With tracing on, a host thread's wait goes in the trace.
+    host_wait_scope traced{current_runner == nullptr ? shared_->spans.get() : nullptr, what, name(),
+                           seq};
     auto start = std::chrono::steady_clock::now();
     caf::duration timeout = caf::infinite;
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
@@ -551,6 +608,7 @@ public:
       caf::actor_cast<caf::actor>(shared_->target), seq,
       [shared, cb, seq, failed](const caf::message& m) {
         if (m.match_elements<uint64_t>()) {
+          shared->heard();
           shared->note_done(seq);
           cb(nullptr);
         } else if (m.match_elements<caf::error>()) {
@@ -701,9 +759,29 @@ public:
     }
   }
 
+  /// The device's trace, by message, in this process's names (the device's,
+  /// and those of the devices its gates awaited), with what this process
+  /// saw of it; a device whose link is closed (its node lost) has only the
+  /// latter.
   device_trace trace() override {
-    return std::get<0>(
-      call<device_trace>(shared_, "trace", false, query_timeout(), trace_atom::value));
+    device_trace t;
+    try {
+      t = std::get<0>(
+        call<device_trace>(shared_, "trace", false, query_timeout(), trace_atom::value));
+      t.device = name();
+      for (auto& r : t.records)
+        to_our_name(r.awaited_device, name());
+    } catch (const device_error&) {
+      auto why = shared_->closed_reason();
+      if (!why)
+        throw;
+      t = device_trace{};
+      t.device = name();
+      t.unreachable = std::move(*why);
+    }
+    if (shared_->spans)
+      t.host = shared_->spans->read();
+    return t;
   }
 
   std::optional<kernel_result> result(const std::string& name) override {
@@ -742,10 +820,12 @@ private:
 } // namespace
 
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
-                            const std::string& prefix) {
+                            const std::string& prefix, std::size_t trace_capacity) {
   if (!target)
     throw std::invalid_argument("attach_device: invalid device actor handle");
   auto shared = std::make_shared<link_shared>();
+  if (trace_capacity > 0)
+    shared->spans = std::make_unique<host_span_log>(trace_capacity);
   shared->set_name(fmt::format("device actor {}", target->id()));
   shared->sink = reply_sink::make(sys);
   caf::actor link;

@@ -44,8 +44,11 @@ struct remote_device {
 /// Spawns a link actor on `sys` for `target`, asks the device who it is (a
 /// blocking round trip from this thread) and registers its endpoint. Throws
 /// `device_error` when `target` does not answer; the link is stopped then.
+/// `trace_capacity` > 0 (the attaching backend traces): the endpoint keeps
+/// that many host spans (host threads' waits on the device, its loss) for
+/// its `trace`.
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
-                            const std::string& prefix = {});
+                            const std::string& prefix = {}, std::size_t trace_capacity = 0);
 
 /// How long a request to a device of another actor system that changes
 /// nothing there (`is_idle`, `queue_length`, a status, debug info, a trace,

@@ -155,6 +155,46 @@ device_trace trace_ring::read(std::size_t last) const {
   return out;
 }
 
+void host_span_log::add(host_span s) noexcept {
+  try {
+    std::lock_guard guard{mu_};
+    if (spans_.size() == capacity_)
+      spans_.pop_front();
+    spans_.push_back(std::move(s));
+  } catch (...) {
+    // Out of memory: the span is left out.
+  }
+}
+
+std::vector<host_span> host_span_log::read() const {
+  std::lock_guard guard{mu_};
+  return {spans_.begin(), spans_.end()};
+}
+
+uint64_t host_thread_number() noexcept {
+  static std::atomic<uint64_t> next{1};
+  thread_local uint64_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine;
+}
+
+host_wait_scope::~host_wait_scope() {
+  if (!log_)
+    return;
+  host_span s;
+  s.kind = host_span_kind::wait;
+  s.thread = host_thread_number();
+  s.seq = seq_;
+  s.start_ns = start_ns_;
+  s.end_ns = trace_clock::get().now();
+  s.failed = std::uncaught_exceptions() > exceptions_;
+  try {
+    s.description = fmt::format("{} {} seq {}", what_, device_, seq_);
+  } catch (...) {
+    // Out of memory: the span goes without its text.
+  }
+  log_->add(std::move(s));
+}
+
 } // namespace multidev::detail
 
 namespace multidev {

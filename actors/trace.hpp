@@ -1,15 +1,20 @@
 #pragma once
 /// \file
-/// The ring behind a device's runner trace (`multidev/trace.hpp`).
+/// The ring behind a device's runner trace (`multidev/trace.hpp`), and the
+/// log of what host threads saw of a device (`host_span`).
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "actors/spin.hpp"
 #include "multidev/trace.hpp"
@@ -214,6 +219,57 @@ private:
   // Shared with readers.
   alignas(64) mutable spin_mutex mu_;
   std::atomic<uint64_t> written_{0};
+};
+
+/// What this process saw of one device from outside its runner
+/// (`host_span`: host threads' blocking waits, its node's loss), kept with
+/// tracing on: the last `capacity` spans. Written off the hot path (by a
+/// thread that blocked, by the link that declared the device lost), under a
+/// mutex; copied out by `backend::trace`.
+class host_span_log {
+public:
+  /// `capacity` at least 1.
+  explicit host_span_log(std::size_t capacity) : capacity_(std::max<std::size_t>(capacity, 1)) {}
+
+  /// Appends `s`, dropping the oldest span when full. Never throws: a span
+  /// that cannot be stored (out of memory) is left out.
+  void add(host_span s) noexcept;
+  /// The spans held, in the order they were added.
+  std::vector<host_span> read() const;
+
+private:
+  mutable std::mutex mu_;
+  std::size_t capacity_;
+  std::deque<host_span> spans_;
+};
+
+/// The calling thread's number in host spans: 1, 2, ... in the order
+/// threads first ask, for the life of the process.
+uint64_t host_thread_number() noexcept;
+
+/// Records, in `log`, the blocking wait of the calling thread for `seq` of
+/// the device named `device`, from construction to destruction; a wait left
+/// by an exception is marked failed. A null `log` (tracing off, or the
+/// thread is a device's runner, whose item's slice shows the wait already)
+/// records nothing and costs nothing else.
+class host_wait_scope {
+public:
+  host_wait_scope(host_span_log* log, const char* what, const std::string& device,
+                  uint64_t seq) noexcept
+    : log_(log), what_(what), device_(device), seq_(seq),
+      start_ns_(log ? trace_clock::get().now() : 0),
+      exceptions_(log ? std::uncaught_exceptions() : 0) {}
+  ~host_wait_scope();
+  host_wait_scope(const host_wait_scope&) = delete;
+  host_wait_scope& operator=(const host_wait_scope&) = delete;
+
+private:
+  host_span_log* log_;
+  const char* what_;
+  const std::string& device_;
+  uint64_t seq_;
+  int64_t start_ns_;
+  int exceptions_;
 };
 
 } // namespace multidev::detail

@@ -38,13 +38,38 @@ sexp to_sexp(const trace_record& r) {
   return s;
 }
 
+std::string to_string(host_span_kind k) {
+  return k == host_span_kind::wait ? "wait" : "node_lost";
+}
+
+sexp to_sexp(const host_span& h) {
+  auto s = sexp::list({sexp::atom("host_span"), sexp::field("kind", to_string(h.kind)),
+                       sexp::field("description", h.description),
+                       sexp::field("thread", std::to_string(h.thread)),
+                       sexp::field("seq", std::to_string(h.seq)),
+                       sexp::field("start_ns", std::to_string(h.start_ns)),
+                       sexp::field("end_ns", std::to_string(h.end_ns))});
+  if (h.failed)
+    s.push_back(sexp::field("failed", "true"));
+  return s;
+}
+
 sexp to_sexp(const device_trace& t) {
   auto records = sexp::list({sexp::atom("records")});
   for (const auto& r : t.records)
     records.push_back(to_sexp(r));
-  return sexp::list({sexp::atom("trace"), sexp::field("device", t.device),
-                     sexp::field("capacity", std::to_string(t.capacity)),
-                     sexp::field("dropped", std::to_string(t.dropped)), records});
+  auto s = sexp::list({sexp::atom("trace"), sexp::field("device", t.device),
+                       sexp::field("capacity", std::to_string(t.capacity)),
+                       sexp::field("dropped", std::to_string(t.dropped)), records});
+  if (!t.host.empty()) {
+    auto host = sexp::list({sexp::atom("host")});
+    for (const auto& h : t.host)
+      host.push_back(to_sexp(h));
+    s.push_back(std::move(host));
+  }
+  if (!t.unreachable.empty())
+    s.push_back(sexp::field("unreachable", t.unreachable));
+  return s;
 }
 
 } // namespace multidev

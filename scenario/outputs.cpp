@@ -3,7 +3,6 @@
 #include "scenario/record.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <map>
@@ -12,11 +11,10 @@ namespace multidev::scenario {
 
 
 timeline make_timeline(const run_record& rec, int devices) {
-  timeline tl;
+  // The devices' lanes, items and gates; the host lane is the script's.
+  auto tl = multidev::make_timeline(rec.traces, false);
   tl.start_ns = rec.start_ns;
-  tl.end_ns = rec.start_ns;
-  for (int d = 0; d < devices; ++d)
-    tl.lanes.push_back(fmt::format("device {} ({})", d, rec.device_names[d]));
+  tl.end_ns = std::max(tl.end_ns, rec.start_ns);
   tl.lanes.push_back("host (the script)");
   // Slice index of (device, seq), and the event names the script gave.
   std::vector<std::map<uint64_t, std::size_t>> index(devices);
@@ -25,55 +23,22 @@ timeline make_timeline(const run_record& rec, int devices) {
     for (const auto& it : rec.model[d])
       if (it.seq != 0)
         items[d][it.seq] = &it;
-  for (int d = 0; d < devices; ++d) {
-    for (const auto& r : rec.traces[d].records) {
-      slice s;
-      s.lane = d;
-      s.name = r.description;
-      s.kind = to_string(r.kind);
-      // The script's words for the item ("scale w 2"), where it has them.
-      if (auto it = items[d].find(r.seq); it != items[d].end()) {
-        if (r.kind != trace_kind::cancel)
-          s.name = it->second->description;
-        s.event = it->second->event;
-      }
-      s.start_ns = r.start_ns;
-      s.end_ns = std::max(r.end_ns, r.start_ns);
-      s.failed = r.failed;
-      s.seq = r.seq;
-      index[d][r.seq] = tl.slices.size();
-      tl.end_ns = std::max(tl.end_ns, s.end_ns);
-      tl.slices.push_back(std::move(s));
+  for (std::size_t i = 0; i < tl.slices.size(); ++i) {
+    auto& s = tl.slices[i];
+    if (s.kind == "lost")
+      continue;
+    index[s.lane][s.seq] = i;
+    // The script's words for the item ("scale w 2"), where it has them.
+    if (auto it = items[s.lane].find(s.seq); it != items[s.lane].end()) {
+      if (s.kind != "cancel")
+        s.name = it->second->description;
+      s.event = it->second->event;
     }
   }
   for (const auto& h : rec.host_slices) {
     tl.end_ns = std::max(tl.end_ns, h.end_ns);
     tl.slices.push_back(h);
   }
-  auto lane_of = [&](const std::string& name) {
-    for (int d = 0; d < devices; ++d)
-      if (rec.device_names[d] == name)
-        return d;
-    return -1;
-  };
-  auto add_flow = [&](int from_lane, std::size_t from, int to_lane, std::size_t to) {
-    const auto& a = tl.slices[from];
-    const auto& b = tl.slices[to];
-    tl.flows.push_back(flow{from_lane, a.end_ns, to_lane, std::max(b.end_ns, b.start_ns), "wait",
-                            from, to});
-  };
-  // Every gate the runtime queued: from the awaited item to the gate.
-  for (int d = 0; d < devices; ++d)
-    for (const auto& r : rec.traces[d].records) {
-      if (r.kind != trace_kind::gate)
-        continue;
-      int o = lane_of(r.awaited_device);
-      if (o < 0)
-        continue;
-      auto from = index[o].find(r.awaited_seq);
-      if (from != index[o].end())
-        add_flow(o, from->second, d, index[d][r.seq]);
-    }
   // The script's cross-device edges (waits, copies) that queued no gate
   // because the awaited item was done already: the arrow goes to the
   // waiting device's next item.
@@ -257,56 +222,26 @@ sexp report(const run_result& r) {
   return out;
 }
 
+namespace {
+
+/// The run's timeline with its heading and the Chrome trace's `otherData`.
+timeline titled(const run_result& r) {
+  auto tl = r.tl;
+  tl.title = fmt::format("multidev run {} — {} ({} device(s), seed {})", r.scenario,
+                         r.ok() ? "passed" : "failed", r.devices, r.seed);
+  tl.info = {{"scenario", r.scenario}, {"seed", std::to_string(r.seed)},
+             {"backend", r.backend}, {"verdict", r.ok() ? "passed" : "failed"}};
+  return tl;
+}
+
+} // namespace
+
 std::string chrome_trace_json(const run_result& r) {
-  using nlohmann::json;
-  const auto& tl = r.tl;
-  json events = json::array();
-  auto us = [&](int64_t ns) { return static_cast<double>(ns - tl.start_ns) / 1000.0; };
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 1},
-                    {"args", {{"name", "multidev run " + r.scenario}}}});
-  for (std::size_t l = 0; l < tl.lanes.size(); ++l) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", l},
-                      {"args", {{"name", tl.lanes[l]}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 1}, {"tid", l},
-                      {"args", {{"sort_index", l}}}});
-  }
-  for (const auto& s : tl.slices) {
-    json args = {{"seq", s.seq}, {"kind", s.kind}};
-    if (!s.event.empty())
-      args["event"] = s.event;
-    if (s.failed)
-      args["failed"] = true;
-    events.push_back({{"ph", "X"}, {"name", s.name}, {"cat", s.kind}, {"pid", 1},
-                      {"tid", s.lane}, {"ts", us(s.start_ns)},
-                      {"dur", static_cast<double>(s.end_ns - s.start_ns) / 1000.0},
-                      {"args", args}});
-  }
-  // A flow starts inside the awaited slice and ends on the slice that waited
-  // ("bp": "e" binds the end to the slice enclosing its timestamp).
-  // Both ends sit inside their slices (an end on a boundary binds to no
-  // slice): near the awaited item's end, and near a gate's end (when the
-  // wait was over) or another item's start.
-  auto inside = [](const slice& s, bool near_end) {
-    auto dur = s.end_ns - s.start_ns;
-    return near_end ? s.end_ns - dur / 20 : s.start_ns + dur / 20;
-  };
-  uint64_t id = 1;
-  for (const auto& f : tl.flows) {
-    const auto& a = tl.slices[f.from_slice];
-    const auto& b = tl.slices[f.to_slice];
-    events.push_back({{"ph", "s"}, {"name", "wait"}, {"cat", "dependency"}, {"id", id},
-                      {"pid", 1}, {"tid", f.from_lane}, {"ts", us(inside(a, true))}});
-    events.push_back({{"ph", "f"}, {"bp", "e"}, {"name", "wait"}, {"cat", "dependency"},
-                      {"id", id}, {"pid", 1}, {"tid", f.to_lane},
-                      {"ts", us(inside(b, b.kind == "gate"))}});
-    ++id;
-  }
-  json doc = {{"traceEvents", events},
-              {"displayTimeUnit", "ns"},
-              {"otherData",
-               {{"scenario", r.scenario}, {"seed", r.seed}, {"backend", r.backend},
-                {"verdict", r.ok() ? "passed" : "failed"}}}};
-  return doc.dump(1) + "\n";
+  return multidev::chrome_trace_json(titled(r));
+}
+
+std::string timeline_svg(const run_result& r) {
+  return multidev::timeline_svg(titled(r));
 }
 
 } // namespace multidev::scenario

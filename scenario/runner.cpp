@@ -971,15 +971,21 @@ private:
                       opts_.step_timeout_s)});
     }
     for (int d = 0; d < p_.devices; ++d) {
+      device_trace t{dev(d).name(), 0, {}, 0};
       try {
-        traces_.push_back(b_.trace(dev(d)));
+        t = b_.trace(dev(d));
       } catch (const std::exception&) {
-        // A device of a node that is gone: what it did until the script
-        // killed the node, if it did.
-        auto it = last_traces_.find(d);
-        traces_.push_back(it != last_traces_.end() ? it->second
-                                                   : device_trace{dev(d).name(), 0, {}, 0});
+        t.unreachable = "its trace could not be read";
       }
+      // A device of a node that is gone: what it did until the script
+      // killed the node, if it did, and its loss as this process saw it.
+      if (!t.unreachable.empty())
+        if (auto it = last_traces_.find(d); it != last_traces_.end()) {
+          auto host = std::move(t.host);
+          t = it->second;
+          t.host = std::move(host);
+        }
+      traces_.push_back(std::move(t));
       result_.dropped_records += traces_.back().dropped;
     }
     for (auto [st, slot] : deferred_) {

@@ -115,44 +115,12 @@ struct expectation_result {
   std::string observed;
 };
 
-/// One slice of the timeline: an item a runner handled, or a blocking host
-/// step (on the host lane).
-struct slice {
-  int lane = 0;
-  std::string name;
-  /// `task`, `copy`, `memset`, `pool`, `gate` (a wait), `cancel`, or `host`.
-  std::string kind;
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-  bool failed = false;
-  /// The item's seq on its device (0 on the host lane).
-  uint64_t seq = 0;
-  /// The script's name for the item's event (`(as NAME)`), if any.
-  std::string event;
-};
-
-/// A dependency arrow: `from` finished before `to` could go on.
-struct flow {
-  int from_lane = 0;
-  int64_t from_ns = 0;
-  int to_lane = 0;
-  int64_t to_ns = 0;
-  /// `wait` (a will_wait_for of the script or of a transfer).
-  std::string kind;
-  /// Indices into `timeline::slices`.
-  std::size_t from_slice = 0;
-  std::size_t to_slice = 0;
-};
-
-/// The run as drawn: lanes (one per device, then the host), slices, arrows.
-/// Times are `trace_clock_ns()`; `start_ns` is the run's start.
-struct timeline {
-  std::vector<std::string> lanes;
-  std::vector<slice> slices;
-  std::vector<flow> flows;
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-};
+/// The run as drawn (`multidev/trace.hpp`): a lane per device, then the
+/// host's (the script's blocking steps, kind `host`, with `seq` 0); times
+/// are `trace_clock_ns()` and `start_ns` is the run's start.
+using slice = multidev::timeline_slice;
+using flow = multidev::timeline_flow;
+using timeline = multidev::timeline;
 
 /// Everything a run produced.
 struct run_result {
@@ -193,12 +161,12 @@ std::string summary(const run_result& r);
 /// passed|failed) (expectations (expect ..) ...) (unexpected ..) (devices ..))`.
 sexp report(const run_result& r);
 
-/// Chrome trace-event JSON (opens in Perfetto and chrome://tracing): one
-/// thread per device plus the host, a complete event per slice, a flow
-/// (`s`/`f` pair) per arrow.
+/// `multidev::chrome_trace_json` of `r.tl`: one thread per device plus the
+/// host, a complete event per slice, a flow (`s`/`f` pair) per arrow;
+/// `otherData` holds the scenario, seed, backend and verdict.
 std::string chrome_trace_json(const run_result& r);
 
-/// A self-contained SVG Gantt chart of the timeline.
+/// `multidev::timeline_svg` of `r.tl`, headed with the scenario and verdict.
 std::string timeline_svg(const run_result& r);
 
 /// The logical trace: `r.logical` printed one item per line, so the same

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -369,6 +370,64 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_silent_node_fails_its_work_by_heartbeat) {
   auto took = std::chrono::steady_clock::now() - start;
   BOOST_TEST((took < 10s), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                              << " ms");
+  silent.kill9(); // its runner still spins: no need to wait for it
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_lost_node_is_drawn_from_its_last_reply_to_its_loss) {
+  // Issue 39 point 3: with tracing on, the loss of a node is a host span of
+  // its device, and a slice on its lane: from the device's last reply to
+  // when the loss was declared. A silent node takes the heartbeat timeout
+  // (3 s here) to be found; a killed one is found at once.
+  node_process silent{tool(), 1, "s", true};
+  node_process killed{tool(), 1, "k", true};
+  caf::actor_system sys{cluster::make_cfg()};
+  backend b{sys, {.num_devices = 1, .trace_capacity = 64}};
+  auto on_s = attach_node(b, "127.0.0.1", silent.port());
+  auto on_k = attach_node(b, "127.0.0.1", killed.port());
+  BOOST_TEST_REQUIRE(on_s.size() == 1u);
+  BOOST_TEST_REQUIRE(on_k.size() == 1u);
+  std::vector<event> pending;
+  for (const auto& d : {on_s[0], on_k[0]}) {
+    b.schedule_named(d, {"spin_ns", {int64_t{20'000'000'000}}});
+    pending.push_back(b.schedule_named(d, {"spin_ns", {int64_t{0}}})); // the last reply
+  }
+  auto quiet = trace_clock_ns();
+  silent.pause();
+  killed.kill9();
+  for (const auto& e : pending)
+    BOOST_CHECK_THROW(test_support::bounded([&] { b.sync(e); }, "sync on a lost node"),
+                      device_error);
+  auto found = trace_clock_ns();
+  auto loss_of = [&](const device& d) {
+    auto t = b.trace(d);
+    BOOST_TEST(t.records.empty());
+    BOOST_TEST(contains(t.unreachable, "its actor is down"), t.unreachable);
+    host_span loss;
+    for (const auto& h : t.host)
+      if (h.kind == host_span_kind::node_lost)
+        loss = h;
+    BOOST_TEST(contains(loss.description, "node lost: " + d.name()), to_sexp(t).to_string());
+    BOOST_TEST(loss.failed);
+    BOOST_TEST(loss.start_ns <= loss.end_ns);
+    BOOST_TEST(loss.end_ns <= found);
+    return loss;
+  };
+  auto s = loss_of(on_s[0]), k = loss_of(on_k[0]);
+  // Silent: nothing heard for the timeout, so at least that long, from no
+  // later than a heartbeat interval (and some delay) after it fell quiet.
+  BOOST_TEST(s.end_ns - s.start_ns >= 2'900'000'000, s.end_ns - s.start_ns << " ns");
+  BOOST_TEST(s.start_ns <= quiet + 1'000'000'000, s.start_ns - quiet << " ns after quiet");
+  // Killed: its connection closed, found at once.
+  BOOST_TEST(k.end_ns - k.start_ns < 2'000'000'000, k.end_ns - k.start_ns << " ns");
+  // On the timeline, on each device's lane.
+  auto tl = make_timeline(b);
+  std::map<std::string, int> lost_on;
+  for (const auto& sl : tl.slices)
+    if (sl.kind == "lost")
+      ++lost_on[tl.lanes[sl.lane]];
+  BOOST_TEST((lost_on == std::map<std::string, int>{{"device 1 (" + on_s[0].name() + ")", 1},
+                                                   {"device 2 (" + on_k[0].name() + ")", 1}}));
+  BOOST_TEST(contains(timeline_svg(tl), "node lost: " + on_s[0].name()));
   silent.kill9(); // its runner still spins: no need to wait for it
 }
 

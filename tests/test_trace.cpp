@@ -4,19 +4,30 @@
 // records are counted; a reader copies it while the runner goes on; a
 // nameless task is called task#<seq> in the trace and in error messages.
 // White-box where a test needs the core (when_done) or the ring itself.
+// Issue 39 point 3: the public writers of a backend's Chrome trace and SVG
+// timeline, host threads' waits in the trace, and MULTIDEV_TRACE.
 #define BOOST_TEST_MODULE trace
 #include <boost/test/unit_test.hpp>
 
 #include <multidev/multidev.hpp>
+#include <nlohmann/json.hpp>
 
 #include "actors/device_core.hpp"
 #include "actors/trace.hpp"
 #include "test_support.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <latch>
+#include <map>
+#include <sstream>
 #include <memory>
 #include <ostream>
 #include <stdexcept>
@@ -474,4 +485,207 @@ BOOST_AUTO_TEST_CASE(test_trace_clock_never_goes_back_between_threads) {
   player(0);
   other.join();
   BOOST_TEST(backwards.load() == 0);
+}
+
+// -- Timelines and trace files (issue 39 point 3) ------------------------------
+
+namespace {
+
+/// The Chrome trace `text` as tracks: each complete slice's name with its
+/// track's name, and the flows as (from track, to track).
+struct chrome_tracks {
+  std::multimap<std::string, std::string> track_of_slice;
+  std::vector<std::pair<std::string, std::string>> flows;
+};
+
+chrome_tracks read_chrome_trace(const std::string& text) {
+  auto doc = nlohmann::json::parse(text);
+  std::map<int, std::string> thread;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      thread[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
+  chrome_tracks out;
+  std::map<uint64_t, std::string> flow_from;
+  for (const auto& e : doc.at("traceEvents")) {
+    auto ph = e.at("ph").get<std::string>();
+    if (ph == "X")
+      out.track_of_slice.emplace(e.at("name").get<std::string>(), thread[e.at("tid").get<int>()]);
+    else if (ph == "s")
+      flow_from[e.at("id").get<uint64_t>()] = thread[e.at("tid").get<int>()];
+    else if (ph == "f")
+      out.flows.emplace_back(flow_from[e.at("id").get<uint64_t>()], thread[e.at("tid").get<int>()]);
+  }
+  return out;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f{p};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+/// A producer on device 0 and a consumer on device 1 that waits for it.
+void produce_consume(backend& b) {
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  b.schedule_task(d0, task{"produce", [] {}, {}});
+  b.will_wait_for(b.make_context(d1), b.all_work(d0));
+  b.schedule_task(d1, task{"consume", [] {}, {}});
+  sync(b, b.all_work(d1));
+}
+
+/// Opens `release` once a host thread is blocked in `what` (the wait
+/// graph lists it), on a thread of its own; bounded.
+std::thread open_once_blocked(const backend& b, std::shared_ptr<test_support::latch_gate> release,
+                              std::string what) {
+  return std::thread{[&b, release, what] {
+    test_support::eventually([&] {
+      return contains(b.get_global_debug_info().to_string(), "(waiter host) (kind " + what + ")");
+    });
+    release->open();
+  }};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_trace_write_chrome_trace_has_a_track_per_device_and_the_wait) {
+  backend b{traced(64)};
+  produce_consume(b);
+  auto name0 = b.get_device(0).name(), name1 = b.get_device(1).name();
+  std::ostringstream os;
+  multidev::write_chrome_trace(b, os);
+  auto tracks = read_chrome_trace(os.str());
+  BOOST_TEST_REQUIRE(tracks.track_of_slice.count("produce") == 1u, os.str());
+  BOOST_TEST_REQUIRE(tracks.track_of_slice.count("consume") == 1u, os.str());
+  BOOST_TEST(tracks.track_of_slice.find("produce")->second == "device 0 (" + name0 + ")");
+  BOOST_TEST(tracks.track_of_slice.find("consume")->second == "device 1 (" + name1 + ")");
+  // The wait of device 1 for device 0: an arrow between their tracks.
+  auto arrow = std::pair{"device 0 (" + name0 + ")", "device 1 (" + name1 + ")"};
+  BOOST_TEST(std::count(tracks.flows.begin(), tracks.flows.end(), arrow) == 1);
+  // To a file: the same trace.
+  auto path = std::filesystem::temp_directory_path()
+              / ("multidev-trace-" + std::to_string(getpid()) + ".json");
+  multidev::write_chrome_trace(b, path.string());
+  auto from_file = read_chrome_trace(read_file(path));
+  std::filesystem::remove(path);
+  BOOST_TEST(from_file.track_of_slice == tracks.track_of_slice);
+  // The SVG: a lane per device, the slices, an arrow.
+  std::ostringstream svg;
+  multidev::write_timeline_svg(b, svg);
+  BOOST_TEST(svg.str().starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  BOOST_TEST(contains(svg.str(), ">device 0 (" + name0 + ")<"));
+  BOOST_TEST(contains(svg.str(), ">device 1 (" + name1 + ")<"));
+  BOOST_TEST(contains(svg.str(), "<title>produce (task, seq 1): "));
+  BOOST_TEST(contains(svg.str(), "marker-end=\"url(#arrow)\""));
+  BOOST_TEST(svg.str().ends_with("</svg>\n"));
+}
+
+BOOST_AUTO_TEST_CASE(test_trace_writers_refuse_a_backend_without_tracing_and_name_a_bad_path) {
+  backend off{traced(0)};
+  produce_consume(off);
+  std::ostringstream os;
+  for (auto write : {+[](const backend& b, std::ostream& o) { multidev::write_chrome_trace(b, o); },
+                     +[](const backend& b, std::ostream& o) { multidev::write_timeline_svg(b, o); }})
+    try {
+      write(off, os);
+      BOOST_ERROR("wrote the trace of a backend without tracing");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(contains(e.what(), "tracing is off"), e.what());
+      BOOST_TEST(contains(e.what(), "trace_capacity"), e.what());
+    }
+  BOOST_TEST(os.str().empty());
+  backend on{traced(16)};
+  produce_consume(on);
+  const std::string bad = "/nonexistent-multidev-dir/trace.json";
+  try {
+    multidev::write_chrome_trace(on, bad);
+    BOOST_ERROR("wrote to " << bad);
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(contains(e.what(), "cannot write '" + bad + "'"), e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_trace_a_host_sync_that_blocks_is_in_the_trace_and_the_timeline) {
+  backend b{traced(64)};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  b.schedule_task(d, task{"held", [] {}, {}});
+  auto e = b.all_work(d);
+  auto before = multidev::trace_clock_ns();
+  auto opener = open_once_blocked(b, release, "sync");
+  sync(b, e); // blocks until the opener sees it blocked
+  opener.join();
+  auto after = multidev::trace_clock_ns();
+  b.sync(e); // done: it does not block, and records nothing
+  auto t = b.trace(d);
+  BOOST_TEST_REQUIRE(t.host.size() == 1u, to_sexp(t).to_string());
+  const auto& h = t.host[0];
+  BOOST_TEST((h.kind == multidev::host_span_kind::wait));
+  BOOST_TEST(h.seq == e.seq());
+  BOOST_TEST(h.description == "sync " + d.name() + " seq " + std::to_string(e.seq()));
+  BOOST_TEST(!h.failed);
+  BOOST_TEST(h.thread > 0u);
+  BOOST_TEST(before <= h.start_ns);
+  BOOST_TEST(h.start_ns <= at_seq(t, e.seq()).end_ns); // it waited for "held" to end
+  BOOST_TEST(at_seq(t, e.seq()).end_ns <= h.end_ns);
+  BOOST_TEST(h.end_ns <= after);
+  // On the timeline: a slice on the host thread's lane, with an arrow from "held".
+  auto tl = multidev::make_timeline(b);
+  std::size_t waits = 0;
+  for (std::size_t i = 0; i < tl.slices.size(); ++i) {
+    const auto& s = tl.slices[i];
+    if (s.kind != "host")
+      continue;
+    ++waits;
+    BOOST_TEST(tl.lanes[s.lane] == "host thread " + std::to_string(h.thread));
+    BOOST_TEST(s.name == h.description);
+    auto arrows = std::count_if(tl.flows.begin(), tl.flows.end(), [&](const auto& f) {
+      return f.to_slice == i && tl.slices[f.from_slice].name == "held";
+    });
+    BOOST_TEST(arrows == 1);
+  }
+  BOOST_TEST(waits == 1u);
+  // And in the Chrome trace.
+  auto tracks = read_chrome_trace(multidev::chrome_trace_json(tl));
+  BOOST_TEST(tracks.track_of_slice.count(h.description) == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(test_trace_a_host_await_that_fails_is_a_failed_host_span) {
+  backend b{traced(64, 1)};
+  auto d = b.get_device(0);
+  auto release = block_runner(b, d);
+  b.schedule_task(d, task{"boom", [] { throw std::runtime_error("boom"); }, {}});
+  auto opener = open_once_blocked(b, release, "await");
+  BOOST_CHECK_THROW(test_support::bounded([&] { b.await(d); }), device_error);
+  opener.join();
+  auto t = b.trace(d);
+  BOOST_TEST_REQUIRE(t.host.size() == 1u, to_sexp(t).to_string());
+  BOOST_TEST(t.host[0].failed);
+  BOOST_TEST(contains(t.host[0].description, "await " + d.name()), t.host[0].description);
+  BOOST_TEST(contains(to_sexp(t).to_string(), "(host (host_span (kind wait)"),
+             to_sexp(t).to_string());
+}
+
+BOOST_AUTO_TEST_CASE(test_trace_multidev_trace_writes_a_file_per_backend_without_trace_settings) {
+  auto dir = std::filesystem::temp_directory_path()
+             / ("multidev-trace-env-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  BOOST_TEST_REQUIRE(setenv("MULTIDEV_TRACE", (dir / "run.json").c_str(), 1) == 0);
+  {
+    backend first{traced(0)};
+    backend explicit_settings{traced(8)}; // its own trace settings: no file
+    backend second{traced(0)};
+    produce_consume(first);
+    produce_consume(explicit_settings);
+    produce_consume(second);
+    BOOST_TEST(first.trace(first.get_device(0)).capacity == 65536u);
+  }
+  unsetenv("MULTIDEV_TRACE");
+  for (const char* name : {"run.json", "run.1.json"}) {
+    auto tracks = read_chrome_trace(read_file(dir / name));
+    BOOST_TEST(tracks.track_of_slice.count("produce") == 1u, name);
+    BOOST_TEST(tracks.track_of_slice.count("consume") == 1u, name);
+  }
+  BOOST_TEST(!std::filesystem::exists(dir / "run.2.json"));
+  std::filesystem::remove_all(dir);
 }

@@ -85,7 +85,10 @@ struct backend_options {
   /// What `~backend` does with work accepted and not started.
   destroy_policy on_destroy = destroy_policy::drain;
   /// Records each device's runner trace keeps (its last items, see
-  /// `backend::trace`); 0, the default, turns tracing off.
+  /// `backend::trace`); 0, the default, turns tracing off, unless the
+  /// environment variable `MULTIDEV_TRACE` names a file: then 65,536, and
+  /// the backend writes its Chrome trace there when it is destroyed
+  /// (`multidev/trace.hpp`, docs/api.md "Traces").
   std::size_t trace_capacity = 0;
   /// Whether a device's items may run on another device's runner thread
   /// (synchronous drivers). When a device's next item waits for a device
@@ -244,8 +247,11 @@ public:
   sexp get_debug_info(const device& d) const;
   /// A copy of `d`'s runner trace (`multidev/trace.hpp`): the last
   /// `trace_capacity` items it handled, oldest first, and how many older
-  /// ones were dropped; taken without stopping the runner. Empty, with
-  /// capacity 0, when tracing is off.
+  /// ones were dropped; taken without stopping the runner; with the host
+  /// threads' blocking waits on `d` and its node's loss (`host`). Empty,
+  /// with capacity 0, when tracing is off. A device of another process is
+  /// asked by message and named as this process names it; once its node is
+  /// lost, only `host` is left, and `unreachable` says why.
   device_trace trace(const device& d) const;
 
   // -- Work ------------------------------------------------------------------

@@ -1,15 +1,15 @@
 // The timeline as a self-contained SVG Gantt chart: a lane per device and
-// one for the host, slices coloured by kind, an arrow per wait, a time axis
+// per host thread, slices coloured by kind, an arrow per wait, a time axis
 // and a legend. No script, no external resource: any browser or image
 // viewer shows it.
-#include "scenario/scenario.hpp"
+#include "multidev/trace.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-namespace multidev::scenario {
+namespace multidev {
 
 namespace {
 
@@ -29,7 +29,8 @@ constexpr kind_style styles[] = {
   {"task", "#4e79a7", "task"},       {"copy", "#59a14f", "copy"},
   {"memset", "#9c755f", "memset"},   {"pool", "#bab0ac", "pool release"},
   {"gate", "#f28e2b", "wait (will_wait_for)"}, {"cancel", "#ff9da7", "cancelled"},
-  {"host", "#76b7b2", "host step (sync, await, kill)"},
+  {"host", "#76b7b2", "host wait (sync, await; a script's steps)"},
+  {"lost", "#e15759", "node lost (last heard to declared lost)"},
 };
 
 const char* colour_of(const std::string& kind) {
@@ -72,8 +73,7 @@ std::string duration_label(double ns) {
 
 } // namespace
 
-std::string timeline_svg(const run_result& r) {
-  const auto& tl = r.tl;
+std::string timeline_svg(const timeline& tl) {
   double span = std::max<double>(1.0, static_cast<double>(tl.end_ns - tl.start_ns));
   auto x = [&](int64_t ns) {
     return label_width + plot_width * static_cast<double>(ns - tl.start_ns) / span;
@@ -92,9 +92,8 @@ std::string timeline_svg(const run_result& r) {
          "<path d=\"M 0 0 L 10 5 L 0 10 z\" fill=\"#333\"/></marker></defs>\n";
   out += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", width,
                      height);
-  out += fmt::format("<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">multidev run "
-                     "{} — {} ({} device(s), seed {})</text>\n",
-                     escape(r.scenario), r.ok() ? "passed" : "failed", r.devices, r.seed);
+  out += fmt::format("<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+                     escape(tl.title));
   // Lanes.
   for (std::size_t l = 0; l < tl.lanes.size(); ++l) {
     double ly = y(static_cast<int>(l));
@@ -113,7 +112,7 @@ std::string timeline_svg(const run_result& r) {
     const auto& sb = tl.slices[b];
     return sa.lane != sb.lane ? sa.lane < sb.lane : sa.start_ns < sb.start_ns;
   });
-  auto draw = [&](const slice& s, double x0, double x1, std::size_t merged) {
+  auto draw = [&](const timeline_slice& s, double x0, double x1, std::size_t merged) {
     double ly = y(s.lane) + 4;
     double w = std::max(1.0, x1 - x0);
     std::string title =
@@ -202,4 +201,4 @@ std::string timeline_svg(const run_result& r) {
   return out;
 }
 
-} // namespace multidev::scenario
+} // namespace multidev
