@@ -115,6 +115,7 @@ std::string to_string(host_span_kind k);
 /// actor stopped (its backend was destroyed) gets a span of no length at
 /// the moment its link learned it.
 struct host_span {
+  /// A host thread's wait, or a node's loss.
   host_span_kind kind = host_span_kind::wait;
   /// `sync seq 3`, `await seq 7`; `node lost: <why>`.
   std::string description;
@@ -124,13 +125,15 @@ struct host_span {
   /// The seq waited for (an `await`: everything scheduled up to it); 0 for
   /// a node loss.
   uint64_t seq = 0;
-  /// `trace_clock_ns` times.
+  /// When the span began, a `trace_clock_ns` time.
   int64_t start_ns = 0;
+  /// When it ended, a `trace_clock_ns` time.
   int64_t end_ns = 0;
   /// A wait that ended in an error (a failed or cancelled event, a
   /// deadline, a lost node); always true for a node loss.
   bool failed = false;
 
+  /// Field by field.
   friend bool operator==(const host_span&, const host_span&) = default;
 };
 
@@ -170,13 +173,17 @@ sexp to_sexp(const device_trace& t);
 struct timeline_slice {
   /// Index into `timeline::lanes`.
   int lane = 0;
+  /// What the slice shows: the item's description, the wait, the loss.
   std::string name;
   /// A `trace_kind`'s name (`task`, `copy`, `memset`, `pool`, `gate`,
   /// `cancel`), `host` (a host thread's wait, or a script's step) or `lost`
   /// (a node loss).
   std::string kind;
+  /// When it began, a `trace_clock_ns` time.
   int64_t start_ns = 0;
+  /// When it ended, a `trace_clock_ns` time.
   int64_t end_ns = 0;
+  /// Whether the item or wait failed (always true for a loss).
   bool failed = false;
   /// The item's seq on its device; for a wait, the seq waited for; 0 for a
   /// loss.
@@ -187,14 +194,19 @@ struct timeline_slice {
 
 /// A dependency arrow: `from_slice` finished before `to_slice` could go on.
 struct timeline_flow {
+  /// The lane the arrow leaves (index into `timeline::lanes`).
   int from_lane = 0;
+  /// Where it leaves: the end of `from_slice`.
   int64_t from_ns = 0;
+  /// The lane the arrow reaches.
   int to_lane = 0;
+  /// Where it arrives: the start of `to_slice`.
   int64_t to_ns = 0;
   /// `wait` (a gate, a host thread's wait), or what a script's edge was.
   std::string kind;
-  /// Indices into `timeline::slices`.
+  /// The slice the arrow leaves (index into `timeline::slices`).
   std::size_t from_slice = 0;
+  /// The slice it reaches (index into `timeline::slices`).
   std::size_t to_slice = 0;
 };
 
@@ -205,12 +217,16 @@ struct timeline {
   std::string title;
   /// Name and value pairs for the Chrome trace's `otherData`.
   std::vector<std::pair<std::string, std::string>> info;
+  /// Lane names, top to bottom: the devices, then the host threads.
   std::vector<std::string> lanes;
+  /// Every slice, on any lane.
   std::vector<timeline_slice> slices;
+  /// Every dependency arrow.
   std::vector<timeline_flow> flows;
   /// The span drawn: from the earliest slice to the latest, unless set
   /// otherwise.
   int64_t start_ns = 0;
+  /// The end of the span drawn (see `start_ns`).
   int64_t end_ns = 0;
 };
 
@@ -249,10 +265,12 @@ std::string timeline_svg(const timeline& tl);
 /// `b`, and `std::runtime_error` naming the path and the reason when the
 /// file cannot be written.
 void write_chrome_trace(const backend& b, std::ostream& out);
+/// `write_chrome_trace` into the file at `path` (replaced).
 void write_chrome_trace(const backend& b, const std::string& path);
 
 /// `timeline_svg(make_timeline(b))`, as `write_chrome_trace`.
 void write_timeline_svg(const backend& b, std::ostream& out);
+/// `write_timeline_svg` into the file at `path` (replaced).
 void write_timeline_svg(const backend& b, const std::string& path);
 
 } // namespace multidev
