@@ -403,6 +403,29 @@ BOOST_AUTO_TEST_CASE(test_bench_meets_target_checks_the_ratio_and_the_value_boun
   BOOST_TEST(r.meets_target());
 }
 
+BOOST_AUTO_TEST_CASE(test_bench_numbers_print_with_units_and_thousands_separators) {
+  BOOST_TEST(tools::format_quantity(6141203.2, "tasks/s") == "6,141,203 tasks/s");
+  BOOST_TEST(tools::format_quantity(1000, "ns/task") == "1,000 ns/task");
+  BOOST_TEST(tools::format_quantity(999.94, "ns/task") == "999.9 ns/task");
+  BOOST_TEST(tools::format_quantity(313.44, "ns/task") == "313.4 ns/task");
+  BOOST_TEST(tools::format_quantity(0.0028, "") == "0.0028");
+  BOOST_TEST(tools::format_quantity(-12345.0, "B") == "-12,345 B");
+  tools::bench_result r;
+  r.name = "remote_named_tasks";
+  r.unit = "tasks/s";
+  r.baseline = "schedule_named, one round trip each";
+  r.value = 6141203.2;
+  r.baseline_value = 6027;
+  r.ratio = r.value / r.baseline_value;
+  r.better = "higher";
+  r.value_target = 200000;
+  auto table = tools::format_table({r});
+  BOOST_TEST(table.find("6,141,203 tasks/s") != std::string::npos, table);
+  BOOST_TEST(table.find("6,027 tasks/s") != std::string::npos, table);
+  BOOST_TEST(table.find(">=200,000 tasks/s ok") != std::string::npos, table);
+  BOOST_TEST(table.find("6141203") == std::string::npos, table);
+}
+
 BOOST_AUTO_TEST_CASE(test_bench_only_selects_exact_cases) {
   auto rs = quick_run("", {"copy_4KiB"});
   BOOST_TEST(pairs_of(rs)

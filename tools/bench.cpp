@@ -1629,12 +1629,33 @@ const std::vector<std::string>& case_names() {
   return names;
 }
 
+std::string format_quantity(double v, const std::string& unit) {
+  std::string n;
+  if (!std::isfinite(v)) {
+    n = fmt::format("{}", v);
+  } else if (std::abs(v) >= 1000) {
+    auto digits = fmt::format("{:.0f}", std::abs(v));
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0)
+        n += ',';
+      n += digits[i];
+    }
+    if (v < 0)
+      n.insert(n.begin(), '-');
+  } else if (std::abs(v) >= 1 || v == 0) {
+    n = fmt::format("{:.1f}", v);
+  } else {
+    n = fmt::format("{:.3g}", v);
+  }
+  return unit.empty() ? n : n + " " + unit;
+}
+
 std::string format_table(const std::vector<bench_result>& rs) {
-  std::string s = fmt::format("{:<36} {:>14} {:<33} {:>14} {:>8}  {}\n", "benchmark",
+  std::string s = fmt::format("{:<36} {:>20} {:<33} {:>20} {:>8}  {}\n", "benchmark",
                               "multidev", "baseline", "baseline", "ratio", "target");
   for (const auto& r : rs) {
     if (!r.skipped.empty()) {
-      s += fmt::format("{:<36} {:>14} {:<33} {:>14} {:>8}  {}\n", r.name, "-", r.baseline, "-",
+      s += fmt::format("{:<36} {:>20} {:<33} {:>20} {:>8}  {}\n", r.name, "-", r.baseline, "-",
                        "-", r.skipped);
       continue;
     }
@@ -1643,11 +1664,12 @@ std::string format_table(const std::vector<bench_result>& rs) {
     if (r.target)
       target = fmt::format("{}{:g}", op, *r.target); // 0.02 stays 0.02
     if (r.value_target) // an absolute bound on the value, shown with its unit
-      target += fmt::format("{}{}{:.1f} {}", target.empty() ? "" : ", ", op, *r.value_target,
-                            r.unit);
+      target += fmt::format("{}{}{}", target.empty() ? "" : ", ", op,
+                            format_quantity(*r.value_target, r.unit));
     target = target.empty() ? "-" : target + (r.meets_target() ? " ok" : " MISSED");
-    s += fmt::format("{:<36} {:>9.1f} {:<4} {:<33} {:>9.1f} {:<4} {:>8.3f}  {}\n", r.name,
-                     r.value, r.unit, r.baseline, r.baseline_value, r.unit, r.ratio, target);
+    s += fmt::format("{:<36} {:>20} {:<33} {:>20} {:>8.3f}  {}\n", r.name,
+                     format_quantity(r.value, r.unit), r.baseline,
+                     format_quantity(r.baseline_value, r.unit), r.ratio, target);
   }
   return s;
 }

@@ -51,6 +51,11 @@ const std::vector<std::string>& case_names();
 
 std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& b);
 
+/// `v` with its unit as a person reads it: thousands separated by commas
+/// and no decimals from 1,000 up (`6,141,203 tasks/s`), one decimal from 1
+/// (`313.4 ns/task`), three significant digits below (`0.0028`).
+std::string format_quantity(double v, const std::string& unit);
+
 /// The table printed to stdout.
 std::string format_table(const std::vector<bench_result>& rs);
 
