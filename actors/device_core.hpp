@@ -367,7 +367,8 @@ private:
   /// by the producer and freed with the runner's batch.
   class named_extra {
   public:
-    /// Copies `description`. Throws `std::bad_alloc`.
+    /// Copies `description`. Throws `std::bad_alloc`, and
+    /// `std::length_error` for a description of 4 GiB or more.
     static named_extra* make(std::string_view description, std::shared_ptr<const void> keep_alive,
                              trace_kind kind);
     static void destroy(named_extra* x) noexcept;
@@ -379,10 +380,10 @@ private:
     std::shared_ptr<const void> keep_alive;
 
   private:
-    named_extra(std::shared_ptr<const void> k, trace_kind t, std::size_t n) noexcept
+    named_extra(std::shared_ptr<const void> k, trace_kind t, uint32_t n) noexcept
       : keep_alive(std::move(k)), size_(n), kind_(t) {}
     ~named_extra() = default;
-    std::size_t size_; // of the text, which follows the object
+    uint32_t size_; // of the text, which follows the object
     trace_kind kind_;
   };
   /// An entry's extra: none (a bare closure), an `item_extra` (an order or
@@ -432,7 +433,10 @@ private:
       }
       return *this;
     }
-    ~extra_ptr() { reset(); }
+    ~extra_ptr() {
+      if (owns()) [[unlikely]]
+        destroy();
+    }
     explicit operator bool() const noexcept { return bits_ != 0; }
     /// The order's or the wait's extra; null for any other.
     item_extra* order_or_wait() const noexcept {
@@ -463,14 +467,18 @@ private:
         reinterpret_cast<item_extra*>(std::exchange(bits_, 0))};
     }
     void reset() noexcept {
-      if (auto* n = named())
-        named_extra::destroy(n);
-      else
-        delete order_or_wait();
+      if (owns())
+        destroy();
       bits_ = 0;
     }
 
   private:
+    /// Whether it owns an allocation (else the destructor has nothing to do:
+    /// a bare closure's and a described task's entries check one word).
+    bool owns() const noexcept { return bits_ != 0 && !(bits_ & text_bit); }
+    /// Frees the allocation it owns; out of line (an `item_extra`'s
+    /// destructor is long), leaving `bits_` as it is.
+    void destroy() noexcept;
     static constexpr uintptr_t named_bit = 1; // a named_extra
     static constexpr uintptr_t text_bit = 2;  // a place in the batch's text
     static constexpr uintptr_t holds_bit = 4; // a named_extra with a keep_alive

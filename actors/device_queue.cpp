@@ -91,8 +91,10 @@ void device_core::recycle(item& it) noexcept {
 device_core::named_extra* device_core::named_extra::make(std::string_view description,
                                                          std::shared_ptr<const void> keep_alive,
                                                          trace_kind kind) {
+  if (description.size() > UINT32_MAX)
+    throw std::length_error("a task description of 4 GiB or more");
   auto* x = new (::operator new(sizeof(named_extra) + description.size()))
-    named_extra(std::move(keep_alive), kind, description.size());
+    named_extra(std::move(keep_alive), kind, static_cast<uint32_t>(description.size()));
   std::memcpy(reinterpret_cast<char*>(x + 1), description.data(), description.size());
   return x;
 }
@@ -100,6 +102,13 @@ device_core::named_extra* device_core::named_extra::make(std::string_view descri
 void device_core::named_extra::destroy(named_extra* x) noexcept {
   x->~named_extra();
   ::operator delete(static_cast<void*>(x));
+}
+
+void device_core::extra_ptr::destroy() noexcept {
+  if (auto* n = named())
+    named_extra::destroy(n);
+  else
+    delete order_or_wait();
 }
 
 device_core::extra_ptr device_core::append_text(std::string_view description, trace_kind kind) {
