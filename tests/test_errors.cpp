@@ -93,6 +93,22 @@ double still_runs(backend& b, const device& d, int pool, std::size_t n,
   return r ? r->sum : -1.0;
 }
 
+/// One device `d` with pool 1 of 256 bytes, and what a refusal must leave
+/// as it is: the device's debug info (`info`) and used memory (`used`).
+struct pool_1_of_256_bytes {
+  pool_1_of_256_bytes() {
+    b.alloc_pool(d, 1, 256, 64);
+    bounded([&] { b.await(d); }, "await");
+    info = b.get_debug_info(d).to_string();
+    used = b.get_used_memory(d);
+  }
+
+  backend b{two_devices(1)};
+  device d = b.get_device(0);
+  std::string info;
+  std::size_t used = 0;
+};
+
 } // namespace
 
 // -- a failing task ----------------------------------------------------------------
@@ -424,14 +440,7 @@ BOOST_AUTO_TEST_CASE(test_errors_get_device_rejects_bad_ordinals) {
   BOOST_TEST((b.get_device(1) == d)); // memoized
 }
 
-BOOST_AUTO_TEST_CASE(test_errors_alloc_pool_rejects_bad_alignment) {
-  backend b{two_devices(1)};
-  auto d = b.get_device(0);
-  b.alloc_pool(d, 1, 256, 64);
-  bounded([&] { b.await(d); }, "await");
-  auto info = b.get_debug_info(d).to_string();
-  auto used = b.get_used_memory(d);
-
+BOOST_FIXTURE_TEST_CASE(test_errors_alloc_pool_rejects_bad_alignment, pool_1_of_256_bytes) {
   for (std::size_t alignment : {std::size_t{0}, std::size_t{3}, std::size_t{48}}) {
     // A fresh pool id and the existing one: neither may change anything.
     for (int pool : {1, 2}) {
@@ -448,14 +457,7 @@ BOOST_AUTO_TEST_CASE(test_errors_alloc_pool_rejects_bad_alignment) {
 // Issue 36 point 1: a size whose rounding to the alignment wrapped around
 // was accepted with a tiny block behind it, and the pool recorded the size
 // asked for: memset_zero, writes and kernels then wrote past the block.
-BOOST_AUTO_TEST_CASE(test_errors_alloc_pool_refuses_a_size_no_device_can_hold) {
-  backend b{two_devices(1)};
-  auto d = b.get_device(0);
-  b.alloc_pool(d, 1, 256, 64);
-  bounded([&] { b.await(d); }, "await");
-  auto info = b.get_debug_info(d).to_string();
-  auto used = b.get_used_memory(d);
-
+BOOST_FIXTURE_TEST_CASE(test_errors_alloc_pool_refuses_a_size_no_device_can_hold, pool_1_of_256_bytes) {
   struct huge {
     std::size_t size;
     std::size_t alignment;

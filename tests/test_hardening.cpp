@@ -252,6 +252,24 @@ std::pair<int, int> count_answers(std::vector<pending_reply>& pending) {
   return {answered, timed_out};
 }
 
+/// A device `d` whose runner is held (`release` lets it go) and whose queue
+/// of one is full, and four requests to its actor `a` deferred by flow
+/// control (defer_four_requests), `pending` for `self`.
+struct four_deferred_requests {
+  four_deferred_requests() {
+    b.schedule_task(d, {"fills the queue", [] {}});
+    pending = defer_four_requests(self, a);
+    BOOST_TEST(scheduled_count(b, d) == 2);
+  }
+
+  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
+  device d = b.get_device(0);
+  std::shared_ptr<latch_gate> release = block_runner(b, d);
+  device_actor a = device_actor_of(b, d);
+  caf::scoped_actor self{b.system()};
+  std::vector<pending_reply> pending;
+};
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_hardening_requests_deferred_by_flow_control_are_answered_at_shutdown) {
@@ -330,15 +348,8 @@ BOOST_AUTO_TEST_CASE(test_hardening_errors_name_each_device_once) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_actor_is_killed) {
-  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
-  auto d = b.get_device(0);
-  auto release = block_runner(b, d);
-  b.schedule_task(d, {"fills the queue", [] {}});
-  auto a = device_actor_of(b, d);
-  caf::scoped_actor self{b.system()};
-  auto pending = defer_four_requests(self, a);
-  BOOST_TEST(scheduled_count(b, d) == 2);
+BOOST_FIXTURE_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_actor_is_killed,
+                        four_deferred_requests) {
   // The actor is stopped while its core still runs: no room message comes.
   caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   auto [answered, timed_out] = count_answers(pending);
@@ -347,17 +358,10 @@ BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_acto
   release->open();
 }
 
-BOOST_AUTO_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_actor_is_killed_outright) {
+BOOST_FIXTURE_TEST_CASE(test_hardening_deferred_requests_are_answered_when_the_actor_is_killed_outright,
+                        four_deferred_requests) {
   // Issue 36 point 6: `exit_reason::kill` skips the exit handler, which
   // answered the deferred requests; they must be answered all the same.
-  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
-  auto d = b.get_device(0);
-  auto release = block_runner(b, d);
-  b.schedule_task(d, {"fills the queue", [] {}});
-  auto a = device_actor_of(b, d);
-  caf::scoped_actor self{b.system()};
-  auto pending = defer_four_requests(self, a);
-  BOOST_TEST(scheduled_count(b, d) == 2);
   caf::anon_send_exit(a, caf::exit_reason::kill);
   std::vector<std::string> errors;
   int timed_out = 0, values = 0;

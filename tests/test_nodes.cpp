@@ -85,6 +85,28 @@ buffer_arg buffer(int pool, std::size_t bytes) {
   return buffer_arg{buffer_loc{pool, 0}, bytes};
 }
 
+/// A node "b" of one device `d`, attached to `b`, for batches of
+/// `y += 1 * x`: pool 1000 on it holds y (offset 0) and x = 1 (offset 4);
+/// y is set to 0 by `y_zeroed`, not waited for.
+struct axpy_on_a_node {
+  axpy_on_a_node() {
+    auto ds = attach_node(b, "127.0.0.1", node.port());
+    BOOST_TEST_REQUIRE(ds.size() == 1u);
+    d = ds[0];
+    b.alloc_pool(d, 1000, 8, 64);
+    b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
+    y_zeroed = b.schedule_named(d, {"fill", {y, 0.0}});
+  }
+
+  node_process node{tool(), 1, "b", true};
+  cluster c;
+  backend& b = c.b;
+  device d;
+  buffer_arg y{buffer_loc{1000, 0}, 4};
+  buffer_arg x{buffer_loc{1000, 4}, 4};
+  event y_zeroed;
+};
+
 /// A node actor that lists `devices` under `name`, whatever they are: the
 /// seam for attach_node's failures (a device that does not answer, a node
 /// whose device count changed).
@@ -194,22 +216,11 @@ BOOST_AUTO_TEST_CASE(test_nodes_devices_come_after_the_local_ones_and_work_cross
   }
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_batch_of_named_tasks_runs_each_task_once_in_order) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_batch_of_named_tasks_runs_each_task_once_in_order, axpy_on_a_node) {
   // 10,000 `y += 1 * x` with x = 1 on a node's device, sent by schedule_batch
   // (three messages): y counts the tasks that ran, exactly (floats count
   // exactly up to 2^24). A batch with an unknown kernel in the middle
   // schedules none of it.
-  node_process node{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", node.port());
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  auto d = ds[0];
-  b.alloc_pool(d, 1000, 8, 64);
-  auto y = buffer_arg{buffer_loc{1000, 0}, 4};
-  auto x = buffer_arg{buffer_loc{1000, 4}, 4};
-  b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
-  b.schedule_named(d, {"fill", {y, 0.0}});
   constexpr int n = 10'000;
   std::vector<task_spec> specs(n, task_spec{"axpy", {y, 1.0, x}});
   auto events = b.schedule_batch(d, specs);
@@ -669,23 +680,13 @@ BOOST_AUTO_TEST_CASE(test_nodes_provenance_names_a_killed_node_as_the_origin_thr
   BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_batch_in_parts_with_a_bad_spec_at_the_end_schedules_none) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_batch_in_parts_with_a_bad_spec_at_the_end_schedules_none, axpy_on_a_node) {
   // More than 4,096 tasks go to a node in parts. A bad spec in the last part
   // (after two good ones) schedules none of the batch: the node's device
   // has scheduled nothing more, stays idle, and y is unchanged; the same for
   // a spec naming a pool the node does not have. A good batch in parts
   // after them runs each task once.
-  node_process node{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", node.port());
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  auto d = ds[0];
-  b.alloc_pool(d, 1000, 8, 64);
-  auto y = buffer_arg{buffer_loc{1000, 0}, 4};
-  auto x = buffer_arg{buffer_loc{1000, 4}, 4};
-  b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
-  b.sync(b.schedule_named(d, {"fill", {y, 0.0}}));
+  b.sync(y_zeroed);
   auto before = b.all_work(d).seq();
   std::vector<task_spec> specs(2 * 4096 + 10, task_spec{"axpy", {y, 1.0, x}});
   std::vector<task_spec> bad_ones{{"no_such_kernel", {}},

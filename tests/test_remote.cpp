@@ -607,6 +607,27 @@ int serve_devices() {
   return 0;
 }
 
+/// Two actor systems in this process: A's backend `a` (two devices) serves
+/// them on `ports`; B's backend `b` has one local device. Both systems are
+/// shut down under a watchdog, b first.
+struct node_a_serves_b {
+  ~node_a_serves_b() {
+    watchdog guard{"shutting down both systems"};
+    b.reset();
+    sys_b.reset();
+    a.reset();
+    sys_a.reset();
+  }
+
+  caf::actor_system_config cfg_a;
+  std::unique_ptr<caf::actor_system> sys_a = make_system(cfg_a);
+  std::unique_ptr<backend> a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
+  std::vector<uint16_t> ports = publish_devices(*sys_a, *a);
+  caf::actor_system_config cfg_b;
+  std::unique_ptr<caf::actor_system> sys_b = make_system(cfg_b);
+  std::unique_ptr<backend> b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
+};
+
 } // namespace
 
 // -- the tests ------------------------------------------------------------------
@@ -647,16 +668,9 @@ BOOST_AUTO_TEST_CASE(test_remote_devices_of_a_second_actor_system_in_this_proces
   }
 }
 
-BOOST_AUTO_TEST_CASE(test_remote_a_deadline_names_a_wait_on_another_node) {
+BOOST_FIXTURE_TEST_CASE(test_remote_a_deadline_names_a_wait_on_another_node, node_a_serves_b) {
   // A's device a0 runs a long task; B's local device waits on it. A deadline
   // on B's side names the chain across the node, and the wait graph shows it.
-  caf::actor_system_config cfg_a;
-  auto sys_a = make_system(cfg_a);
-  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
-  auto ports = publish_devices(*sys_a, *a);
-  caf::actor_system_config cfg_b;
-  auto sys_b = make_system(cfg_b);
-  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
   {
     watchdog guard{"a deadline on a wait across nodes"};
     auto a0 = attach(*sys_b, *b, ports[0]);
@@ -687,27 +701,13 @@ BOOST_AUTO_TEST_CASE(test_remote_a_deadline_names_a_wait_on_another_node) {
                graph);
     bounded([&] { b->sync(local, 30s); }, "the sync once the remote task ended");
   }
-  {
-    watchdog guard{"shutting down both systems"};
-    b.reset();
-    sys_b.reset();
-    a.reset();
-    sys_a.reset();
-  }
 }
 
-BOOST_AUTO_TEST_CASE(test_remote_a_timed_out_sync_leaves_no_wait_on_the_device) {
+BOOST_FIXTURE_TEST_CASE(test_remote_a_timed_out_sync_leaves_no_wait_on_the_device, node_a_serves_b) {
   // A's device 0 is held; B syncs 200 times on a pending event of it, each
   // with a 1 ms deadline. Each gives up at its deadline and tells the device
   // (issue 36 point 2): no wait stays registered there until the event
   // resolves. Once released, a sync without a deadline still completes.
-  caf::actor_system_config cfg_a;
-  auto sys_a = make_system(cfg_a);
-  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 2});
-  auto ports = publish_devices(*sys_a, *a);
-  caf::actor_system_config cfg_b;
-  auto sys_b = make_system(cfg_b);
-  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
   {
     watchdog guard{"timed-out syncs on a device of another node"};
     auto a0 = attach(*sys_b, *b, ports[0]);
@@ -734,13 +734,6 @@ BOOST_AUTO_TEST_CASE(test_remote_a_timed_out_sync_leaves_no_wait_on_the_device) 
     bounded([&] { b->sync(pending); }, "the sync once the remote device was released");
     BOOST_TEST(pending.is_done());
     BOOST_TEST(test_support::field_of(b->get_debug_info(a0), "waiters") == "0");
-  }
-  {
-    watchdog guard{"shutting down both systems"};
-    b.reset();
-    sys_b.reset();
-    a.reset();
-    sys_a.reset();
   }
 }
 

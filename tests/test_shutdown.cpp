@@ -54,6 +54,14 @@ std::size_t thread_count() {
   return n;
 }
 
+/// `cfg` made ready for an actor system the program owns: multidev's types,
+/// two scheduler threads.
+caf::actor_system_config& program_config(caf::actor_system_config& cfg) {
+  multidev::register_types(cfg);
+  cfg.set("scheduler.max-threads", std::size_t{2});
+  return cfg;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_shutdown_destroying_backend_finishes_queued_work) {
@@ -146,9 +154,7 @@ BOOST_AUTO_TEST_CASE(test_shutdown_backend_on_user_owned_actor_system) {
   std::atomic<std::size_t> actors_during{0}, actors_before{0}, actors_after{0};
   auto owner = std::async(std::launch::async, [&] {
     caf::actor_system_config cfg;
-    multidev::register_types(cfg);
-    cfg.set("scheduler.max-threads", std::size_t{2});
-    auto sys = std::make_unique<caf::actor_system>(cfg);
+    auto sys = std::make_unique<caf::actor_system>(program_config(cfg));
     actors_before = sys->registry().running();
     {
       backend b{*sys, backend_options{.num_devices = 2}};
@@ -230,9 +236,7 @@ BOOST_AUTO_TEST_CASE(test_shutdown_kept_device_handle_does_not_block_exit) {
   multidev::device kept2;
   bounded([&] {
     caf::actor_system_config cfg;
-    multidev::register_types(cfg);
-    cfg.set("scheduler.max-threads", std::size_t{2});
-    caf::actor_system sys{cfg};
+    caf::actor_system sys{program_config(cfg)};
     {
       backend b{sys, backend_options{.num_devices = 2}};
       kept2 = b.get_device(1);
@@ -267,9 +271,7 @@ BOOST_AUTO_TEST_CASE(test_shutdown_reply_sink_may_die_inside_its_own_reply) {
   std::optional<caf::actor_system> sys;
   {
     caf::actor_system_config cfg;
-    multidev::register_types(cfg);
-    cfg.set("scheduler.max-threads", std::size_t{2});
-    sys.emplace(cfg);
+    sys.emplace(program_config(cfg));
   }
   // An argument, though unused: CAF 0.17 spawns a function without one
   // through a null tuple pointer, which UBSan reports (`sanitize` preset).
@@ -366,9 +368,7 @@ BOOST_AUTO_TEST_CASE(test_shutdown_last_reference_dropped_inside_a_task_on_a_sys
   bounded(
     [&] {
       caf::actor_system_config cfg;
-      multidev::register_types(cfg);
-      cfg.set("scheduler.max-threads", std::size_t{2});
-      caf::actor_system sys{cfg};
+      caf::actor_system sys{program_config(cfg)};
       std::promise<void> dropped;
       cores = drop_inside_a_task(std::make_shared<backend>(sys, backend_options{.num_devices = 2}),
                                  after, dropped);
@@ -444,9 +444,7 @@ BOOST_AUTO_TEST_CASE(test_shutdown_node_actor_never_stopped_does_not_hold_the_ba
   bounded(
     [&] {
       caf::actor_system_config cfg;
-      multidev::register_types(cfg);
-      cfg.set("scheduler.max-threads", std::size_t{2});
-      caf::actor_system sys{cfg};
+      caf::actor_system sys{program_config(cfg)};
       backend b{sys, backend_options{.num_devices = 1}};
       kept = multidev::spawn_node_actor(b, "kept");
     },
