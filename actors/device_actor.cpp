@@ -64,10 +64,9 @@ struct device_state {
     std::vector<task> work;
   };
   /// The batches sent in parts and not yet scheduled, by sender and id.
+  /// Their senders are monitored (`watch`): the batches of one that goes
+  /// down (its node lost, its link stopped) are dropped.
   std::map<std::pair<caf::actor_addr, uint64_t>, staged_batch> batches;
-  /// The senders of such batches, monitored once each: the batches of one
-  /// that goes down (its node lost, its link stopped) are dropped.
-  std::set<caf::actor_addr> batch_senders;
   /// The actor, as the key of its handlers' turns (tsan.hpp).
   const void* turn_key = nullptr;
   static inline const char* name = "multidev_device";
@@ -254,10 +253,7 @@ device_state::staged_batch& stage(self_ptr self, const batch_key& key, uint32_t 
       throw std::invalid_argument(fmt::format(
         "schedule_batch on {}: batch {}: its sender has {} batches open already (at most {})",
         name, key.second, open, max_open_batches));
-    if (key.first) {
-      st.batch_senders.insert(key.first);
-      watch(self, key.first); // one monitor per peer, shared with the waits
-    }
+    watch(self, key.first); // one monitor per peer, shared with the waits
     it = st.batches.emplace(key, device_state::staged_batch{}).first;
   } else if (n != it->second.next_part) {
     auto expected = it->second.next_part;
@@ -473,8 +469,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         auto* w = r.target<wait_reply>();
         return w != nullptr && w->requester == dm.source;
       });
-    if (st.batch_senders.erase(dm.source) > 0)
-      std::erase_if(st.batches, [&dm](const auto& kv) { return kv.first.first == dm.source; });
+    std::erase_if(st.batches, [&dm](const auto& kv) { return kv.first.first == dm.source; });
     fail_owner(self, dm.source,
                fmt::format("the actor owning the awaited event is down ({})",
                            self->system().render(dm.reason)));
