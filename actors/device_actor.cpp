@@ -85,8 +85,10 @@ struct device_state {
   struct incoming_copy {
     caf::actor_addr source;
     std::shared_ptr<gate> g;
-    std::shared_ptr<std::string> bytes;
+    /// The parts come in order; the write after the gate copies them.
+    std::shared_ptr<std::vector<std::string>> parts;
     uint64_t size = 0;
+    uint64_t received = 0;
     std::string source_name;
   };
   std::map<uint64_t, incoming_copy> incoming;
@@ -600,15 +602,18 @@ caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t of
       g->remote = true;
       g->owner_name = source_name;
       g->label = fmt::format("the bytes of {} (transfer {})", source_name, transfer);
-      auto bytes = std::make_shared<std::string>();
+      auto parts = std::make_shared<std::vector<std::string>>();
       c->push_gate(g);
       auto* d = &c->drv();
       auto seq = c->push(task{fmt::format("copy from {} into pool {} [{}, {})", source_name, id,
                                           offset, offset + size),
-                              [d, p, offset, bytes] {
-                                d->copy(p->base() + offset,
-                                        reinterpret_cast<const std::byte*>(bytes->data()),
-                                        bytes->size());
+                              [d, p, offset, parts] {
+                                auto* to = p->base() + offset;
+                                for (const auto& part : *parts) {
+                                  d->copy(to, reinterpret_cast<const std::byte*>(part.data()),
+                                          part.size());
+                                  to += part.size();
+                                }
                               },
                               {},
                               trace_kind::copy},
@@ -617,8 +622,11 @@ caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t of
       std::erase_if(st.remote_gates, [](const auto& kv) { return kv.second.expired(); });
       watch(self, source.address());
       st.remote_gates.emplace(source.address(), g);
-      st.incoming.emplace(transfer, device_state::incoming_copy{source.address(), g, bytes, size,
-                                                                source_name});
+      if (size == 0)
+        c->resolve_gate(*g, nullptr); // no part will come
+      else
+        st.incoming.emplace(transfer, device_state::incoming_copy{source.address(), g, parts,
+                                                                  size, 0, source_name});
       return std::pair{seq, transfer};
     };
     auto r = attempt(*c, push);
@@ -640,18 +648,45 @@ caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t of
 }
 
 /// The copy `transfer` waiting for its bytes from the sender of the message
-/// being handled, taken out; none when there is no such copy (it failed
-/// already: its source went down) or the sender is not its source.
-std::optional<device_state::incoming_copy> take_incoming(self_ptr self, uint64_t transfer) {
+/// being handled; none when there is no such copy (it failed already: its
+/// source went down) or the sender is not its source.
+device_state::incoming_copy* find_incoming(self_ptr self, uint64_t transfer) {
   auto& in = self->state.incoming;
   auto i = in.find(transfer);
   if (i == in.end()
       || caf::actor_cast<caf::actor_addr>(self->current_sender()) != i->second.source)
-    return std::nullopt;
-  auto out = std::move(i->second);
-  in.erase(i);
-  return out;
+    return nullptr;
+  return &i->second;
 }
+
+/// `bytes`: the next part of copy `transfer`; the last one opens its gate.
+void receive_part(self_ptr self, uint64_t transfer, std::string& part) {
+  auto* in = find_incoming(self, transfer);
+  if (!in)
+    return;
+  auto& c = *self->state.core;
+  in->received += part.size();
+  if (in->received > in->size) {
+    auto why = fmt::format("{} sent more than the {} bytes of the copy", in->source_name,
+                           in->size);
+    c.resolve_gate(*in->g, &why);
+    self->state.incoming.erase(transfer);
+    return;
+  }
+  // Read by the write after the gate, once it opens.
+  in->parts->push_back(std::move(part));
+  if (in->received < in->size)
+    return;
+  auto g = std::move(in->g);
+  self->state.incoming.erase(transfer);
+  c.resolve_gate(*g, nullptr);
+}
+
+/// Bytes of a copy between processes per `bytes` message: the source's
+/// runner reads the next part while its middleman sends the last one, and
+/// every buffer stays small enough for the allocator to reuse (a 64 MiB
+/// buffer is a fresh mapping each time, its pages faulted in one by one).
+constexpr std::size_t copy_part_bytes = std::size_t{1} << 20;
 
 /// Sends `msg` to `to` from `from` (a device actor), from any thread.
 void send_from(const caf::strong_actor_ptr& from, const caf::actor& to, caf::message msg) noexcept {
@@ -674,13 +709,29 @@ caf::result<uint64_t> copy_to(self_ptr self, int32_t id, uint64_t offset, uint64
       throw std::invalid_argument(
         fmt::format("copy_to on {}: the destination is an invalid actor handle", c->name()));
     try {
-      c->pool_span(id, offset, size, "copy_to");
-      auto out = std::make_shared<std::string>(size, '\0');
-      auto seq = c->read_bytes(id, offset, out);
-      c->when_resolved(seq, [me, destination, transfer, out](const failure* cause) {
-        send_from(me, destination,
-                  cause ? caf::make_message(bytes_atom::value, transfer, make_error(*cause))
-                        : caf::make_message(bytes_atom::value, transfer, std::move(*out)));
+      auto p = c->pool_span(id, offset, size, "copy_to");
+      // The parts go as they are read; a failure or a cancellation (of the
+      // read, or of an item before it) goes after the parts sent, if any.
+      auto seq = c->push(task{fmt::format("copy pool {} [{}, {}) to actor {}", id, offset,
+                                          offset + size, destination.id()),
+                              [p, offset, size, me, destination, transfer] {
+                                const auto* from = reinterpret_cast<const char*>(p->base())
+                                                   + offset;
+                                for (uint64_t done = 0; done < size;) {
+                                  auto n = std::min<uint64_t>(copy_part_bytes, size - done);
+                                  send_from(me, destination,
+                                            caf::make_message(bytes_atom::value, transfer,
+                                                              std::string(from + done, n)));
+                                  done += n;
+                                }
+                              },
+                              {},
+                              trace_kind::copy},
+                         false);
+      c->when_resolved(seq, [me, destination, transfer](const failure* cause) {
+        if (cause)
+          send_from(me, destination,
+                    caf::make_message(bytes_atom::value, transfer, make_error(*cause)));
       });
       return seq;
     } catch (const std::exception& e) {
@@ -856,25 +907,19 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return copy_to(self, id, offset, size, destination, transfer);
     },
-    [self](bytes_atom, uint64_t transfer, std::string& bytes) {
+    [self](bytes_atom, uint64_t transfer, std::string& part) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      auto in = take_incoming(self, transfer);
-      if (!in)
-        return;
-      auto& c = *self->state.core;
-      if (bytes.size() != in->size) {
-        auto why = fmt::format("{} sent {} bytes for a copy of {}", in->source_name,
-                               bytes.size(), in->size);
-        c.resolve_gate(*in->g, &why);
-        return;
-      }
-      *in->bytes = std::move(bytes); // read by the write after the gate
-      c.resolve_gate(*in->g, nullptr);
+      receive_part(self, transfer, part);
     },
     [self](bytes_atom, uint64_t transfer, const caf::error& err) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      if (auto in = take_incoming(self, transfer))
-        fail_gate(*self->state.core, *in->g, err, self->system(), in->source_name);
+      auto* in = find_incoming(self, transfer);
+      if (!in)
+        return;
+      auto g = std::move(in->g);
+      auto name = std::move(in->source_name);
+      self->state.incoming.erase(transfer);
+      fail_gate(*self->state.core, *g, err, self->system(), name);
     },
     [self](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
            int32_t mode) -> caf::result<uint64_t> {

@@ -207,13 +207,15 @@ using device_actor = caf::typed_actor<
   caf::replies_to<atoms::copy_from_atom, int32_t, uint64_t, uint64_t, caf::actor, std::string,
                   std::string, uint16_t>::with<uint64_t, uint64_t>,
   /// The other half: reads `size` bytes of pool `id` at `offset` after the
-  /// work scheduled before it and sends them straight to `destination` as
-  /// `(bytes, transfer, bytes)`, or `(bytes, transfer, error)` when the read
-  /// is refused, fails or is cancelled. Replies with the read's seq (an error
-  /// for a bad pool or range, after telling `destination`).
+  /// work scheduled before it and sends them straight to `destination`, in
+  /// order, as `(bytes, transfer, bytes)` messages of at most 1 MiB each, or
+  /// `(bytes, transfer, error)` when the read is refused, fails or is
+  /// cancelled. Replies with the read's seq (an error for a bad pool or
+  /// range, after telling `destination`).
   caf::replies_to<atoms::copy_to_atom, int32_t, uint64_t, uint64_t, caf::actor,
                   uint64_t>::with<uint64_t>,
-  /// The bytes of transfer `transfer`, from its source (see `copy_from`).
+  /// The next part of the bytes of transfer `transfer`, from its source (see
+  /// `copy_from`); the write waits until all have come.
   caf::reacts_to<atoms::bytes_atom, uint64_t, std::string>,
   /// Transfer `transfer` failed at its source.
   caf::reacts_to<atoms::bytes_atom, uint64_t, caf::error>,
