@@ -999,3 +999,32 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_copy_between_two_nodes_fails_with_its_source) 
   BOOST_TEST(b.recover(b0));
   b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
 }
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_copy_from_a_node_killed_before_it_read_fails_naming_it) {
+  // a/0 is busy for 30 s when a copy a -> b is asked (the call returns at
+  // once), then node a is killed: b/0's write, which waits for a's bytes,
+  // fails naming a/0 instead of waiting forever, and b/0 recovers.
+  auto na = std::make_unique<node_process>(tool(), 1, "a", true);
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto a0 = attach_node(b, "127.0.0.1", na->port()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  tnode t{1, "t", 4096, memory_mode::on_device};
+  auto ca = b.alloc_node(b.make_context(a0), t);
+  auto cb = b.alloc_node(b.make_context(b0), t);
+  b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
+  test_support::bounded(
+    [&] { BOOST_TEST(b.device_to_device(t, merge_buffer_use::no, cb, ca).has_value()); },
+    "device_to_device from a busy node", 10s);
+  auto copied = b.all_work(b0);
+  na->kill9();
+  try {
+    test_support::bounded([&] { b.sync(copied); }, "sync on a copy from a killed node");
+    BOOST_ERROR("a copy from a killed node succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "a/multidev_cpu"), e.what());
+  }
+  BOOST_TEST(b.recover(b0));
+  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
+}
