@@ -28,6 +28,7 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "actors/device_core.hpp"
@@ -710,22 +711,16 @@ public:
       throw device_error(owner.name(),
                          fmt::format("{} cannot wait for its seq {}: {}", name(), seq,
                                      remote_owner->gone().value_or("its link is closed")));
-    if (remote_owner) {
-      // With where the owner's node listens: this device's node connects
-      // there, and the wait goes straight between the two nodes.
-      auto [host, port] = remote_owner->shared_->address();
-      if (!host.empty()) {
-        post(*shared_, make_op<uint64_t>(
-                         shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
-                         depend_atom::value, caf::actor_cast<caf::actor>(a), seq,
-                         qualified_name(owner), std::move(host), port));
-        return;
-      }
-    }
-    post(*shared_,
-         make_op<uint64_t>(
-           shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
-           depend_atom::value, caf::actor_cast<caf::actor>(a), seq, qualified_name(owner)));
+    // With where the owner's node listens, when it is a node this process
+    // attached: this device's node connects there, and the wait goes
+    // straight between the two nodes (none for an owner of this process).
+    std::pair<std::string, uint16_t> address;
+    if (remote_owner)
+      address = remote_owner->shared_->address();
+    post(*shared_, make_op<uint64_t>(
+                     shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
+                     depend_atom::value, caf::actor_cast<caf::actor>(a), seq,
+                     qualified_name(owner), std::move(address.first), address.second));
   }
 
   bool copies_directly(const endpoint& source) const override {

@@ -144,7 +144,7 @@ using device_actor = caf::typed_actor<
   /// reply go straight between the two nodes instead of through the sender
   /// (CAF routes messages between two nodes that never connected through
   /// the process that introduced them). When the connection fails, the wait
-  /// goes through the sender as before.
+  /// goes through the sender as before; an empty `host` makes none.
   caf::replies_to<atoms::depend_atom, caf::actor, uint64_t, std::string, std::string,
                   uint16_t>::with<uint64_t>,
   /// `owner` (a device actor this one waits on) cannot be reached any more,
