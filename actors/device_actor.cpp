@@ -4,21 +4,29 @@
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/message_id.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <caf/openssl/manager.hpp>
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "actors/binding.hpp"
 #include "actors/endpoint_remote.hpp"
@@ -63,6 +71,28 @@ struct device_state {
     uint32_t next_part = 0;
     std::vector<task> work;
   };
+  /// Connections of this process to the nodes of the owners it waits on
+  /// (`with_route`), by node: settled once made or given up; until then,
+  /// what waits for it.
+  struct route {
+    bool settled = false;
+    std::vector<std::function<void()>> waiting;
+  };
+  std::map<caf::node_id, route> routes;
+  /// Copies from devices of other processes whose bytes have not arrived
+  /// (`copy_from`), by transfer id: who sends them, the gate they open, where
+  /// the write after the gate finds them, and how many are due.
+  struct incoming_copy {
+    caf::actor_addr source;
+    std::shared_ptr<gate> g;
+    /// The parts come in order; the write after the gate copies them.
+    std::shared_ptr<std::vector<std::string>> parts;
+    uint64_t size = 0;
+    uint64_t received = 0;
+    std::string source_name;
+  };
+  std::map<uint64_t, incoming_copy> incoming;
+  uint64_t last_transfer = 0;
   /// The batches sent in parts and not yet scheduled, by sender and id.
   /// Their senders are monitored (`watch`): the batches of one that goes
   /// down (its node lost, its link stopped) are dropped.
@@ -221,6 +251,65 @@ void watch(self_ptr self, const caf::actor_addr& who) {
     self->monitor(who);
 }
 
+// -- direct routes between nodes -----------------------------------------------
+
+/// How long a connection to another node may take before the messages to it
+/// go the way CAF knows (through the process that introduced it).
+constexpr auto connect_timeout = std::chrono::seconds{2};
+
+/// Runs `then` (in this actor's turn) once this process has its own
+/// connection to `peer`'s node, made here on first use to `host:port`, or
+/// once making it failed or took longer than `connect_timeout`. At once when
+/// there is nothing to make: no address, `peer` on this node or on the node
+/// of the sender (`via`, a node the messages take no detour through).
+///
+/// Why: CAF 0.17 routes a message to a node this process never connected to
+/// through the node that introduced it, so without this a wait of a device of
+/// node b on one of node a, both attached by a client, goes a -> client -> b
+/// (two hops through the client). With the connection, the `wait` and its
+/// reply go straight between a and b, and b's BASP watches a itself. (CAF's
+/// own `middleman.enable-automatic-connections` does this too, but through a
+/// plain-TCP port it opens on every interface, beside the node's TLS and its
+/// loopback-only default.) The connection is made with the process's own
+/// middleman: over TLS when the node runs TLS.
+void with_route(self_ptr self, const caf::node_id& peer, const caf::node_id& via,
+                const std::string& host, uint16_t port, std::function<void()> then) {
+  auto& sys = self->system();
+  if (host.empty() || port == 0 || !peer || peer == self->node() || peer == via
+      || !sys.has_middleman()) {
+    then();
+    return;
+  }
+  auto [it, fresh] = self->state.routes.try_emplace(peer);
+  if (it->second.settled) {
+    then();
+    return;
+  }
+  it->second.waiting.push_back(std::move(then));
+  if (!fresh)
+    return;
+  auto settle = [self, peer] {
+    tsan_turn turn{self}; // the actor's state (tsan.hpp)
+    auto i = self->state.routes.find(peer);
+    if (i == self->state.routes.end())
+      return;
+    i->second.settled = true;
+    auto waiting = std::move(i->second.waiting);
+    i->second.waiting.clear();
+    for (auto& f : waiting)
+      f();
+  };
+  caf::io::middleman_actor mm = sys.has_openssl_manager()
+                                  ? sys.openssl_manager().actor_handle()
+                                  : sys.middleman().actor_handle();
+  // Whatever the outcome, the waits go: through the connection when it was
+  // made, the way CAF knew before when not (a node behind a firewall, a
+  // name that resolves elsewhere, a restarted node at that address).
+  self->request(mm, connect_timeout, caf::connect_atom_v, host, port)
+    .then([settle](caf::node_id&, caf::strong_actor_ptr&, std::set<std::string>&) { settle(); },
+          [settle](caf::error&) { settle(); });
+}
+
 // -- batches sent in parts -------------------------------------------------------
 
 using batch_key = std::pair<caf::actor_addr, uint64_t>;
@@ -367,18 +456,41 @@ void fail_owner(self_ptr self, const caf::actor_addr& owner, const std::string& 
     if (auto g = i->second.lock())
       st.core->resolve_gate(*g, &msg); // no-op for gates already open
   st.remote_gates.erase(first, last);
+  std::erase_if(st.incoming, [&owner](const auto& kv) { return kv.second.source == owner; });
+  // Its node may be gone, or our connection to it: a later wait there
+  // connects again.
+  if (auto i = st.routes.find(owner.node()); i != st.routes.end() && i->second.settled)
+    st.routes.erase(i);
+}
+
+/// Fails `g`, a gate on a device of another process named `owner_name`,
+/// with `err`: the owner's failure, provenance and all, or another error.
+void fail_gate(device_core& c, gate& g, const caf::error& err, caf::actor_system& sys,
+               const std::string& owner_name) {
+  if (auto f = failure_of(err)) { // the owner's provenance
+    // Named as the owner's process names its devices: in ours, so
+    // that the devices of that node keep its name on the next hop.
+    to_our_names(*f, owner_name);
+    c.resolve_gate(g, std::make_shared<const failure>(std::move(*f)));
+    return;
+  }
+  auto msg = describe_error(sys, err);
+  c.resolve_gate(g, &msg);
 }
 
 /// `depend`: a gate on `owner`'s `seq`, opened by the reply to a `wait`
 /// request; `owner_name` (may be empty) names it in the errors.
 caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t seq,
-                                std::string owner_name) {
+                                std::string owner_name, std::string host = {},
+                                uint16_t port = 0) {
   auto c = self->state.core;
+  const auto& sender = self->current_sender();
+  caf::node_id via = sender ? sender->node() : caf::node_id{};
   // `owner_name` is the sender's name for the owner; one of this process's
   // own devices (sent by another actor system of it) comes as
   // `<host>:<pid>/<name>`: named as we name it.
   to_our_name(owner_name, {});
-  return ordered(self, [self, c, owner, seq, owner_name]() -> uint64_t {
+  return ordered(self, [self, c, owner, seq, owner_name, via, host, port]() -> uint64_t {
     if (!owner)
       throw std::invalid_argument(
         fmt::format("depend on {}: the owner is an invalid actor handle", c->name()));
@@ -418,7 +530,7 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
       if (!sink)
         sink = reply_sink::make(self->system());
       caf::actor_system* sys = &self->system();
-      bool sent = sink->wait(owner, seq, [weak, g, sys, owner_name](const caf::message& m) {
+      auto on_reply = [weak, g, sys, owner_name](const caf::message& m) {
         auto me = weak.lock();
         if (!me)
           return;
@@ -426,20 +538,21 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
           me->resolve_gate(*g, nullptr);
           return;
         }
-        auto err = m.match_elements<caf::error>() ? m.get_as<caf::error>(0)
-                                                  : caf::make_error(caf::sec::unexpected_response);
-        if (auto f = failure_of(err)) { // the owner's provenance
-          // Named as the owner's process names its devices: in ours, so
-          // that the devices of that node keep its name on the next hop.
-          to_our_names(*f, owner_name);
-          me->resolve_gate(*g, std::make_shared<const failure>(std::move(*f)));
-          return;
-        }
-        auto msg = describe_error(*sys, err);
-        me->resolve_gate(*g, &msg);
-      });
-      if (!sent)
-        throw std::runtime_error("the reply sink is closed");
+        fail_gate(*me, *g,
+                  m.match_elements<caf::error>() ? m.get_as<caf::error>(0)
+                                                 : caf::make_error(caf::sec::unexpected_response),
+                  *sys, owner_name);
+      };
+      // Once this process has its own route to the owner's node, if it
+      // can have one (`with_route`).
+      with_route(self, owner.node(), via, host, port,
+                 [weak, g, sink, owner, seq, on_reply = std::move(on_reply)]() mutable {
+                   if (sink->wait(owner, seq, std::move(on_reply)))
+                     return;
+                   static const std::string why = "could not send the wait request";
+                   if (auto me = weak.lock())
+                     me->resolve_gate(*g, &why);
+                 });
     } catch (...) {
       // Queued but never to be answered: fail it rather than hold the
       // device forever.
@@ -448,6 +561,186 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
       throw;
     }
     return g->seq;
+  });
+}
+
+// -- copies between devices of two other processes ---------------------------------
+
+/// `copy_from`: a gate that the bytes from `source` open, then their write
+/// into pool `id` at `offset`, queued in order; the reply (the write's seq
+/// and the transfer's id) once this process has its own route to `source`'s
+/// node (`with_route`), so that the sender's `copy_to` makes `source` send
+/// the bytes straight here.
+caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t offset,
+                                          uint64_t size, const caf::actor& source,
+                                          std::string source_name, std::string host,
+                                          uint16_t port) {
+  auto rp = self->make_response_promise<uint64_t, uint64_t>();
+  const auto& sender = self->current_sender();
+  caf::node_id via = sender ? sender->node() : caf::node_id{};
+  to_our_name(source_name, {});
+  // The core, not the state: a refusal may come from the state's destructor.
+  auto go = [self, c = self->state.core, rp, id, offset, size, source, source_name, host, port,
+             via](bool refuse) mutable {
+    if (refuse) {
+      rp.deliver(make_error(errc::device_failed, c->name(),
+                            "the device actor stopped before this request was handled"));
+      return;
+    }
+    auto push = [&] {
+      if (!source || source == caf::actor_cast<caf::actor>(self))
+        throw std::invalid_argument(fmt::format(
+          "copy_from on {}: the source must be another device's actor", c->name()));
+      auto& st = self->state;
+      if (std::find(st.dead_owners.begin(), st.dead_owners.end(), source.address())
+          != st.dead_owners.end())
+        throw device_error(c->name(), fmt::format("cannot copy from {}: it is down",
+                                                  source_name));
+      auto p = c->pool_span(id, offset, size, fmt::format("copy_from {}", source_name));
+      auto transfer = ++st.last_transfer;
+      auto g = make_gate();
+      g->remote = true;
+      g->owner_name = source_name;
+      g->label = fmt::format("the bytes of {} (transfer {})", source_name, transfer);
+      auto parts = std::make_shared<std::vector<std::string>>();
+      c->push_gate(g);
+      auto* d = &c->drv();
+      auto seq = c->push(task{fmt::format("copy from {} into pool {} [{}, {})", source_name, id,
+                                          offset, offset + size),
+                              [d, p, offset, parts] {
+                                auto* to = p->base() + offset;
+                                for (const auto& part : *parts) {
+                                  d->copy(to, reinterpret_cast<const std::byte*>(part.data()),
+                                          part.size());
+                                  to += part.size();
+                                }
+                              },
+                              {},
+                              trace_kind::copy},
+                         false);
+      // A source that goes down fails the gate (`fail_owner`).
+      std::erase_if(st.remote_gates, [](const auto& kv) { return kv.second.expired(); });
+      watch(self, source.address());
+      st.remote_gates.emplace(source.address(), g);
+      if (size == 0)
+        c->resolve_gate(*g, nullptr); // no part will come
+      else
+        st.incoming.emplace(transfer, device_state::incoming_copy{source.address(), g, parts,
+                                                                  size, 0, source_name});
+      return std::pair{seq, transfer};
+    };
+    auto r = attempt(*c, push);
+    if (!r) {
+      rp.deliver(std::move(r.error()));
+      return;
+    }
+    with_route(self, source.node(), via, host, port,
+               [rp, r = *r]() mutable { rp.deliver(r.first, r.second); });
+  };
+  auto& st = self->state;
+  if (st.deferred.empty() && st.core->has_room()) {
+    go(false);
+  } else {
+    st.deferred.emplace_back(std::move(go));
+    drain(self);
+  }
+  return rp;
+}
+
+/// The copy `transfer` waiting for its bytes from the sender of the message
+/// being handled; none when there is no such copy (it failed already: its
+/// source went down) or the sender is not its source.
+device_state::incoming_copy* find_incoming(self_ptr self, uint64_t transfer) {
+  auto& in = self->state.incoming;
+  auto i = in.find(transfer);
+  if (i == in.end()
+      || caf::actor_cast<caf::actor_addr>(self->current_sender()) != i->second.source)
+    return nullptr;
+  return &i->second;
+}
+
+/// `bytes`: the next part of copy `transfer`; the last one opens its gate.
+void receive_part(self_ptr self, uint64_t transfer, std::string& part) {
+  auto* in = find_incoming(self, transfer);
+  if (!in)
+    return;
+  auto& c = *self->state.core;
+  in->received += part.size();
+  if (in->received > in->size) {
+    auto why = fmt::format("{} sent more than the {} bytes of the copy", in->source_name,
+                           in->size);
+    c.resolve_gate(*in->g, &why);
+    self->state.incoming.erase(transfer);
+    return;
+  }
+  // Read by the write after the gate, once it opens.
+  in->parts->push_back(std::move(part));
+  if (in->received < in->size)
+    return;
+  auto g = std::move(in->g);
+  self->state.incoming.erase(transfer);
+  c.resolve_gate(*g, nullptr);
+}
+
+/// Bytes of a copy between processes per `bytes` message: the source's
+/// runner reads the next part while its middleman sends the last one, and
+/// every buffer stays small enough for the allocator to reuse (a 64 MiB
+/// buffer is a fresh mapping each time, its pages faulted in one by one).
+constexpr std::size_t copy_part_bytes = std::size_t{1} << 20;
+
+/// Sends `msg` to `to` from `from` (a device actor), from any thread.
+void send_from(const caf::strong_actor_ptr& from, const caf::actor& to, caf::message msg) noexcept {
+  try {
+    if (auto dest = caf::actor_cast<caf::strong_actor_ptr>(to))
+      dest->enqueue(from, caf::make_message_id(), std::move(msg), nullptr);
+  } catch (...) {
+    // Out of memory: the destination's monitor of this actor ends its wait.
+  }
+}
+
+/// `copy_to`: a read of pool `id` at `offset`, queued in order, whose bytes
+/// (or failure) the runner sends straight to `destination` once read.
+caf::result<uint64_t> copy_to(self_ptr self, int32_t id, uint64_t offset, uint64_t size,
+                              const caf::actor& destination, uint64_t transfer) {
+  auto c = self->state.core;
+  auto me = caf::actor_cast<caf::strong_actor_ptr>(self);
+  return ordered(self, [c, id, offset, size, destination, transfer, me]() -> uint64_t {
+    if (!destination)
+      throw std::invalid_argument(
+        fmt::format("copy_to on {}: the destination is an invalid actor handle", c->name()));
+    try {
+      auto p = c->pool_span(id, offset, size, "copy_to");
+      // The parts go as they are read; a failure or a cancellation (of the
+      // read, or of an item before it) goes after the parts sent, if any.
+      auto seq = c->push(task{fmt::format("copy pool {} [{}, {}) to actor {}", id, offset,
+                                          offset + size, destination.id()),
+                              [p, offset, size, me, destination, transfer] {
+                                const auto* from = reinterpret_cast<const char*>(p->base())
+                                                   + offset;
+                                for (uint64_t done = 0; done < size;) {
+                                  auto n = std::min<uint64_t>(copy_part_bytes, size - done);
+                                  send_from(me, destination,
+                                            caf::make_message(bytes_atom::value, transfer,
+                                                              std::string(from + done, n)));
+                                  done += n;
+                                }
+                              },
+                              {},
+                              trace_kind::copy},
+                         false);
+      c->when_resolved(seq, [me, destination, transfer](const failure* cause) {
+        if (cause)
+          send_from(me, destination,
+                    caf::make_message(bytes_atom::value, transfer, make_error(*cause)));
+      });
+      return seq;
+    } catch (const std::exception& e) {
+      // The destination waits for these bytes: it fails instead.
+      send_from(me, destination,
+                caf::make_message(bytes_atom::value, transfer,
+                                  make_error(errc::device_failed, c->name(), e.what())));
+      throw;
+    }
   });
 }
 
@@ -592,10 +885,41 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return depend_on(self, owner, seq, std::move(owner_name));
     },
+    [self](depend_atom, const caf::actor& owner, uint64_t seq, std::string& owner_name,
+           std::string& host, uint16_t port) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      return depend_on(self, owner, seq, std::move(owner_name), std::move(host), port);
+    },
     [self](lost_atom, const caf::actor& owner, const std::string& why) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       if (owner)
         fail_owner(self, owner.address(), why);
+    },
+    [self](copy_from_atom, int32_t id, uint64_t offset, uint64_t size, const caf::actor& source,
+           std::string& source_name, std::string& host,
+           uint16_t port) -> caf::result<uint64_t, uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      return copy_from(self, id, offset, size, source, std::move(source_name), std::move(host),
+                       port);
+    },
+    [self](copy_to_atom, int32_t id, uint64_t offset, uint64_t size,
+           const caf::actor& destination, uint64_t transfer) -> caf::result<uint64_t> {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      return copy_to(self, id, offset, size, destination, transfer);
+    },
+    [self](bytes_atom, uint64_t transfer, std::string& part) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      receive_part(self, transfer, part);
+    },
+    [self](bytes_atom, uint64_t transfer, const caf::error& err) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      auto* in = find_incoming(self, transfer);
+      if (!in)
+        return;
+      auto g = std::move(in->g);
+      auto name = std::move(in->source_name);
+      self->state.incoming.erase(transfer);
+      fail_gate(*self->state.core, *g, err, self->system(), name);
     },
     [self](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
            int32_t mode) -> caf::result<uint64_t> {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -52,6 +53,13 @@ endpoint::~endpoint() {
   std::erase_if(i->second, [](const auto& w) { return w.expired(); });
   if (i->second.empty())
     r.by_key.erase(i);
+}
+
+uint64_t endpoint::copy_from(endpoint& source, int, std::size_t, int, std::size_t, std::size_t) {
+  throw std::invalid_argument(fmt::format(
+    "device_to_device {} -> {}: a copy straight between processes needs two devices of other "
+    "processes",
+    source.name(), name()));
 }
 
 void register_endpoint(const std::shared_ptr<endpoint>& ep) {

@@ -92,6 +92,21 @@ public:
   /// `owner`'s `seq`. `owner` is another device and `seq` not known done (the
   /// caller, `wait_for`, has checked). Returns at once.
   virtual void depend(endpoint& owner, uint64_t seq) = 0;
+  /// Copies `size` bytes of `source`'s pool `source_pool` at `source_offset`
+  /// into this device's pool `pool` at `offset`, straight from `source`'s
+  /// process to this device's: the write is queued here now (after the work
+  /// before it; the work after it comes after it) and `source` reads after
+  /// its work so far. Returns the write's seq, without waiting for the
+  /// bytes. Only between devices of other processes, two different ones
+  /// (see `copies_directly`); `std::invalid_argument` otherwise.
+  virtual uint64_t copy_from(endpoint& source, int source_pool, std::size_t source_offset,
+                             int pool, std::size_t offset, std::size_t size);
+  /// Whether `copy_from(source, ...)` works here: both devices live in other
+  /// processes and are not the same device.
+  virtual bool copies_directly(const endpoint& source) const {
+    (void)source;
+    return false;
+  }
   /// Why the device can no longer be reached (its node is gone), if so.
   virtual std::optional<std::string> gone() const { return std::nullopt; }
   /// `backend::cancel`: drops the work queued and not yet started.

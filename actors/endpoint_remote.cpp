@@ -28,6 +28,7 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "actors/device_core.hpp"
@@ -135,6 +136,17 @@ struct link_shared {
     watchers_.emplace(waiting.address(), waiting);
     return true;
   }
+  /// Where the device's node listens, as this process reached it (empty
+  /// host: not known, e.g. a device attached alone).
+  void set_address(std::string host, uint16_t port) {
+    std::lock_guard guard{mu};
+    host_ = std::move(host);
+    port_ = port;
+  }
+  std::pair<std::string, uint16_t> address() const {
+    std::lock_guard guard{mu};
+    return {host_, port_};
+  }
   std::map<caf::actor_addr, caf::actor> take_watchers() {
     std::lock_guard guard{mu};
     return std::move(watchers_);
@@ -161,6 +173,8 @@ private:
   std::string closed_;
   std::set<uint64_t> done_;
   std::map<caf::actor_addr, caf::actor> watchers_;
+  std::string host_;
+  uint16_t port_ = 0;
 };
 
 /// One request to the device's actor, from the caller's side: how to send it
@@ -697,10 +711,52 @@ public:
       throw device_error(owner.name(),
                          fmt::format("{} cannot wait for its seq {}: {}", name(), seq,
                                      remote_owner->gone().value_or("its link is closed")));
-    post(*shared_,
-         make_op<uint64_t>(
-           shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
-           depend_atom::value, caf::actor_cast<caf::actor>(a), seq, qualified_name(owner)));
+    // With where the owner's node listens, when it is a node this process
+    // attached: this device's node connects there, and the wait goes
+    // straight between the two nodes (none for an owner of this process).
+    std::pair<std::string, uint16_t> address;
+    if (remote_owner)
+      address = remote_owner->shared_->address();
+    post(*shared_, make_op<uint64_t>(
+                     shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
+                     depend_atom::value, caf::actor_cast<caf::actor>(a), seq,
+                     qualified_name(owner), std::move(address.first), address.second));
+  }
+
+  bool copies_directly(const endpoint& source) const override {
+    return &source != this && dynamic_cast<const remote_endpoint*>(&source) != nullptr;
+  }
+
+  uint64_t copy_from(endpoint& source, int source_pool, std::size_t source_offset, int pool,
+                     std::size_t offset, std::size_t size) override {
+    if (!copies_directly(source))
+      return endpoint::copy_from(source, source_pool, source_offset, pool, offset, size);
+    auto& from = static_cast<remote_endpoint&>(source);
+    auto a = from.actor();
+    if (!a)
+      throw device_error(from.name(), fmt::format("its actor is gone, so {} cannot copy from it",
+                                                  name()));
+    // When this process loses the source, the device waiting here for its
+    // bytes hears it (`lost`), as for a `depend`.
+    if (!from.shared_->watch(caf::actor_cast<caf::actor>(shared_->target)))
+      throw device_error(from.name(), fmt::format("{} cannot copy from it: {}", name(),
+                                                  from.gone().value_or("its link is closed")));
+    // First the write here, queued in this device's order (it waits for the
+    // bytes); then the read there, in the source's order, which sends them.
+    // Neither waits for the bytes, and they never pass through this process.
+    auto [host, port] = from.shared_->address();
+    auto [seq, transfer] = call<uint64_t, uint64_t>(
+      shared_, "device_to_device", true, until_lost, copy_from_atom::value,
+      static_cast<int32_t>(pool), static_cast<uint64_t>(offset), static_cast<uint64_t>(size),
+      caf::actor_cast<caf::actor>(a), qualified_name(from), std::move(host), port);
+    // A refusal there (a bad pool or range, a failed source) reaches the
+    // destination as the failure of its write.
+    post(*from.shared_, make_op<uint64_t>(
+                          from.shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
+                          copy_to_atom::value, static_cast<int32_t>(source_pool),
+                          static_cast<uint64_t>(source_offset), static_cast<uint64_t>(size),
+                          caf::actor_cast<caf::actor>(actor()), transfer));
+    return seq;
   }
 
   std::optional<std::string> gone() const override { return shared_->closed_reason(); }
@@ -794,6 +850,8 @@ public:
 
   device_actor actor() const override { return caf::actor_cast<device_actor>(shared_->target); }
 
+  void set_address(std::string host, uint16_t port) { shared_->set_address(std::move(host), port); }
+
 private:
   /// `seqs`, the reply to a batch of `n` tasks, if it has one seq for each.
   std::vector<uint64_t> checked(std::size_t n, std::vector<uint64_t> seqs) const {
@@ -849,6 +907,11 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     throw;
   }
+}
+
+void set_node_address(endpoint& ep, const std::string& host, uint16_t port) {
+  if (auto* r = dynamic_cast<remote_endpoint*>(&ep))
+    r->set_address(host, port);
 }
 
 void set_query_timeout(std::chrono::milliseconds timeout) {

@@ -50,6 +50,12 @@ struct remote_device {
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
                             const std::string& prefix = {}, std::size_t trace_capacity = 0);
 
+/// Tells `ep`, a device of a node attached at `host:port`, where its node
+/// listens: a device of another node made to wait on it, or to copy from it,
+/// connects there so that their messages and bytes go straight between the
+/// two nodes. No effect on a device of this process.
+void set_node_address(endpoint& ep, const std::string& host, uint16_t port);
+
 /// How long a request to a device of another actor system that changes
 /// nothing there (`is_idle`, `queue_length`, a status, debug info, a trace,
 /// a result, used memory, `identify`) waits for its reply before it fails;

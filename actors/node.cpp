@@ -2,6 +2,7 @@
 // (spawn_node_actor), and a backend attaches all the devices of a node at
 // once (attach_node), after its own in ordinal order.
 #include "actors/backend_impl.hpp"
+#include "actors/endpoint_remote.hpp"
 #include "actors/logger_tie.hpp"
 
 #include <caf/actor_system.hpp>
@@ -148,6 +149,8 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
     for (auto& a : actors) {
       bool is_new = false;
       result.push_back(impl.attach(caf::actor_cast<device_actor>(a), name + "/", &is_new));
+      // Its devices' peers on other nodes connect to it there (direct paths).
+      detail::set_node_address(impl.endpoint_of(result.back()), host, port);
       if (is_new)
         fresh.push_back(result.back());
     }

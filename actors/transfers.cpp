@@ -359,6 +359,25 @@ static event write_bytes(backend& b, const device& d, const buffer_loc& loc, std
   return event{ep.shared_from_this(), seq};
 }
 
+/// Copies the bytes of `t` in `src` into `loc` of `dst`, a copy across
+/// processes; returns the write's event on `dst`. Between two devices of
+/// other processes the bytes go straight from one to the other: the write is
+/// queued on `dst` now, the source reads after its work so far and sends
+/// them, and this call waits for neither. Otherwise they pass through this
+/// process: read from the source after its work so far (blocking until
+/// read), then written to `dst` as ordered work.
+static event move_bytes(backend& b, const context& src, const tnode& t, const device& dst,
+                        const buffer_loc& loc) {
+  auto& from = b.impl().endpoint_of(src.device);
+  auto& to = b.impl().endpoint_of(dst);
+  if (to.copies_directly(from)) {
+    const auto& at = src.buffers.at(t);
+    auto seq = to.copy_from(from, at.pool_id, at.offset, loc.pool_id, loc.offset, t.size_in_bytes);
+    return event{to.shared_from_this(), seq};
+  }
+  return write_bytes(b, dst, loc, read_node(b, src, t, "device_to_device"));
+}
+
 /// A copy between `t`'s buffer in `ctx` and host memory, scheduled on
 /// `ctx.device` as `run` would schedule the routine (after the node's
 /// readers; as its writer, or as a reader): `to_device` writes the node,
@@ -443,14 +462,14 @@ bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> h
 std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,
                                                  const context& dst, const context& src) {
   if (crosses_processes(dst, &src)) {
-    // Across processes the bytes go through this host: read from the source
-    // after its work so far (its writer of `t` included; this call blocks
-    // until then), then written to the destination as ordered work there.
+    // Across processes (`move_bytes`): read from the source after its work
+    // so far (its writer of `t` included), then written to the destination
+    // as ordered work there; straight between the two when both are devices
+    // of other processes, through this host otherwise.
     if (!src.buffers.contains(t))
       return std::nullopt;
     if (into == merge_buffer_use::no && !dst.buffers.contains(t))
       return std::nullopt;
-    auto bytes = read_node(*this, src, t, "device_to_device");
     routine r;
     r.name = fmt::format("device_to_device {} {} -> {}{} (across processes)", node_name(t),
                          src.device.name(), dst.device.name(),
@@ -461,7 +480,7 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
     if (into == merge_buffer_use::no) {
       r.context = dst;
       r.outputs.insert(t);
-      auto done = write_bytes(*this, dst.device, dst.buffers.at(t), std::move(bytes));
+      auto done = move_bytes(*this, src, t, dst.device, dst.buffers.at(t));
       std::lock_guard guard{drec.mu};
       drec.updating_for[t] = done;
     } else {
@@ -476,7 +495,7 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
         drec.merge_buffer_capacity = t.size_in_bytes;
       }
       r.context = make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
-      auto done = write_bytes(*this, dst.device, buffer_loc{0, 0}, std::move(bytes));
+      auto done = move_bytes(*this, src, t, dst.device, buffer_loc{0, 0});
       std::lock_guard guard{drec.mu};
       drec.updating_for_merge_buffer.emplace(t, done);
     }

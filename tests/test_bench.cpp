@@ -115,6 +115,14 @@ std::vector<expected_entry> expected_suite() {
   e.push_back({"remote_hop_vs_tcp", "raw TCP round trip, 64 B", "us/hop", "lower", 5.0, none});
   e.push_back({"remote_named_tasks", "schedule_named, one round trip each", "tasks/s", "higher",
                none, 200'000.0});
+  e.push_back({"node_hop", "CAF remote ping-pong hop, same kind of connection", "us/hop",
+               "lower", 1.2, none});
+  e.push_back({"node_hop_vs_tcp", "raw TCP round trip, 64 B", "us/hop", "lower", 4.0, none});
+  // 64 MiB even in quick mode
+  e.push_back({"copy_node_to_node_64MiB", "raw TCP transfer of 64 MiB, loopback", "GB/s",
+               "higher", 0.7, none});
+  e.push_back({"copy_node_to_node_call", "the whole copy, until written on b", "us/call",
+               "lower", none, 1'000.0});
   for (int n : {1, 2, 4, 8}) {
     auto name = "fan_dag_" + std::to_string(n) + "dev";
     e.push_back({name, "oneTBB flow graph", "us/round", "lower", 1.0, none, tbb_skip()});
@@ -304,6 +312,10 @@ BOOST_AUTO_TEST_CASE(test_bench_baselines_of_a_case_share_one_measurement_of_mul
   BOOST_TEST_REQUIRE(by_case["remote_hop"].size() == 1u);
   BOOST_TEST_REQUIRE(by_case["remote_hop_vs_tcp"].size() == 1u);
   BOOST_TEST(by_case["remote_hop"][0]->value == by_case["remote_hop_vs_tcp"][0]->value);
+  // The same for a crossing between two nodes.
+  BOOST_TEST_REQUIRE(by_case["node_hop"].size() == 1u);
+  BOOST_TEST_REQUIRE(by_case["node_hop_vs_tcp"].size() == 1u);
+  BOOST_TEST(by_case["node_hop"][0]->value == by_case["node_hop_vs_tcp"][0]->value);
 }
 
 BOOST_AUTO_TEST_CASE(test_bench_json_has_the_documented_fields) {

@@ -29,9 +29,16 @@
 #include "test_support.hpp"
 
 
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <map>
 #include <memory>
@@ -169,6 +176,39 @@ struct query_timeout_guard {
   explicit query_timeout_guard(std::chrono::milliseconds t) { detail::set_query_timeout(t); }
   ~query_timeout_guard() { detail::set_query_timeout(std::chrono::minutes{5}); }
 };
+
+/// The bytes every TCP connection of this process has received so far (the
+/// kernel's count, `tcpi_bytes_received`), summed over its open sockets: what
+/// passes through this process on its way between two nodes shows here.
+uint64_t tcp_bytes_received() {
+  uint64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator{"/proc/self/fd"}) {
+    int fd = 0;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (...) {
+      continue;
+    }
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0
+        && len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
+      total += info.tcpi_bytes_received;
+  }
+  return total;
+}
+
+/// A task on `local` that waits until `release` (30 s at most, then it
+/// throws): what waits on it waits as long.
+std::shared_ptr<std::promise<void>> hold(backend& b, const device& local) {
+  auto release = std::make_shared<std::promise<void>>();
+  auto open = release->get_future().share();
+  b.schedule_task(local, {"held", [open] {
+                            if (open.wait_for(30s) != std::future_status::ready)
+                              throw std::runtime_error("never released");
+                          }});
+  return release;
+}
 
 } // namespace
 
@@ -855,4 +895,136 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_request_that_changes_a_node_has_no_timeout_and
   p.client.sync(ev);
   BOOST_TEST(p.server.all_work(sd).seq() == before + 1);
   BOOST_TEST(p.client.get_used_memory(d) >= 4096u);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_chain_between_two_nodes_goes_straight_from_node_to_node) {
+  // A chain that crosses between nodes a and b 200 times, built while a
+  // waits on a held local task, then released: each crossing is a wait of
+  // one node's device on the other's event. Its messages go straight between
+  // the nodes, so this process receives next to nothing while the chain runs
+  // (through this process, each crossing's reply would pass here: ~100 bytes
+  // each, ~20 KB in all).
+  node_process na{tool(), 1, "a", true};
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  auto local = b.get_device(0);
+  auto release = hold(b, local);
+  auto ctx_a = b.make_context(a0), ctx_b = b.make_context(b0);
+  b.will_wait_for(ctx_a, b.all_work(local));
+  constexpr int crossings = 200;
+  event last;
+  for (int i = 0; i < crossings / 2; ++i) {
+    b.will_wait_for(ctx_b, b.schedule_named(a0, {"spin_ns", {int64_t{0}}})); // b on a
+    last = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
+    b.will_wait_for(ctx_a, last); // a on b
+  }
+  last = b.schedule_named(a0, {"spin_ns", {int64_t{0}}});
+  BOOST_TEST(!b.is_done(last));
+  auto before = tcp_bytes_received();
+  release->set_value();
+  test_support::bounded([&] { b.sync(last); }, "sync at the end of the chain");
+  auto received = tcp_bytes_received() - before;
+  BOOST_TEST_MESSAGE("bytes received here while " << crossings
+                                                  << " crossings ran: " << received);
+  // This process's own wait for the end (and a heartbeat or two) only.
+  BOOST_TEST(received < 2048u, received << " bytes passed through this process");
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_64MiB_copy_between_two_nodes_goes_straight_and_the_call_returns_at_once) {
+  // 64 MiB on a/0 (a pattern written there), copied to b/0 while a/0 waits
+  // on a held local task: device_to_device returns before a/0 has read a
+  // byte, the bytes go from a to b without passing through this process,
+  // and b/0's copy hashes as a/0's original does.
+  node_process na{tool(), 1, "a", true};
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  constexpr std::size_t bytes = std::size_t{64} << 20;
+  tnode t{1, "t", bytes, memory_mode::on_device};
+  auto ca = b.alloc_node(b.make_context(a0), t);
+  auto cb = b.alloc_node(b.make_context(b0), t);
+  buffer_arg on_a{ca.buffers.at(t), bytes}, on_b{cb.buffers.at(t), bytes};
+  b.schedule_named(a0, {"iota", {on_a, 0.5}});
+  b.schedule_named(b0, {"fill", {on_b, 0.0}});
+  auto local = b.get_device(0);
+  auto release = hold(b, local);
+  b.will_wait_for(ca, b.all_work(local));
+  auto before = tcp_bytes_received();
+  test_support::bounded([&] { BOOST_TEST(b.device_to_device(t, merge_buffer_use::no, cb, ca).has_value()); },
+                        "device_to_device between two nodes", 10s);
+  auto copied = b.all_work(b0);
+  BOOST_TEST(!b.is_done(copied)); // a/0 has not read yet
+  release->set_value();
+  test_support::bounded([&] { b.sync(copied); }, "sync on the copy");
+  auto received = tcp_bytes_received() - before;
+  BOOST_TEST_MESSAGE("bytes received here during a 64 MiB copy a -> b: " << received);
+  BOOST_TEST(received < (std::size_t{1} << 20), received << " bytes passed through this process");
+  auto sum_a = b.schedule_named(a0, {"checksum", {on_a, std::string{"a_sum"}}});
+  auto sum_b = b.schedule_named(b0, {"checksum", {on_b, std::string{"b_sum"}}});
+  b.sync(sum_a);
+  b.sync(sum_b);
+  auto ra = b.result(a0, "a_sum"), rb = b.result(b0, "b_sum");
+  BOOST_TEST_REQUIRE((ra && rb));
+  BOOST_TEST(ra->count == bytes / sizeof(float));
+  BOOST_TEST((*ra == *rb));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_copy_between_two_nodes_fails_with_its_source) {
+  // The read on a/0 fails (a/0 failed before it): b/0's write fails with
+  // a/0's failure, and b/0 can be recovered.
+  node_process na{tool(), 1, "a", true};
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  tnode t{1, "t", 4096, memory_mode::on_device};
+  auto ca = b.alloc_node(b.make_context(a0), t);
+  auto cb = b.alloc_node(b.make_context(b0), t);
+  b.schedule_named(a0, {"spin_ns", {int64_t{100'000'000}}});
+  b.schedule_named(a0, {"fail", {std::string{"source boom"}}});
+  BOOST_TEST(b.device_to_device(t, merge_buffer_use::no, cb, ca).has_value());
+  auto copied = b.all_work(b0);
+  try {
+    test_support::bounded([&] { b.sync(copied); }, "sync on the failed copy");
+    BOOST_ERROR("a copy from a failed device succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "source boom"), e.what());
+  }
+  BOOST_TEST(b.recover(b0));
+  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_copy_from_a_node_killed_before_it_read_fails_naming_it) {
+  // a/0 is busy for 30 s when a copy a -> b is asked (the call returns at
+  // once), then node a is killed: b/0's write, which waits for a's bytes,
+  // fails naming a/0 instead of waiting forever, and b/0 recovers.
+  auto na = std::make_unique<node_process>(tool(), 1, "a", true);
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto a0 = attach_node(b, "127.0.0.1", na->port()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  tnode t{1, "t", 4096, memory_mode::on_device};
+  auto ca = b.alloc_node(b.make_context(a0), t);
+  auto cb = b.alloc_node(b.make_context(b0), t);
+  b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
+  test_support::bounded(
+    [&] { BOOST_TEST(b.device_to_device(t, merge_buffer_use::no, cb, ca).has_value()); },
+    "device_to_device from a busy node", 10s);
+  auto copied = b.all_work(b0);
+  na->kill9();
+  try {
+    test_support::bounded([&] { b.sync(copied); }, "sync on a copy from a killed node");
+    BOOST_ERROR("a copy from a killed node succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "a/multidev_cpu"), e.what());
+  }
+  BOOST_TEST(b.recover(b0));
+  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
 }

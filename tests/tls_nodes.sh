@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # TLS between nodes (libcaf_openssl): a run that starts its node with the
-# TLS files passes; against a TLS node, a client without TLS and a client
+# TLS files passes, and so does one with two TLS nodes that copy and wait
+# between them; against a TLS node, a client without TLS and a client
 # whose certificate another CA signed are refused with an error naming the
 # node (exit 2, no hang), and the node goes on serving a client with a good
 # certificate. Usage: tls_nodes.sh MULTIDEV_TOOL SOURCE_DIR
@@ -52,6 +53,26 @@ expect_status() { # WANT NAME CMD...: runs CMD (bounded), checks its exit status
 
 # 1. One command: the run starts a TLS node with its own files.
 expect_status 0 "run --spawn-nodes over TLS" "$tool" run "$work/tls.scn" --spawn-nodes "${good[@]}"
+
+# 1b. Two TLS nodes: node b connects to node a itself (over TLS) for a copy
+# a -> b and a wait of b on a (docs/nodes.md, "Direct paths between nodes").
+cat >"$work/two.scn" <<'SCN'
+(scenario tls-two-nodes)
+(devices 1)
+(nodes (a 1) (b 1))
+(tnode x (floats 256))
+(context here 0) (context ona a/0) (context onb b/0)
+(from-host here x (fill 2))
+(copy x (from here) (to ona))
+(kernel ona scale x 3 (as tripled))
+(copy x (from ona) (to onb))
+(kernel onb scale x 2)
+(wait onb tripled)
+(checksum onb x (as sum))
+(expect (checksum sum) (sum 3072) (count 256))
+SCN
+expect_status 0 "two TLS nodes, a copy and a wait between them" \
+  "$tool" run "$work/two.scn" --spawn-nodes "${good[@]}"
 
 # 2. A TLS node started by hand.
 "$tool" node --name b "${good[@]}" >"$work/node.out" 2>"$work/node.err" &

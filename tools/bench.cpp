@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/actor_cast.hpp>
@@ -536,55 +537,32 @@ struct unique_fd {
   ~unique_fd() { ::close(fd); }
 };
 
-/// The floor under any remote round trip here: 64 bytes ping-ponged over a
-/// TCP connection on 127.0.0.1 (TCP_NODELAY) between this thread and an echo
-/// thread, both blocking in read.
-class tcp_ping_pong {
-public:
-  tcp_ping_pong() : listener_(::socket(AF_INET, SOCK_STREAM, 0)),
-                    client_(::socket(AF_INET, SOCK_STREAM, 0)) {
+/// A TCP connection on 127.0.0.1 between two sockets of this process,
+/// `client` and `server`, both blocking; TCP_NODELAY when asked.
+struct loopback_connection {
+  explicit loopback_connection(bool no_delay)
+    : listener(::socket(AF_INET, SOCK_STREAM, 0)), client(::socket(AF_INET, SOCK_STREAM, 0)) {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof addr;
-    if (::bind(listener_.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0
-        || ::listen(listener_.fd, 1) != 0
-        || ::getsockname(listener_.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    if (::bind(listener.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0
+        || ::listen(listener.fd, 1) != 0
+        || ::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
       throw_errno("listen on 127.0.0.1");
-    if (::connect(client_.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0)
+    if (::connect(client.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0)
       throw_errno("connect to 127.0.0.1");
-    server_.emplace(::accept(listener_.fd, nullptr, nullptr));
+    server.emplace(::accept(listener.fd, nullptr, nullptr));
     int one = 1;
-    for (int fd : {client_.fd, server_->fd})
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    echo_ = std::thread([fd = server_->fd] {
-      std::array<char, message_bytes> buf{};
-      while (transfer(fd, buf.data(), false) && transfer(fd, buf.data(), true)) {
-      }
-    });
-  }
-  ~tcp_ping_pong() {
-    ::shutdown(client_.fd, SHUT_RDWR); // the echo thread reads end of file
-    echo_.join();
+    if (no_delay)
+      for (int fd : {client.fd, server->fd})
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
 
-  double us_per_round_trip(int n) {
-    std::array<char, message_bytes> buf{};
-    auto t0 = clock_type::now();
-    for (int i = 0; i < n; ++i)
-      if (!transfer(client_.fd, buf.data(), true) || !transfer(client_.fd, buf.data(), false))
-        throw_errno("TCP ping-pong");
-    return seconds_since(t0) * 1e6 / n;
-  }
-
-private:
-  static constexpr std::size_t message_bytes = 64;
-
-  /// Writes (or reads) one whole message; false on end of file or error.
-  static bool transfer(int fd, char* buf, bool write) {
-    for (std::size_t done = 0; done < message_bytes;) {
-      auto k = write ? ::write(fd, buf + done, message_bytes - done)
-                     : ::read(fd, buf + done, message_bytes - done);
+  /// Writes (or reads) all `n` bytes at `buf`; false on end of file or error.
+  static bool transfer(int fd, char* buf, std::size_t n, bool write) {
+    for (std::size_t done = 0; done < n;) {
+      auto k = write ? ::write(fd, buf + done, n - done) : ::read(fd, buf + done, n - done);
       if (k <= 0)
         return false;
       done += static_cast<std::size_t>(k);
@@ -592,9 +570,73 @@ private:
     return true;
   }
 
-  unique_fd listener_, client_;
-  std::optional<unique_fd> server_;
+  unique_fd listener, client;
+  std::optional<unique_fd> server;
+};
+
+/// The floor under any remote round trip here: 64 bytes ping-ponged over a
+/// TCP connection on 127.0.0.1 (TCP_NODELAY) between this thread and an echo
+/// thread, both blocking in read.
+class tcp_ping_pong {
+public:
+  tcp_ping_pong() : conn_(true) {
+    echo_ = std::thread([fd = conn_.server->fd] {
+      std::array<char, message_bytes> buf{};
+      while (transfer(fd, buf.data(), false) && transfer(fd, buf.data(), true)) {
+      }
+    });
+  }
+  ~tcp_ping_pong() {
+    ::shutdown(conn_.client.fd, SHUT_RDWR); // the echo thread reads end of file
+    echo_.join();
+  }
+
+  double us_per_round_trip(int n) {
+    std::array<char, message_bytes> buf{};
+    auto t0 = clock_type::now();
+    for (int i = 0; i < n; ++i)
+      if (!transfer(conn_.client.fd, buf.data(), true)
+          || !transfer(conn_.client.fd, buf.data(), false))
+        throw_errno("TCP ping-pong");
+    return seconds_since(t0) * 1e6 / n;
+  }
+
+private:
+  static constexpr std::size_t message_bytes = 64;
+
+  static bool transfer(int fd, char* buf, bool write) {
+    return loopback_connection::transfer(fd, buf, message_bytes, write);
+  }
+
+  loopback_connection conn_;
   std::thread echo_;
+};
+
+/// The floor under a copy between two nodes of one machine: `n` bytes sent
+/// over a TCP connection on 127.0.0.1 by a writer thread, from a buffer of
+/// its own, and read by this thread into another, both blocking.
+class tcp_stream {
+public:
+  explicit tcp_stream(std::size_t n) : conn_(false), from_(n, 1), to_(n, 0) {}
+
+  /// GB/s of one transfer, from the writer's start to the last byte read.
+  double gbps() {
+    auto t0 = clock_type::now();
+    bool sent = false;
+    std::thread writer([&] {
+      sent = loopback_connection::transfer(conn_.client.fd, from_.data(), from_.size(), true);
+    });
+    bool got = loopback_connection::transfer(conn_.server->fd, to_.data(), to_.size(), false);
+    auto secs = seconds_since(t0);
+    writer.join();
+    if (!sent || !got)
+      throw_errno("TCP transfer");
+    return static_cast<double>(to_.size()) / secs / 1e9;
+  }
+
+private:
+  loopback_connection conn_;
+  std::vector<char> from_, to_;
 };
 
 /// Two actor systems with the middleman, each configured as a backend's own
@@ -1540,6 +1582,155 @@ void remote_figures(std::vector<bench_result>& out, const backend_options& opts,
   caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
 }
 
+// -- between two nodes -------------------------------------------------------------
+
+/// Two nodes, a and b, and a client that attached both: three actor systems
+/// of this process, each configured as a backend's own (`configure_like_backend`)
+/// and connected over 127.0.0.1, as two `multidev node` processes and a
+/// client are. Each node serves one device; `a` and `b` are those devices as
+/// the client sees them. The client reaches each node through the
+/// connection it attached it with; the nodes connect to each other when one
+/// first waits on the other (the direct paths). Build, use and destroy on
+/// one thread (NOTES.md, pitfall 9).
+class node_pair {
+public:
+  explicit node_pair(const backend_options& opts) {
+    for (auto* cfg : {&cfg_a_, &cfg_b_, &cfg_client_})
+      configure_like_backend(*cfg, opts);
+    sys_a_.emplace(cfg_a_);
+    sys_b_.emplace(cfg_b_);
+    sys_client_.emplace(cfg_client_);
+    auto one = opts;
+    one.num_devices = 1;
+    node_a_.emplace(*sys_a_, one);
+    node_b_.emplace(*sys_b_, one);
+    client_.emplace(*sys_client_, one);
+    a = serve(*node_a_, "a");
+    b = serve(*node_b_, "b");
+  }
+  ~node_pair() {
+    for (auto& n : nodes_)
+      caf::anon_send_exit(n, caf::exit_reason::user_shutdown);
+  }
+  node_pair(const node_pair&) = delete;
+  node_pair& operator=(const node_pair&) = delete;
+
+  backend& client() { return *client_; }
+  /// Node a's own backend (its device is `a` here).
+  backend& node_a() { return *node_a_; }
+
+  device a, b;
+
+private:
+  device serve(backend& node, const char* name) {
+    auto n = spawn_node_actor(node, name);
+    nodes_.push_back(caf::actor_cast<caf::actor>(n));
+    auto port = publish_node(n, 0, "127.0.0.1");
+    if (!port)
+      throw std::runtime_error(fmt::format("multidev bench: publish_node {}: {}", name,
+                                           node.system().render(port.error())));
+    return attach_node(*client_, "127.0.0.1", *port).at(0);
+  }
+
+  caf::actor_system_config cfg_a_, cfg_b_, cfg_client_;
+  std::optional<caf::actor_system> sys_a_, sys_b_, sys_client_;
+  // The backends go before the systems (declared after them).
+  std::optional<backend> node_a_, node_b_, client_;
+  std::vector<caf::actor> nodes_;
+};
+
+/// us per crossing of a chain of waits that goes back and forth between the
+/// devices of nodes a and b, scheduled by the client: each crossing is a
+/// wait of one node's device on the other's event, which the nodes resolve
+/// between them. Built while a's device is held (by its node's backend),
+/// then timed from the release to the last event, like `remote_us_per_hop`.
+double node_us_per_hop(node_pair& p, int crossings) {
+  register_bench_noop();
+  auto& c = p.client();
+  context ca = c.make_context(p.a), cb = c.make_context(p.b);
+  const task_spec noop{"bench_noop", {}};
+  runner_hold hold{p.node_a(), p.node_a().get_device(0)};
+  event last;
+  for (int i = 0; i < crossings / 2; ++i) {
+    c.will_wait_for(cb, c.schedule_named(p.a, noop)); // b on a
+    c.will_wait_for(ca, c.schedule_named(p.b, noop)); // a on b
+  }
+  last = c.schedule_named(p.a, noop);
+  auto t0 = clock_type::now();
+  hold.release();
+  c.sync(last);
+  return seconds_since(t0) * 1e6 / (2 * (crossings / 2));
+}
+
+/// GB/s of one copy of `t` from `ca` (on a) to `cb` (on b), asked by the
+/// client and timed until b has written the bytes; `call_us` gets how long
+/// the client's `device_to_device` call took.
+double node_copy_gbps(node_pair& p, const tnode& t, const context& ca, const context& cb,
+                      std::vector<double>& call_us) {
+  auto& c = p.client();
+  auto t0 = clock_type::now();
+  if (!c.device_to_device(t, merge_buffer_use::no, cb, ca))
+    throw std::runtime_error("multidev bench: device_to_device between the nodes did nothing");
+  call_us.push_back(seconds_since(t0) * 1e6);
+  c.sync(c.all_work(p.b));
+  return static_cast<double>(t.size_in_bytes) / seconds_since(t0) / 1e9;
+}
+
+/// The figures between two nodes (`node_pair`) beside their baselines,
+/// measured alternately in this run: a crossing between the nodes' devices
+/// beside a CAF remote hop over the same kind of connection and a raw TCP
+/// round trip; a 64 MiB copy from a to b beside a raw TCP transfer of 64
+/// MiB, and the client's call beside the whole copy.
+void node_figures(std::vector<bench_result>& out, const backend_options& opts,
+                  const bench_options& o) {
+  bool hop = is_wanted(o, "node_hop") || is_wanted(o, "node_hop_vs_tcp");
+  bool copy = is_wanted(o, "copy_node_to_node_64MiB") || is_wanted(o, "copy_node_to_node_call");
+  if (!hop && !copy)
+    return;
+  int reps = std::max(1, o.repeats);
+  node_pair p{opts};
+  if (hop) {
+    int round_trips = o.quick ? 200 : 2'000;
+    int crossings = o.quick ? 100 : 1'000;
+    tcp_ping_pong tcp;
+    remote_pair pair{opts};
+    caf_remote_ping_pong caf_rt{pair};
+    auto caf_hop = [&] { return caf_rt.us_per_hop(crossings); };
+    auto tcp_trip = [&] { return tcp.us_per_round_trip(round_trips); };
+    auto ours = [&] { return node_us_per_hop(p, crossings); };
+    auto ms = medians_of(reps, {caf_hop, tcp_trip, ours});
+    out.push_back(make("node_hop", "us/hop", ms[2],
+                       "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", 1.2));
+    out.push_back(make("node_hop_vs_tcp", "us/hop", ms[2], "raw TCP round trip, 64 B", ms[1],
+                       "lower", 4.0));
+  }
+  if (copy) {
+    constexpr std::size_t n = std::size_t{64} << 20; // 64 MiB even in quick mode
+    tnode t{1, "bench_copy", n, memory_mode::on_device};
+    auto& c = p.client();
+    auto ca = c.alloc_node(c.make_context(p.a), t);
+    auto cb = c.alloc_node(c.make_context(p.b), t);
+    c.schedule_named(p.a, task_spec{"fill", {buffer_arg{ca.buffers.at(t), n}, 1.0}});
+    c.schedule_named(p.b, task_spec{"fill", {buffer_arg{cb.buffers.at(t), n}, 0.0}});
+    c.sync(c.all_work(p.a));
+    c.sync(c.all_work(p.b));
+    tcp_stream tcp{n};
+    std::vector<double> call_us, copy_us;
+    auto ours = [&] {
+      auto gbps = node_copy_gbps(p, t, ca, cb, call_us);
+      copy_us.push_back(static_cast<double>(n) / gbps / 1e3);
+      return gbps;
+    };
+    auto [base, gbps] = medians(reps, [&] { return tcp.gbps(); }, ours);
+    out.push_back(make("copy_node_to_node_64MiB", "GB/s", gbps,
+                       "raw TCP transfer of 64 MiB, loopback", base, "higher", 0.7));
+    auto r = make("copy_node_to_node_call", "us/call", median(call_us),
+                  "the whole copy, until written on b", median(copy_us), "lower", std::nullopt);
+    r.value_target = 1000;
+    out.push_back(r);
+  }
+}
+
 /// `independent_tasks` with the runner trace on (`trace_capacity`, default
 /// 4096) beside the same with it off, each on a backend of its own, built
 /// alike, measured alternately in this run.
@@ -1602,6 +1793,7 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
   if (is_wanted(o, "independent_tasks_trace"))
     out.push_back(trace_figure(opts, o));
   remote_figures(out, opts, o);
+  node_figures(out, opts, o);
   fan_dag_figures(out, opts, o);
   if (is_wanted(o, "wake_after_idle"))
     out.push_back(wake_figure(opts, o));
@@ -1619,6 +1811,8 @@ const std::vector<std::string>& case_names() {
     "gradient_merge_1dev",      "gradient_merge_2dev",         "gradient_merge_4dev",
     "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
     "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
+    "node_hop",                 "node_hop_vs_tcp",             "copy_node_to_node_64MiB",
+    "copy_node_to_node_call",
     "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_2dev",
     "fan_dag_2dev_prebuilt",    "fan_dag_4dev",                "fan_dag_4dev_prebuilt",
     "fan_dag_8dev",             "fan_dag_8dev_prebuilt",       "wake_after_idle",

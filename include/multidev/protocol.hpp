@@ -90,6 +90,12 @@ using write_atom = caf::atom_constant<caf::atom("write")>;
 using read_atom = caf::atom_constant<caf::atom("read")>;
 /// Another device this one waits for cannot be reached any more.
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
+/// Copy bytes of this device's pool to another device (node to node).
+using copy_to_atom = caf::atom_constant<caf::atom("copy_to")>;
+/// Write bytes another device sends into a pool, as ordered work.
+using copy_from_atom = caf::atom_constant<caf::atom("copy_from")>;
+/// The bytes (or the failure) of a `copy_to`, for its `copy_from`.
+using bytes_atom = caf::atom_constant<caf::atom("bytes")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -132,6 +138,15 @@ using device_actor = caf::typed_actor<
   /// sender's name for it, with its node: `b/multidev_cpu:0:1`). An owner
   /// this device has seen go down is refused at once.
   caf::replies_to<atoms::depend_atom, caf::actor, uint64_t, std::string>::with<uint64_t>,
+  /// The same, with where the owner's node listens (`host`, `port`, as the
+  /// sender reached it): when the owner lives on a third node, this device
+  /// connects to it there first (once per node), so that its `wait` and the
+  /// reply go straight between the two nodes instead of through the sender
+  /// (CAF routes messages between two nodes that never connected through
+  /// the process that introduced them). When the connection fails, the wait
+  /// goes through the sender as before; an empty `host` makes none.
+  caf::replies_to<atoms::depend_atom, caf::actor, uint64_t, std::string, std::string,
+                  uint16_t>::with<uint64_t>,
   /// `owner` (a device actor this one waits on) cannot be reached any more,
   /// because of `why`: the waits on it fail with `why`, and a later `depend`
   /// on it is refused. Sent by the process that made this device wait when
@@ -181,6 +196,29 @@ using device_actor = caf::typed_actor<
   /// (after everything scheduled before it); replies with them once read, an
   /// error if the read fails or is cancelled.
   caf::replies_to<atoms::read_atom, int32_t, uint64_t, uint64_t>::with<std::string>,
+  /// A copy from another device, `source`, into pool `id` at `offset`:
+  /// queues, as ordered work here, a write of `size` bytes that waits for
+  /// them to arrive from `source` (a `bytes` message), connecting first to
+  /// `source`'s node at `host:port` when it is a third node (see `depend`;
+  /// empty `host`: no connection is made). Replies with the write's seq and
+  /// the transfer's id, for the sender's `copy_to` to `source`. The write
+  /// fails with the source's failure when the read there fails, or when
+  /// `source` goes down first. `source_name` names it in errors.
+  caf::replies_to<atoms::copy_from_atom, int32_t, uint64_t, uint64_t, caf::actor, std::string,
+                  std::string, uint16_t>::with<uint64_t, uint64_t>,
+  /// The other half: reads `size` bytes of pool `id` at `offset` after the
+  /// work scheduled before it and sends them straight to `destination`, in
+  /// order, as `(bytes, transfer, bytes)` messages of at most 1 MiB each, or
+  /// `(bytes, transfer, error)` when the read is refused, fails or is
+  /// cancelled. Replies with the read's seq (an error for a bad pool or
+  /// range, after telling `destination`).
+  caf::replies_to<atoms::copy_to_atom, int32_t, uint64_t, uint64_t, caf::actor,
+                  uint64_t>::with<uint64_t>,
+  /// The next part of the bytes of transfer `transfer`, from its source (see
+  /// `copy_from`); the write waits until all have come.
+  caf::reacts_to<atoms::bytes_atom, uint64_t, std::string>,
+  /// Transfer `transfer` failed at its source.
+  caf::reacts_to<atoms::bytes_atom, uint64_t, caf::error>,
   /// Replies with a copy of the runner trace, as `backend::trace` (times in
   /// the device's process's trace clock: steady-clock nanoseconds, which the
   /// processes of one machine share).
