@@ -578,6 +578,46 @@ BOOST_AUTO_TEST_CASE(work_ordered_behind_a_failed_producer_is_never_done, *boost
   BOOST_TEST((b.state(consumed) == event_state::failed));
 }
 
+// -- Issue 43: the driver as a real GPU sees it ------------------------------------------
+
+namespace {
+/// How `e` ended within `limit`: "done", "in flight after N s", or the failure.
+std::string ended(backend& b, const event& e, std::chrono::seconds limit = 10s) {
+  try {
+    b.sync(e, limit);
+    return "done";
+  } catch (const timeout_error&) {
+    return "still in flight after " + std::to_string(limit.count()) + " s";
+  } catch (const std::exception& err) {
+    return err.what();
+  }
+}
+
+/// Destroys `b` (bounded: a hang fails the run).
+void destroy(std::unique_ptr<backend>& b) {
+  bounded([&] { b.reset(); }, "destroying the backend");
+}
+} // namespace
+
+// Point 1: a status the stream reports that `is_sticky` did not list
+// (cudaErrorContained, 226, or any code this build does not know) was
+// ignored by the watchdog; the stream runs no more host functions, so the
+// item stayed in flight forever and the stream's destructor waited for it.
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(fake_only{}))
+BOOST_DATA_TEST_CASE(a_fatal_error_missing_from_the_sticky_list_fails_the_work,
+                     boost::unit_test::data::make({cuda::code::contained, 1234}), error) {
+  auto b = std::make_unique<backend>(cuda_opts(1));
+  auto& f = the_fake(*b);
+  auto d = b->get_device(0);
+  b->alloc_pool(d, 1, 4096, 256);
+  sync(*b, b->all_work(d));
+  f.fail_kernel_sticky(0, error);
+  auto text = ended(*b, b->schedule_named(d, spec("fill", {buf(1, 0, 4096), 1.0})));
+  BOOST_TEST(contains(text, "quarantined"), text);
+  BOOST_TEST(contains(text, f.error_name(error)), text);
+  destroy(b);
+}
+
 // -- Memory is given back ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {

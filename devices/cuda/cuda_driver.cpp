@@ -351,11 +351,30 @@ void cuda_driver::probe() const {
 
 void cuda_driver::fail(int ordinal, status s, const char* call) {
   bool sticky = cuda::is_sticky(s);
+  if (!sticky && !in_host_callback) {
+    (void)api_->get_last_error(); // clear a non-sticky error: it is reported here
+    // A code this build does not list may still be the context's end: the
+    // device's stream says so (any status but success and not-ready).
+    cuda::stream_t st = nullptr;
+    {
+      std::lock_guard guard{mu_};
+      if (auto* stream = slots_[static_cast<std::size_t>(ordinal)].stream)
+        st = stream->handle();
+    }
+    if (st) {
+      auto q = api_->stream_query(st);
+      if (cuda::is_async_fatal(q)) {
+        (void)api_->get_last_error();
+        s = q;
+        call = "cudaStreamQuery";
+        sticky = true;
+      }
+    }
+  }
   if (sticky) {
     quarantine(ordinal, s, call);
     refuse_if_quarantined(ordinal); // throws the quarantine's cause
-  } else if (!in_host_callback)
-    (void)api_->get_last_error(); // clear a non-sticky error: it is reported here
+  }
   throw cuda_error(describe(ordinal, s, call), s, sticky);
 }
 
@@ -688,7 +707,7 @@ cuda_stream::~cuda_stream() {
   // reported before the stream goes.
   if (api_.set_device(ordinal_) == code::success) {
     auto st = api_.stream_synchronize(s_);
-    if (cuda::is_sticky(st))
+    if (cuda::is_async_fatal(st))
       d_->quarantine(ordinal_, st, "cudaStreamSynchronize");
   }
   d_->stream_closed(ordinal_);
@@ -933,7 +952,10 @@ void cuda_stream::watchdog() {
     status st = api_.set_device(ordinal_);
     if (st == code::success)
       st = api_.stream_query(s_);
-    if (st != code::success && st != code::not_ready && cuda::is_sticky(st))
+    // Whatever the stream reports but success and not-ready is fatal: a
+    // stream that hit an error runs no more host functions, so nothing in
+    // flight would ever complete (whether this build lists the code or not).
+    if (cuda::is_async_fatal(st))
       d_->quarantine(ordinal_, st, "cudaStreamQuery");
     lk.lock();
   }

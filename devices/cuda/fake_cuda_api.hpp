@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,8 @@ struct fake_stats {
   uint64_t host_frees = 0;
   uint64_t mem_pools_configured = 0;
   uint64_t ops_discarded = 0;       ///< Queued operations a sticky error dropped.
+  uint64_t reused = 0;              ///< `malloc_async` calls given freed memory back.
+  uint64_t launches_blocked = 0;    ///< Calls that waited for a full stream (`set_queue_limit`).
   /// Calls made from inside a host function, which the runtime forbids
   /// (each returns `not_permitted`).
   uint64_t calls_in_host_funcs = 0;
@@ -80,6 +83,8 @@ public:
   status get_device_properties(device_props* p, int device) override;
   /// Selects the calling thread's device (default 0), even a sticky one.
   status set_device(int device) override;
+  /// The calling thread's device (default 0).
+  status get_device(int* device) override;
   /// Free: 141 GiB less what `malloc_async` holds on the current device.
   status mem_get_info(std::size_t* free, std::size_t* total) override;
   /// 1 for two distinct devices.
@@ -165,6 +170,10 @@ public:
   /// The next kernel that runs on `device` does not: the device turns sticky
   /// with `s` when its stream reaches it (the launch succeeded).
   void fail_kernel_sticky(int device, status s);
+  /// How many operations a stream queues before a call that queues one
+  /// more blocks until it drains (default 1024, as the runtime's launch
+  /// queue; the calling thread waits, even while the device is paused).
+  void set_queue_limit(std::size_t ops);
   /// `device`'s streams start no op until `resume` (queued ops wait).
   void pause(int device);
   /// Lets `device`'s streams run again.
@@ -213,7 +222,8 @@ private:
   const std::pair<void* const, allocation>* find_allocation(const void* p) const;
   status find_stream(stream_t s, stream_state*& out);
   status find_event(event_t e, std::shared_ptr<event_state>& out);
-  void enqueue(stream_state& st, op o);
+  void enqueue(stream_state& st, op o, std::unique_lock<std::mutex>& lk);
+  void serve_host_funcs();
   status launch(const char* name, stream_t s, std::initializer_list<const void*> buffers,
                 std::size_t n, std::function<void()> work);
   void make_sticky_locked(int device, status s);
@@ -233,6 +243,11 @@ private:
   std::map<void*, std::shared_ptr<event_state>> events_;
   std::map<void*, allocation> allocations_; // malloc_async
   std::map<void*, std::size_t> pinned_;     // malloc_host
+  std::map<int, std::multimap<std::size_t, void*>> reusable_; // freed, by device and size
+  std::size_t queue_limit_ = 1024; // ops a stream queues before a launch blocks
+  std::deque<op*> host_queue_;     // host functions the streams reached
+  bool host_stop_ = false;
+  std::thread host_thread_;        // runs every host function
   std::uintptr_t next_handle_ = 0xfa000;
   fake_stats st_;
 };
