@@ -618,6 +618,29 @@ BOOST_DATA_TEST_CASE(a_fatal_error_missing_from_the_sticky_list_fails_the_work,
   destroy(b);
 }
 
+// Point 2: `floats()` checked the size, never the address: a float kernel
+// at byte offset 2 ran, and on a GPU its access is cudaErrorMisalignedAddress,
+// sticky for the process. Refused when bound, naming device, pool, offset.
+BOOST_AUTO_TEST_CASE(a_misaligned_float_buffer_is_refused_when_bound) {
+  backend b{cuda_opts(1)};
+  auto d = b.get_device(0);
+  b.alloc_pool(d, 1, 8192, 256);
+  try {
+    auto e = b.schedule_named(d, spec("fill", {buf(1, 2, 4096), 5.0}));
+    BOOST_ERROR("a fill at byte offset 2 was accepted; it ended: " << ended(b, e));
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), b.get_name(d)), e.what());
+    BOOST_TEST(contains(e.what(), "pool 1"), e.what());
+    BOOST_TEST(contains(e.what(), "offset 2"), e.what());
+  }
+  BOOST_TEST(field_of(*b.get_debug_info(d).find("cuda"), "quarantined") == "no");
+  b.recover(d);
+  b.schedule_named(d, spec("fill", {buf(1, 0, 8192), 3.0}));
+  auto e = b.schedule_named(d, spec("checksum", {buf(1, 0, 8192), std::string{"after"}}));
+  sync(b, e);
+  BOOST_TEST(b.result(d, "after").value().sum == 3.0 * 2048);
+}
+
 // -- Memory is given back ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {
