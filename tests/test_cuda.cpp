@@ -641,6 +641,38 @@ BOOST_AUTO_TEST_CASE(a_misaligned_float_buffer_is_refused_when_bound) {
   BOOST_TEST(b.result(d, "after").value().sum == 3.0 * 2048);
 }
 
+// Point 4: a launch's status is `cudaGetLastError` after it, which returns
+// any earlier uncleared error of the thread: one a closure left behind
+// failed the next kernel of the device.
+BOOST_AUTO_TEST_CASE(a_launch_does_not_report_an_earlier_error_of_its_thread, *boost::unit_test::precondition(fake_only{})) {
+  backend b{cuda_opts(1)};
+  auto* api = detail::api_of(*b.impl().drv);
+  auto d = b.get_device(0);
+  b.alloc_pool(d, 1, 4096, 256);
+  // A user's closure whose own CUDA call fails, and which ignores it.
+  b.schedule_task(d, {"a failed call left behind", [api] {
+                        (void)api->memcpy_async(nullptr, nullptr, 16, current_cuda_stream());
+                      }});
+  b.schedule_named(d, spec("fill", {buf(1, 0, 4096), 2.0}));
+  auto e = b.schedule_named(d, spec("checksum", {buf(1, 0, 4096), std::string{"sum"}}));
+  auto text = ended(b, e);
+  BOOST_TEST(text == "done");
+  if (text == "done")
+    BOOST_TEST(b.result(d, "sum").value().sum == 2.0 * 1024);
+}
+
+// Point 4: a failed cudaFreeAsync was ignored without being cleared: the
+// thread's next launch reported it.
+BOOST_AUTO_TEST_CASE(a_failed_free_leaves_no_error_behind, *boost::unit_test::precondition(fake_only{})) {
+  auto fake = std::make_shared<cuda::fake_api>(1);
+  auto drv = detail::make_cuda_driver(fake, std::nullopt);
+  BOOST_TEST_REQUIRE(drv->device_count() == 1);
+  auto a = drv->allocate(0, 1024, 256, std::nullopt);
+  fake->fail_next("free_async", cuda::code::invalid_value);
+  a.reset();
+  BOOST_TEST(fake->get_last_error() == cuda::code::success);
+}
+
 // -- Memory is given back ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {

@@ -222,6 +222,26 @@ public:
       fail(ordinal, s, call);
   }
   [[noreturn]] void fail(int ordinal, status s, const char* call);
+  /// For a call whose failure has nobody to report to (a free, a destroy):
+  /// clears the thread's error, so no later call reports it, and
+  /// quarantines `ordinal` when `s` is sticky. Returns whether it succeeded.
+  bool settle(int ordinal, status s, const char* call) {
+    if (s == code::success) [[likely]]
+      return true;
+    if (!in_host_callback)
+      (void)api_->get_last_error();
+    if (cuda::is_sticky(s))
+      quarantine(ordinal, s, call);
+    return false;
+  }
+  /// Before a kernel launch, whose status is `cudaGetLastError` after it:
+  /// clears an error an earlier call of this thread left (a user's closure),
+  /// so the launch reports its own; a sticky one quarantines and throws.
+  void clear_stale_error(int ordinal) {
+    auto s = api_->get_last_error();
+    if (s != code::success && cuda::is_sticky(s)) [[unlikely]]
+      fail(ordinal, s, "an earlier CUDA call of this thread");
+  }
   /// Quarantines `ordinal` for sticky error `s` reported by `call`.
   void quarantine(int ordinal, status s, const char* call);
   /// Throws the quarantine's cause when `ordinal` is quarantined.
@@ -464,9 +484,10 @@ void cuda_driver::release(int ordinal, void* raw, std::size_t bytes) {
     s = slot.stream ? slot.stream->handle() : nullptr;
   }
   // Nothing to report to from a destructor: a failed free (a lost
-  // context) leaves the memory to the runtime, which frees it at exit.
-  if (api_->set_device(ordinal) == code::success)
-    (void)api_->free_async(raw, s);
+  // context) leaves the memory to the runtime, which frees it at exit; its
+  // error is cleared, so that no later call of this thread reports it.
+  if (settle(ordinal, api_->set_device(ordinal), "cudaSetDevice"))
+    settle(ordinal, api_->free_async(raw, s), "cudaFreeAsync");
 }
 
 void cuda_driver::flush_deferred(int ordinal, cuda::stream_t s) {
@@ -478,7 +499,7 @@ void cuda_driver::flush_deferred(int ordinal, cuda::stream_t s) {
     slot.deferred_count.store(0, std::memory_order_release);
   }
   for (void* p : frees)
-    (void)api_->free_async(p, s);
+    settle(ordinal, api_->free_async(p, s), "cudaFreeAsync");
 }
 
 int cuda_driver::owner_of(const void* p) const {
@@ -613,6 +634,7 @@ void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
   auto& l = launching(name.c_str());
   auto ord = l.stream->ordinal();
   auto s = l.stream->handle();
+  clear_stale_error(ord);
   if (name == "fill") {
     auto xs = c.floats(0);
     check(ord, api_->launch_fill(xs.data(), xs.size(), static_cast<float>(c.real(1)), s),
@@ -723,11 +745,11 @@ cuda_stream::~cuda_stream() {
   carry_.clear();
   d_->flush_deferred(ordinal_, s_);
   for (auto* e : events_)
-    (void)api_.event_destroy(e);
-  (void)api_.stream_synchronize(s_); // the frees above
+    d_->settle(ordinal_, api_.event_destroy(e), "cudaEventDestroy");
+  d_->settle(ordinal_, api_.stream_synchronize(s_), "cudaStreamSynchronize"); // the frees above
   for (auto& b : staging_all_)
-    (void)api_.free_host(b.p);
-  (void)api_.stream_destroy(s_);
+    d_->settle(ordinal_, api_.free_host(b.p), "cudaFreeHost");
+  d_->settle(ordinal_, api_.stream_destroy(s_), "cudaStreamDestroy");
 }
 
 cuda::event_t cuda_stream::take_event() {
@@ -933,8 +955,9 @@ void cuda_stream::watchdog() {
     }
     if (d_->has_deferred(ordinal_) && !stop_) {
       lk.unlock();
-      (void)api_.set_device(ordinal_); // on failure the frees fail too: dropped
-      d_->flush_deferred(ordinal_, s_);
+      // On failure the frees fail too: dropped (the runtime frees at exit).
+      if (d_->settle(ordinal_, api_.set_device(ordinal_), "cudaSetDevice"))
+        d_->flush_deferred(ordinal_, s_);
       lk.lock();
       continue;
     }
