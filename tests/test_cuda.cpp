@@ -673,6 +673,48 @@ BOOST_AUTO_TEST_CASE(a_failed_free_leaves_no_error_behind, *boost::unit_test::pr
   BOOST_TEST(fake->get_last_error() == cuda::code::success);
 }
 
+// Point 5: a closure that selects another device left the runner there:
+// the item's event was created on that device, its record failed and the
+// item failed (on a GPU: retired early, its host functions still running).
+BOOST_AUTO_TEST_CASE(a_closure_that_selects_another_device_does_not_break_its_item, *boost::unit_test::precondition(needs_devices{2})) {
+  backend b{cuda_opts(2)};
+  auto* api = detail::api_of(*b.impl().drv);
+  auto d0 = b.get_device(0);
+  b.schedule_task(d0, {"select device 1", [api] {
+                         if (api->set_device(1) != cuda::code::success)
+                           throw std::runtime_error("cudaSetDevice(1) failed");
+                       }});
+  BOOST_TEST(ended(b, b.all_work(d0)) == "done");
+  b.recover(d0);
+  b.alloc_pool(d0, 1, 4096, 256);
+  b.schedule_named(d0, spec("fill", {buf(1, 0, 4096), 4.0}));
+  auto e = b.schedule_named(d0, spec("checksum", {buf(1, 0, 4096), std::string{"sum"}}));
+  BOOST_TEST(ended(b, e) == "done");
+  BOOST_TEST(b.result(d0, "sum").value_or(kernel_result{}).sum == 4.0 * 1024);
+}
+
+// Point 5: `allocate`, `release` and `debug_info` selected the device they
+// work on and left the calling thread there.
+BOOST_AUTO_TEST_CASE(driver_calls_leave_the_callers_device_as_it_was, *boost::unit_test::precondition(fake_only{})) {
+  auto fake = std::make_shared<cuda::fake_api>(2);
+  auto drv = detail::make_cuda_driver(fake, std::nullopt);
+  BOOST_TEST_REQUIRE(drv->device_count() == 2);
+  auto current = [&] {
+    int dev = -1;
+    BOOST_TEST_REQUIRE(fake->get_device(&dev) == cuda::code::success);
+    return dev;
+  };
+  BOOST_TEST_REQUIRE(fake->set_device(1) == cuda::code::success);
+  auto a = drv->allocate(0, 1024, 256, std::nullopt);
+  BOOST_TEST(current() == 1, "after allocate on device 0");
+  BOOST_TEST_REQUIRE(fake->set_device(1) == cuda::code::success);
+  (void)drv->debug_info(0);
+  BOOST_TEST(current() == 1, "after debug_info of device 0");
+  BOOST_TEST_REQUIRE(fake->set_device(1) == cuda::code::success);
+  a.reset();
+  BOOST_TEST(current() == 1, "after the release of device 0's allocation");
+}
+
 // -- Memory is given back ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {

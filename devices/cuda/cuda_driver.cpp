@@ -35,6 +35,9 @@ class cuda_stream;
 /// The item the calling thread launches (set by `cuda_stream::submit`).
 struct launch {
   cuda_stream* stream = nullptr;
+  /// Set by the driver's own work (kernels, copies, zeroing); otherwise the
+  /// work is a user's closure, which may have selected another device.
+  bool driver_work = false;
   /// Done when the item completes (or its stream is quarantined): what
   /// must live until then, like staging buffers. Never a CUDA call.
   std::vector<std::function<void()>> after;
@@ -55,6 +58,36 @@ std::size_t staging_class(std::size_t n) {
     c <<= 1;
   return c;
 }
+
+/// Selects a device on the calling thread for its lifetime, then gives the
+/// thread back the device it had: a driver call made on a thread of the
+/// program (allocate, release, debug info, opening or closing a stream)
+/// leaves the thread's current device as it found it.
+class device_scope {
+public:
+  device_scope(cuda::api& api, int ordinal) : api_(api) {
+    if (api_.get_device(&saved_) != code::success) {
+      (void)api_.get_last_error();
+      saved_ = -1;
+    }
+    status_ = saved_ == ordinal ? code::success : api_.set_device(ordinal);
+    changed_ = status_ == code::success && saved_ != ordinal;
+  }
+  ~device_scope() {
+    if (changed_ && saved_ >= 0 && api_.set_device(saved_) != code::success)
+      (void)api_.get_last_error();
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  /// `cudaSetDevice`'s status.
+  status selected() const noexcept { return status_; }
+
+private:
+  cuda::api& api_;
+  int saved_ = -1;
+  status status_ = code::success;
+  bool changed_ = false;
+};
 
 /// One device's state in the driver. Guarded by `cuda_driver::mu_` unless
 /// atomic.
@@ -428,7 +461,8 @@ std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
   if (extra > most || std::max<std::size_t>(size, 1) > most - extra)
     throw std::bad_alloc{};
   refuse_if_quarantined(ordinal);
-  check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
+  device_scope scope{*api_, ordinal};
+  check(ordinal, scope.selected(), "cudaSetDevice");
   cuda::stream_t s = nullptr;
   bool configure = false;
   {
@@ -486,7 +520,8 @@ void cuda_driver::release(int ordinal, void* raw, std::size_t bytes) {
   // Nothing to report to from a destructor: a failed free (a lost
   // context) leaves the memory to the runtime, which frees it at exit; its
   // error is cleared, so that no later call of this thread reports it.
-  if (settle(ordinal, api_->set_device(ordinal), "cudaSetDevice"))
+  device_scope scope{*api_, ordinal};
+  if (settle(ordinal, scope.selected(), "cudaSetDevice"))
     settle(ordinal, api_->free_async(raw, s), "cudaFreeAsync");
 }
 
@@ -516,6 +551,7 @@ void cuda_driver::zero(std::byte* p, std::size_t n) {
   if (n == 0)
     return;
   auto& l = launching("zero");
+  l.driver_work = true;
   auto ord = l.stream->ordinal();
   check(ord, api_->memset_async(p, 0, n, l.stream->handle()), "cudaMemsetAsync");
 }
@@ -537,6 +573,7 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
   if (n == 0)
     return;
   auto& l = launching("copy");
+  l.driver_work = true;
   auto ord = l.stream->ordinal();
   auto s = l.stream->handle();
   int dd = owner_of(dst);
@@ -569,7 +606,8 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
 std::unique_ptr<stream> cuda_driver::open_stream(int ordinal, completion_sink& sink) {
   check_ordinal(ordinal, "open_stream");
   refuse_if_quarantined(ordinal);
-  check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
+  device_scope scope{*api_, ordinal};
+  check(ordinal, scope.selected(), "cudaSetDevice");
   cuda::stream_t s = nullptr;
   check(ordinal, api_->stream_create(&s), "cudaStreamCreateWithFlags");
   auto st = std::make_unique<cuda_stream>(shared_from_this(), ordinal, sink, s);
@@ -632,6 +670,7 @@ struct checksum_job {
 
 void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
   auto& l = launching(name.c_str());
+  l.driver_work = true;
   auto ord = l.stream->ordinal();
   auto s = l.stream->handle();
   clear_stale_error(ord);
@@ -706,7 +745,8 @@ sexp cuda_driver::debug_info(int ordinal) const {
   if (!in_host_callback) {
     std::size_t free = 0;
     std::size_t total = 0;
-    if (api_->set_device(ordinal) == code::success &&
+    device_scope scope{*api_, ordinal};
+    if (scope.selected() == code::success &&
         api_->mem_get_info(&free, &total) == code::success) {
       info.push_back(sexp::field("memory_free", std::to_string(free)));
       info.push_back(sexp::field("memory_total", std::to_string(total)));
@@ -727,7 +767,8 @@ cuda_stream::cuda_stream(std::shared_ptr<cuda_driver> d, int ordinal, completion
 cuda_stream::~cuda_stream() {
   // Everything submitted completes (or fails, on a lost device) and is
   // reported before the stream goes.
-  if (api_.set_device(ordinal_) == code::success) {
+  device_scope scope{api_, ordinal_};
+  if (scope.selected() == code::success) {
     auto st = api_.stream_synchronize(s_);
     if (cuda::is_async_fatal(st))
       d_->quarantine(ordinal_, st, "cudaStreamSynchronize");
@@ -802,7 +843,7 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
   d_->check(ordinal_, api_.set_device(ordinal_), "cudaSetDevice");
   if (d_->has_deferred(ordinal_))
     d_->flush_deferred(ordinal_, s_);
-  launch l{this, {}};
+  launch l{this, false, {}};
   current = &l;
   try {
     work();
@@ -816,6 +857,11 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     throw;
   }
   current = nullptr;
+  // A closure may have selected another device: the event below and the
+  // host function must go to this one (an event made on another device
+  // fails its record, and the item would retire before its work ran).
+  if (!l.driver_work)
+    d_->check(ordinal_, api_.set_device(ordinal_), "cudaSetDevice");
   auto keep_after = [&] {
     std::lock_guard guard{mu_};
     for (auto& f : l.after)
@@ -826,10 +872,10 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     ev = take_event();
     d_->check(ordinal_, api_.event_record(ev, s_), "cudaEventRecord");
   } catch (...) {
-    if (ev) {
-      std::lock_guard guard{mu_};
-      events_.push_back(ev);
-    }
+    // An event whose record failed is not trusted again: destroyed, not
+    // pooled (it may belong to another device).
+    if (ev)
+      d_->settle(ordinal_, api_.event_destroy(ev), "cudaEventDestroy");
     keep_after();
     throw;
   }
