@@ -112,6 +112,7 @@ public:
   ~cuda_stream() override;
 
   void submit(uint64_t seq, std::function<void()> work) override;
+  void closing() override;
 
   cuda::stream_t handle() const noexcept { return s_; }
   int ordinal() const noexcept { return ordinal_; }
@@ -136,6 +137,14 @@ private:
   void watchdog();
   cuda::event_t take_event();
   void fail_in_flight(std::unique_lock<std::mutex>& lk);
+  /// Waits until the stream has run everything, as long as it makes
+  /// progress; false when no item completed for the drain bound.
+  bool drain();
+  /// While closing: whether no item completed for the drain bound.
+  bool stalled_locked();
+  /// Gives up on the stream's work: quarantines the device (its items fail)
+  /// and keeps what the work may still use until the process ends.
+  void abandon(std::unique_lock<std::mutex>& lk);
 
   std::shared_ptr<cuda_driver> d_;
   cuda::api& api_;
@@ -143,8 +152,18 @@ private:
   completion_sink& sink_;
   cuda::stream_t s_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  /// What host functions reach the stream through: it outlives the stream
+  /// when the stream's work is abandoned (see the destructor), and then
+  /// turns them away.
+  struct gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    cuda_stream* stream = nullptr;
+    bool abandoned = false; // the stream is gone: host functions return at once
+  };
+  std::shared_ptr<gate> gate_ = std::make_shared<gate>();
+  std::mutex& mu_ = gate_->mu;
+  std::condition_variable& cv_ = gate_->cv;
   struct flying {
     uint64_t seq;
     cuda::event_t event;
@@ -156,6 +175,10 @@ private:
   uint64_t completed_upto_ = 0;       // the last seq whose callback ran
   int callbacks_running_ = 0;
   bool quarantine_ = false;
+  bool abandon_ = false; // closing gave up on the stream: keep what it may still use
+  bool closing_ = false; // the device shuts down: in-flight work is bounded
+  std::chrono::steady_clock::time_point progress_at_{}; // when closing, the last completion seen
+  uint64_t progress_seen_ = 0;
   bool stop_ = false;
   std::multimap<std::size_t, std::byte*> staging_free_; // by capacity
   std::vector<staging> staging_all_;
@@ -275,8 +298,19 @@ public:
     if (s != code::success && cuda::is_sticky(s)) [[unlikely]]
       fail(ordinal, s, "an earlier CUDA call of this thread");
   }
-  /// Quarantines `ordinal` for sticky error `s` reported by `call`.
+  /// Quarantines every device for sticky error `s` that `call` reported
+  /// on `ordinal` (a sticky error is the process's, not one device's).
   void quarantine(int ordinal, status s, const char* call);
+  /// Quarantines `ordinal` alone, for `cause` (a stream that never drained).
+  void quarantine_one(int ordinal, std::string cause);
+  /// How long a closing stream may go without completing an item before
+  /// its work is abandoned (`set_cuda_drain_bound`).
+  std::chrono::milliseconds drain_bound() const noexcept {
+    return std::chrono::milliseconds{drain_bound_ms_.load(std::memory_order_relaxed)};
+  }
+  void set_drain_bound(std::chrono::milliseconds b) noexcept {
+    drain_bound_ms_.store(b.count(), std::memory_order_relaxed);
+  }
   /// Throws the quarantine's cause when `ordinal` is quarantined.
   void refuse_if_quarantined(int ordinal) const {
     auto& slot = slots_[static_cast<std::size_t>(ordinal)];
@@ -314,6 +348,8 @@ public:
 private:
   /// Enumerates the devices once (first asked).
   void probe() const;
+  void quarantine_locked(int ordinal, std::string cause);
+  std::atomic<int64_t> drain_bound_ms_{60'000};
   void check_ordinal(int ordinal, const char* what) const {
     if (ordinal < 0 || ordinal >= device_count())
       throw std::invalid_argument(fmt::format("{}: cuda device {} does not exist ({} device(s))",
@@ -432,21 +468,35 @@ void cuda_driver::fail(int ordinal, status s, const char* call) {
 }
 
 void cuda_driver::quarantine(int ordinal, status s, const char* call) {
-  cuda_stream* st = nullptr;
-  {
-    std::lock_guard guard{mu_};
-    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
-    if (slot.quarantined.load())
-      return;
-    slot.quarantine_cause = fmt::format(
-      "cuda device {} is quarantined: {} reported the sticky error {} ({}); no more work "
-      "runs on it",
-      ordinal, call, api_->error_name(s), api_->error_string(s));
-    slot.quarantined.store(true, std::memory_order_release);
-    st = slot.stream;
-    if (st)
-      st->quarantine_now();
-  }
+  // CUDA's sticky errors leave the process's CUDA state inconsistent: every
+  // device of the driver goes, not only the one whose call reported it.
+  auto what = fmt::format("{} reported the sticky error {} ({})", call, api_->error_name(s),
+                          api_->error_string(s));
+  std::lock_guard guard{mu_};
+  for (int i = 0; i < count_; ++i)
+    quarantine_locked(i, i == ordinal
+                           ? fmt::format("cuda device {} is quarantined: {}; no more work runs "
+                                         "on it",
+                                         i, what)
+                           : fmt::format("cuda device {} is quarantined: on cuda device {}, {}, "
+                                         "which ends every device of the process; no more work "
+                                         "runs on it",
+                                         i, ordinal, what));
+}
+
+void cuda_driver::quarantine_one(int ordinal, std::string cause) {
+  std::lock_guard guard{mu_};
+  quarantine_locked(ordinal, std::move(cause));
+}
+
+void cuda_driver::quarantine_locked(int ordinal, std::string cause) {
+  auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+  if (slot.quarantined.load())
+    return;
+  slot.quarantine_cause = std::move(cause);
+  slot.quarantined.store(true, std::memory_order_release);
+  if (slot.stream)
+    slot.stream->quarantine_now();
 }
 
 std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
@@ -516,6 +566,10 @@ void cuda_driver::release(int ordinal, void* raw, std::size_t bytes) {
       return; // the next submission or the watchdog frees it
     }
     s = slot.stream ? slot.stream->handle() : nullptr;
+    // A quarantined device's work may still use it (an abandoned stream),
+    // and its context is lost: the runtime frees it at exit.
+    if (slot.quarantined.load())
+      return;
   }
   // Nothing to report to from a destructor: a failed free (a lost
   // context) leaves the memory to the runtime, which frees it at exit; its
@@ -761,26 +815,114 @@ sexp cuda_driver::debug_info(int ordinal) const {
 cuda_stream::cuda_stream(std::shared_ptr<cuda_driver> d, int ordinal, completion_sink& sink,
                          cuda::stream_t s)
   : d_(std::move(d)), api_(d_->api()), ordinal_(ordinal), sink_(sink), s_(s) {
+  gate_->stream = this;
   watchdog_ = std::thread([this] { watchdog(); });
+}
+
+/// What an abandoned stream may still use: kept, reachable, until the
+/// process ends (the runtime may yet run the stream's work).
+void keep_forever(std::shared_ptr<void> p) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<void>>* kept = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard guard{mu};
+  kept->push_back(std::move(p));
+}
+
+bool cuda_stream::drain() {
+  using clock = std::chrono::steady_clock;
+  auto bound = d_->drain_bound();
+  auto last_progress = clock::now();
+  uint64_t seen = 0;
+  {
+    std::lock_guard guard{mu_};
+    seen = completed_upto_;
+  }
+  for (;;) {
+    auto st = api_.stream_query(s_);
+    if (st == code::success)
+      return true;
+    if (cuda::is_async_fatal(st)) {
+      // A lost context runs nothing more: its items fail (the watchdog).
+      (void)api_.get_last_error();
+      d_->quarantine(ordinal_, st, "cudaStreamQuery");
+      return true;
+    }
+    std::unique_lock lk{mu_};
+    if (completed_upto_ != seen) {
+      seen = completed_upto_;
+      last_progress = clock::now();
+    }
+    if (clock::now() - last_progress >= bound)
+      return false;
+    cv_.wait_for(lk, std::chrono::milliseconds{10}, [&] { return completed_upto_ != seen; });
+  }
+}
+
+void cuda_stream::closing() {
+  {
+    std::lock_guard guard{mu_};
+    closing_ = true;
+    progress_seen_ = completed_upto_;
+    progress_at_ = std::chrono::steady_clock::now();
+  }
+  cv_.notify_all();
+}
+
+bool cuda_stream::stalled_locked() {
+  auto now = std::chrono::steady_clock::now();
+  if (completed_upto_ != progress_seen_) {
+    progress_seen_ = completed_upto_;
+    progress_at_ = now;
+    return false;
+  }
+  return now - progress_at_ >= d_->drain_bound();
+}
+
+void cuda_stream::abandon(std::unique_lock<std::mutex>& lk) {
+  abandon_ = true;
+  lk.unlock();
+  d_->quarantine_one(
+    ordinal_, fmt::format("cuda device {} is quarantined: its stream completed nothing for {} ms "
+                          "while the device shut down; the work left on it was abandoned",
+                          ordinal_, d_->drain_bound().count()));
+  lk.lock();
 }
 
 cuda_stream::~cuda_stream() {
   // Everything submitted completes (or fails, on a lost device) and is
-  // reported before the stream goes.
+  // reported before the stream goes; a stream that completes nothing for
+  // the drain bound (a kernel that never ends, a wait on an event that is
+  // never recorded) is abandoned: its device is quarantined, its items fail,
+  // and what its work may still use (the stream, its events, staging
+  // buffers, the items' host-side jobs) is kept until the process ends.
   device_scope scope{api_, ordinal_};
-  if (scope.selected() == code::success) {
-    auto st = api_.stream_synchronize(s_);
-    if (cuda::is_async_fatal(st))
-      d_->quarantine(ordinal_, st, "cudaStreamSynchronize");
+  bool drained = false;
+  {
+    std::unique_lock lk{mu_};
+    drained = !abandon_;
+  }
+  if (drained)
+    drained = scope.selected() != code::success || drain();
+  if (!drained) {
+    std::unique_lock lk{mu_};
+    if (!abandon_)
+      abandon(lk);
   }
   d_->stream_closed(ordinal_);
   {
     std::unique_lock lk{mu_};
     cv_.wait(lk, [&] { return fifo_.empty() && callbacks_running_ == 0; });
     stop_ = true;
+    gate_->abandoned = !drained;
   }
   cv_.notify_all();
   watchdog_.join();
+  if (!drained) {
+    keep_forever(std::make_shared<std::vector<std::function<void()>>>(std::move(carry_)));
+    keep_forever(gate_);
+    d_->flush_deferred(ordinal_, s_); // stream-ordered: behind the work left
+    return;
+  }
   for (auto& f : carry_)
     f();
   carry_.clear();
@@ -887,7 +1029,7 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     fifo_.push_back({seq, ev, std::move(l.after)});
   }
   d_->submitted(ordinal_);
-  auto st = api_.launch_host_func(s_, &cuda_stream::host_done, this);
+  auto st = api_.launch_host_func(s_, &cuda_stream::host_done, gate_.get());
   if (st != code::success) {
     {
       std::lock_guard guard{mu_};
@@ -903,12 +1045,14 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
 }
 
 void cuda_stream::host_done(void* p) noexcept {
-  auto* self = static_cast<cuda_stream*>(p);
+  auto* g = static_cast<gate*>(p);
   in_host_callback = true;
   flying f;
+  cuda_stream* self = nullptr;
   {
-    std::lock_guard guard{self->mu_};
-    if (self->fifo_.empty() || self->quarantine_) {
+    std::lock_guard guard{g->mu};
+    self = g->stream;
+    if (g->abandoned || self->fifo_.empty() || self->quarantine_) {
       in_host_callback = false;
       return; // failed by the quarantine already
     }
@@ -924,10 +1068,11 @@ void cuda_stream::host_done(void* p) noexcept {
   f.after.clear();
   self->sink_.completed(f.seq, nullptr);
   {
-    std::lock_guard guard{self->mu_};
+    // Notified under the lock: the stream may go as soon as it is released.
+    std::lock_guard guard{g->mu};
     --self->callbacks_running_;
+    g->cv.notify_all();
   }
-  self->cv_.notify_all();
   in_host_callback = false;
 }
 
@@ -964,6 +1109,7 @@ void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
   std::deque<flying> lost;
   lost.swap(fifo_);
   ++callbacks_running_;
+  const bool keep = abandon_;
   lk.unlock();
   std::exception_ptr err;
   try {
@@ -977,8 +1123,11 @@ void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
     err = std::current_exception(); // the quarantine's own cause
   }
   for (auto& f : lost) {
-    for (auto& a : f.after)
-      a();
+    if (keep) // the stream may still run the item's host functions
+      keep_forever(std::make_shared<std::vector<std::function<void()>>>(std::move(f.after)));
+    else
+      for (auto& a : f.after)
+        a();
     sink_.completed(f.seq, err);
   }
   lk.lock();
@@ -1017,6 +1166,10 @@ void cuda_stream::watchdog() {
           return stop_ || quarantine_ || fifo_.empty() || fifo_.front().seq != front;
         }))
       continue;
+    if (closing_ && !abandon_ && stalled_locked()) {
+      abandon(lk);
+      continue;
+    }
     lk.unlock();
     status st = api_.set_device(ordinal_);
     if (st == code::success)
@@ -1048,6 +1201,11 @@ std::size_t cuda_stream::in_flight() const {
 std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
                                          std::optional<int> num_devices, std::string backend) {
   return std::make_shared<cuda_driver>(std::move(api), num_devices, std::move(backend));
+}
+
+void set_cuda_drain_bound(driver& d, std::chrono::milliseconds bound) {
+  if (auto* c = dynamic_cast<cuda_driver*>(&d))
+    c->set_drain_bound(bound);
 }
 
 cuda::api* api_of(driver& d) noexcept {

@@ -36,6 +36,7 @@
 /// - **No GPU**: with no runtime, no driver or no device, `device_count()`
 ///   is 0 and `properties()` says why. Nothing is enumerated until asked.
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -71,6 +72,10 @@ std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
 /// The runtime layer of a CUDA driver made by `make_cuda_driver` (tests
 /// steer a fake through it); null for another driver.
 cuda::api* api_of(driver& d) noexcept;
+
+/// How long a CUDA stream being closed may complete no item before its
+/// work is abandoned (default 60 s; see docs/design.md). Tests shorten it.
+void set_cuda_drain_bound(driver& d, std::chrono::milliseconds bound);
 
 /// The stream (`cudaStream_t`) of the item the calling thread is
 /// launching, or null outside a CUDA item's work.

@@ -214,13 +214,14 @@ void fake_api::check_device(int device, const char* what) const {
 }
 
 void fake_api::make_sticky_locked(int device, status s) {
-  auto& d = dev(device);
-  if (d.sticky != code::success || s == code::success)
+  if (dev(device).sticky != code::success || s == code::success)
     return;
-  d.sticky = s;
+  // As CUDA documents its sticky errors: the process's CUDA state is
+  // inconsistent, so every device of the process reports `s` from now on.
+  for (auto& d : devs_)
+    if (d.sticky == code::success)
+      d.sticky = s;
   for (auto& [h, st] : streams_) {
-    if (st->device != device)
-      continue;
     st_.ops_discarded += st->queue.size();
     st->queue.clear(); // records stay pending: their events report `s`
   }

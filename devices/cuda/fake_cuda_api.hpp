@@ -7,7 +7,9 @@
 /// mirrors the runtime where the driver depends on it: stream-ordered frees,
 /// events whose waits capture the recording of the moment, a per-thread
 /// current device and last error (every failed call but `not_ready` sets
-/// it), sticky errors that break a device for good. White-box tests steer it
+/// it), sticky errors that break every device for good, one thread for
+/// every stream's host functions, launch queues of bounded length, freed
+/// memory reused. docs/design.md lists where it still differs from CUDA. White-box tests steer it
 /// through the test controls below; everything is safe from any thread.
 
 #include <chrono>
@@ -163,9 +165,10 @@ public:
   /// `s` and does nothing else; several queue up per name.
   void fail_next(std::string call, status s);
   /// Breaks `device` for good with `s` (non-zero; the first one stays), as
-  /// an illegal address would: its queued ops are dropped (host functions
-  /// too), the op running finishes, calls concerning it return `s`, and
-  /// waits of other streams on its events unblock.
+  /// an illegal address would, and with it every device of the process (CUDA's
+  /// sticky errors are the process's): all queued ops are dropped (host
+  /// functions too), the ops running finish, every call concerning a device
+  /// returns `s`, and waits on events unblock.
   void make_sticky(int device, status s);
   /// The next kernel that runs on `device` does not: the device turns sticky
   /// with `s` when its stream reaches it (the launch succeeded).
