@@ -743,6 +743,37 @@ BOOST_AUTO_TEST_CASE(closing_a_stream_that_never_drains_is_bounded, *boost::unit
   f.resume(0); // the fake runs it when it goes; the abandoned host function returns
 }
 
+// Point 6: each item in flight got its own pinned staging buffer, its size
+// rounded up to a power of two, none freed before the stream closed (eight
+// 9 MiB copies queued pinned 128 MiB). Now a ring of pinned chunks per
+// device, reused in stream order, bounds it.
+BOOST_AUTO_TEST_CASE(pinned_staging_memory_is_bounded_whatever_is_in_flight, *boost::unit_test::precondition(fake_only{})) {
+  backend b{cuda_opts(1)};
+  auto& f = the_fake(b);
+  auto d = b.get_device(0);
+  constexpr std::size_t n = (std::size_t{9} << 20) / sizeof(float); // more than one chunk
+  constexpr std::size_t bound = detail::cuda_staging_chunk * detail::cuda_staging_chunks;
+  auto t = node(1, "w", n);
+  auto c = b.alloc_node(b.make_context(d), t);
+  auto src = iota_floats(n, 0.5f);
+  sync(b, b.all_work(d));
+  auto copies = f.stats().calls["memcpy_async"];
+  f.pause(0); // every copy is submitted before any runs
+  constexpr int in_flight = 8;
+  for (int i = 0; i < in_flight; ++i)
+    BOOST_TEST_REQUIRE(b.from_host(c, t, std::as_bytes(std::span{src})));
+  BOOST_TEST_REQUIRE(f.wait_until([&](const cuda::fake_stats& s) {
+    return s.calls.count("memcpy_async") && s.calls.at("memcpy_async") >= copies + in_flight;
+  }));
+  auto pinned = f.stats().pinned_bytes_held;
+  auto staging = std::stoull(field_of(*b.get_debug_info(d).find("cuda"), "staging_bytes"));
+  f.resume(0);
+  BOOST_TEST(read_back(b, c, t) == src);
+  BOOST_TEST(pinned <= bound);
+  BOOST_TEST(staging <= bound);
+  BOOST_TEST(std::stoull(field_of(*b.get_debug_info(d).find("cuda"), "staging_bytes")) <= bound);
+}
+
 // -- Memory is given back ------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pools_freed_in_host_callbacks_are_freed_later, *boost::unit_test::precondition(fake_only{})) {

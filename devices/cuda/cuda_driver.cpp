@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -45,19 +46,6 @@ struct launch {
 thread_local launch* current = nullptr;
 /// Set while a host callback runs: no CUDA call may be made there.
 thread_local bool in_host_callback = false;
-
-/// A pinned host buffer from a stream's staging pool.
-struct staging {
-  std::byte* p = nullptr;
-  std::size_t capacity = 0;
-};
-
-std::size_t staging_class(std::size_t n) {
-  std::size_t c = std::size_t{64} << 10;
-  while (c < n)
-    c <<= 1;
-  return c;
-}
 
 /// Selects a device on the calling thread for its lifetime, then gives the
 /// thread back the device it had: a driver call made on a thread of the
@@ -121,9 +109,11 @@ public:
   /// false when `seq` is neither in flight here nor completed, and then
   /// `later` says whether it may still be submitted.
   bool order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq, bool& later);
-  /// A pinned buffer of at least `n` bytes, back in the pool once the
-  /// launching item completes.
-  std::byte* stage(launch& l, std::size_t n);
+  /// The next chunk of the device's ring of pinned staging memory
+  /// (`cuda_staging_chunk` bytes): its previous use is ordered before
+  /// anything the caller queues next on the stream, so it is free to fill
+  /// in stream order. Only the submitting thread calls it.
+  std::byte* stage_chunk();
   /// The device turned sticky: the watchdog fails what is in flight.
   void quarantine_now();
   /// Wakes the watchdog (frees were deferred).
@@ -180,8 +170,8 @@ private:
   std::chrono::steady_clock::time_point progress_at_{}; // when closing, the last completion seen
   uint64_t progress_seen_ = 0;
   bool stop_ = false;
-  std::multimap<std::size_t, std::byte*> staging_free_; // by capacity
-  std::vector<staging> staging_all_;
+  std::array<std::byte*, cuda_staging_chunks> ring_{}; // pinned, made when first used
+  std::size_t ring_next_ = 0;
   std::vector<std::function<void()>> carry_; // from items that threw at launch
   std::thread watchdog_;
 };
@@ -632,8 +622,8 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
   auto s = l.stream->handle();
   int dd = owner_of(dst);
   int sd = owner_of(src);
-  auto host_step = [&](void* to, const void* from) {
-    auto job = std::make_shared<host_copy_job>(host_copy_job{to, from, n});
+  auto host_step = [&](void* to, const void* from, std::size_t len) {
+    auto job = std::make_shared<host_copy_job>(host_copy_job{to, from, len});
     check(ord, api_->launch_host_func(s, &host_copy_job::run, job.get()), "cudaLaunchHostFunc");
     l.after.push_back([job] {}); // lives until the item completes
   };
@@ -643,17 +633,24 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
     else
       check(ord, api_->memcpy_peer_async(dst, dd, src, sd, n, s), "cudaMemcpyPeerAsync");
   } else if (dd >= 0) {
-    // Host to device through a pinned buffer, filled in stream order (the
-    // host bytes may be written by work ordered before this copy).
-    auto* buf = l.stream->stage(l, n);
-    host_step(buf, src);
-    check(ord, api_->memcpy_async(dst, buf, n, s), "cudaMemcpyAsync");
+    // Host to device through the ring of pinned chunks, each filled in
+    // stream order (the host bytes may be written by work ordered before
+    // this copy), then copied to the device.
+    for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
+      auto len = std::min(cuda_staging_chunk, n - off);
+      auto* buf = l.stream->stage_chunk();
+      host_step(buf, src + off, len);
+      check(ord, api_->memcpy_async(dst + off, buf, len, s), "cudaMemcpyAsync");
+    }
   } else if (sd >= 0) {
-    auto* buf = l.stream->stage(l, n);
-    check(ord, api_->memcpy_async(buf, src, n, s), "cudaMemcpyAsync");
-    host_step(dst, buf);
+    for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
+      auto len = std::min(cuda_staging_chunk, n - off);
+      auto* buf = l.stream->stage_chunk();
+      check(ord, api_->memcpy_async(buf, src + off, len, s), "cudaMemcpyAsync");
+      host_step(dst + off, buf, len);
+    }
   } else {
-    host_step(dst, src);
+    host_step(dst, src, n);
   }
 }
 
@@ -705,16 +702,26 @@ bool cuda_driver::has_kernel(std::string_view name) const {
 }
 
 namespace {
+/// A checksum summed on the host as the buffer's chunks arrive.
 struct checksum_job {
   const kernel_call* call;
   std::string name;
+  checksum_state state;
+};
+/// One chunk of it, run by a host callback in stream order.
+struct checksum_part {
+  checksum_job* job;
   const std::byte* bytes;
   std::size_t n;
+  bool last;
   static void run(void* self) noexcept {
-    auto* j = static_cast<checksum_job*>(self);
+    auto* p = static_cast<checksum_part*>(self);
+    p->job->state.add({p->bytes, p->n});
+    if (!p->last)
+      return;
     try {
-      auto r = checksum_of({j->bytes, j->n});
-      j->call->publish(j->name, r.sum, r.hash, r.count);
+      auto r = p->job->state.result();
+      p->job->call->publish(p->job->name, r.sum, r.hash, r.count);
     } catch (...) {
       // Publishing only allocates; out of memory loses this one result.
     }
@@ -757,14 +764,26 @@ void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
   } else if (name == "checksum") {
     auto src = c.buffer(0);
     (void)c.floats(0);
-    // The bytes come to the host in stream order; a host callback sums,
-    // hashes and publishes them before the item completes.
-    auto* buf = l.stream->stage(l, std::max<std::size_t>(src.size(), 1));
-    if (!src.empty())
-      check(ord, api_->memcpy_async(buf, src.data(), src.size(), s), "cudaMemcpyAsync");
-    auto job = std::make_shared<checksum_job>(checksum_job{&c, c.string(1), buf, src.size()});
-    check(ord, api_->launch_host_func(s, &checksum_job::run, job.get()), "cudaLaunchHostFunc");
+    // The bytes come to the host in stream order, a chunk of the staging
+    // ring at a time; host callbacks sum and hash each, and the last
+    // publishes, before the item completes.
+    auto job = std::make_shared<checksum_job>(checksum_job{&c, c.string(1), {}});
     l.after.push_back([job] {});
+    std::size_t off = 0;
+    do {
+      auto len = std::min(cuda_staging_chunk, src.size() - off);
+      std::byte* buf = nullptr;
+      if (len > 0) {
+        buf = l.stream->stage_chunk();
+        check(ord, api_->memcpy_async(buf, src.data() + off, len, s), "cudaMemcpyAsync");
+      }
+      auto part = std::make_shared<checksum_part>(
+        checksum_part{job.get(), buf, len, off + len == src.size()});
+      check(ord, api_->launch_host_func(s, &checksum_part::run, part.get()),
+            "cudaLaunchHostFunc");
+      l.after.push_back([part] {});
+      off += len;
+    } while (off < src.size());
   } else if (name == "spin_ns") {
     check(ord, api_->launch_spin(c.integer(0), s), "spin_ns kernel launch");
   } else if (name == "fail") {
@@ -930,8 +949,9 @@ cuda_stream::~cuda_stream() {
   for (auto* e : events_)
     d_->settle(ordinal_, api_.event_destroy(e), "cudaEventDestroy");
   d_->settle(ordinal_, api_.stream_synchronize(s_), "cudaStreamSynchronize"); // the frees above
-  for (auto& b : staging_all_)
-    d_->settle(ordinal_, api_.free_host(b.p), "cudaFreeHost");
+  for (auto* p : ring_)
+    if (p)
+      d_->settle(ordinal_, api_.free_host(p), "cudaFreeHost");
   d_->settle(ordinal_, api_.stream_destroy(s_), "cudaStreamDestroy");
 }
 
@@ -951,33 +971,25 @@ cuda::event_t cuda_stream::take_event() {
   return e;
 }
 
-std::byte* cuda_stream::stage(launch& l, std::size_t n) {
-  auto cap = staging_class(n);
-  std::byte* p = nullptr;
+std::byte* cuda_stream::stage_chunk() {
+  std::size_t i = 0;
   {
     std::lock_guard guard{mu_};
-    if (auto it = staging_free_.find(cap); it != staging_free_.end()) {
-      p = it->second;
-      staging_free_.erase(it);
-    }
+    i = ring_next_;
+    ring_next_ = (ring_next_ + 1) % ring_.size();
+    if (ring_[i])
+      return ring_[i];
   }
-  if (!p) {
-    void* raw = nullptr;
-    auto st = api_.malloc_host(&raw, cap);
-    if (st == code::memory_allocation) {
-      (void)api_.get_last_error();
-      throw std::bad_alloc{};
-    }
-    d_->check(ordinal_, st, "cudaMallocHost");
-    p = static_cast<std::byte*>(raw);
-    std::lock_guard guard{mu_};
-    staging_all_.push_back({p, cap});
+  void* raw = nullptr;
+  auto st = api_.malloc_host(&raw, cuda_staging_chunk);
+  if (st == code::memory_allocation) {
+    (void)api_.get_last_error();
+    throw std::bad_alloc{};
   }
-  l.after.push_back([this, p, cap] {
-    std::lock_guard guard{mu_};
-    staging_free_.emplace(cap, p);
-  });
-  return p;
+  d_->check(ordinal_, st, "cudaMallocHost");
+  std::lock_guard guard{mu_};
+  ring_[i] = static_cast<std::byte*>(raw);
+  return ring_[i];
 }
 
 void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
@@ -1185,10 +1197,9 @@ void cuda_stream::watchdog() {
 
 std::size_t cuda_stream::staging_bytes() const {
   std::lock_guard guard{mu_};
-  std::size_t n = 0;
-  for (auto& b : staging_all_)
-    n += b.capacity;
-  return n;
+  return cuda_staging_chunk
+         * static_cast<std::size_t>(std::count_if(ring_.begin(), ring_.end(),
+                                                  [](std::byte* p) { return p != nullptr; }));
 }
 
 std::size_t cuda_stream::in_flight() const {

@@ -37,6 +37,7 @@
 ///   is 0 and `properties()` says why. Nothing is enumerated until asked.
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -72,6 +73,13 @@ std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
 /// The runtime layer of a CUDA driver made by `make_cuda_driver` (tests
 /// steer a fake through it); null for another driver.
 cuda::api* api_of(driver& d) noexcept;
+
+/// Copies between host and device memory go through page-locked (pinned)
+/// staging memory: a ring of `cuda_staging_chunks` chunks of
+/// `cuda_staging_chunk` bytes per device, reused in stream order, so a
+/// device never pins more than their product (16 MiB), whatever is in flight.
+inline constexpr std::size_t cuda_staging_chunk = std::size_t{8} << 20;
+inline constexpr std::size_t cuda_staging_chunks = 2;
 
 /// How long a CUDA stream being closed may complete no item before its
 /// work is abandoned (default 60 s; see docs/design.md). Tests shorten it.
