@@ -23,16 +23,20 @@
 /// - **Errors**: every status is checked. A failed call fails the item that
 ///   made it, naming the call, `cudaGetErrorName` and `cudaGetErrorString`
 ///   (the device core then poisons the device). A sticky error (the
-///   context is lost) quarantines the device: the items it has in flight
-///   fail with it, and every later submission or allocation is refused
-///   with the same cause. The watchdog asks the stream for such an error
+///   process's CUDA state is lost) quarantines every device: the items in
+///   flight fail with it, and every later submission or allocation is
+///   refused with the cause. The watchdog asks the stream for an error
 ///   whenever items stay in flight for 20 ms without completing (a stream
-///   that hit one runs no more host callbacks); an idle device has no
-///   thread awake.
+///   that hit one runs no more host callbacks), and any status but success
+///   and not-ready quarantines; an idle device has no thread awake. A
+///   device that shuts down with work that never completes is quarantined
+///   after the drain bound (`set_cuda_drain_bound`), and its stream's
+///   resources are kept rather than freed under that work.
 /// - **Memory**: pools come from `cudaMallocAsync` on the device's stream
 ///   (the device's default memory pool, which keeps freed memory); copies
-///   with host memory go through page-locked staging buffers, and copies
-///   between devices through `cudaMemcpyPeerAsync`.
+///   with host memory go through a bounded ring of page-locked staging
+///   chunks (`cuda_staging_chunk`), and copies between devices through
+///   `cudaMemcpyPeerAsync`.
 /// - **No GPU**: with no runtime, no driver or no device, `device_count()`
 ///   is 0 and `properties()` says why. Nothing is enumerated until asked.
 
