@@ -7,9 +7,9 @@
 /// mirrors the runtime where the driver depends on it: stream-ordered frees,
 /// events whose waits capture the recording of the moment, a per-thread
 /// current device and last error (every failed call but `not_ready` sets
-/// it), sticky errors that break every device for good, one thread for
-/// every stream's host functions, launch queues of bounded length, freed
-/// memory reused. docs/design.md lists where it still differs from CUDA. White-box tests steer it
+/// it), sticky errors that break every device for good, the host functions
+/// of all streams serialized (one at a time, each blocking its stream),
+/// launch queues of bounded length, freed memory reused. docs/design.md lists where it still differs from CUDA. White-box tests steer it
 /// through the test controls below; everything is safe from any thread.
 
 #include <chrono>
@@ -115,7 +115,8 @@ public:
   status event_record(event_t e, stream_t s) override;
   /// `not_ready` until its last recording has run; a never-recorded event is ready.
   status event_query(event_t e) override;
-  /// `fn(user)` runs on the stream's thread when the stream reaches it.
+  /// `fn(user)` runs on the stream's thread when the stream reaches it,
+  /// one host function at a time across all streams (the stream waits).
   status launch_host_func(stream_t s, void (*fn)(void*), void* user) override;
   /// Counts per device (`mem_pools_configured`).
   status configure_mem_pool() override;
@@ -226,7 +227,6 @@ private:
   status find_stream(stream_t s, stream_state*& out);
   status find_event(event_t e, std::shared_ptr<event_state>& out);
   void enqueue(stream_state& st, op o, std::unique_lock<std::mutex>& lk);
-  void serve_host_funcs();
   status launch(const char* name, stream_t s, std::initializer_list<const void*> buffers,
                 std::size_t n, std::function<void()> work);
   void make_sticky_locked(int device, status s);
@@ -248,9 +248,7 @@ private:
   std::map<void*, std::size_t> pinned_;     // malloc_host
   std::map<int, std::multimap<std::size_t, void*>> reusable_; // freed, by device and size
   std::size_t queue_limit_ = 1024; // ops a stream queues before a launch blocks
-  std::deque<op*> host_queue_;     // host functions the streams reached
-  bool host_stop_ = false;
-  std::thread host_thread_;        // runs every host function
+  std::mutex host_func_mu_;        // one host function at a time, all streams
   std::uintptr_t next_handle_ = 0xfa000;
   fake_stats st_;
 };
