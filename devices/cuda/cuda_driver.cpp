@@ -920,8 +920,11 @@ cuda_stream::~cuda_stream() {
     std::unique_lock lk{mu_};
     drained = !abandon_;
   }
-  if (drained)
-    drained = scope.selected() != code::success || drain();
+  if (drained) {
+    if (scope.selected() != code::success)
+      (void)api_.get_last_error(); // a stream query needs no current device
+    drained = drain();
+  }
   if (!drained) {
     std::unique_lock lk{mu_};
     if (!abandon_)
