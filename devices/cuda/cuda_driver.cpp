@@ -123,7 +123,9 @@ public:
   std::size_t in_flight() const;
 
 private:
-  static void host_done(void* self) noexcept;
+  /// Reports the front item, whose event has completed (the completion
+  /// thread, `lk` held).
+  void complete_front(std::unique_lock<std::mutex>& lk);
   void watchdog();
   cuda::event_t take_event();
   void fail_in_flight(std::unique_lock<std::mutex>& lk);
@@ -142,9 +144,8 @@ private:
   completion_sink& sink_;
   cuda::stream_t s_;
 
-  /// What host functions reach the stream through: it outlives the stream
-  /// when the stream's work is abandoned (see the destructor), and then
-  /// turns them away.
+  /// The stream's lock and condition variable; kept with the rest of what
+  /// an abandoned stream's work may still touch (see the destructor).
   struct gate {
     std::mutex mu;
     std::condition_variable cv;
@@ -1044,51 +1045,7 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     fifo_.push_back({seq, ev, std::move(l.after)});
   }
   d_->submitted(ordinal_);
-  auto st = api_.launch_host_func(s_, &cuda_stream::host_done, gate_.get());
-  if (st != code::success) {
-    {
-      std::lock_guard guard{mu_};
-      auto f = std::move(fifo_.back());
-      fifo_.pop_back();
-      events_.push_back(f.event);
-      for (auto& a : f.after)
-        carry_.push_back(std::move(a));
-    }
-    d_->fail(ordinal_, st, "cudaLaunchHostFunc");
-  }
-  cv_.notify_all(); // the watchdog watches what is in flight
-}
-
-void cuda_stream::host_done(void* p) noexcept {
-  auto* g = static_cast<gate*>(p);
-  in_host_callback = true;
-  flying f;
-  cuda_stream* self = nullptr;
-  {
-    std::lock_guard guard{g->mu};
-    self = g->stream;
-    if (g->abandoned || self->fifo_.empty() || self->quarantine_) {
-      in_host_callback = false;
-      return; // failed by the quarantine already
-    }
-    f = std::move(self->fifo_.front());
-    self->fifo_.pop_front();
-    // Waits recorded on it keep what they captured: it may be recorded again.
-    self->events_.push_back(f.event);
-    self->completed_upto_ = f.seq;
-    ++self->callbacks_running_;
-  }
-  for (auto& a : f.after)
-    a();
-  f.after.clear();
-  self->sink_.completed(f.seq, nullptr);
-  {
-    // Notified under the lock: the stream may go as soon as it is released.
-    std::lock_guard guard{g->mu};
-    --self->callbacks_running_;
-    g->cv.notify_all();
-  }
-  in_host_callback = false;
+  cv_.notify_all(); // the completion thread watches what is in flight
 }
 
 bool cuda_stream::order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq,
@@ -1152,9 +1109,33 @@ void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
   cv_.notify_all();
 }
 
+void cuda_stream::complete_front(std::unique_lock<std::mutex>& lk) {
+  auto f = std::move(fifo_.front());
+  fifo_.pop_front();
+  // Waits recorded on it keep what they captured: it may be recorded again.
+  events_.push_back(f.event);
+  completed_upto_ = f.seq;
+  ++callbacks_running_;
+  lk.unlock();
+  for (auto& a : f.after)
+    a();
+  f.after.clear();
+  sink_.completed(f.seq, nullptr);
+  lk.lock();
+  --callbacks_running_;
+  cv_.notify_all();
+}
+
 void cuda_stream::watchdog() {
+  // The stream's completion thread: it asks the event of the oldest item in
+  // flight (`cudaEventQuery`) and reports the item once it completed, in
+  // seq order, so no completion waits for a host function (CUDA may run
+  // the host functions of all streams one at a time). It polls while items
+  // are in flight, first yielding, then sleeping up to 1 ms; an idle stream
+  // sleeps on the condition variable.
   using namespace std::chrono_literals;
   std::unique_lock lk{mu_};
+  unsigned polls = 0;
   for (;;) {
     cv_.wait(lk, [&] {
       return stop_ || !fifo_.empty() || d_->has_deferred(ordinal_);
@@ -1173,28 +1154,44 @@ void cuda_stream::watchdog() {
     }
     if (stop_)
       return;
-    if (fifo_.empty())
+    if (fifo_.empty()) {
+      polls = 0;
       continue;
-    // Items in flight: wait for progress, then ask the stream.
-    auto front = fifo_.front().seq;
-    if (cv_.wait_for(lk, 20ms, [&] {
-          return stop_ || quarantine_ || fifo_.empty() || fifo_.front().seq != front;
-        }))
-      continue;
+    }
     if (closing_ && !abandon_ && stalled_locked()) {
       abandon(lk);
       continue;
     }
+    auto ev = fifo_.front().event;
+    auto seq = fifo_.front().seq;
     lk.unlock();
-    status st = api_.set_device(ordinal_);
-    if (st == code::success)
-      st = api_.stream_query(s_);
-    // Whatever the stream reports but success and not-ready is fatal: a
-    // stream that hit an error runs no more host functions, so nothing in
-    // flight would ever complete (whether this build lists the code or not).
-    if (cuda::is_async_fatal(st))
-      d_->quarantine(ordinal_, st, "cudaStreamQuery");
+    auto st = api_.event_query(ev);
     lk.lock();
+    if (st == code::success) {
+      polls = 0;
+      if (!quarantine_ && !fifo_.empty() && fifo_.front().seq == seq)
+        complete_front(lk);
+      continue;
+    }
+    if (st != code::not_ready) {
+      // Whatever the event reports but success and not-ready is fatal: the
+      // stream's work is lost (whether this build lists the code or not).
+      lk.unlock();
+      (void)api_.get_last_error();
+      d_->quarantine(ordinal_, st, "cudaEventQuery");
+      lk.lock();
+      continue;
+    }
+    // Not yet: yield a while, then sleep, longer each time (up to 1 ms).
+    ++polls;
+    if (polls < 64) {
+      lk.unlock();
+      std::this_thread::yield();
+      lk.lock();
+    } else {
+      auto nap = std::chrono::microseconds{std::min(1000u, 10u * (polls - 63u))};
+      cv_.wait_for(lk, nap, [&] { return stop_ || quarantine_ || fifo_.empty(); });
+    }
   }
 }
 

@@ -8,11 +8,12 @@
 /// - **Items**: the runner submits an item on its own thread; its work
 ///   *launches* device work on the device's stream (a kernel, a memset, a
 ///   copy; a closure may launch its own on `current_cuda_stream()`). Then
-///   the driver records a CUDA event (taken from a per-device pool) and
-///   enqueues a host callback that reports the item to the device core:
-///   callbacks of a stream run in order, so items complete in seq order.
-///   Host callbacks make no CUDA call: what must be freed in one is freed
-///   later, by the next submission or the device's watchdog thread.
+///   the driver records a CUDA event (taken from a per-device pool); the
+///   stream's completion thread asks the oldest item's event
+///   (`cudaEventQuery`) and reports the item to the device core once it
+///   completed, so items complete in seq order and no completion waits for
+///   a host function (CUDA may run those of all streams one at a time).
+///   Host functions only stage copies and checksums, and make no CUDA call.
 /// - **Waits**: between two CUDA devices of one driver, `order_after` makes
 ///   the waiting stream wait for the producer item's event on the device
 ///   (`cudaStreamWaitEvent`); an event is recorded once and any number of
@@ -25,10 +26,9 @@
 ///   (the device core then poisons the device). A sticky error (the
 ///   process's CUDA state is lost) quarantines every device: the items in
 ///   flight fail with it, and every later submission or allocation is
-///   refused with the cause. The watchdog asks the stream for an error
-///   whenever items stay in flight for 20 ms without completing (a stream
-///   that hit one runs no more host callbacks), and any status but success
-///   and not-ready quarantines; an idle device has no thread awake. A
+///   refused with the cause. Any status but success and not-ready that the
+///   completion thread's event query gets quarantines (the stream's work is
+///   lost); an idle device has no thread awake. A
 ///   device that shuts down with work that never completes is quarantined
 ///   after the drain bound (`set_cuda_drain_bound`), and its stream's
 ///   resources are kept rather than freed under that work.
