@@ -44,6 +44,8 @@ struct launch {
   std::vector<std::function<void()>> after;
 };
 thread_local launch* current = nullptr;
+/// The stream whose `submit` the calling thread is in (it stays open meanwhile).
+thread_local cuda_stream* submitting = nullptr;
 /// Set while a host callback runs: no CUDA call may be made there.
 thread_local bool in_host_callback = false;
 
@@ -434,13 +436,11 @@ void cuda_driver::fail(int ordinal, status s, const char* call) {
   if (!sticky && !in_host_callback) {
     (void)api_->get_last_error(); // clear a non-sticky error: it is reported here
     // A code this build does not list may still be the context's end: the
-    // device's stream says so (any status but success and not-ready).
+    // device's stream says so (any status but success and not-ready). Asked
+    // only from that stream's `submit`, which keeps it open.
     cuda::stream_t st = nullptr;
-    {
-      std::lock_guard guard{mu_};
-      if (auto* stream = slots_[static_cast<std::size_t>(ordinal)].stream)
-        st = stream->handle();
-    }
+    if (submitting && submitting->ordinal() == ordinal)
+      st = submitting->handle();
     if (st) {
       auto q = api_->stream_query(st);
       if (cuda::is_async_fatal(q)) {
@@ -997,6 +997,11 @@ std::byte* cuda_stream::stage_chunk() {
 }
 
 void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
+  struct in_submit {
+    cuda_stream* outer = std::exchange(submitting, nullptr);
+    explicit in_submit(cuda_stream* s) { submitting = s; }
+    ~in_submit() { submitting = outer; }
+  } scope{this};
   d_->refuse_if_quarantined(ordinal_);
   d_->check(ordinal_, api_.set_device(ordinal_), "cudaSetDevice");
   if (d_->has_deferred(ordinal_))
