@@ -30,6 +30,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace multidev;
@@ -813,6 +814,70 @@ BOOST_AUTO_TEST_CASE(a_long_host_function_on_one_device_does_not_hold_back_anoth
   held->release.open();
   BOOST_TEST(text == "done");
   BOOST_TEST(ended(b, d0_done) == "done");
+}
+
+// -- The fake runtime is not kinder than CUDA (issue 43) -------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_fake_faults_a_misaligned_kernel_and_breaks_every_device, *boost::unit_test::precondition(fake_only{})) {
+  cuda::fake_api f{2};
+  cuda::stream_t s = nullptr;
+  void* p = nullptr;
+  BOOST_TEST_REQUIRE(f.stream_create(&s) == cuda::code::success);
+  BOOST_TEST_REQUIRE(f.malloc_async(&p, 4096, s) == cuda::code::success);
+  auto* odd = reinterpret_cast<float*>(static_cast<std::byte*>(p) + 2);
+  BOOST_TEST(f.launch_fill(odd, 16, 1.0f, s) == cuda::code::success); // faults when it runs
+  BOOST_TEST(f.stream_synchronize(s) == cuda::code::misaligned_address);
+  BOOST_TEST_REQUIRE(f.set_device(1) == cuda::code::success);
+  cuda::stream_t other = nullptr;
+  BOOST_TEST(f.stream_create(&other) == cuda::code::misaligned_address); // the process's
+  BOOST_TEST(f.stats().kernels_run == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(the_fake_reuses_freed_memory_and_reports_earlier_errors_at_launch, *boost::unit_test::precondition(fake_only{})) {
+  cuda::fake_api f{1};
+  cuda::stream_t s = nullptr;
+  BOOST_TEST_REQUIRE(f.stream_create(&s) == cuda::code::success);
+  void* a = nullptr;
+  BOOST_TEST_REQUIRE(f.malloc_async(&a, 1000, s) == cuda::code::success);
+  BOOST_TEST_REQUIRE(f.free_async(a, s) == cuda::code::success);
+  BOOST_TEST_REQUIRE(f.stream_synchronize(s) == cuda::code::success);
+  void* b = nullptr;
+  BOOST_TEST_REQUIRE(f.malloc_async(&b, 1000, s) == cuda::code::success);
+  BOOST_TEST(b == a); // the pool hands the freed block out again, as it is
+  // A failed call's error stays the thread's until cudaGetLastError, and a
+  // launch (<<<>>> then cudaGetLastError) reports it.
+  BOOST_TEST(f.memcpy_async(nullptr, nullptr, 16, s) == cuda::code::invalid_value);
+  BOOST_TEST(f.launch_fill(static_cast<float*>(b), 16, 1.0f, s) == cuda::code::invalid_value);
+  BOOST_TEST(f.launch_fill(static_cast<float*>(b), 16, 1.0f, s) == cuda::code::success);
+  BOOST_TEST(f.stream_synchronize(s) == cuda::code::success);
+  BOOST_TEST(f.free_async(b, s) == cuda::code::success);
+  BOOST_TEST(f.stream_destroy(s) == cuda::code::success);
+}
+
+BOOST_AUTO_TEST_CASE(the_fake_blocks_a_launch_while_its_stream_is_full, *boost::unit_test::precondition(fake_only{})) {
+  cuda::fake_api f{1};
+  cuda::stream_t s = nullptr;
+  void* p = nullptr;
+  BOOST_TEST_REQUIRE(f.stream_create(&s) == cuda::code::success);
+  BOOST_TEST_REQUIRE(f.malloc_async(&p, 4096, s) == cuda::code::success);
+  BOOST_TEST_REQUIRE(f.stream_synchronize(s) == cuda::code::success);
+  f.set_queue_limit(2);
+  f.pause(0);
+  std::atomic<int> launched{0};
+  std::thread launcher{[&] {
+    for (int i = 0; i < 3; ++i)
+      if (f.memset_async(p, i, 4096, s) == cuda::code::success)
+        ++launched;
+  }};
+  // Two queue; the third waits for room (no Boost.Test on the launcher).
+  bool blocked = f.wait_until([](const cuda::fake_stats& st) { return st.launches_blocked >= 1; });
+  BOOST_TEST(blocked);
+  BOOST_TEST(launched.load() == 2);
+  f.resume(0);
+  launcher.join();
+  BOOST_TEST(launched.load() == 3);
+  BOOST_TEST(f.stream_synchronize(s) == cuda::code::success);
+  BOOST_TEST(f.stats().memsets == 3u);
 }
 
 // -- Memory is given back ------------------------------------------------------------------
