@@ -1132,11 +1132,11 @@ void cuda_stream::complete_front(std::unique_lock<std::mutex>& lk) {
 }
 
 void cuda_stream::watchdog() {
-  // The stream's completion thread: it asks the event of the oldest item in
-  // flight (`cudaEventQuery`) and reports the item once it completed, in
-  // seq order, so no completion waits for a host function (CUDA may run
-  // the host functions of all streams one at a time). It polls while items
-  // are in flight, first yielding, then sleeping up to 1 ms; an idle stream
+  // The stream's completion thread: it asks the items' events
+  // (`cudaEventQuery`) and reports the items that completed, in seq order,
+  // so no completion waits for a host function (CUDA may run the host
+  // functions of all streams one at a time). It polls while items are in
+  // flight, sleeping 20 us growing to 1 ms between queries; an idle stream
   // sleeps on the condition variable.
   using namespace std::chrono_literals;
   std::unique_lock lk{mu_};
@@ -1167,14 +1167,27 @@ void cuda_stream::watchdog() {
       abandon(lk);
       continue;
     }
-    auto ev = fifo_.front().event;
-    auto seq = fifo_.front().seq;
+    // The newest item first: once it completed, so did every item before
+    // it (one stream, in order), and all are reported at one query; else
+    // the oldest.
+    auto ev = fifo_.back().event;
+    auto seq = fifo_.back().seq;
+    bool newest = fifo_.size() > 1;
     lk.unlock();
     auto st = api_.event_query(ev);
+    if (newest && st == code::not_ready) {
+      lk.lock();
+      if (fifo_.empty())
+        continue;
+      ev = fifo_.front().event;
+      seq = fifo_.front().seq;
+      lk.unlock();
+      st = api_.event_query(ev);
+    }
     lk.lock();
     if (st == code::success) {
       polls = 0;
-      if (!quarantine_ && !fifo_.empty() && fifo_.front().seq == seq)
+      while (!quarantine_ && !fifo_.empty() && fifo_.front().seq <= seq)
         complete_front(lk);
       continue;
     }
@@ -1187,16 +1200,10 @@ void cuda_stream::watchdog() {
       lk.lock();
       continue;
     }
-    // Not yet: yield a while, then sleep, longer each time (up to 1 ms).
+    // Not yet: sleep, longer each time (20 us, 40 us, ... up to 1 ms).
     ++polls;
-    if (polls < 64) {
-      lk.unlock();
-      std::this_thread::yield();
-      lk.lock();
-    } else {
-      auto nap = std::chrono::microseconds{std::min(1000u, 10u * (polls - 63u))};
-      cv_.wait_for(lk, nap, [&] { return stop_ || quarantine_ || fifo_.empty(); });
-    }
+    auto nap = std::chrono::microseconds{std::min(1000u, 20u * polls)};
+    cv_.wait_for(lk, nap, [&] { return stop_ || quarantine_ || fifo_.empty(); });
   }
 }
 
