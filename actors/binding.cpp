@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace multidev::detail {
@@ -88,6 +89,17 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
     }
     auto p = core->pool_span(b->loc.pool_id, b->loc.offset, b->size_in_bytes,
                              fmt::format("kernel '{}' argument {}", spec.kernel, i));
+    // A device kernel reads whole elements: one at an address that is not
+    // a multiple of the element size faults on a GPU (for CUDA the sticky
+    // cudaErrorMisalignedAddress, which ends the process's CUDA context).
+    auto at = reinterpret_cast<std::uintptr_t>(p->base() + b->loc.offset);
+    if (!core->drv().host_kernels() && def->element_size > 1 && at % def->element_size != 0)
+      throw std::invalid_argument(fmt::format(
+        "kernel '{}' argument {}: the buffer at offset {} of pool {} on {} is not aligned "
+        "to its {}-byte elements (the device would fault on it); use an offset that is a "
+        "multiple of {}",
+        spec.kernel, i, b->loc.offset, b->loc.pool_id, core->name(), def->element_size,
+        def->element_size));
     spans[i] = {p->base() + b->loc.offset, b->size_in_bytes};
     result.pools.emplace_back(b->loc.pool_id, p);
   }

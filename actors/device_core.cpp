@@ -69,6 +69,8 @@ void device_core::shutdown() {
   cancel_unanswerable_waits();
   // Not from the device's own runner (or stream): it cannot wait for itself.
   if (thread_.joinable() && current_runner != this) {
+    if (stream_)
+      stream_->closing(); // bounds what stays in flight (a hung GPU)
     thread_.join();
     stream_.reset(); // the runner resolved everything it submitted
     // Its orders' pools, if it stopped without going idle: the memory goes now.

@@ -3,6 +3,7 @@
 /// What drivers share with the built-in kernels (devices/kernels.cpp).
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -15,6 +16,19 @@ namespace multidev::detail {
 /// element count. One definition for every driver, so a CPU and a GPU
 /// device publish the same result for the same bytes.
 kernel_result checksum_of(std::span<const std::byte> bytes);
+
+/// `checksum_of` over a buffer that arrives in parts, in order (each part a
+/// whole number of floats): the same result as over the whole.
+class checksum_state {
+public:
+  void add(std::span<const std::byte> bytes) noexcept;
+  kernel_result result() const noexcept { return {sum_, hash_, count_}; }
+
+private:
+  uint64_t hash_ = 14695981039346656037ull;
+  double sum_ = 0;
+  std::size_t count_ = 0;
+};
 
 /// Whether `def` is the built-in kernel `name` as multidev defines it (not
 /// a replacement registered under that name): a GPU driver runs its own

@@ -62,6 +62,10 @@ public:
   /// hardware, launches the device's work from the caller's thread). What it
   /// throws is the error reported. Called by one thread at a time.
   virtual void submit(uint64_t seq, std::function<void()> work) = 0;
+  /// The device is shutting down and submits nothing more: a driver whose
+  /// work can hang (a GPU kernel that never ends) fails what stays in
+  /// flight after a bound of its own, so that the shutdown ends.
+  virtual void closing() {}
 };
 
 /// A kind of device: memory, copies, and what it reports about itself.

@@ -77,18 +77,26 @@ std::size_t kernel_args::buffer_size(int i) const {
 
 namespace detail {
 
-kernel_result checksum_of(std::span<const std::byte> bytes) {
-  uint64_t h = 14695981039346656037ull;
+void checksum_state::add(std::span<const std::byte> bytes) noexcept {
+  uint64_t h = hash_;
   for (auto b : bytes) {
     h ^= static_cast<uint8_t>(b);
     h *= 1099511628211ull;
   }
+  hash_ = h;
   auto n = bytes.size() / sizeof(float);
   const auto* xs = reinterpret_cast<const float*>(bytes.data());
-  double sum = 0;
+  double sum = sum_;
   for (std::size_t i = 0; i < n; ++i)
     sum += xs[i];
-  return {sum, h, n};
+  sum_ = sum;
+  count_ += n;
+}
+
+kernel_result checksum_of(std::span<const std::byte> bytes) {
+  checksum_state s;
+  s.add(bytes);
+  return s.result();
 }
 
 void check_add_from_merge(const kernel_call& c) {

@@ -49,14 +49,24 @@ inline constexpr status invalid_pc = 718;
 inline constexpr status launch_failure = 719;
 inline constexpr status not_permitted = 800;
 inline constexpr status ecc_uncorrectable = 214;
+inline constexpr status nvlink_uncorrectable = 220;
+inline constexpr status contained = 226;
+inline constexpr status external_device = 911;
 inline constexpr status unknown = 999;
 } // namespace code
 
-/// Whether `s` leaves the device's context unusable (a "sticky" error: every
-/// later call fails with it until the process ends), so the device must be
-/// quarantined rather than merely fail the work that hit it.
+/// Whether a call's `s` leaves the process's CUDA state unusable (a
+/// "sticky" error: every later call fails with it until the process ends),
+/// so the devices must be quarantined rather than merely fail the work that
+/// hit it. The codes the CUDA 13 header documents so ("leaves the process in
+/// an inconsistent state"). What the stream itself reports asynchronously
+/// (`cudaStreamQuery`, `cudaStreamSynchronize`) is judged by
+/// `is_async_fatal` instead.
 constexpr bool is_sticky(status s) noexcept {
   switch (s) {
+    case code::nvlink_uncorrectable:
+    case code::contained:
+    case code::external_device:
     case code::illegal_address:
     case code::launch_timeout:
     case code::assert_failed:
@@ -72,6 +82,14 @@ constexpr bool is_sticky(status s) noexcept {
     default:
       return false;
   }
+}
+
+/// Whether `s`, reported by a stream for the work it runs (a query or a
+/// synchronize, not a call's own argument check), is fatal to the device:
+/// every status but success and not-ready. A stream that hit one runs no
+/// more host functions, so nothing of it would ever complete.
+constexpr bool is_async_fatal(status s) noexcept {
+  return s != code::success && s != code::not_ready;
 }
 
 /// Opaque runtime handles (`cudaStream_t`, `cudaEvent_t`).
@@ -103,6 +121,8 @@ public:
   virtual status get_device_count(int* n) = 0;
   virtual status get_device_properties(device_props* p, int device) = 0;
   virtual status set_device(int device) = 0;
+  /// The calling thread's current device (`cudaGetDevice`).
+  virtual status get_device(int* device) = 0;
   /// Free and total memory of the current device (`cudaMemGetInfo`).
   virtual status mem_get_info(std::size_t* free, std::size_t* total) = 0;
   /// `cudaDeviceCanAccessPeer(can, device, peer)`.

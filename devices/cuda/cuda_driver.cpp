@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -35,26 +36,48 @@ class cuda_stream;
 /// The item the calling thread launches (set by `cuda_stream::submit`).
 struct launch {
   cuda_stream* stream = nullptr;
+  /// Set by the driver's own work (kernels, copies, zeroing); otherwise the
+  /// work is a user's closure, which may have selected another device.
+  bool driver_work = false;
   /// Done when the item completes (or its stream is quarantined): what
   /// must live until then, like staging buffers. Never a CUDA call.
   std::vector<std::function<void()>> after;
 };
 thread_local launch* current = nullptr;
+/// The stream whose `submit` the calling thread is in (it stays open meanwhile).
+thread_local cuda_stream* submitting = nullptr;
 /// Set while a host callback runs: no CUDA call may be made there.
 thread_local bool in_host_callback = false;
 
-/// A pinned host buffer from a stream's staging pool.
-struct staging {
-  std::byte* p = nullptr;
-  std::size_t capacity = 0;
-};
+/// Selects a device on the calling thread for its lifetime, then gives the
+/// thread back the device it had: a driver call made on a thread of the
+/// program (allocate, release, debug info, opening or closing a stream)
+/// leaves the thread's current device as it found it.
+class device_scope {
+public:
+  device_scope(cuda::api& api, int ordinal) : api_(api) {
+    if (api_.get_device(&saved_) != code::success) {
+      (void)api_.get_last_error();
+      saved_ = -1;
+    }
+    status_ = saved_ == ordinal ? code::success : api_.set_device(ordinal);
+    changed_ = status_ == code::success && saved_ != ordinal;
+  }
+  ~device_scope() {
+    if (changed_ && saved_ >= 0 && api_.set_device(saved_) != code::success)
+      (void)api_.get_last_error();
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  /// `cudaSetDevice`'s status.
+  status selected() const noexcept { return status_; }
 
-std::size_t staging_class(std::size_t n) {
-  std::size_t c = std::size_t{64} << 10;
-  while (c < n)
-    c <<= 1;
-  return c;
-}
+private:
+  cuda::api& api_;
+  int saved_ = -1;
+  status status_ = code::success;
+  bool changed_ = false;
+};
 
 /// One device's state in the driver. Guarded by `cuda_driver::mu_` unless
 /// atomic.
@@ -79,6 +102,7 @@ public:
   ~cuda_stream() override;
 
   void submit(uint64_t seq, std::function<void()> work) override;
+  void closing() override;
 
   cuda::stream_t handle() const noexcept { return s_; }
   int ordinal() const noexcept { return ordinal_; }
@@ -87,9 +111,11 @@ public:
   /// false when `seq` is neither in flight here nor completed, and then
   /// `later` says whether it may still be submitted.
   bool order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq, bool& later);
-  /// A pinned buffer of at least `n` bytes, back in the pool once the
-  /// launching item completes.
-  std::byte* stage(launch& l, std::size_t n);
+  /// The next chunk of the device's ring of pinned staging memory
+  /// (`cuda_staging_chunk` bytes): its previous use is ordered before
+  /// anything the caller queues next on the stream, so it is free to fill
+  /// in stream order. Only the submitting thread calls it.
+  std::byte* stage_chunk();
   /// The device turned sticky: the watchdog fails what is in flight.
   void quarantine_now();
   /// Wakes the watchdog (frees were deferred).
@@ -99,10 +125,20 @@ public:
   std::size_t in_flight() const;
 
 private:
-  static void host_done(void* self) noexcept;
+  /// Reports the front item, whose event has completed (the completion
+  /// thread, `lk` held).
+  void complete_front(std::unique_lock<std::mutex>& lk);
   void watchdog();
   cuda::event_t take_event();
   void fail_in_flight(std::unique_lock<std::mutex>& lk);
+  /// Waits until the stream has run everything, as long as it makes
+  /// progress; false when no item completed for the drain bound.
+  bool drain();
+  /// While closing: whether no item completed for the drain bound.
+  bool stalled_locked();
+  /// Gives up on the stream's work: quarantines the device (its items fail)
+  /// and keeps what the work may still use until the process ends.
+  void abandon(std::unique_lock<std::mutex>& lk);
 
   std::shared_ptr<cuda_driver> d_;
   cuda::api& api_;
@@ -110,8 +146,17 @@ private:
   completion_sink& sink_;
   cuda::stream_t s_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  /// The stream's lock and condition variable; kept with the rest of what
+  /// an abandoned stream's work may still touch (see the destructor).
+  struct gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    cuda_stream* stream = nullptr;
+    bool abandoned = false; // the stream is gone: host functions return at once
+  };
+  std::shared_ptr<gate> gate_ = std::make_shared<gate>();
+  std::mutex& mu_ = gate_->mu;
+  std::condition_variable& cv_ = gate_->cv;
   struct flying {
     uint64_t seq;
     cuda::event_t event;
@@ -123,9 +168,13 @@ private:
   uint64_t completed_upto_ = 0;       // the last seq whose callback ran
   int callbacks_running_ = 0;
   bool quarantine_ = false;
+  bool abandon_ = false; // closing gave up on the stream: keep what it may still use
+  bool closing_ = false; // the device shuts down: in-flight work is bounded
+  std::chrono::steady_clock::time_point progress_at_{}; // when closing, the last completion seen
+  uint64_t progress_seen_ = 0;
   bool stop_ = false;
-  std::multimap<std::size_t, std::byte*> staging_free_; // by capacity
-  std::vector<staging> staging_all_;
+  std::array<std::byte*, cuda_staging_chunks> ring_{}; // pinned, made when first used
+  std::size_t ring_next_ = 0;
   std::vector<std::function<void()>> carry_; // from items that threw at launch
   std::thread watchdog_;
 };
@@ -222,8 +271,39 @@ public:
       fail(ordinal, s, call);
   }
   [[noreturn]] void fail(int ordinal, status s, const char* call);
-  /// Quarantines `ordinal` for sticky error `s` reported by `call`.
+  /// For a call whose failure has nobody to report to (a free, a destroy):
+  /// clears the thread's error, so no later call reports it, and
+  /// quarantines `ordinal` when `s` is sticky. Returns whether it succeeded.
+  bool settle(int ordinal, status s, const char* call) {
+    if (s == code::success) [[likely]]
+      return true;
+    if (!in_host_callback)
+      (void)api_->get_last_error();
+    if (cuda::is_sticky(s))
+      quarantine(ordinal, s, call);
+    return false;
+  }
+  /// Before a kernel launch, whose status is `cudaGetLastError` after it:
+  /// clears an error an earlier call of this thread left (a user's closure),
+  /// so the launch reports its own; a sticky one quarantines and throws.
+  void clear_stale_error(int ordinal) {
+    auto s = api_->get_last_error();
+    if (s != code::success && cuda::is_sticky(s)) [[unlikely]]
+      fail(ordinal, s, "an earlier CUDA call of this thread");
+  }
+  /// Quarantines every device for sticky error `s` that `call` reported
+  /// on `ordinal` (a sticky error is the process's, not one device's).
   void quarantine(int ordinal, status s, const char* call);
+  /// Quarantines `ordinal` alone, for `cause` (a stream that never drained).
+  void quarantine_one(int ordinal, std::string cause);
+  /// How long a closing stream may go without completing an item before
+  /// its work is abandoned (`set_cuda_drain_bound`).
+  std::chrono::milliseconds drain_bound() const noexcept {
+    return std::chrono::milliseconds{drain_bound_ms_.load(std::memory_order_relaxed)};
+  }
+  void set_drain_bound(std::chrono::milliseconds b) noexcept {
+    drain_bound_ms_.store(b.count(), std::memory_order_relaxed);
+  }
   /// Throws the quarantine's cause when `ordinal` is quarantined.
   void refuse_if_quarantined(int ordinal) const {
     auto& slot = slots_[static_cast<std::size_t>(ordinal)];
@@ -261,6 +341,8 @@ public:
 private:
   /// Enumerates the devices once (first asked).
   void probe() const;
+  void quarantine_locked(int ordinal, std::string cause);
+  std::atomic<int64_t> drain_bound_ms_{60'000};
   void check_ordinal(int ordinal, const char* what) const {
     if (ordinal < 0 || ordinal >= device_count())
       throw std::invalid_argument(fmt::format("{}: cuda device {} does not exist ({} device(s))",
@@ -351,30 +433,61 @@ void cuda_driver::probe() const {
 
 void cuda_driver::fail(int ordinal, status s, const char* call) {
   bool sticky = cuda::is_sticky(s);
+  if (!sticky && !in_host_callback) {
+    (void)api_->get_last_error(); // clear a non-sticky error: it is reported here
+    // A code this build does not list may still be the context's end: the
+    // device's stream says so (any status but success and not-ready). Asked
+    // only from that stream's `submit`, which keeps it open.
+    cuda::stream_t st = nullptr;
+    if (submitting && submitting->ordinal() == ordinal)
+      st = submitting->handle();
+    if (st) {
+      auto q = api_->stream_query(st);
+      if (cuda::is_async_fatal(q)) {
+        (void)api_->get_last_error();
+        s = q;
+        call = "cudaStreamQuery";
+        sticky = true;
+      }
+    }
+  }
   if (sticky) {
     quarantine(ordinal, s, call);
     refuse_if_quarantined(ordinal); // throws the quarantine's cause
-  } else if (!in_host_callback)
-    (void)api_->get_last_error(); // clear a non-sticky error: it is reported here
+  }
   throw cuda_error(describe(ordinal, s, call), s, sticky);
 }
 
 void cuda_driver::quarantine(int ordinal, status s, const char* call) {
-  cuda_stream* st = nullptr;
-  {
-    std::lock_guard guard{mu_};
-    auto& slot = slots_[static_cast<std::size_t>(ordinal)];
-    if (slot.quarantined.load())
-      return;
-    slot.quarantine_cause = fmt::format(
-      "cuda device {} is quarantined: {} reported the sticky error {} ({}); no more work "
-      "runs on it",
-      ordinal, call, api_->error_name(s), api_->error_string(s));
-    slot.quarantined.store(true, std::memory_order_release);
-    st = slot.stream;
-    if (st)
-      st->quarantine_now();
-  }
+  // CUDA's sticky errors leave the process's CUDA state inconsistent: every
+  // device of the driver goes, not only the one whose call reported it.
+  auto what = fmt::format("{} reported the sticky error {} ({})", call, api_->error_name(s),
+                          api_->error_string(s));
+  std::lock_guard guard{mu_};
+  for (int i = 0; i < count_; ++i)
+    quarantine_locked(i, i == ordinal
+                           ? fmt::format("cuda device {} is quarantined: {}; no more work runs "
+                                         "on it",
+                                         i, what)
+                           : fmt::format("cuda device {} is quarantined: on cuda device {}, {}, "
+                                         "which ends every device of the process; no more work "
+                                         "runs on it",
+                                         i, ordinal, what));
+}
+
+void cuda_driver::quarantine_one(int ordinal, std::string cause) {
+  std::lock_guard guard{mu_};
+  quarantine_locked(ordinal, std::move(cause));
+}
+
+void cuda_driver::quarantine_locked(int ordinal, std::string cause) {
+  auto& slot = slots_[static_cast<std::size_t>(ordinal)];
+  if (slot.quarantined.load())
+    return;
+  slot.quarantine_cause = std::move(cause);
+  slot.quarantined.store(true, std::memory_order_release);
+  if (slot.stream)
+    slot.stream->quarantine_now();
 }
 
 std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
@@ -389,7 +502,8 @@ std::unique_ptr<allocation> cuda_driver::allocate(int ordinal, std::size_t size,
   if (extra > most || std::max<std::size_t>(size, 1) > most - extra)
     throw std::bad_alloc{};
   refuse_if_quarantined(ordinal);
-  check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
+  device_scope scope{*api_, ordinal};
+  check(ordinal, scope.selected(), "cudaSetDevice");
   cuda::stream_t s = nullptr;
   bool configure = false;
   {
@@ -443,11 +557,17 @@ void cuda_driver::release(int ordinal, void* raw, std::size_t bytes) {
       return; // the next submission or the watchdog frees it
     }
     s = slot.stream ? slot.stream->handle() : nullptr;
+    // A quarantined device's work may still use it (an abandoned stream),
+    // and its context is lost: the runtime frees it at exit.
+    if (slot.quarantined.load())
+      return;
   }
   // Nothing to report to from a destructor: a failed free (a lost
-  // context) leaves the memory to the runtime, which frees it at exit.
-  if (api_->set_device(ordinal) == code::success)
-    (void)api_->free_async(raw, s);
+  // context) leaves the memory to the runtime, which frees it at exit; its
+  // error is cleared, so that no later call of this thread reports it.
+  device_scope scope{*api_, ordinal};
+  if (settle(ordinal, scope.selected(), "cudaSetDevice"))
+    settle(ordinal, api_->free_async(raw, s), "cudaFreeAsync");
 }
 
 void cuda_driver::flush_deferred(int ordinal, cuda::stream_t s) {
@@ -459,7 +579,7 @@ void cuda_driver::flush_deferred(int ordinal, cuda::stream_t s) {
     slot.deferred_count.store(0, std::memory_order_release);
   }
   for (void* p : frees)
-    (void)api_->free_async(p, s);
+    settle(ordinal, api_->free_async(p, s), "cudaFreeAsync");
 }
 
 int cuda_driver::owner_of(const void* p) const {
@@ -476,6 +596,7 @@ void cuda_driver::zero(std::byte* p, std::size_t n) {
   if (n == 0)
     return;
   auto& l = launching("zero");
+  l.driver_work = true;
   auto ord = l.stream->ordinal();
   check(ord, api_->memset_async(p, 0, n, l.stream->handle()), "cudaMemsetAsync");
 }
@@ -497,12 +618,13 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
   if (n == 0)
     return;
   auto& l = launching("copy");
+  l.driver_work = true;
   auto ord = l.stream->ordinal();
   auto s = l.stream->handle();
   int dd = owner_of(dst);
   int sd = owner_of(src);
-  auto host_step = [&](void* to, const void* from) {
-    auto job = std::make_shared<host_copy_job>(host_copy_job{to, from, n});
+  auto host_step = [&](void* to, const void* from, std::size_t len) {
+    auto job = std::make_shared<host_copy_job>(host_copy_job{to, from, len});
     check(ord, api_->launch_host_func(s, &host_copy_job::run, job.get()), "cudaLaunchHostFunc");
     l.after.push_back([job] {}); // lives until the item completes
   };
@@ -512,24 +634,32 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
     else
       check(ord, api_->memcpy_peer_async(dst, dd, src, sd, n, s), "cudaMemcpyPeerAsync");
   } else if (dd >= 0) {
-    // Host to device through a pinned buffer, filled in stream order (the
-    // host bytes may be written by work ordered before this copy).
-    auto* buf = l.stream->stage(l, n);
-    host_step(buf, src);
-    check(ord, api_->memcpy_async(dst, buf, n, s), "cudaMemcpyAsync");
+    // Host to device through the ring of pinned chunks, each filled in
+    // stream order (the host bytes may be written by work ordered before
+    // this copy), then copied to the device.
+    for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
+      auto len = std::min(cuda_staging_chunk, n - off);
+      auto* buf = l.stream->stage_chunk();
+      host_step(buf, src + off, len);
+      check(ord, api_->memcpy_async(dst + off, buf, len, s), "cudaMemcpyAsync");
+    }
   } else if (sd >= 0) {
-    auto* buf = l.stream->stage(l, n);
-    check(ord, api_->memcpy_async(buf, src, n, s), "cudaMemcpyAsync");
-    host_step(dst, buf);
+    for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
+      auto len = std::min(cuda_staging_chunk, n - off);
+      auto* buf = l.stream->stage_chunk();
+      check(ord, api_->memcpy_async(buf, src + off, len, s), "cudaMemcpyAsync");
+      host_step(dst + off, buf, len);
+    }
   } else {
-    host_step(dst, src);
+    host_step(dst, src, n);
   }
 }
 
 std::unique_ptr<stream> cuda_driver::open_stream(int ordinal, completion_sink& sink) {
   check_ordinal(ordinal, "open_stream");
   refuse_if_quarantined(ordinal);
-  check(ordinal, api_->set_device(ordinal), "cudaSetDevice");
+  device_scope scope{*api_, ordinal};
+  check(ordinal, scope.selected(), "cudaSetDevice");
   cuda::stream_t s = nullptr;
   check(ordinal, api_->stream_create(&s), "cudaStreamCreateWithFlags");
   auto st = std::make_unique<cuda_stream>(shared_from_this(), ordinal, sink, s);
@@ -573,16 +703,26 @@ bool cuda_driver::has_kernel(std::string_view name) const {
 }
 
 namespace {
+/// A checksum summed on the host as the buffer's chunks arrive.
 struct checksum_job {
   const kernel_call* call;
   std::string name;
+  checksum_state state;
+};
+/// One chunk of it, run by a host callback in stream order.
+struct checksum_part {
+  checksum_job* job;
   const std::byte* bytes;
   std::size_t n;
+  bool last;
   static void run(void* self) noexcept {
-    auto* j = static_cast<checksum_job*>(self);
+    auto* p = static_cast<checksum_part*>(self);
+    p->job->state.add({p->bytes, p->n});
+    if (!p->last)
+      return;
     try {
-      auto r = checksum_of({j->bytes, j->n});
-      j->call->publish(j->name, r.sum, r.hash, r.count);
+      auto r = p->job->state.result();
+      p->job->call->publish(p->job->name, r.sum, r.hash, r.count);
     } catch (...) {
       // Publishing only allocates; out of memory loses this one result.
     }
@@ -592,8 +732,10 @@ struct checksum_job {
 
 void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
   auto& l = launching(name.c_str());
+  l.driver_work = true;
   auto ord = l.stream->ordinal();
   auto s = l.stream->handle();
+  clear_stale_error(ord);
   if (name == "fill") {
     auto xs = c.floats(0);
     check(ord, api_->launch_fill(xs.data(), xs.size(), static_cast<float>(c.real(1)), s),
@@ -623,14 +765,26 @@ void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
   } else if (name == "checksum") {
     auto src = c.buffer(0);
     (void)c.floats(0);
-    // The bytes come to the host in stream order; a host callback sums,
-    // hashes and publishes them before the item completes.
-    auto* buf = l.stream->stage(l, std::max<std::size_t>(src.size(), 1));
-    if (!src.empty())
-      check(ord, api_->memcpy_async(buf, src.data(), src.size(), s), "cudaMemcpyAsync");
-    auto job = std::make_shared<checksum_job>(checksum_job{&c, c.string(1), buf, src.size()});
-    check(ord, api_->launch_host_func(s, &checksum_job::run, job.get()), "cudaLaunchHostFunc");
+    // The bytes come to the host in stream order, a chunk of the staging
+    // ring at a time; host callbacks sum and hash each, and the last
+    // publishes, before the item completes.
+    auto job = std::make_shared<checksum_job>(checksum_job{&c, c.string(1), {}});
     l.after.push_back([job] {});
+    std::size_t off = 0;
+    do {
+      auto len = std::min(cuda_staging_chunk, src.size() - off);
+      std::byte* buf = nullptr;
+      if (len > 0) {
+        buf = l.stream->stage_chunk();
+        check(ord, api_->memcpy_async(buf, src.data() + off, len, s), "cudaMemcpyAsync");
+      }
+      auto part = std::make_shared<checksum_part>(
+        checksum_part{job.get(), buf, len, off + len == src.size()});
+      check(ord, api_->launch_host_func(s, &checksum_part::run, part.get()),
+            "cudaLaunchHostFunc");
+      l.after.push_back([part] {});
+      off += len;
+    } while (off < src.size());
   } else if (name == "spin_ns") {
     check(ord, api_->launch_spin(c.integer(0), s), "spin_ns kernel launch");
   } else if (name == "fail") {
@@ -665,7 +819,8 @@ sexp cuda_driver::debug_info(int ordinal) const {
   if (!in_host_callback) {
     std::size_t free = 0;
     std::size_t total = 0;
-    if (api_->set_device(ordinal) == code::success &&
+    device_scope scope{*api_, ordinal};
+    if (scope.selected() == code::success &&
         api_->mem_get_info(&free, &total) == code::success) {
       info.push_back(sexp::field("memory_free", std::to_string(free)));
       info.push_back(sexp::field("memory_total", std::to_string(total)));
@@ -680,35 +835,128 @@ sexp cuda_driver::debug_info(int ordinal) const {
 cuda_stream::cuda_stream(std::shared_ptr<cuda_driver> d, int ordinal, completion_sink& sink,
                          cuda::stream_t s)
   : d_(std::move(d)), api_(d_->api()), ordinal_(ordinal), sink_(sink), s_(s) {
+  gate_->stream = this;
   watchdog_ = std::thread([this] { watchdog(); });
+}
+
+/// What an abandoned stream may still use: kept, reachable, until the
+/// process ends (the runtime may yet run the stream's work).
+void keep_forever(std::shared_ptr<void> p) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<void>>* kept = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard guard{mu};
+  kept->push_back(std::move(p));
+}
+
+bool cuda_stream::drain() {
+  using clock = std::chrono::steady_clock;
+  auto bound = d_->drain_bound();
+  auto last_progress = clock::now();
+  uint64_t seen = 0;
+  {
+    std::lock_guard guard{mu_};
+    seen = completed_upto_;
+  }
+  for (;;) {
+    auto st = api_.stream_query(s_);
+    if (st == code::success)
+      return true;
+    if (cuda::is_async_fatal(st)) {
+      // A lost context runs nothing more: its items fail (the watchdog).
+      (void)api_.get_last_error();
+      d_->quarantine(ordinal_, st, "cudaStreamQuery");
+      return true;
+    }
+    std::unique_lock lk{mu_};
+    if (completed_upto_ != seen) {
+      seen = completed_upto_;
+      last_progress = clock::now();
+    }
+    if (clock::now() - last_progress >= bound)
+      return false;
+    cv_.wait_for(lk, std::chrono::milliseconds{10}, [&] { return completed_upto_ != seen; });
+  }
+}
+
+void cuda_stream::closing() {
+  {
+    std::lock_guard guard{mu_};
+    closing_ = true;
+    progress_seen_ = completed_upto_;
+    progress_at_ = std::chrono::steady_clock::now();
+  }
+  cv_.notify_all();
+}
+
+bool cuda_stream::stalled_locked() {
+  auto now = std::chrono::steady_clock::now();
+  if (completed_upto_ != progress_seen_) {
+    progress_seen_ = completed_upto_;
+    progress_at_ = now;
+    return false;
+  }
+  return now - progress_at_ >= d_->drain_bound();
+}
+
+void cuda_stream::abandon(std::unique_lock<std::mutex>& lk) {
+  abandon_ = true;
+  lk.unlock();
+  d_->quarantine_one(
+    ordinal_, fmt::format("cuda device {} is quarantined: its stream completed nothing for {} ms "
+                          "while the device shut down; the work left on it was abandoned",
+                          ordinal_, d_->drain_bound().count()));
+  lk.lock();
 }
 
 cuda_stream::~cuda_stream() {
   // Everything submitted completes (or fails, on a lost device) and is
-  // reported before the stream goes.
-  if (api_.set_device(ordinal_) == code::success) {
-    auto st = api_.stream_synchronize(s_);
-    if (cuda::is_sticky(st))
-      d_->quarantine(ordinal_, st, "cudaStreamSynchronize");
+  // reported before the stream goes; a stream that completes nothing for
+  // the drain bound (a kernel that never ends, a wait on an event that is
+  // never recorded) is abandoned: its device is quarantined, its items fail,
+  // and what its work may still use (the stream, its events, staging
+  // buffers, the items' host-side jobs) is kept until the process ends.
+  device_scope scope{api_, ordinal_};
+  bool drained = false;
+  {
+    std::unique_lock lk{mu_};
+    drained = !abandon_;
+  }
+  if (drained) {
+    if (scope.selected() != code::success)
+      (void)api_.get_last_error(); // a stream query needs no current device
+    drained = drain();
+  }
+  if (!drained) {
+    std::unique_lock lk{mu_};
+    if (!abandon_)
+      abandon(lk);
   }
   d_->stream_closed(ordinal_);
   {
     std::unique_lock lk{mu_};
     cv_.wait(lk, [&] { return fifo_.empty() && callbacks_running_ == 0; });
     stop_ = true;
+    gate_->abandoned = !drained;
   }
   cv_.notify_all();
   watchdog_.join();
+  if (!drained) {
+    keep_forever(std::make_shared<std::vector<std::function<void()>>>(std::move(carry_)));
+    keep_forever(gate_);
+    d_->flush_deferred(ordinal_, s_); // stream-ordered: behind the work left
+    return;
+  }
   for (auto& f : carry_)
     f();
   carry_.clear();
   d_->flush_deferred(ordinal_, s_);
   for (auto* e : events_)
-    (void)api_.event_destroy(e);
-  (void)api_.stream_synchronize(s_); // the frees above
-  for (auto& b : staging_all_)
-    (void)api_.free_host(b.p);
-  (void)api_.stream_destroy(s_);
+    d_->settle(ordinal_, api_.event_destroy(e), "cudaEventDestroy");
+  d_->settle(ordinal_, api_.stream_synchronize(s_), "cudaStreamSynchronize"); // the frees above
+  for (auto* p : ring_)
+    if (p)
+      d_->settle(ordinal_, api_.free_host(p), "cudaFreeHost");
+  d_->settle(ordinal_, api_.stream_destroy(s_), "cudaStreamDestroy");
 }
 
 cuda::event_t cuda_stream::take_event() {
@@ -727,41 +975,38 @@ cuda::event_t cuda_stream::take_event() {
   return e;
 }
 
-std::byte* cuda_stream::stage(launch& l, std::size_t n) {
-  auto cap = staging_class(n);
-  std::byte* p = nullptr;
+std::byte* cuda_stream::stage_chunk() {
+  std::size_t i = 0;
   {
     std::lock_guard guard{mu_};
-    if (auto it = staging_free_.find(cap); it != staging_free_.end()) {
-      p = it->second;
-      staging_free_.erase(it);
-    }
+    i = ring_next_;
+    ring_next_ = (ring_next_ + 1) % ring_.size();
+    if (ring_[i])
+      return ring_[i];
   }
-  if (!p) {
-    void* raw = nullptr;
-    auto st = api_.malloc_host(&raw, cap);
-    if (st == code::memory_allocation) {
-      (void)api_.get_last_error();
-      throw std::bad_alloc{};
-    }
-    d_->check(ordinal_, st, "cudaMallocHost");
-    p = static_cast<std::byte*>(raw);
-    std::lock_guard guard{mu_};
-    staging_all_.push_back({p, cap});
+  void* raw = nullptr;
+  auto st = api_.malloc_host(&raw, cuda_staging_chunk);
+  if (st == code::memory_allocation) {
+    (void)api_.get_last_error();
+    throw std::bad_alloc{};
   }
-  l.after.push_back([this, p, cap] {
-    std::lock_guard guard{mu_};
-    staging_free_.emplace(cap, p);
-  });
-  return p;
+  d_->check(ordinal_, st, "cudaMallocHost");
+  std::lock_guard guard{mu_};
+  ring_[i] = static_cast<std::byte*>(raw);
+  return ring_[i];
 }
 
 void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
+  struct in_submit {
+    cuda_stream* outer = std::exchange(submitting, nullptr);
+    explicit in_submit(cuda_stream* s) { submitting = s; }
+    ~in_submit() { submitting = outer; }
+  } scope{this};
   d_->refuse_if_quarantined(ordinal_);
   d_->check(ordinal_, api_.set_device(ordinal_), "cudaSetDevice");
   if (d_->has_deferred(ordinal_))
     d_->flush_deferred(ordinal_, s_);
-  launch l{this, {}};
+  launch l{this, false, {}};
   current = &l;
   try {
     work();
@@ -775,6 +1020,11 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     throw;
   }
   current = nullptr;
+  // A closure may have selected another device: the event below and the
+  // host function must go to this one (an event made on another device
+  // fails its record, and the item would retire before its work ran).
+  if (!l.driver_work)
+    d_->check(ordinal_, api_.set_device(ordinal_), "cudaSetDevice");
   auto keep_after = [&] {
     std::lock_guard guard{mu_};
     for (auto& f : l.after)
@@ -785,10 +1035,10 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     ev = take_event();
     d_->check(ordinal_, api_.event_record(ev, s_), "cudaEventRecord");
   } catch (...) {
-    if (ev) {
-      std::lock_guard guard{mu_};
-      events_.push_back(ev);
-    }
+    // An event whose record failed is not trusted again: destroyed, not
+    // pooled (it may belong to another device).
+    if (ev)
+      d_->settle(ordinal_, api_.event_destroy(ev), "cudaEventDestroy");
     keep_after();
     throw;
   }
@@ -800,48 +1050,7 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     fifo_.push_back({seq, ev, std::move(l.after)});
   }
   d_->submitted(ordinal_);
-  auto st = api_.launch_host_func(s_, &cuda_stream::host_done, this);
-  if (st != code::success) {
-    {
-      std::lock_guard guard{mu_};
-      auto f = std::move(fifo_.back());
-      fifo_.pop_back();
-      events_.push_back(f.event);
-      for (auto& a : f.after)
-        carry_.push_back(std::move(a));
-    }
-    d_->fail(ordinal_, st, "cudaLaunchHostFunc");
-  }
-  cv_.notify_all(); // the watchdog watches what is in flight
-}
-
-void cuda_stream::host_done(void* p) noexcept {
-  auto* self = static_cast<cuda_stream*>(p);
-  in_host_callback = true;
-  flying f;
-  {
-    std::lock_guard guard{self->mu_};
-    if (self->fifo_.empty() || self->quarantine_) {
-      in_host_callback = false;
-      return; // failed by the quarantine already
-    }
-    f = std::move(self->fifo_.front());
-    self->fifo_.pop_front();
-    // Waits recorded on it keep what they captured: it may be recorded again.
-    self->events_.push_back(f.event);
-    self->completed_upto_ = f.seq;
-    ++self->callbacks_running_;
-  }
-  for (auto& a : f.after)
-    a();
-  f.after.clear();
-  self->sink_.completed(f.seq, nullptr);
-  {
-    std::lock_guard guard{self->mu_};
-    --self->callbacks_running_;
-  }
-  self->cv_.notify_all();
-  in_host_callback = false;
+  cv_.notify_all(); // the completion thread watches what is in flight
 }
 
 bool cuda_stream::order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq,
@@ -877,6 +1086,7 @@ void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
   std::deque<flying> lost;
   lost.swap(fifo_);
   ++callbacks_running_;
+  const bool keep = abandon_;
   lk.unlock();
   std::exception_ptr err;
   try {
@@ -890,8 +1100,11 @@ void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
     err = std::current_exception(); // the quarantine's own cause
   }
   for (auto& f : lost) {
-    for (auto& a : f.after)
-      a();
+    if (keep) // the stream may still run the item's host functions
+      keep_forever(std::make_shared<std::vector<std::function<void()>>>(std::move(f.after)));
+    else
+      for (auto& a : f.after)
+        a();
     sink_.completed(f.seq, err);
   }
   lk.lock();
@@ -901,9 +1114,33 @@ void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
   cv_.notify_all();
 }
 
+void cuda_stream::complete_front(std::unique_lock<std::mutex>& lk) {
+  auto f = std::move(fifo_.front());
+  fifo_.pop_front();
+  // Waits recorded on it keep what they captured: it may be recorded again.
+  events_.push_back(f.event);
+  completed_upto_ = f.seq;
+  ++callbacks_running_;
+  lk.unlock();
+  for (auto& a : f.after)
+    a();
+  f.after.clear();
+  sink_.completed(f.seq, nullptr);
+  lk.lock();
+  --callbacks_running_;
+  cv_.notify_all();
+}
+
 void cuda_stream::watchdog() {
+  // The stream's completion thread: it asks the items' events
+  // (`cudaEventQuery`) and reports the items that completed, in seq order,
+  // so no completion waits for a host function (CUDA may run the host
+  // functions of all streams one at a time). It polls while items are in
+  // flight, sleeping 20 us growing to 1 ms between queries; an idle stream
+  // sleeps on the condition variable.
   using namespace std::chrono_literals;
   std::unique_lock lk{mu_};
+  unsigned polls = 0;
   for (;;) {
     cv_.wait(lk, [&] {
       return stop_ || !fifo_.empty() || d_->has_deferred(ordinal_);
@@ -914,37 +1151,67 @@ void cuda_stream::watchdog() {
     }
     if (d_->has_deferred(ordinal_) && !stop_) {
       lk.unlock();
-      (void)api_.set_device(ordinal_); // on failure the frees fail too: dropped
-      d_->flush_deferred(ordinal_, s_);
+      // On failure the frees fail too: dropped (the runtime frees at exit).
+      if (d_->settle(ordinal_, api_.set_device(ordinal_), "cudaSetDevice"))
+        d_->flush_deferred(ordinal_, s_);
       lk.lock();
       continue;
     }
     if (stop_)
       return;
-    if (fifo_.empty())
+    if (fifo_.empty()) {
+      polls = 0;
       continue;
-    // Items in flight: wait for progress, then ask the stream.
-    auto front = fifo_.front().seq;
-    if (cv_.wait_for(lk, 20ms, [&] {
-          return stop_ || quarantine_ || fifo_.empty() || fifo_.front().seq != front;
-        }))
+    }
+    if (closing_ && !abandon_ && stalled_locked()) {
+      abandon(lk);
       continue;
+    }
+    // The newest item first: once it completed, so did every item before
+    // it (one stream, in order), and all are reported at one query; else
+    // the oldest.
+    auto ev = fifo_.back().event;
+    auto seq = fifo_.back().seq;
+    bool newest = fifo_.size() > 1;
     lk.unlock();
-    status st = api_.set_device(ordinal_);
-    if (st == code::success)
-      st = api_.stream_query(s_);
-    if (st != code::success && st != code::not_ready && cuda::is_sticky(st))
-      d_->quarantine(ordinal_, st, "cudaStreamQuery");
+    auto st = api_.event_query(ev);
+    if (newest && st == code::not_ready) {
+      lk.lock();
+      if (fifo_.empty())
+        continue;
+      ev = fifo_.front().event;
+      seq = fifo_.front().seq;
+      lk.unlock();
+      st = api_.event_query(ev);
+    }
     lk.lock();
+    if (st == code::success) {
+      polls = 0;
+      while (!quarantine_ && !fifo_.empty() && fifo_.front().seq <= seq)
+        complete_front(lk);
+      continue;
+    }
+    if (st != code::not_ready) {
+      // Whatever the event reports but success and not-ready is fatal: the
+      // stream's work is lost (whether this build lists the code or not).
+      lk.unlock();
+      (void)api_.get_last_error();
+      d_->quarantine(ordinal_, st, "cudaEventQuery");
+      lk.lock();
+      continue;
+    }
+    // Not yet: sleep, longer each time (20 us, 40 us, ... up to 1 ms).
+    ++polls;
+    auto nap = std::chrono::microseconds{std::min(1000u, 20u * polls)};
+    cv_.wait_for(lk, nap, [&] { return stop_ || quarantine_ || fifo_.empty(); });
   }
 }
 
 std::size_t cuda_stream::staging_bytes() const {
   std::lock_guard guard{mu_};
-  std::size_t n = 0;
-  for (auto& b : staging_all_)
-    n += b.capacity;
-  return n;
+  return cuda_staging_chunk
+         * static_cast<std::size_t>(std::count_if(ring_.begin(), ring_.end(),
+                                                  [](std::byte* p) { return p != nullptr; }));
 }
 
 std::size_t cuda_stream::in_flight() const {
@@ -957,6 +1224,11 @@ std::size_t cuda_stream::in_flight() const {
 std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
                                          std::optional<int> num_devices, std::string backend) {
   return std::make_shared<cuda_driver>(std::move(api), num_devices, std::move(backend));
+}
+
+void set_cuda_drain_bound(driver& d, std::chrono::milliseconds bound) {
+  if (auto* c = dynamic_cast<cuda_driver*>(&d))
+    c->set_drain_bound(bound);
 }
 
 cuda::api* api_of(driver& d) noexcept {

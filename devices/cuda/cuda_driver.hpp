@@ -8,11 +8,12 @@
 /// - **Items**: the runner submits an item on its own thread; its work
 ///   *launches* device work on the device's stream (a kernel, a memset, a
 ///   copy; a closure may launch its own on `current_cuda_stream()`). Then
-///   the driver records a CUDA event (taken from a per-device pool) and
-///   enqueues a host callback that reports the item to the device core:
-///   callbacks of a stream run in order, so items complete in seq order.
-///   Host callbacks make no CUDA call: what must be freed in one is freed
-///   later, by the next submission or the device's watchdog thread.
+///   the driver records a CUDA event (taken from a per-device pool); the
+///   stream's completion thread asks the oldest item's event
+///   (`cudaEventQuery`) and reports the item to the device core once it
+///   completed, so items complete in seq order and no completion waits for
+///   a host function (CUDA may run those of all streams one at a time).
+///   Host functions only stage copies and checksums, and make no CUDA call.
 /// - **Waits**: between two CUDA devices of one driver, `order_after` makes
 ///   the waiting stream wait for the producer item's event on the device
 ///   (`cudaStreamWaitEvent`); an event is recorded once and any number of
@@ -23,19 +24,24 @@
 /// - **Errors**: every status is checked. A failed call fails the item that
 ///   made it, naming the call, `cudaGetErrorName` and `cudaGetErrorString`
 ///   (the device core then poisons the device). A sticky error (the
-///   context is lost) quarantines the device: the items it has in flight
-///   fail with it, and every later submission or allocation is refused
-///   with the same cause. The watchdog asks the stream for such an error
-///   whenever items stay in flight for 20 ms without completing (a stream
-///   that hit one runs no more host callbacks); an idle device has no
-///   thread awake.
+///   process's CUDA state is lost) quarantines every device: the items in
+///   flight fail with it, and every later submission or allocation is
+///   refused with the cause. Any status but success and not-ready that the
+///   completion thread's event query gets quarantines (the stream's work is
+///   lost); an idle device has no thread awake. A
+///   device that shuts down with work that never completes is quarantined
+///   after the drain bound (`set_cuda_drain_bound`), and its stream's
+///   resources are kept rather than freed under that work.
 /// - **Memory**: pools come from `cudaMallocAsync` on the device's stream
 ///   (the device's default memory pool, which keeps freed memory); copies
-///   with host memory go through page-locked staging buffers, and copies
-///   between devices through `cudaMemcpyPeerAsync`.
+///   with host memory go through a bounded ring of page-locked staging
+///   chunks (`cuda_staging_chunk`), and copies between devices through
+///   `cudaMemcpyPeerAsync`.
 /// - **No GPU**: with no runtime, no driver or no device, `device_count()`
 ///   is 0 and `properties()` says why. Nothing is enumerated until asked.
 
+#include <chrono>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -71,6 +77,17 @@ std::shared_ptr<driver> make_cuda_driver(std::shared_ptr<cuda::api> api,
 /// The runtime layer of a CUDA driver made by `make_cuda_driver` (tests
 /// steer a fake through it); null for another driver.
 cuda::api* api_of(driver& d) noexcept;
+
+/// Copies between host and device memory go through page-locked (pinned)
+/// staging memory: a ring of `cuda_staging_chunks` chunks of
+/// `cuda_staging_chunk` bytes per device, reused in stream order, so a
+/// device never pins more than their product (16 MiB), whatever is in flight.
+inline constexpr std::size_t cuda_staging_chunk = std::size_t{8} << 20;
+inline constexpr std::size_t cuda_staging_chunks = 2;
+
+/// How long a CUDA stream being closed may complete no item before its
+/// work is abandoned (default 60 s; see docs/design.md). Tests shorten it.
+void set_cuda_drain_bound(driver& d, std::chrono::milliseconds bound);
 
 /// The stream (`cudaStream_t`) of the item the calling thread is
 /// launching, or null outside a CUDA item's work.

@@ -63,6 +63,10 @@ public:
     return st(cudaSetDevice(device));
   }
 
+  status get_device(int* device) override {
+    return st(cudaGetDevice(device));
+  }
+
   status mem_get_info(std::size_t* free, std::size_t* total) override {
     return st(cudaMemGetInfo(free, total));
   }

@@ -25,12 +25,16 @@ namespace {
 constexpr std::size_t device_memory = std::size_t{141} << 30;
 constexpr std::size_t alignment = 256;
 
+/// The bytes `aligned(n)` allocates.
+std::size_t rounded(std::size_t n) {
+  return std::max<std::size_t>(alignment, (n + alignment - 1) / alignment * alignment);
+}
+
 /// 256-aligned host memory of at least `n` bytes (never 0), or null.
 void* aligned(std::size_t n) {
   if (n > SIZE_MAX - alignment)
     return nullptr;
-  auto size = std::max<std::size_t>(alignment, (n + alignment - 1) / alignment * alignment);
-  return std::aligned_alloc(alignment, size);
+  return std::aligned_alloc(alignment, rounded(n));
 }
 
 /// A token for the calling thread, unique for the process's lifetime (a
@@ -56,6 +60,7 @@ struct fake_api::op {
   void* ptr = nullptr;        // free
   std::shared_ptr<event_state> ev; // record, wait
   uint64_t gen = 0;                // record, wait
+  status fault = code::success;    // kernel: the sticky error it raises when it runs
 };
 
 struct fake_api::stream_state {
@@ -88,6 +93,9 @@ fake_api::~fake_api() {
       st->worker.join();
   for (auto& [p, a] : allocations_)
     std::free(p);
+  for (auto& [device, blocks] : reusable_)
+    for (auto& [size, p] : blocks)
+      std::free(p);
   for (auto& [p, n] : pinned_)
     std::free(p);
 }
@@ -167,7 +175,22 @@ status fake_api::find_event(event_t e, std::shared_ptr<event_state>& out) {
   return current_sticky();
 }
 
-void fake_api::enqueue(stream_state& st, op o) {
+void fake_api::enqueue(stream_state& st, op o, std::unique_lock<std::mutex>& lk) {
+  if (st.queue.size() >= queue_limit_) {
+    // As the runtime's launch queue: a full stream blocks the launching
+    // thread until it drains below the limit.
+    ++st_.launches_blocked;
+    ++st.syncing; // the stream stays while a call waits on it
+    cv_.wait(lk, [&] {
+      return st.queue.size() < queue_limit_ || st.closing || dev(st.device).sticky != code::success;
+    });
+    --st.syncing;
+    cv_.notify_all();
+    if (dev(st.device).sticky != code::success) {
+      ++st_.ops_discarded; // launched as the device broke: dropped with the rest
+      return;
+    }
+  }
   st.queue.push_back(std::move(o));
   cv_.notify_all();
 }
@@ -183,13 +206,14 @@ void fake_api::check_device(int device, const char* what) const {
 }
 
 void fake_api::make_sticky_locked(int device, status s) {
-  auto& d = dev(device);
-  if (d.sticky != code::success || s == code::success)
+  if (dev(device).sticky != code::success || s == code::success)
     return;
-  d.sticky = s;
+  // As CUDA documents its sticky errors: the process's CUDA state is
+  // inconsistent, so every device of the process reports `s` from now on.
+  for (auto& d : devs_)
+    if (d.sticky == code::success)
+      d.sticky = s;
   for (auto& [h, st] : streams_) {
-    if (st->device != device)
-      continue;
     st_.ops_discarded += st->queue.size();
     st->queue.clear(); // records stay pending: their events report `s`
   }
@@ -207,6 +231,10 @@ void fake_api::run(stream_state& st, op& o, std::unique_lock<std::mutex>& lk) {
   };
   switch (o.k) {
     case op::kind::kernel:
+      if (o.fault != code::success) {
+        make_sticky_locked(st.device, o.fault);
+        return;
+      }
       if (d.fail_kernel != code::success) {
         auto s = std::exchange(d.fail_kernel, code::success);
         make_sticky_locked(st.device, s);
@@ -227,19 +255,32 @@ void fake_api::run(stream_state& st, op& o, std::unique_lock<std::mutex>& lk) {
       unlocked();
       ++st_.peer_copies;
       return;
-    case op::kind::host_func:
-      in_host_func = true; // the runtime forbids CUDA calls in there
-      unlocked();
-      in_host_func = false;
+    case op::kind::host_func: {
+      // As CUDA allows: the host functions of all streams are serialized,
+      // one at a time in the process (as if on one thread), and a stream
+      // waits while its host function runs. (A lock, not a hand-over to a
+      // thread of their own: the same order, without two context switches
+      // per function.)
+      lk.unlock();
+      {
+        std::lock_guard one_at_a_time{host_func_mu_};
+        in_host_func = true; // the runtime forbids CUDA calls in there
+        o.work();
+        in_host_func = false;
+      }
+      lk.lock();
       ++st_.host_funcs_run;
       return;
+    }
     case op::kind::free: {
       auto i = allocations_.find(o.ptr);
       if (i == allocations_.end())
         return; // cannot happen: free_async marked it
       dev(i->second.device).held -= i->second.size;
       st_.bytes_held -= i->second.size;
-      std::free(i->first);
+      // Kept by the device's pool, as the runtime's (release threshold: all):
+      // the next allocation of its size gets these bytes, as they are.
+      reusable_[i->second.device].emplace(rounded(i->second.size), i->first);
       allocations_.erase(i);
       ++st_.frees;
       return;
@@ -324,6 +365,15 @@ status fake_api::set_device(int device) {
     if (device < 0 || device >= devices_)
       return code::invalid_device;
     me().device = device;
+    return code::success;
+  });
+}
+
+status fake_api::get_device(int* device) {
+  return call("get_device", [&](auto&) {
+    if (device == nullptr)
+      return code::invalid_value;
+    *device = me().device;
     return code::success;
   });
 }
@@ -450,7 +500,7 @@ status fake_api::stream_synchronize(stream_t s) {
 }
 
 status fake_api::stream_wait_event(stream_t s, event_t e) {
-  return call("stream_wait_event", [&](auto&) {
+  return call("stream_wait_event", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     std::shared_ptr<event_state> ev;
     if (auto r = find_stream(s, st))
@@ -458,7 +508,7 @@ status fake_api::stream_wait_event(stream_t s, event_t e) {
     if (auto r = find_event(e, ev))
       return r;
     auto gen = ev->recorded;
-    enqueue(*st, op{.k = op::kind::wait, .ev = std::move(ev), .gen = gen});
+    enqueue(*st, op{.k = op::kind::wait, .ev = std::move(ev), .gen = gen}, lk);
     ++st_.stream_waits;
     return code::success;
   });
@@ -495,7 +545,7 @@ status fake_api::event_destroy(event_t e) {
 }
 
 status fake_api::event_record(event_t e, stream_t s) {
-  return call("event_record", [&](auto&) {
+  return call("event_record", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     std::shared_ptr<event_state> ev;
     if (auto r = find_stream(s, st))
@@ -506,7 +556,7 @@ status fake_api::event_record(event_t e, stream_t s) {
       return code::invalid_value;
     auto gen = ++ev->recorded;
     ev->pending.insert(gen);
-    enqueue(*st, op{.k = op::kind::record, .ev = std::move(ev), .gen = gen});
+    enqueue(*st, op{.k = op::kind::record, .ev = std::move(ev), .gen = gen}, lk);
     ++st_.event_records;
     return code::success;
   });
@@ -522,13 +572,13 @@ status fake_api::event_query(event_t e) {
 }
 
 status fake_api::launch_host_func(stream_t s, void (*fn)(void*), void* user) {
-  return call("launch_host_func", [&](auto&) {
+  return call("launch_host_func", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     if (auto r = find_stream(s, st))
       return r;
     if (fn == nullptr)
       return code::invalid_value;
-    enqueue(*st, op{.k = op::kind::host_func, .work = [fn, user] { fn(user); }});
+    enqueue(*st, op{.k = op::kind::host_func, .work = [fn, user] { fn(user); }}, lk);
     ++st_.host_funcs_launched;
     return code::success;
   });
@@ -566,9 +616,15 @@ status fake_api::malloc_async(void** p, std::size_t n, stream_t s) {
     auto& d = dev(device); // the stream's device's pool, as in the runtime
     if (n > device_memory - d.held)
       return code::memory_allocation;
-    auto* mem = aligned(n);
-    if (mem == nullptr)
+    void* mem = nullptr;
+    auto& pool = reusable_[device];
+    if (auto i = pool.find(rounded(n)); i != pool.end()) {
+      mem = i->second; // freed memory is reused first, as by the runtime's pool
+      pool.erase(i);
+      ++st_.reused;
+    } else if ((mem = aligned(n)) == nullptr) {
       return code::memory_allocation;
+    }
     allocations_.emplace(mem, allocation{.device = device, .size = n});
     d.held += n;
     st_.bytes_held += n;
@@ -579,7 +635,7 @@ status fake_api::malloc_async(void** p, std::size_t n, stream_t s) {
 }
 
 status fake_api::free_async(void* p, stream_t s) {
-  return call("free_async", [&](auto&) {
+  return call("free_async", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     if (s != nullptr)
       if (auto r = find_stream(s, st))
@@ -594,13 +650,13 @@ status fake_api::free_async(void* p, stream_t s) {
       // ordered it so); freed at once.
       dev(i->second.device).held -= i->second.size;
       st_.bytes_held -= i->second.size;
-      std::free(i->first);
+      reusable_[i->second.device].emplace(rounded(i->second.size), i->first);
       allocations_.erase(i);
       ++st_.frees;
       return code::success;
     }
     i->second.freeing = true;
-    enqueue(*st, op{.k = op::kind::free, .ptr = p});
+    enqueue(*st, op{.k = op::kind::free, .ptr = p}, lk);
     return code::success;
   });
 }
@@ -640,7 +696,7 @@ status fake_api::free_host(void* p) {
 }
 
 status fake_api::memset_async(void* p, int value, std::size_t n, stream_t s) {
-  return call("memset_async", [&](auto&) {
+  return call("memset_async", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     if (auto r = find_stream(s, st))
       return r;
@@ -651,13 +707,13 @@ status fake_api::memset_async(void* p, int value, std::size_t n, stream_t s) {
     enqueue(*st, op{.k = op::kind::memset, .work = [p, value, n] {
                       if (n > 0)
                         std::memset(p, value, n);
-                    }});
+                    }}, lk);
     return code::success;
   });
 }
 
 status fake_api::memcpy_async(void* dst, const void* src, std::size_t n, stream_t s) {
-  return call("memcpy_async", [&](auto&) {
+  return call("memcpy_async", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     if (auto r = find_stream(s, st))
       return r;
@@ -670,14 +726,14 @@ status fake_api::memcpy_async(void* dst, const void* src, std::size_t n, stream_
     enqueue(*st, op{.k = op::kind::memcpy, .work = [dst, src, n] {
                       if (n > 0)
                         std::memcpy(dst, src, n);
-                    }});
+                    }}, lk);
     return code::success;
   });
 }
 
 status fake_api::memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device,
                                    std::size_t n, stream_t s) {
-  return call("memcpy_peer_async", [&](auto&) {
+  return call("memcpy_peer_async", [&](std::unique_lock<std::mutex>& lk) {
     stream_state* st = nullptr;
     if (auto r = find_stream(s, st))
       return r;
@@ -703,7 +759,7 @@ status fake_api::memcpy_peer_async(void* dst, int dst_device, const void* src, i
     enqueue(*st, op{.k = op::kind::peer_copy, .work = [dst, src, n] {
                       if (n > 0)
                         std::memcpy(dst, src, n);
-                    }});
+                    }}, lk);
     return code::success;
   });
 }
@@ -712,22 +768,39 @@ status fake_api::memcpy_peer_async(void* dst, int dst_device, const void* src, i
 
 status fake_api::launch(const char* name, stream_t s, std::initializer_list<const void*> buffers,
                         std::size_t n, std::function<void()> work) {
-  return call(name, [&](auto&) {
-    stream_state* st = nullptr;
-    if (auto r = find_stream(s, st))
-      return r;
-    if (st->device != me().device) // a kernel goes to the current device
-      return code::invalid_value;
-    for (const auto* b : buffers) {
-      if (b == nullptr && n > 0)
-        return code::invalid_value;
-      if (auto r = ptr_sticky(b))
+  // As the real layer launches: `kernel<<<...>>>` then `cudaGetLastError`,
+  // which returns (and clears) the launch's own error or, failing none, any
+  // earlier one the thread left uncleared.
+  std::unique_lock lk{mu_};
+  auto r = enter(name);
+  if (r == code::success)
+    r = [&] {
+      stream_state* st = nullptr;
+      if (auto r = find_stream(s, st))
         return r;
-    }
-    enqueue(*st, op{.k = op::kind::kernel, .work = std::move(work)});
-    ++st_.kernels_launched;
-    return code::success;
-  });
+      if (st->device != me().device) // a kernel goes to the current device
+        return code::invalid_value;
+      status fault = code::success;
+      for (const auto* b : buffers) {
+        if (b == nullptr && n > 0)
+          return code::invalid_value;
+        if (auto r = ptr_sticky(b))
+          return r;
+        // Every kernel here reads floats: an address that is not a multiple
+        // of 4 faults on the device when the kernel runs, as on a GPU.
+        if (n > 0 && reinterpret_cast<std::uintptr_t>(b) % alignof(float) != 0)
+          fault = code::misaligned_address;
+      }
+      enqueue(*st, op{.k = op::kind::kernel, .work = std::move(work), .fault = fault}, lk);
+      ++st_.kernels_launched;
+      return code::success;
+    }();
+  auto& t = me();
+  if (r == code::success)
+    r = t.last_error;
+  t.last_error = code::success;
+  cv_.notify_all();
+  return r;
 }
 
 status fake_api::launch_fill(float* dst, std::size_t n, float value, stream_t s) {
@@ -816,6 +889,12 @@ constexpr error_text error_texts[] = {
   {code::invalid_pc, "cudaErrorInvalidPc", "invalid program counter"},
   {code::launch_failure, "cudaErrorLaunchFailure", "unspecified launch failure"},
   {code::ecc_uncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error encountered"},
+  {code::nvlink_uncorrectable, "cudaErrorNvlinkUncorrectable",
+   "uncorrectable NVLink error detected during the execution"},
+  {code::contained, "cudaErrorContained",
+   "Invalid access of peer GPU memory over nvlink or a hardware error"},
+  {code::external_device, "cudaErrorExternalDevice",
+   "an async error has occurred in an external device"},
   {code::unknown, "cudaErrorUnknown", "unknown error"},
   {code::not_permitted, "cudaErrorNotPermitted", "operation not permitted"},
 };
@@ -878,6 +957,12 @@ void fake_api::fail_kernel_sticky(int device, status s) {
     throw std::invalid_argument("fake_api::fail_kernel_sticky: status 0 is not an error");
   std::lock_guard guard{mu_};
   dev(device).fail_kernel = s;
+  cv_.notify_all();
+}
+
+void fake_api::set_queue_limit(std::size_t ops) {
+  std::lock_guard guard{mu_};
+  queue_limit_ = std::max<std::size_t>(ops, 1);
   cv_.notify_all();
 }
 

@@ -7,7 +7,9 @@
 /// mirrors the runtime where the driver depends on it: stream-ordered frees,
 /// events whose waits capture the recording of the moment, a per-thread
 /// current device and last error (every failed call but `not_ready` sets
-/// it), sticky errors that break a device for good. White-box tests steer it
+/// it), sticky errors that break every device for good, the host functions
+/// of all streams serialized (one at a time, each blocking its stream),
+/// launch queues of bounded length, freed memory reused. docs/design.md lists where it still differs from CUDA. White-box tests steer it
 /// through the test controls below; everything is safe from any thread.
 
 #include <chrono>
@@ -21,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,6 +54,8 @@ struct fake_stats {
   uint64_t host_frees = 0;
   uint64_t mem_pools_configured = 0;
   uint64_t ops_discarded = 0;       ///< Queued operations a sticky error dropped.
+  uint64_t reused = 0;              ///< `malloc_async` calls given freed memory back.
+  uint64_t launches_blocked = 0;    ///< Calls that waited for a full stream (`set_queue_limit`).
   /// Calls made from inside a host function, which the runtime forbids
   /// (each returns `not_permitted`).
   uint64_t calls_in_host_funcs = 0;
@@ -80,6 +85,8 @@ public:
   status get_device_properties(device_props* p, int device) override;
   /// Selects the calling thread's device (default 0), even a sticky one.
   status set_device(int device) override;
+  /// The calling thread's device (default 0).
+  status get_device(int* device) override;
   /// Free: 141 GiB less what `malloc_async` holds on the current device.
   status mem_get_info(std::size_t* free, std::size_t* total) override;
   /// 1 for two distinct devices.
@@ -108,7 +115,8 @@ public:
   status event_record(event_t e, stream_t s) override;
   /// `not_ready` until its last recording has run; a never-recorded event is ready.
   status event_query(event_t e) override;
-  /// `fn(user)` runs on the stream's thread when the stream reaches it.
+  /// `fn(user)` runs on the stream's thread when the stream reaches it,
+  /// one host function at a time across all streams (the stream waits).
   status launch_host_func(stream_t s, void (*fn)(void*), void* user) override;
   /// Counts per device (`mem_pools_configured`).
   status configure_mem_pool() override;
@@ -158,13 +166,18 @@ public:
   /// `s` and does nothing else; several queue up per name.
   void fail_next(std::string call, status s);
   /// Breaks `device` for good with `s` (non-zero; the first one stays), as
-  /// an illegal address would: its queued ops are dropped (host functions
-  /// too), the op running finishes, calls concerning it return `s`, and
-  /// waits of other streams on its events unblock.
+  /// an illegal address would, and with it every device of the process (CUDA's
+  /// sticky errors are the process's): all queued ops are dropped (host
+  /// functions too), the ops running finish, every call concerning a device
+  /// returns `s`, and waits on events unblock.
   void make_sticky(int device, status s);
   /// The next kernel that runs on `device` does not: the device turns sticky
   /// with `s` when its stream reaches it (the launch succeeded).
   void fail_kernel_sticky(int device, status s);
+  /// How many operations a stream queues before a call that queues one
+  /// more blocks until it drains (default 1024, as the runtime's launch
+  /// queue; the calling thread waits, even while the device is paused).
+  void set_queue_limit(std::size_t ops);
   /// `device`'s streams start no op until `resume` (queued ops wait).
   void pause(int device);
   /// Lets `device`'s streams run again.
@@ -213,7 +226,7 @@ private:
   const std::pair<void* const, allocation>* find_allocation(const void* p) const;
   status find_stream(stream_t s, stream_state*& out);
   status find_event(event_t e, std::shared_ptr<event_state>& out);
-  void enqueue(stream_state& st, op o);
+  void enqueue(stream_state& st, op o, std::unique_lock<std::mutex>& lk);
   status launch(const char* name, stream_t s, std::initializer_list<const void*> buffers,
                 std::size_t n, std::function<void()> work);
   void make_sticky_locked(int device, status s);
@@ -233,6 +246,9 @@ private:
   std::map<void*, std::shared_ptr<event_state>> events_;
   std::map<void*, allocation> allocations_; // malloc_async
   std::map<void*, std::size_t> pinned_;     // malloc_host
+  std::map<int, std::multimap<std::size_t, void*>> reusable_; // freed, by device and size
+  std::size_t queue_limit_ = 1024; // ops a stream queues before a launch blocks
+  std::mutex host_func_mu_;        // one host function at a time, all streams
   std::uintptr_t next_handle_ = 0xfa000;
   fake_stats st_;
 };

@@ -13,16 +13,14 @@
 //               afterwards computes the right sum. Without the refusal the
 //               kernel's float access at an odd address raises
 //               cudaErrorMisalignedAddress, sticky for the process (issue 43
-//               point 2): this check fails until the driver refuses it.
+//               point 2): the driver refuses it when the buffer is bound.
 //   staging     16 host-to-device copies of 64 MiB queued at once behind a
 //               1 s kernel: the driver's pinned staging memory
 //               (`staging_bytes` in the device's debug info, sampled until
 //               the copies are done) stays within `--staging-limit-mib`
-//               (default 256), and the node holds the bytes copied. Today
-//               each item in flight gets its own power-of-two buffer (issue
-//               43 point 6): this check fails until the staging is bounded.
-//               The default limit is this check's own; set it to the bound
-//               docs/design.md gives once that point is fixed.
+//               (default: the driver's bound, a ring of
+//               `cuda_staging_chunks` chunks of `cuda_staging_chunk` bytes,
+//               16 MiB; docs/design.md), and the node holds the bytes copied.
 //
 // Usage: gpu_checks --check NAME [--fake] [--staging-limit-mib N]
 //        gpu_checks --list       the checks' names
@@ -376,7 +374,7 @@ int usage(const std::string& why) {
 int main(int argc, char* argv[]) {
   bool fake = false;
   std::optional<std::string> which;
-  std::size_t staging_limit = std::size_t{256} << 20;
+  std::size_t staging_limit = detail::cuda_staging_chunk * detail::cuda_staging_chunks;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--list") {

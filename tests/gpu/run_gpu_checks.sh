@@ -42,7 +42,7 @@
 # is left of MULTIDEV_GPU_TIME_BUDGET, default 570 s from the start, as a
 # device call's command runs 600 s at most: a tool with under 60 s left is
 # skipped, saying so),
-# MULTIDEV_GPU_STAGING_LIMIT_MIB (the staging check's limit, default 256),
+# MULTIDEV_GPU_STAGING_LIMIT_MIB (the staging check's limit, default 16: the driver's bound),
 # MULTIDEV_GPU_CUDA_ARCH (CMAKE_CUDA_ARCHITECTURES; default: the GPU's, or
 # CMake's default where there is none), CXX, CUDACXX.
 set -uo pipefail
@@ -388,7 +388,7 @@ for check in $("$bin/gpu_checks" --list); do
   say "gpu_checks --check $check"
   status=0
   timeout 180 "$bin/gpu_checks" --check "$check" \
-    --staging-limit-mib "${MULTIDEV_GPU_STAGING_LIMIT_MIB:-256}" > "$logs/gpu_check_$check.log" 2>&1 || status=$?
+    --staging-limit-mib "${MULTIDEV_GPU_STAGING_LIMIT_MIB:-16}" > "$logs/gpu_check_$check.log" 2>&1 || status=$?
   cat "$logs/gpu_check_$check.log"
   n="$(count_lines gpu_checks "$logs/gpu_check_$check.log")"
   if [ "$n" -eq 0 ]; then
