@@ -13,7 +13,9 @@
 /// members that wait for a reply to a request that may be deferred behind a
 /// full queue (`schedule_named`, the pool calls, `all_work`, `await`,
 /// `flush`) throw `deadlock_error` on a runner thread; the others (events,
-/// `is_idle`, debug info...) never wait for work, only for the reply.
+/// debug info...) never wait for work, only for the reply; `is_done`,
+/// `is_failed`, `state` and `is_idle` wait for nothing (they answer from what
+/// this process knows).
 
 #include <chrono>
 #include <cstddef>

@@ -289,7 +289,8 @@ BOOST_FIXTURE_TEST_CASE(test_nodes_a_batch_of_named_tasks_runs_each_task_once_in
   }
   BOOST_TEST(b.all_work(d).seq() == before.seq());
   b.sync(b.schedule_named(d, {"checksum", {y, std::string{"batch_count"}}}));
-  BOOST_TEST(b.is_done(events.back()));
+  // Not waited on here: is_done learns it by asking, never waiting.
+  BOOST_TEST(test_support::eventually([&] { return b.is_done(events.back()); }));
   auto r = b.result(d, "batch_count");
   BOOST_TEST_REQUIRE(r.has_value());
   BOOST_TEST(r->sum == static_cast<double>(n));
@@ -431,6 +432,54 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_silent_node_fails_its_work_by_heartbeat) {
   auto took = std::chrono::steady_clock::now() - start;
   BOOST_TEST((took < 10s), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                              << " ms");
+  silent.kill9(); // its runner still spins: no need to wait for it
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answer_at_once) {
+  // Issue 37 point 6: state, is_done, is_failed and is_idle never block. On
+  // a node fallen silent (SIGSTOP) they answer at once from what this
+  // process knows (they blocked until the heartbeat dropped the node, then
+  // threw); once it is lost, its unknown seqs are failed, still at once.
+  node_process silent{tool(), 1, "s", true};
+  cluster c;
+  auto& b = c.b;
+  auto ds = attach_node(b, "127.0.0.1", silent.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto d = ds[0];
+  auto done = b.schedule_named(d, {"spin_ns", {int64_t{0}}});
+  b.sync(done);
+  auto busy = b.schedule_named(d, {"spin_ns", {int64_t{20'000'000'000}}});
+  auto queued = b.schedule_named(d, {"spin_ns", {int64_t{0}}});
+  silent.pause();
+  // Each answer within 500 ms (the heartbeat needs 3 s to drop the node).
+  auto at_once = [](const char* what, auto f) {
+    auto start = std::chrono::steady_clock::now();
+    std::optional<decltype(f())> r;
+    try {
+      r = f();
+    } catch (const std::exception& e) {
+      BOOST_ERROR(what << " threw: " << e.what());
+    }
+    auto took = std::chrono::steady_clock::now() - start;
+    BOOST_TEST((took < 500ms),
+               what << " took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                    << " ms");
+    return r;
+  };
+  using multidev::event_state;
+  BOOST_TEST((at_once("state(busy)", [&] { return b.state(busy); }) == event_state::pending));
+  BOOST_TEST((at_once("state(queued)", [&] { return b.state(queued); }) == event_state::pending));
+  BOOST_TEST((at_once("is_done(queued)", [&] { return b.is_done(queued); }) == false));
+  BOOST_TEST((at_once("is_failed(queued)", [&] { return queued.is_failed(); }) == false));
+  BOOST_TEST((at_once("is_idle", [&] { return b.is_idle(d); }) == false));
+  BOOST_TEST((at_once("state(done)", [&] { return b.state(done); }) == event_state::done));
+  // The heartbeat drops it (3 s); then its unknown seqs are failed.
+  BOOST_CHECK_THROW(test_support::bounded([&] { b.sync(queued); }, "sync on the silent node"),
+                    device_error);
+  BOOST_TEST((at_once("state(busy), lost", [&] { return b.state(busy); }) == event_state::failed));
+  BOOST_TEST((at_once("is_failed, lost", [&] { return queued.is_failed(); }) == true));
+  BOOST_TEST((at_once("is_idle, lost", [&] { return b.is_idle(d); }) == false));
+  BOOST_TEST((at_once("state(done), lost", [&] { return b.state(done); }) == event_state::done));
   silent.kill9(); // its runner still spins: no need to wait for it
 }
 
@@ -750,7 +799,8 @@ BOOST_FIXTURE_TEST_CASE(test_nodes_a_batch_in_parts_with_a_bad_spec_at_the_end_s
       BOOST_TEST_MESSAGE("refused: " << e.what());
     }
     BOOST_TEST(b.all_work(d).seq() == before);
-    BOOST_TEST(b.is_idle(d));
+    // is_idle answers from what this process knows, asking without waiting.
+    BOOST_TEST(test_support::eventually([&] { return b.is_idle(d); }));
   }
   b.sync(b.schedule_named(d, {"checksum", {y, std::string{"after_bad"}}}));
   auto r = b.result(d, "after_bad");
@@ -760,7 +810,7 @@ BOOST_FIXTURE_TEST_CASE(test_nodes_a_batch_in_parts_with_a_bad_spec_at_the_end_s
   auto events = b.schedule_batch(d, specs);
   BOOST_TEST_REQUIRE(events.size() == specs.size());
   b.sync(b.schedule_named(d, {"checksum", {y, std::string{"after_good"}}}));
-  BOOST_TEST(b.is_done(events.back()));
+  BOOST_TEST(test_support::eventually([&] { return b.is_done(events.back()); }));
   r = b.result(d, "after_good");
   BOOST_TEST_REQUIRE(r.has_value());
   BOOST_TEST(r->sum == static_cast<double>(specs.size()));
