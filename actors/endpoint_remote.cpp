@@ -636,8 +636,9 @@ public:
       throw;
     } catch (const deadline_passed&) {
       auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
-      auto chain = fmt::format("{} lives on another node and has not reported seq {} done", name(),
-                               seq);
+      // Asked of the device's process, followed where it goes on.
+      auto until = std::chrono::steady_clock::now() + explain_budget;
+      auto chain = follow_remote_chain(name(), why(seq, until), until);
       throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
                                       what, name(), seq, waited.count(), chain),
                           chain);
@@ -832,10 +833,88 @@ public:
   sexp debug_info() override {
     auto text = std::get<0>(
       call<std::string>(shared_, "get_debug_info", false, query_timeout(), debug_atom::value));
+    return parsed_info(text);
+  }
+
+  std::function<sexp()> debug_info_until(std::chrono::steady_clock::time_point deadline) override {
+    auto me = std::static_pointer_cast<remote_endpoint>(shared_from_this());
+    if (auto why = shared_->closed_reason())
+      return [me, why = *why] {
+        return sexp::list({sexp::atom("device"), sexp::field("name", me->name()),
+                           sexp::field("lost", why)});
+      };
+    struct slot {
+      std::atomic<uint32_t> flag{0}; // 1: text, 2: error
+      std::string text;
+      caf::error err;
+    };
+    auto s = std::make_shared<slot>();
+    auto timeout = std::max<std::chrono::steady_clock::duration>(
+      deadline - std::chrono::steady_clock::now(), std::chrono::milliseconds{1});
+    post(*shared_, make_op<std::string>(
+                     shared_, caf::duration{timeout},
+                     [s](std::string text) {
+                       s->text = std::move(text);
+                       s->flag.store(1);
+                       s->flag.notify_all();
+                     },
+                     [s](const caf::error& e) {
+                       s->err = e;
+                       s->flag.store(2);
+                       s->flag.notify_all();
+                     },
+                     debug_atom::value));
+    // The request's timeout (CAF's clock) ends the wait at `deadline`.
+    return [me, s] {
+      uint32_t v;
+      while ((v = s->flag.load()) == 0)
+        s->flag.wait(0);
+      if (v == 1)
+        return me->parsed_info(s->text);
+      auto head = sexp::list({sexp::atom("device"), sexp::field("name", me->name())});
+      if (s->err == caf::sec::request_timeout)
+        head.push_back(sexp::field("silent", me->silence()));
+      else if (auto why = me->shared_->closed_reason())
+        head.push_back(sexp::field("lost", *why));
+      else
+        head.push_back(sexp::field("error", describe_error(s->err)));
+      return head;
+    };
+  }
+
+  /// `"silent for N s"`: since the last reply from the device.
+  std::string silence() const {
+    auto heard = shared_->last_heard_ns.load(std::memory_order_relaxed);
+    if (heard == 0)
+      return "silent since it was attached";
+    auto s = static_cast<double>(trace_clock::get().now() - heard) / 1e9;
+    return fmt::format("silent for {:.1f} s", std::max(0.0, s));
+  }
+
+  chain_step why(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
+    if (auto lost = shared_->closed_reason())
+      return {fmt::format("is not running: its node is lost ({})", *lost), nullptr, 0};
+    auto start = std::chrono::steady_clock::now();
+    auto timeout = std::max<std::chrono::steady_clock::duration>(deadline - start,
+                                                                 std::chrono::milliseconds{1});
     try {
-      return parse_sexp(text);
-    } catch (const sexp_parse_error&) {
-      return sexp::atom(text);
+      auto [rest, next, next_seq] = call_until<std::string, caf::actor, uint64_t>(
+        shared_, "why", false, caf::duration{timeout}, true, why_atom::value, seq);
+      in_our_text(rest);
+      chain_step step{std::move(rest), nullptr, next_seq};
+      if (next) {
+        step.next = find_endpoint_of(next.address());
+        if (!step.next)
+          step.rest += ", which lives on a node not attached here";
+      }
+      return step;
+    } catch (const deadline_passed&) {
+      auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+      return {fmt::format("has not said why within {:.3f} s ({}): its node is silent",
+                          waited.count(), silence()),
+              nullptr, 0};
+    } catch (const std::exception& e) {
+      return {fmt::format("{} (asked why: {})", remote_silent_end, e.what()), nullptr, 0};
     }
   }
 
@@ -875,6 +954,45 @@ public:
   device_actor actor() const override { return caf::actor_cast<device_actor>(shared_->target); }
 
 private:
+  /// `text`, the device's debug info, parsed, with the devices it names
+  /// (`name`, `waiter`, `device` fields) named as this process names them.
+  sexp parsed_info(const std::string& text) const {
+    try {
+      return renamed(parse_sexp(text));
+    } catch (const sexp_parse_error&) {
+      return sexp::atom(text);
+    }
+  }
+  sexp renamed(const sexp& x) const {
+    if (x.is_atom())
+      return x;
+    const auto& items = x.items();
+    if (items.size() == 2 && items[0].is_atom() && items[1].is_atom()) {
+      const auto& key = items[0].as_atom();
+      if (key == "name" || key == "waiter" || key == "device") {
+        auto v = items[1].as_atom();
+        if (v != "host")
+          to_our_name(v, name());
+        return sexp::field(key, std::move(v));
+      }
+    }
+    auto out = sexp::list();
+    for (const auto& i : items)
+      out.push_back(renamed(i));
+    return out;
+  }
+
+  /// A text of the device's process, naming this device and this
+  /// process's devices as this process does.
+  void in_our_text(std::string& text) const {
+    const auto& ours = name();
+    if (auto cut = ours.rfind('/'); cut != std::string::npos)
+      rename_in_text(text, ours.substr(cut + 1), ours);
+    auto here = this_process() + "/";
+    for (auto at = text.find(here); at != std::string::npos; at = text.find(here, at))
+      text.erase(at, here.size());
+  }
+
   /// Asks the device, without waiting, for `seq`'s outcome (a `wait`, whose
   /// reply comes once it is resolved), unless a question is under way.
   void learn(uint64_t seq) {

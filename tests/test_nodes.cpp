@@ -483,6 +483,69 @@ BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answe
   silent.kill9(); // its runner still spins: no need to wait for it
 }
 
+BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_names_a_silent_one) {
+  // Issue 37 point 6: a deadline's chain follows the waits into the nodes
+  // (it stopped at the process edge: "lives on another node and has not
+  // reported it done"); get_global_debug_info lists each node device's part
+  // of its node's wait-for graph, and a silent node as silent, within its
+  // deadline (it blocked until the heartbeat dropped the node).
+  node_process na{tool(), 1, "a", true};
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  auto& b = c.b;
+  auto on_a = attach_node(b, "127.0.0.1", na.port());
+  auto on_b = attach_node(b, "127.0.0.1", nb.port());
+  BOOST_TEST_REQUIRE((on_a.size() == 1u && on_b.size() == 1u));
+  auto a0 = on_a[0], b0 = on_b[0], local = b.get_device(0);
+  auto busy = b.schedule_named(a0, {"spin_ns", {int64_t{20'000'000'000}}});
+  b.will_wait_for(b.make_context(b0), busy);
+  auto behind = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
+  b.will_wait_for(b.make_context(local), behind);
+  b.schedule_task(local, {"after b", [] {}});
+  auto last = b.all_work(local);
+  auto s = [](const event& e) { return std::to_string(e.seq()); };
+  auto chain_of = [&](const event& e) -> std::string {
+    try {
+      b.sync(e, 50ms);
+      BOOST_ERROR("a sync with a deadline returned before a's task ended");
+    } catch (const multidev::timeout_error& x) {
+      return x.chain();
+    }
+    return {};
+  };
+  auto from_b = b0.name() + " waits on event " + s(busy) + " of " + a0.name() + ", which ";
+  BOOST_TEST(chain_of(behind) == from_b + "is running its seq " + s(busy));
+  BOOST_TEST(chain_of(last) == local.name() + " waits on event " + s(behind) + " of " + b0.name()
+                                 + ", which waits on event " + s(busy) + " of " + a0.name()
+                                 + ", which is running its seq " + s(busy));
+  // The nodes' wait-for graphs, in this process's names.
+  auto global = b.get_global_debug_info();
+  auto attached = global.find("attached");
+  BOOST_TEST_REQUIRE(attached != nullptr);
+  auto text = attached->to_string();
+  BOOST_TEST(contains(text, "(wait (waiter " + b0.name() + ") (at_seq "), text);
+  BOOST_TEST(contains(text, "(event (device " + a0.name() + ") (seq " + s(busy) + ")"), text);
+  // a falls silent: listed as such within the deadline, and a chain names it.
+  na.pause();
+  auto start = std::chrono::steady_clock::now();
+  auto info = test_support::bounded([&] { return b.get_global_debug_info(); }, "debug info");
+  auto took = std::chrono::steady_clock::now() - start;
+  BOOST_TEST((took < 2500ms), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                                << " ms");
+  text = info.find("attached")->to_string();
+  BOOST_TEST(contains(text, "(device (name " + a0.name() + ") (silent \"silent for "), text);
+  BOOST_TEST(contains(text, "(waiter " + b0.name() + ")"), text); // b still answers
+  start = std::chrono::steady_clock::now();
+  auto chain = chain_of(behind);
+  took = std::chrono::steady_clock::now() - start;
+  BOOST_TEST(contains(chain, from_b + "has not said why within"), chain);
+  BOOST_TEST(contains(chain, "its node is silent"), chain);
+  BOOST_TEST((took < 1s), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                            << " ms");
+  na.kill9();
+  nb.kill9();
+}
+
 BOOST_AUTO_TEST_CASE(test_nodes_a_lost_node_is_drawn_from_its_last_reply_to_its_loss) {
   // Issue 39 point 3: with tracing on, the loss of a node is a host span of
   // its device, and a slice on its lane: from the device's last reply to
@@ -894,7 +957,8 @@ BOOST_AUTO_TEST_CASE(test_nodes_attach_node_that_fails_part_way_leaves_nothing_a
     return a ? a->to_string() : std::string{};
   };
   // The attached devices' own debug info names them as the node does.
-  auto name_of = [&](int i) { return "(name " + p.server.get_device(i).name() + ")"; };
+  // The debug info names a node's devices as this process does (n/...).
+  auto name_of = [&](int i) { return "(name n/" + p.server.get_device(i).name() + ")"; };
   try {
     attach_node(b, "127.0.0.1", p.serve("n", {p.device(0), p.bogus("not a device")}));
     BOOST_ERROR("a node with a device that does not answer was attached");

@@ -234,7 +234,9 @@ public:
   /// the debug info of every device made so far (and of the attached ones),
   /// ending with the live wait-for graph, `(wait_for (wait ...) ...)`: every
   /// queued wait and every thread blocked in `sync` or `await`, and who holds
-  /// or poisoned each event.
+  /// or poisoned each event. The devices of nodes (`(attached ...)`) are asked
+  /// at once and waited for at most 1 s: each lists its part of its node's
+  /// wait-for graph; a silent one is `(silent "silent for N s")`.
   sexp get_global_debug_info() const;
   /// `(device (name ..) (queue_length ..) (scheduled ..) (finished ..)
   /// (pending_waits ..) (waiters ..) (parked_on ..) (error ..) (used_memory ..)
