@@ -1021,25 +1021,24 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_request_that_changes_a_node_has_no_timeout_and
   BOOST_TEST(p.client.get_used_memory(d) >= 4096u);
 }
 
-BOOST_TEST_DECORATOR(*boost::unit_test::precondition(have_certificates))
-BOOST_DATA_TEST_CASE(test_nodes_over_tls_one_nodes_loss_fails_only_its_work,
-                     boost::unit_test::data::make({loss::kill9, loss::sigterm, loss::sigstop}),
-                     how) {
-  // Nodes a, b and c over TLS; b is lost. Only b's work, and what waits on
-  // it, fails: the work queued on a and c before the loss completes, and
-  // they take new work, a wait of a on c too. CAF 0.17's OpenSSL module
-  // closed every TLS connection once one ended (actors/tls_middleman.hpp).
-  BOOST_TEST_REQUIRE(test_certificates().has_value());
-  node_process na{tool(), 1, "a", true, node_tls_args()};
-  node_process nb{tool(), 1, "b", true, node_tls_args()};
-  node_process nc{tool(), 1, "c", true, node_tls_args()};
+namespace {
+
+/// Nodes a, b and c (over TLS with `tls`); b is lost `how`. Only b's work,
+/// and what waits on it, fails: the work queued on a and c before the loss
+/// completes, and they take new work, a wait of a on c too.
+void one_nodes_loss_fails_only_its_work(loss how, bool tls) {
+  auto args = tls ? node_tls_args() : std::vector<std::string>{};
+  node_process na{tool(), 1, "a", true, args};
+  node_process nb{tool(), 1, "b", true, args};
+  node_process nc{tool(), 1, "c", true, args};
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
   register_types(cfg);
   cfg.set("scheduler.max-threads", size_t{2});
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds{500}});
   cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{3}});
-  configure_tls(cfg, *test_certificates());
+  if (tls)
+    configure_tls(cfg, *test_certificates());
   caf::actor_system sys{cfg};
   backend b{sys, {.num_devices = 1}};
   auto on = [&](node_process& n) {
@@ -1093,4 +1092,22 @@ BOOST_DATA_TEST_CASE(test_nodes_over_tls_one_nodes_loss_fails_only_its_work,
     [&] { b.sync(b.schedule_named(a, {"spin_ns", {int64_t{0}}})); }, "a after c"));
   if (how == loss::sigstop)
     nb.kill9(); // stopped: no need to wait for it
+}
+
+} // namespace
+
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(have_certificates))
+BOOST_DATA_TEST_CASE(test_nodes_over_tls_one_nodes_loss_fails_only_its_work,
+                     boost::unit_test::data::make({loss::kill9, loss::sigterm, loss::sigstop}),
+                     how) {
+  // CAF 0.17's OpenSSL module closed every TLS connection once one ended
+  // (actors/tls_middleman.hpp): a and c failed with b.
+  BOOST_TEST_REQUIRE(test_certificates().has_value());
+  one_nodes_loss_fails_only_its_work(how, true);
+}
+
+BOOST_DATA_TEST_CASE(test_nodes_over_tcp_one_nodes_loss_fails_only_its_work,
+                     boost::unit_test::data::make({loss::kill9, loss::sigterm, loss::sigstop}),
+                     how) {
+  one_nodes_loss_fails_only_its_work(how, false);
 }
