@@ -26,6 +26,8 @@ using detail::record_of;
 
 namespace {
 std::atomic<int> next_device_id{1};
+/// How long `get_global_debug_info` waits for the devices of nodes.
+constexpr std::chrono::seconds debug_info_deadline{1};
 } // namespace
 
 // -- backend --------------------------------------------------------------------
@@ -335,9 +337,16 @@ sexp backend::get_global_debug_info() const {
                           sexp::field("num_devices", std::to_string(num_devices())),
                           sexp::field("devices_in_use", std::to_string(all.size())), devs});
   if (!attached.empty()) {
-    auto remote = sexp::list({sexp::atom("attached")});
+    // Asked all at once, answers waited for until one deadline: a silent
+    // node is listed as silent (for how long) instead of holding the call.
+    // Each device of a node lists its part of the node's wait-for graph.
+    auto deadline = std::chrono::steady_clock::now() + debug_info_deadline;
+    std::vector<std::function<sexp()>> answers;
     for (const auto& d : attached)
-      remote.push_back(info_of(d));
+      answers.push_back(record_of(d).ep().debug_info_until(deadline));
+    auto remote = sexp::list({sexp::atom("attached")});
+    for (auto& answer : answers)
+      remote.push_back(answer());
     info.push_back(std::move(remote));
   }
   // Who waits on what, now: the gates of this backend's devices and every

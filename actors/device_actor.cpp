@@ -1,4 +1,5 @@
 #include "actors/device_actor.hpp"
+#include "actors/wait_graph.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -1006,7 +1007,29 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     [self](memory_atom) -> uint64_t { return self->state.core->used_memory(); },
     [self](debug_atom) -> std::string {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.core->debug_info().to_string();
+      auto info = self->state.core->debug_info();
+      info.push_back(wait_graph_info_of(self->state.core));
+      return info.to_string();
+    },
+    [self](why_atom, uint64_t seq) {
+      tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      auto& st = self->state;
+      remote_hop hop;
+      auto rest = wait_chain_rest(*st.core, seq, &hop);
+      caf::actor next;
+      if (hop.at) {
+        // The owner of that wait: a `depend`'s (remote_gates), or an
+        // attached device's.
+        for (const auto& [addr, w] : st.remote_gates)
+          if (w.lock() == hop.at)
+            next = caf::actor_cast<caf::actor>(addr);
+        if (!next)
+          if (auto ep = hop.at->remote_owner.lock())
+            next = caf::actor_cast<caf::actor>(ep->actor());
+        if (!next)
+          rest += std::string{", which "} + remote_silent_end;
+      }
+      return caf::make_result(std::move(rest), std::move(next), next ? hop.seq : uint64_t{0});
     },
     [self](identify_atom) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)

@@ -388,7 +388,8 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
         return mine != nullptr && mine->sig == sig;
       });
       auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
-      auto chain = wait_chain(*this, seq);
+      // Followed into other processes, whose answers it waits for a moment.
+      auto chain = follow_chain(*this, seq, std::chrono::steady_clock::now() + explain_budget);
       return timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
                                        what, name_, seq, waited.count(), chain),
                            chain);

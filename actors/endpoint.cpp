@@ -2,6 +2,7 @@
 // straight to the core), and `wait_for`, which picks one of the four ways
 // a device waits for another's event.
 #include "actors/endpoint.hpp"
+#include "actors/wait_graph.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -60,6 +61,34 @@ uint64_t endpoint::copy_from(endpoint& source, int, std::size_t, int, std::size_
     "device_to_device {} -> {}: a copy straight between processes needs two devices of other "
     "processes",
     source.name(), name()));
+}
+
+chain_step endpoint::why(uint64_t, std::chrono::steady_clock::time_point) {
+  return {remote_silent_end, nullptr, 0};
+}
+
+std::function<sexp()> endpoint::debug_info_until(std::chrono::steady_clock::time_point) {
+  return [self = shared_from_this()] { return self->debug_info(); };
+}
+
+std::shared_ptr<endpoint> find_endpoint_of(const caf::actor_addr& actor) {
+  if (!actor)
+    return nullptr;
+  std::vector<std::shared_ptr<endpoint>> all;
+  {
+    auto& r = registry::get();
+    std::lock_guard guard{r.mu};
+    for (const auto& [key, ws] : r.by_key)
+      for (const auto& w : ws)
+        if (auto ep = w.lock())
+          all.push_back(std::move(ep));
+  }
+  // Asked outside the lock: the last reference may go here.
+  std::shared_ptr<endpoint> found;
+  for (auto& ep : all)
+    if (ep->actor().address() == actor && (!found || ep->core()))
+      found = ep;
+  return found;
 }
 
 void register_endpoint(const std::shared_ptr<endpoint>& ep) {

@@ -13,7 +13,9 @@
 /// members that wait for a reply to a request that may be deferred behind a
 /// full queue (`schedule_named`, the pool calls, `all_work`, `await`,
 /// `flush`) throw `deadlock_error` on a runner thread; the others (events,
-/// `is_idle`, debug info...) never wait for work, only for the reply.
+/// debug info...) never wait for work, only for the reply; `is_done`,
+/// `is_failed`, `state` and `is_idle` wait for nothing (they answer from what
+/// this process knows).
 
 #include <chrono>
 #include <cstddef>
@@ -27,6 +29,7 @@
 
 #include <caf/actor_addr.hpp>
 
+#include "actors/wait_graph.hpp"
 #include "multidev/event.hpp"
 #include "multidev/kernels.hpp"
 #include "multidev/protocol.hpp"
@@ -137,6 +140,17 @@ public:
   /// The device's actor; an invalid handle once it is gone.
   virtual device_actor actor() const = 0;
 
+  // -- Diagnosis -------------------------------------------------------------
+
+  /// Why `seq` is not done, asked of the device's process and waited for at
+  /// most until `deadline` (a silent device says so). Only for a device of
+  /// another process; this one says it cannot tell.
+  virtual chain_step why(uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  /// Asks for `debug_info` now; the function returned waits for it at most
+  /// until `deadline` (a device of another process that does not answer by
+  /// then is listed as silent, for how long). This one asks when called.
+  virtual std::function<sexp()> debug_info_until(std::chrono::steady_clock::time_point deadline);
+
 protected:
   endpoint(device_key key, std::string name, std::shared_ptr<device_core> core);
 
@@ -164,6 +178,10 @@ void wait_for(endpoint& waiting, endpoint& owner, uint64_t seq);
 /// The live endpoint registered under `key`, preferring a local one; null
 /// when none.
 std::shared_ptr<endpoint> find_endpoint(const device_key& key);
+
+/// The live endpoint whose device's actor is `actor`, preferring a local
+/// one; null when none (a scan of the registry: for diagnosis only).
+std::shared_ptr<endpoint> find_endpoint_of(const caf::actor_addr& actor);
 
 /// Adds `ep` to the registry (endpoints leave it when destroyed).
 void register_endpoint(const std::shared_ptr<endpoint>& ep);

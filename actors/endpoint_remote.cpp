@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <tuple>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "actors/device_core.hpp"
@@ -86,32 +87,74 @@ struct link_shared {
   /// With tracing on (set once, before the link starts): host threads'
   /// waits on the device, and its loss. Null when tracing is off.
   std::unique_ptr<host_span_log> spans;
-  /// With tracing on, when the last reply from the device arrived
-  /// (`trace_clock`): where a node loss's span starts at the latest.
+  /// When the last reply from the device arrived (`trace_clock`): where a
+  /// node loss's span starts at the latest, and how long a silent device
+  /// has been silent (`get_global_debug_info`).
   std::atomic<int64_t> last_heard_ns{0};
 
-  /// Notes that a reply from the device arrived now (tracing on only).
+  /// Notes that a reply from the device arrived now (a TSC read and a
+  /// relaxed store, against a remote round trip of ~100 us).
   void heard() noexcept {
-    if (spans)
-      last_heard_ns.store(trace_clock::get().now_relaxed(), std::memory_order_relaxed);
+    last_heard_ns.store(trace_clock::get().now_relaxed(), std::memory_order_relaxed);
   }
 
   /// Remembers that a reply said `seq` was done: done forever. Seqs resolve
   /// in order but not all to done (a failure, a cancellation, then a
-  /// recovery), so what is known is a set, of the latest few.
-  void note_done(uint64_t seq) {
-    if (seq == 0)
+  /// recovery), so what is known is per seq, of the latest few.
+  void note_done(uint64_t seq) { note_outcome(seq, event_state::done); }
+  /// Remembers how `seq` ended (never `pending`): final, as every outcome.
+  void note_outcome(uint64_t seq, event_state s) {
+    if (seq == 0 || s == event_state::pending)
       return;
     std::lock_guard guard{mu};
-    done_.insert(seq);
-    if (done_.size() > max_known)
-      done_.erase(done_.begin());
+    outcomes_[seq] = s;
+    if (outcomes_.size() > max_known)
+      outcomes_.erase(outcomes_.begin());
   }
-  bool known_done(uint64_t seq) const {
+  /// How `seq` ended, if a reply said so.
+  std::optional<event_state> known_outcome(uint64_t seq) const {
     if (seq == 0)
-      return true;
+      return event_state::done;
     std::lock_guard guard{mu};
-    return done_.contains(seq);
+    if (auto i = outcomes_.find(seq); i != outcomes_.end())
+      return i->second;
+    return std::nullopt;
+  }
+  bool known_done(uint64_t seq) const { return known_outcome(seq) == event_state::done; }
+  /// Whether this call should start learning `seq`'s outcome: false while a
+  /// request for it is under way (`learned` ends it).
+  bool start_learning(uint64_t seq) {
+    std::lock_guard guard{mu};
+    return learning_.insert(seq).second;
+  }
+  void learned(uint64_t seq) {
+    std::lock_guard guard{mu};
+    learning_.erase(seq);
+  }
+
+  /// What this process knows of the device's runner being idle: the last
+  /// answer, good only while no request that adds work was sent after the
+  /// question (`work_sent` counts those).
+  void work_sent() noexcept { work_sent_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t work_sent_count() const noexcept { return work_sent_.load(std::memory_order_relaxed); }
+  /// The answer known now, and whether the caller should ask again (none
+  /// under way).
+  std::pair<bool, bool> known_idle() {
+    auto sent = work_sent_count();
+    std::lock_guard guard{mu};
+    bool ask = !idle_asking_;
+    idle_asking_ = true;
+    return {idle_known_ && idle_sent_ == sent, ask};
+  }
+  /// The answer to an `idle` question asked when `sent` requests that add
+  /// work had been sent (none: it failed).
+  void idle_answer(std::optional<bool> idle, uint64_t sent) {
+    std::lock_guard guard{mu};
+    idle_asking_ = false;
+    if (!idle)
+      return;
+    idle_known_ = *idle;
+    idle_sent_ = sent;
   }
   std::string name() const {
     std::lock_guard guard{mu};
@@ -167,15 +210,32 @@ struct link_shared {
   }
 
 private:
-  static constexpr std::size_t max_known = 256;
+  static constexpr std::size_t max_known = 4096;
   mutable std::mutex mu;
   std::string name_;
   std::string closed_;
-  std::set<uint64_t> done_;
+  std::map<uint64_t, event_state> outcomes_;
+  std::set<uint64_t> learning_;
+  std::atomic<uint64_t> work_sent_{0};
+  bool idle_known_ = false;
+  bool idle_asking_ = false;
+  uint64_t idle_sent_ = 0;
   std::map<caf::actor_addr, caf::actor> watchers_;
   std::string host_;
   uint16_t port_ = 0;
 };
+
+/// Remembers the outcome a `wait`'s error reply gives `seq`: one that
+/// carries a failure (the seq's own, or the device's that poisoned it) is
+/// final; another (the link closed, the seq unknown there) says nothing.
+void note_failure(link_shared& shared, uint64_t seq, const caf::error& err) {
+  if (!failure_of(err))
+    return;
+  shared.heard();
+  shared.note_outcome(seq, err.code() == static_cast<uint8_t>(errc::cancelled)
+                             ? event_state::cancelled
+                             : event_state::failed);
+}
 
 /// One request to the device's actor, from the caller's side: how to send it
 /// (run by the link actor, which holds the handle) and what to do with its
@@ -356,6 +416,8 @@ std::tuple<Rs...> call_until(const std::shared_ptr<link_shared>& shared, const c
       "behind its full queue, which may wait for this runner; call it from a host "
       "thread",
       what, shared->name()));
+  if (ordered && !(std::is_same_v<Ts, all_work_atom> || ...))
+    shared->work_sent(); // adds work: an `idle` answer from before is stale
   struct slot {
     std::atomic<uint32_t> flag{0}; // 1: value, 2: error
     std::tuple<Rs...> value;
@@ -525,31 +587,25 @@ public:
     }
   }
 
-  bool is_done(uint64_t seq) override {
-    if (known_done(seq))
-      return true;
-    try {
-      return status(seq) == event_state::done;
-    } catch (const std::exception&) {
-      return false; // unreachable: not known to be done
-    }
-  }
+  // `is_done`, `is_failed` and `state` never wait for the device: they say
+  // what this process knows (the replies to its syncs, waits and earlier
+  // questions; a lost device's unknown seqs are failed: they can never
+  // complete here), and a seq not known yet is asked about without waiting,
+  // once, so that asking again learns the outcome as soon as it is there.
+  bool is_done(uint64_t seq) override { return state(seq) == event_state::done; }
 
   bool is_failed(uint64_t seq) override {
-    if (known_done(seq))
-      return false;
-    try {
-      auto s = status(seq);
-      return s == event_state::failed || s == event_state::cancelled;
-    } catch (const std::exception&) {
-      return true; // its actor is gone: it can never complete here
-    }
+    auto s = state(seq);
+    return s == event_state::failed || s == event_state::cancelled;
   }
 
   event_state state(uint64_t seq) override {
-    if (known_done(seq))
-      return event_state::done;
-    return status(seq);
+    if (auto known = shared_->known_outcome(seq))
+      return *known;
+    if (shared_->closed_reason())
+      return event_state::failed;
+    learn(seq);
+    return event_state::pending;
   }
 
   void sync(uint64_t seq) override {
@@ -585,10 +641,18 @@ public:
         std::max(deadline - start, std::chrono::steady_clock::duration{1}))};
     try {
       call_until<uint64_t>(shared_, "sync", false, timeout, timed, wait_atom::value, seq);
+    } catch (const cancelled_error&) {
+      shared_->note_outcome(seq, event_state::cancelled);
+      throw;
+    } catch (const device_error&) {
+      if (!shared_->closed_reason()) // a lost link says nothing of the seq
+        shared_->note_outcome(seq, event_state::failed);
+      throw;
     } catch (const deadline_passed&) {
       auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
-      auto chain = fmt::format("{} lives on another node and has not reported seq {} done", name(),
-                               seq);
+      // Asked of the device's process, followed where it goes on.
+      auto until = std::chrono::steady_clock::now() + explain_budget;
+      auto chain = follow_remote_chain(name(), why(seq, until), until);
       throw timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
                                       what, name(), seq, waited.count(), chain),
                           chain);
@@ -626,6 +690,7 @@ public:
           shared->note_done(seq);
           cb(nullptr);
         } else if (m.match_elements<caf::error>()) {
+          note_failure(*shared, seq, m.get_as<caf::error>(0));
           failed(m.get_as<caf::error>(0));
         } else {
           failed(make_error(errc::device_failed, shared->name(), "an unexpected reply to wait"));
@@ -681,8 +746,24 @@ public:
     sync_until(seq, deadline, "await");
   }
 
+  /// What this process knows, never waiting: the device's last answer,
+  /// unless this process sent it work since it was asked (then not idle), or
+  /// it is lost (not idle: its work can never finish). Asks again, without
+  /// waiting, when no question is under way.
   bool is_idle() override {
-    return std::get<0>(call<bool>(shared_, "is_idle", false, query_timeout(), idle_atom::value));
+    if (shared_->closed_reason())
+      return false;
+    auto [idle, ask] = shared_->known_idle();
+    if (ask) {
+      auto shared = shared_;
+      auto sent = shared_->work_sent_count();
+      post(*shared_, make_op<bool>(
+                       shared_, query_timeout(),
+                       [shared, sent](bool v) { shared->idle_answer(v, sent); },
+                       [shared, sent](const caf::error&) { shared->idle_answer(std::nullopt, sent); },
+                       idle_atom::value));
+    }
+    return idle;
   }
 
   std::size_t queue_length() override {
@@ -808,10 +889,88 @@ public:
   sexp debug_info() override {
     auto text = std::get<0>(
       call<std::string>(shared_, "get_debug_info", false, query_timeout(), debug_atom::value));
+    return parsed_info(text);
+  }
+
+  std::function<sexp()> debug_info_until(std::chrono::steady_clock::time_point deadline) override {
+    auto me = std::static_pointer_cast<remote_endpoint>(shared_from_this());
+    if (auto why = shared_->closed_reason())
+      return [me, why = *why] {
+        return sexp::list({sexp::atom("device"), sexp::field("name", me->name()),
+                           sexp::field("lost", why)});
+      };
+    struct slot {
+      std::atomic<uint32_t> flag{0}; // 1: text, 2: error
+      std::string text;
+      caf::error err;
+    };
+    auto s = std::make_shared<slot>();
+    auto timeout = std::max<std::chrono::steady_clock::duration>(
+      deadline - std::chrono::steady_clock::now(), std::chrono::milliseconds{1});
+    post(*shared_, make_op<std::string>(
+                     shared_, caf::duration{timeout},
+                     [s](std::string text) {
+                       s->text = std::move(text);
+                       s->flag.store(1);
+                       s->flag.notify_all();
+                     },
+                     [s](const caf::error& e) {
+                       s->err = e;
+                       s->flag.store(2);
+                       s->flag.notify_all();
+                     },
+                     debug_atom::value));
+    // The request's timeout (CAF's clock) ends the wait at `deadline`.
+    return [me, s] {
+      uint32_t v;
+      while ((v = s->flag.load()) == 0)
+        s->flag.wait(0);
+      if (v == 1)
+        return me->parsed_info(s->text);
+      auto head = sexp::list({sexp::atom("device"), sexp::field("name", me->name())});
+      if (s->err == caf::sec::request_timeout)
+        head.push_back(sexp::field("silent", me->silence()));
+      else if (auto why = me->shared_->closed_reason())
+        head.push_back(sexp::field("lost", *why));
+      else
+        head.push_back(sexp::field("error", describe_error(s->err)));
+      return head;
+    };
+  }
+
+  /// `"silent for N s"`: since the last reply from the device.
+  std::string silence() const {
+    auto heard = shared_->last_heard_ns.load(std::memory_order_relaxed);
+    if (heard == 0)
+      return "silent since it was attached";
+    auto s = static_cast<double>(trace_clock::get().now() - heard) / 1e9;
+    return fmt::format("silent for {:.1f} s", std::max(0.0, s));
+  }
+
+  chain_step why(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
+    if (auto lost = shared_->closed_reason())
+      return {fmt::format("is not running: its node is lost ({})", *lost), nullptr, 0};
+    auto start = std::chrono::steady_clock::now();
+    auto timeout = std::max<std::chrono::steady_clock::duration>(deadline - start,
+                                                                 std::chrono::milliseconds{1});
     try {
-      return parse_sexp(text);
-    } catch (const sexp_parse_error&) {
-      return sexp::atom(text);
+      auto [rest, next, next_seq] = call_until<std::string, caf::actor, uint64_t>(
+        shared_, "why", false, caf::duration{timeout}, true, why_atom::value, seq);
+      in_our_text(rest);
+      chain_step step{std::move(rest), nullptr, next_seq};
+      if (next) {
+        step.next = find_endpoint_of(next.address());
+        if (!step.next)
+          step.rest += ", which lives on a node not attached here";
+      }
+      return step;
+    } catch (const deadline_passed&) {
+      auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+      return {fmt::format("has not said why within {:.3f} s ({}): its node is silent",
+                          waited.count(), silence()),
+              nullptr, 0};
+    } catch (const std::exception& e) {
+      return {fmt::format("{} (asked why: {})", remote_silent_end, e.what()), nullptr, 0};
     }
   }
 
@@ -853,6 +1012,65 @@ public:
   void set_address(std::string host, uint16_t port) { shared_->set_address(std::move(host), port); }
 
 private:
+  /// `text`, the device's debug info, parsed, with the devices it names
+  /// (`name`, `waiter`, `device` fields) named as this process names them.
+  sexp parsed_info(const std::string& text) const {
+    try {
+      return renamed(parse_sexp(text));
+    } catch (const sexp_parse_error&) {
+      return sexp::atom(text);
+    }
+  }
+  sexp renamed(const sexp& x) const {
+    if (x.is_atom())
+      return x;
+    const auto& items = x.items();
+    if (items.size() == 2 && items[0].is_atom() && items[1].is_atom()) {
+      const auto& key = items[0].as_atom();
+      if (key == "name" || key == "waiter" || key == "device") {
+        auto v = items[1].as_atom();
+        if (v != "host")
+          to_our_name(v, name());
+        return sexp::field(key, std::move(v));
+      }
+    }
+    auto out = sexp::list();
+    for (const auto& i : items)
+      out.push_back(renamed(i));
+    return out;
+  }
+
+  /// A text of the device's process, naming this device and this
+  /// process's devices as this process does.
+  void in_our_text(std::string& text) const {
+    const auto& ours = name();
+    if (auto cut = ours.rfind('/'); cut != std::string::npos)
+      rename_in_text(text, ours.substr(cut + 1), ours);
+    auto here = this_process() + "/";
+    for (auto at = text.find(here); at != std::string::npos; at = text.find(here, at))
+      text.erase(at, here.size());
+  }
+
+  /// Asks the device, without waiting, for `seq`'s outcome (a `wait`, whose
+  /// reply comes once it is resolved), unless a question is under way.
+  void learn(uint64_t seq) {
+    if (!shared_->start_learning(seq))
+      return;
+    auto shared = shared_;
+    bool sent = shared_->sink->wait(caf::actor_cast<caf::actor>(shared_->target), seq,
+                                    [shared, seq](const caf::message& m) {
+                                      if (m.match_elements<uint64_t>()) {
+                                        shared->heard();
+                                        shared->note_done(seq);
+                                      } else if (m.match_elements<caf::error>()) {
+                                        note_failure(*shared, seq, m.get_as<caf::error>(0));
+                                      }
+                                      shared->learned(seq);
+                                    });
+    if (!sent)
+      shared_->learned(seq);
+  }
+
   /// `seqs`, the reply to a batch of `n` tasks, if it has one seq for each.
   std::vector<uint64_t> checked(std::size_t n, std::vector<uint64_t> seqs) const {
     if (seqs.size() != n)
@@ -861,16 +1079,7 @@ private:
     return seqs;
   }
 
-  event_state status(uint64_t seq) {
-    auto [state, resolved, scheduled] = call<uint8_t, uint64_t, uint64_t>(
-      shared_, "status", false, query_timeout(), status_atom::value, seq);
-    if (state > static_cast<uint8_t>(event_state::cancelled))
-      throw device_error(name(), fmt::format("status of seq {}: unknown state {}", seq, state));
-    auto s = static_cast<event_state>(state);
-    if (s == event_state::done)
-      shared_->note_done(seq);
-    return s;
-  }
+
 
   std::shared_ptr<link_shared> shared_;
 };

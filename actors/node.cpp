@@ -4,6 +4,7 @@
 #include "actors/backend_impl.hpp"
 #include "actors/endpoint_remote.hpp"
 #include "actors/logger_tie.hpp"
+#include "actors/tls_middleman.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
@@ -64,8 +65,10 @@ caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,
   if (!node)
     return caf::sec::cannot_publish_invalid_actor;
   auto& sys = node.home_system();
-  if (sys.has_openssl_manager())
+  if (sys.has_openssl_manager()) {
+    detail::use_clean_tls(sys); // one peer's loss must not close the others
     return caf::openssl::publish(node, port, address.c_str(), true);
+  }
   return sys.middleman().publish(node, port, address.c_str(), true);
 }
 
@@ -104,6 +107,8 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
       "multidev::configure_system on its config",
       address));
   bool tls = sys.has_openssl_manager();
+  if (tls)
+    detail::use_clean_tls(sys); // one node's loss must not close the others
   auto node = tls ? caf::openssl::remote_actor<node_actor>(sys, host, port)
                   : sys.middleman().remote_actor<node_actor>(host, port);
   if (!node) {

@@ -131,7 +131,7 @@ std::string remote_end(const gate* g) {
     if (auto ep = g->remote_owner.lock())
       if (auto why = ep->gone())
         return fmt::format(", which is not running: its node is lost ({})", *why);
-  return ", which lives on another node and has not reported it done";
+  return std::string{", which "} + remote_silent_end;
 }
 
 } // namespace
@@ -153,6 +153,10 @@ blocked_scope::~blocked_scope() {
 }
 
 std::string wait_chain(const device_core& owner, uint64_t seq) {
+  return owner.name() + " " + wait_chain_rest(owner, seq, nullptr);
+}
+
+std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* next) {
   auto& t = table();
   std::vector<std::shared_ptr<device_core>> keep;
   std::lock_guard guard{t.mu};
@@ -160,7 +164,8 @@ std::string wait_chain(const device_core& owner, uint64_t seq) {
   std::vector<std::pair<const device_core*, uint64_t>> seen;
   const device_core* d = &owner;
   for (int hop = 0; hop < 64; ++hop) {
-    out += hop == 0 ? d->name() + " " : std::string{", which "};
+    if (hop > 0)
+      out += ", which ";
     auto finished = d->finished();
     if (seq <= finished)
       return out + fmt::format("has finished seq {} now", seq);
@@ -180,8 +185,15 @@ std::string wait_chain(const device_core& owner, uint64_t seq) {
     if (held_by) {
       out += fmt::format("waits on event {} of {}", held_by->owner_seq, held_by->owner_label());
       auto o = local_owner(*held_by);
-      if (!o)
-        return out + remote_end(held_by.get());
+      if (!o) {
+        auto end = remote_end(held_by.get());
+        if (next && end.ends_with(remote_silent_end)) {
+          next->at = held_by; // the caller asks that process
+          next->seq = held_by->owner_seq;
+          return out;
+        }
+        return out + end;
+      }
       seq = held_by->owner_seq;
       d = o.get();
       keep.push_back(std::move(o));
@@ -235,7 +247,75 @@ sexp event_info(const device_core* d, const std::string& name, uint64_t seq) {
 
 } // namespace
 
+namespace {
+sexp graph_info(std::span<const std::shared_ptr<device_core>> devices, bool only_theirs);
+} // namespace
+
 sexp wait_graph_info(std::span<const std::shared_ptr<device_core>> devices) {
+  return graph_info(devices, false);
+}
+
+sexp wait_graph_info_of(const std::shared_ptr<device_core>& d) {
+  return graph_info(std::span{&d, 1}, true);
+}
+
+namespace {
+
+/// Goes on with `out` (a chain that ended at `hop`, a wait of a device of
+/// this process on one of another) into other processes.
+std::string go_on(std::string out, const remote_hop& hop,
+                  std::chrono::steady_clock::time_point deadline) {
+  auto ep = hop.at->remote_owner.lock();
+  if (!ep)
+    return out + ", which " + remote_silent_end;
+  auto seq = hop.seq;
+  for (int n = 0; n < 16; ++n) {
+    out += ", which ";
+    if (const auto& c = ep->core()) {
+      remote_hop next;
+      out += wait_chain_rest(*c, seq, &next);
+      if (!next.at)
+        return out;
+      auto o = next.at->remote_owner.lock();
+      if (!o)
+        return out + ", which " + remote_silent_end;
+      ep = std::move(o);
+      seq = next.seq;
+      continue;
+    }
+    auto step = ep->why(seq, deadline);
+    out += step.rest;
+    if (!step.next)
+      return out;
+    ep = std::move(step.next);
+    seq = step.next_seq;
+  }
+  return out + "... (the chain goes on)";
+}
+
+} // namespace
+
+std::string follow_chain(const device_core& owner, uint64_t seq,
+                         std::chrono::steady_clock::time_point deadline) {
+  remote_hop hop;
+  auto out = owner.name() + " " + wait_chain_rest(owner, seq, &hop);
+  return hop.at ? go_on(std::move(out), hop, deadline) : out;
+}
+
+std::string follow_remote_chain(const std::string& name, chain_step first,
+                                std::chrono::steady_clock::time_point deadline) {
+  auto out = name + " " + first.rest;
+  if (!first.next)
+    return out;
+  // The first hop's owner, as a wait of this process would reach it.
+  auto g = std::make_shared<gate>();
+  g->remote_owner = first.next;
+  return go_on(std::move(out), remote_hop{g, first.next_seq}, deadline);
+}
+
+namespace {
+
+sexp graph_info(std::span<const std::shared_ptr<device_core>> devices, bool only_theirs) {
   auto info = sexp::list({sexp::atom("wait_for")});
   for (const auto& d : devices) {
     const gate* parked = nullptr;
@@ -256,6 +336,9 @@ sexp wait_graph_info(std::span<const std::shared_ptr<device_core>> devices) {
   std::lock_guard guard{t.mu};
   auto now = std::chrono::steady_clock::now();
   for (const auto* b : t.waits) {
+    if (only_theirs && std::none_of(devices.begin(), devices.end(),
+                                    [b](const auto& d) { return d.get() == b->runner; }))
+      continue;
     auto w = sexp::list({sexp::atom("wait")});
     if (b->runner) {
       w.push_back(sexp::field("waiter", b->runner->name()));
@@ -272,5 +355,7 @@ sexp wait_graph_info(std::span<const std::shared_ptr<device_core>> devices) {
   }
   return info;
 }
+
+} // namespace
 
 } // namespace multidev::detail

@@ -68,6 +68,15 @@ private:
   blocked_wait w_;
 };
 
+struct gate;
+
+/// Where a chain of waits leaves this process: the wait (a gate) on a device
+/// of another process that holds it, and the seq it waits for there.
+struct remote_hop {
+  std::shared_ptr<gate> at;
+  uint64_t seq = 0;
+};
+
 /// Why `owner`'s `seq` is not done yet, as a chain of waits that ends in
 /// what holds it: `"cpu:0 waits on event 4 of cpu:1, which is running its
 /// seq 3"`. Follows gates and blocking syncs through devices of this process;
@@ -75,10 +84,50 @@ private:
 /// a running task, a failure or a cycle.
 std::string wait_chain(const device_core& owner, uint64_t seq);
 
+/// `wait_chain` without `owner`'s name in front (`"waits on event 4 of
+/// cpu:1, which ..."`). With `hop`, a chain that ends at a wait on a device
+/// of another process whose node is not known lost ends with `"waits on
+/// event S of NAME"`, and `*hop` says where it goes on (`follow_chain`).
+std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* hop);
+
+/// One step of a chain of waits through a device of another process: why
+/// its seq is not done, as its process says, in this process's names and
+/// without the device's name in front; where it goes on (`next`, null where
+/// it ends) and the seq it waits for there (`endpoint::why`).
+struct chain_step {
+  std::string rest;
+  std::shared_ptr<endpoint> next;
+  uint64_t next_seq = 0;
+};
+
+/// `wait_chain`, followed into other processes: a device of another process
+/// is asked why its seq is not done (`endpoint::why`), waiting at most until
+/// `deadline` for the answers; a silent one is named so. At most 16 hops
+/// past the process edge.
+std::string follow_chain(const device_core& owner, uint64_t seq,
+                         std::chrono::steady_clock::time_point deadline);
+
+/// The same from a device of another process named `name` here, whose
+/// answer to `why` was `first`.
+std::string follow_remote_chain(const std::string& name, chain_step first,
+                                std::chrono::steady_clock::time_point deadline);
+
+/// How long a deadline's explanation may ask other processes, past the
+/// deadline: a silent node costs at most this.
+inline constexpr std::chrono::milliseconds explain_budget{250};
+
+/// The end of a chain at a device of another process that cannot say more.
+inline constexpr const char* remote_silent_end =
+  "lives on another node and has not reported it done";
+
 /// `(wait_for (wait ...) ...)`: every pending gate of `devices` and every
 /// blocked thread of the process, each with the event it waits on, that
 /// event's state, and who holds it (the running item, or the task that
 /// poisoned it).
 sexp wait_graph_info(std::span<const std::shared_ptr<device_core>> devices);
+
+/// `wait_graph_info` of the one device `d`, with only the threads of its
+/// runner: what a device actor tells another process of its waits.
+sexp wait_graph_info_of(const std::shared_ptr<device_core>& d);
 
 } // namespace multidev::detail

@@ -40,10 +40,13 @@ if(CAF_FOUND)
       INTERFACE_LINK_LIBRARIES CAF::core)
   endif()
   if(CAF_OPENSSL_LIBRARY AND NOT TARGET CAF::openssl)
+    # Its headers include OpenSSL's, and a user of caf::openssl::session
+    # calls OpenSSL too (multidev clears OpenSSL's error queue around it).
+    find_package(OpenSSL REQUIRED)
     add_library(CAF::openssl UNKNOWN IMPORTED)
     set_target_properties(CAF::openssl PROPERTIES
       IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
-      INTERFACE_LINK_LIBRARIES CAF::io)
+      INTERFACE_LINK_LIBRARIES "CAF::io;OpenSSL::SSL;OpenSSL::Crypto")
   endif()
 endif()
 mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY)

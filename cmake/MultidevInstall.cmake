@@ -38,7 +38,7 @@ install(FILES "${PROJECT_BINARY_DIR}/multidevConfig.cmake"
 # pkg-config: the library is static, so its dependencies go in Libs (CAF has
 # no .pc file; fmt does). System directories stay out of the flags.
 get_filename_component(_caf_libdir "${CAF_CORE_LIBRARY}" DIRECTORY)
-set(MULTIDEV_PC_CAF_LIBS "-lcaf_openssl -lcaf_io -lcaf_core")
+set(MULTIDEV_PC_CAF_LIBS "-lcaf_openssl -lcaf_io -lcaf_core -lssl -lcrypto")
 if(NOT _caf_libdir IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
   set(MULTIDEV_PC_CAF_LIBS "-L${_caf_libdir} ${MULTIDEV_PC_CAF_LIBS}")
 endif()

@@ -1045,16 +1045,21 @@ private:
       std::string how = "failed";
       std::string what;
       try {
-        auto s = b_.state(e);
+        auto s = outcome_of(e, dev(d).is_local());
         if (s != event_state::failed && s != event_state::cancelled)
           continue; // done, or pending (finish reported the device busy)
         if (s == event_state::cancelled)
           how = "cancelled";
         try {
-          b_.sync(e, clock::now());
+          b_.sync(e, clock::now() + (dev(d).is_local() ? 0s : answer_within));
           continue;
         } catch (const device_error& x) {
           if (seen_.count(origin_of(x.cause())))
+            continue;
+          // A node's device refuses a step after it failed with its name and
+          // message only (no task, no seq): that refusal, seen, accounts for
+          // the items that failed on it.
+          if (!dev(d).is_local() && saw_device_failure(dev(d).name()))
             continue;
           what = x.what();
         }
@@ -1071,6 +1076,28 @@ private:
       result_.unexpected.push_back(
         expectation_result{it.where, it.source ? it.source->text : it.description, false,
                            fmt::format("{} on device {}: {}", how, d, what)});
+    }
+  }
+
+  /// How long a node's device gets to answer for an item of a settled device.
+  static constexpr std::chrono::seconds answer_within{5};
+
+  /// How `e` ended. On a node's device `state` says what this process has
+  /// heard (it never waits), so an item not heard of is asked, with a
+  /// bounded sync: its device has settled, so the answer is a round trip away.
+  event_state outcome_of(const event& e, bool local) const {
+    auto s = b_.state(e);
+    if (s != event_state::pending || local)
+      return s;
+    try {
+      b_.sync(e, clock::now() + answer_within);
+      return event_state::done;
+    } catch (const cancelled_error&) {
+      return event_state::cancelled;
+    } catch (const device_error&) {
+      return event_state::failed;
+    } catch (const timeout_error&) {
+      return event_state::pending;
     }
   }
 

@@ -189,7 +189,9 @@ public:
   void sync(const event& e, std::chrono::steady_clock::time_point deadline) const;
   /// `sync` that gives up after `timeout` (see above).
   void sync(const event& e, std::chrono::steady_clock::duration timeout) const;
-  /// Whether `e` is done; never blocks. A failed event is not done.
+  /// Whether `e` is done; never blocks. A failed event is not done. For an
+  /// event of another process: whether this process has heard it is done
+  /// (see `state`).
   bool is_done(const event& e) const;
   /// Everything scheduled on `ctx.device` after this call starts only after
   /// `e` is done. Returns at once; a no-op for events of the same device or
@@ -201,6 +203,9 @@ public:
   void will_wait_for(const context& ctx, const event& e);
 
   /// How `e` ended: done, failed, cancelled, or still pending. Never blocks.
+  /// For an event of another process, what this process has heard: a seq not
+  /// heard of is `pending`, and asked about without waiting, so a later call
+  /// sees its outcome; once its node is lost, `failed` unless heard done.
   event_state state(const event& e) const;
 
   // -- Cancellation and recovery ---------------------------------------------
@@ -229,7 +234,9 @@ public:
   /// the debug info of every device made so far (and of the attached ones),
   /// ending with the live wait-for graph, `(wait_for (wait ...) ...)`: every
   /// queued wait and every thread blocked in `sync` or `await`, and who holds
-  /// or poisoned each event.
+  /// or poisoned each event. The devices of nodes (`(attached ...)`) are asked
+  /// at once and waited for at most 1 s: each lists its part of its node's
+  /// wait-for graph; a silent one is `(silent "silent for N s")`.
   sexp get_global_debug_info() const;
   /// `(device (name ..) (queue_length ..) (scheduled ..) (finished ..)
   /// (pending_waits ..) (waiters ..) (parked_on ..) (error ..) (used_memory ..)
@@ -267,7 +274,9 @@ public:
   void await(const device& d, std::chrono::steady_clock::duration timeout) const;
   /// Done exactly when everything scheduled on `d` before the call finished.
   event all_work(const device& d) const;
-  /// Whether `d`'s runner is waiting for work.
+  /// Whether `d`'s runner is waiting for work. Never blocks: for a device of
+  /// another process, its last answer (asked again without waiting), false
+  /// while this process has sent it work since, or once its node is lost.
   bool is_idle(const device& d) const;
   /// Memoized; throws `std::invalid_argument` naming the ordinal and the count.
   device get_device(int ordinal);

@@ -96,6 +96,8 @@ using copy_to_atom = caf::atom_constant<caf::atom("copy_to")>;
 using copy_from_atom = caf::atom_constant<caf::atom("copy_from")>;
 /// The bytes (or the failure) of a `copy_to`, for its `copy_from`.
 using bytes_atom = caf::atom_constant<caf::atom("bytes")>;
+/// Why a seq is not done yet (diagnosis across processes).
+using why_atom = caf::atom_constant<caf::atom("why")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -168,7 +170,9 @@ using device_actor = caf::typed_actor<
   caf::replies_to<atoms::idle_atom>::with<bool>,
   /// Replies with the bytes held by the device's pools.
   caf::replies_to<atoms::memory_atom>::with<uint64_t>,
-  /// Replies with the device's debug info, a printed s-expression.
+  /// Replies with the device's debug info, a printed s-expression, ending
+  /// with its part of its process's wait-for graph (`(wait_for ...)`: its
+  /// queued waits and its runner's blocked syncs).
   caf::replies_to<atoms::debug_atom>::with<std::string>,
   /// Replies with who the device is: its node (its actor system's node id as
   /// text), its device id there, its name, its driver and its ordinal. The
@@ -222,7 +226,14 @@ using device_actor = caf::typed_actor<
   /// Replies with a copy of the runner trace, as `backend::trace` (times in
   /// the device's process's trace clock: steady-clock nanoseconds, which the
   /// processes of one machine share).
-  caf::replies_to<atoms::trace_atom>::with<device_trace>>;
+  caf::replies_to<atoms::trace_atom>::with<device_trace>,
+  /// Replies why `seq` is not done yet, without waiting: the chain of waits
+  /// that holds it in this device's process, without the device's name in
+  /// front (`"waits on event 4 of a/multidev_cpu:0:1"`, `"is running its seq
+  /// 7"`), and, when the chain goes on at a device of another process, that
+  /// device's actor and the seq it waits for there (an invalid handle and 0
+  /// otherwise). The asking process follows it (`backend::sync` deadlines).
+  caf::replies_to<atoms::why_atom, uint64_t>::with<std::string, caf::actor, uint64_t>>;
 
 /// A node: the devices of one process, served to other processes
 /// (`multidev node` publishes one with CAF's middleman; `attach_node`

@@ -1,0 +1,215 @@
+// TLS connections whose failure stays their own (see tls_middleman.hpp).
+//
+// The scribe, doorman and middleman actor below follow CAF 0.17.6's
+// libcaf_openssl/src/openssl/middleman_actor.cpp (BSD-3-Clause, Dominik
+// Charousset), with a policy that brackets each OpenSSL call with
+// ERR_clear_error(); the session (handshake, certificates, cipher list) is
+// CAF's own `caf::openssl::session`.
+#include "actors/tls_middleman.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/detail/socket_guard.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor_impl.hpp>
+#include <caf/io/network/default_multiplexer.hpp>
+#include <caf/io/network/doorman_impl.hpp>
+#include <caf/io/network/interfaces.hpp>
+#include <caf/io/network/stream_impl.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/session.hpp>
+#include <caf/send.hpp>
+
+#include <openssl/err.h>
+
+#include <sys/socket.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "actors/logger_tie.hpp"
+
+namespace multidev::detail {
+
+namespace {
+
+using native_socket = caf::io::network::native_socket;
+using default_mpx = caf::io::network::default_multiplexer;
+using rw_state = caf::io::network::rw_state;
+
+/// Empties this thread's OpenSSL error queue when it goes out of scope, and
+/// once at construction: what an OpenSSL call finds there must be its own.
+struct clean_error_queue {
+  clean_error_queue() { ERR_clear_error(); }
+  ~clean_error_queue() { ERR_clear_error(); }
+  clean_error_queue(const clean_error_queue&) = delete;
+  clean_error_queue& operator=(const clean_error_queue&) = delete;
+};
+
+/// CAF's `ssl_policy` with the queue cleared around each call.
+struct clean_ssl_policy {
+  explicit clean_ssl_policy(caf::openssl::session_ptr session)
+    : session_(std::move(session)) {}
+
+  rw_state read_some(size_t& result, native_socket fd, void* buf, size_t len) {
+    clean_error_queue clean;
+    return session_->read_some(result, fd, buf, len);
+  }
+
+  rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
+    clean_error_queue clean;
+    return session_->write_some(result, fd, buf, len);
+  }
+
+  bool try_accept(native_socket& result, native_socket fd) {
+    sockaddr_storage addr{};
+    caf::io::network::socket_size_type addrlen = sizeof(addr);
+    result = ::accept(fd, reinterpret_cast<sockaddr*>(&addr), &addrlen);
+    if (result == caf::io::network::invalid_native_socket)
+      return false;
+    caf::io::network::child_process_inherit(result, false);
+    clean_error_queue clean;
+    return session_->try_accept(result);
+  }
+
+  bool must_read_more(native_socket fd, size_t threshold) {
+    return session_->must_read_more(fd, threshold);
+  }
+
+private:
+  caf::openssl::session_ptr session_;
+};
+
+/// `caf::openssl::make_session` with a clean queue for its handshake start.
+caf::openssl::session_ptr make_clean_session(caf::actor_system& sys, native_socket fd,
+                                             bool accepted) {
+  clean_error_queue clean;
+  return caf::openssl::make_session(sys, fd, accepted);
+}
+
+class scribe_impl : public caf::io::scribe {
+public:
+  scribe_impl(default_mpx& mpx, native_socket fd, caf::openssl::session_ptr session)
+    : scribe(caf::io::network::conn_hdl_from_socket(fd)), stream_(mpx, fd, std::move(session)) {}
+
+  void configure_read(caf::io::receive_policy::config config) override {
+    stream_.configure_read(config);
+    if (!launched_)
+      launch();
+  }
+  void ack_writes(bool enable) override { stream_.ack_writes(enable); }
+  std::vector<char>& wr_buf() override { return stream_.wr_buf(); }
+  std::vector<char>& rd_buf() override { return stream_.rd_buf(); }
+  void graceful_shutdown() override {
+    stream_.graceful_shutdown();
+    detach(&stream_.backend(), false);
+  }
+  void flush() override { stream_.flush(this); }
+  std::string addr() const override {
+    auto x = caf::io::network::remote_addr_of_fd(stream_.fd());
+    return x ? *x : std::string{};
+  }
+  uint16_t port() const override {
+    auto x = caf::io::network::remote_port_of_fd(stream_.fd());
+    return x ? *x : 0;
+  }
+  void launch() {
+    launched_ = true;
+    stream_.start(this);
+    // Schedules the scribe in case SSL_connect or SSL_accept has more to do.
+    stream_.force_empty_write(this);
+  }
+  void add_to_loop() override { stream_.activate(this); }
+  void remove_from_loop() override { stream_.passivate(); }
+
+private:
+  bool launched_ = false;
+  caf::io::network::stream_impl<clean_ssl_policy> stream_;
+};
+
+class doorman_impl : public caf::io::network::doorman_impl {
+public:
+  doorman_impl(default_mpx& mpx, native_socket fd) : caf::io::network::doorman_impl(mpx, fd) {}
+
+  bool new_connection() override {
+    if (detached())
+      return false; // closed by the broker; the multiplexer has not dropped it yet
+    auto& mpx = acceptor_.backend();
+    auto fd = acceptor_.accepted_socket();
+    caf::detail::socket_guard guard{fd};
+    caf::io::network::nonblocking(fd, true);
+    auto session = make_clean_session(parent()->system(), fd, true);
+    if (session == nullptr)
+      return false;
+    auto scribe = caf::make_counted<scribe_impl>(mpx, fd, std::move(session));
+    guard.release(); // the scribe owns the socket
+    auto hdl = scribe->hdl();
+    parent()->add_scribe(std::move(scribe));
+    return doorman::new_connection(&mpx, hdl);
+  }
+};
+
+class clean_middleman_actor : public caf::io::middleman_actor_impl {
+public:
+  clean_middleman_actor(caf::actor_config& cfg, caf::actor broker)
+    : caf::io::middleman_actor_impl(cfg, std::move(broker)) {}
+
+  const char* name() const override { return "multidev_tls_middleman"; }
+
+protected:
+  caf::expected<caf::io::scribe_ptr> connect(const std::string& host, uint16_t port) override {
+    auto fd = caf::io::network::new_tcp_connection(host, port);
+    if (!fd)
+      return std::move(fd.error());
+    caf::io::network::nonblocking(*fd, true);
+    auto session = make_clean_session(system(), *fd, false);
+    if (!session) {
+      caf::io::network::close_socket(*fd);
+      return caf::sec::cannot_connect_to_node;
+    }
+    return caf::make_counted<scribe_impl>(mpx(), *fd, std::move(session));
+  }
+
+  caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {
+    auto fd = caf::io::network::new_tcp_acceptor_impl(port, addr, reuse);
+    if (!fd)
+      return std::move(fd.error());
+    return caf::make_counted<doorman_impl>(mpx(), *fd);
+  }
+
+private:
+  default_mpx& mpx() { return static_cast<default_mpx&>(system().middleman().backend()); }
+};
+
+std::mutex swap_mu;
+
+} // namespace
+
+void use_clean_tls(caf::actor_system& sys) {
+  if (!sys.has_openssl_manager())
+    return;
+  std::lock_guard guard{swap_mu};
+  auto& manager = sys.openssl_manager();
+  // The manager keeps its actor in a member it hands out by const reference;
+  // the manager itself is not const. Its stop() ends whichever actor is there.
+  auto& slot = const_cast<caf::io::middleman_actor&>(manager.actor_handle());
+  if (slot && dynamic_cast<clean_middleman_actor*>(caf::actor_cast<caf::abstract_actor*>(slot)))
+    return; // done before
+  auto broker = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+  caf::io::middleman_actor clean;
+  {
+    logger_tie_guard untie; // spawning ties this thread to the system
+    // Spawned as CAF spawns the one it replaces (make_middleman_actor).
+    clean = caf::get_or(sys.config(), "middleman.attach-utility-actors", false)
+              ? sys.spawn<clean_middleman_actor, caf::hidden>(std::move(broker))
+              : sys.spawn<clean_middleman_actor, caf::detached + caf::hidden>(std::move(broker));
+  }
+  auto old = std::exchange(slot, std::move(clean));
+  if (old)
+    caf::anon_send_exit(old, caf::exit_reason::kill);
+}
+
+} // namespace multidev::detail
