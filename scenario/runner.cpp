@@ -192,7 +192,10 @@ private:
                                                 address));
       std::vector<device> ds;
       try {
-        ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port));
+        // The node must call itself what the script calls it (--node NAME=...).
+        node_attach_options o;
+        o.expected_name = n.name;
+        ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port), o);
       } catch (const std::exception& e) {
         throw script_error(n.where, fmt::format("node '{}': {}", n.name, e.what()));
       }
