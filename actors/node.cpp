@@ -111,7 +111,8 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
       // A device that failed to come up: nothing to cancel.
     }
   }
-  node_log(st, fmt::format("{}; {} item(s) not started are cancelled{}", message, queued,
+  node_log(st, fmt::format("{}; {} item(s) not finished, those not started are cancelled{}",
+                           message, queued,
                            running.empty()
                              ? std::string{}
                              : fmt::format("; the item running on {} cannot be stopped: "
@@ -128,7 +129,13 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
     std::vector<std::string> last;
     for (int k = 0; k < b->num_devices(); ++k) {
       try {
-        auto t = b->trace(b->get_device(k));
+        auto d = b->get_device(k);
+        try {
+          b->await(d); // the running item ends, the cancelled ones resolve
+        } catch (const std::exception&) {
+          // Failed or cancelled: resolved all the same.
+        }
+        auto t = b->trace(d);
         auto n = t.records.size();
         for (std::size_t r = n > 8 ? n - 8 : 0; r < n; ++r) {
           const auto& rec = t.records[r];
