@@ -471,13 +471,27 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
       "above 0, and the margin ({} ms) at least 0",
       address, opts.lease.count(), opts.renew_every.count(), opts.margin.count()));
   bool tls = sys.has_openssl_manager();
-  auto node = tls ? caf::openssl::remote_actor<node_actor>(sys, host, port)
-                  : sys.middleman().remote_actor<node_actor>(host, port);
+  auto connect = [&] {
+    return tls ? caf::openssl::remote_actor<node_actor>(sys, host, port)
+               : sys.middleman().remote_actor<node_actor>(host, port);
+  };
+  auto node = connect();
+  // CAF gives up a handshake that hears nothing after one heartbeat
+  // interval: a node that is slow to answer (stopped, busy) gets tries until
+  // the timeout (each at most one interval past it).
+  while (!node && node.error() == caf::sec::connection_timeout
+         && std::chrono::steady_clock::now() < deadline)
+    node = connect();
   if (!node) {
     auto why = sys.render(node.error());
     if (node.error() == caf::sec::disconnect_during_handshake)
       why += tls ? " (does the node use TLS, and did the same CA sign both certificates?)"
                  : " (does the node use TLS? then this side needs it too)";
+    if (node.error() == caf::sec::connection_timeout)
+      throw device_error(address, fmt::format("attach_node: the node at {} did not answer within "
+                                              "{} ms{}: {}",
+                                              address, opts.timeout.count(),
+                                              tls ? " over TLS" : "", why));
     throw device_error(address, fmt::format("attach_node: cannot reach a node at {}{}: {}", address,
                                             tls ? " over TLS" : "", why));
   }

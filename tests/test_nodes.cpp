@@ -1193,3 +1193,29 @@ BOOST_AUTO_TEST_CASE(test_nodes_detach_node_ends_the_session_and_the_node_can_be
   auto again = attach_node(b, "127.0.0.1", node.port()).at(0);
   test_support::sync(b, b.schedule_named(again, {"spin_ns", {int64_t{0}}}));
 }
+
+BOOST_AUTO_TEST_CASE(test_nodes_attach_node_s_timeout_bounds_the_whole_attach) {
+  // A stopped node (SIGSTOP: its port accepts, nothing answers): attach_node
+  // gives up at its timeout, not before (CAF's own handshake and heartbeat
+  // would end it earlier, or never), naming the address and the timeout.
+  node_process node{tool(), 1, "b", true};
+  cluster c;
+  node.pause();
+  auto start = std::chrono::steady_clock::now();
+  try {
+    test_support::bounded([&] { attach_node(c.b, "127.0.0.1", node.port(), 4500ms); },
+                          "attach_node on a stopped node");
+    BOOST_ERROR("a stopped node was attached");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), node.address()), e.what());
+    BOOST_TEST(contains(e.what(), "4500 ms"), e.what());
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+  BOOST_TEST(ms >= 4400, ms << " ms");
+  BOOST_TEST(ms < 6000, ms << " ms");
+  // Resumed, it attaches.
+  node.resume();
+  auto ds = attach_node(c.b, "127.0.0.1", node.port(), 10s);
+  BOOST_TEST(ds.size() == 1u);
+}
