@@ -535,6 +535,8 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
     throw std::invalid_argument(fmt::format(
       "attach_node {}: expected node '{}' there, but the node at {} calls itself '{}'", address,
       opts.expected_name, address, name));
+  auto node_name = std::move(name); // the node's own
+  name = opts.name.empty() ? node_name : opts.name; // this backend's for it
   // All or none: nothing is attached when the count is wrong, and what this
   // call attached is undone when a later step throws.
   auto& impl = b.impl();

@@ -504,6 +504,11 @@ struct node_attach_options {
   /// When set, the name the node must call itself (`--node NAME=HOST:PORT`):
   /// another one is refused with both names.
   std::string expected_name;
+  /// When set, the name this backend gives the node (its devices are named
+  /// `<name>/...`, `detach_node` takes it) instead of the node's own. A node
+  /// attached under a second name is a second client of it: a session of
+  /// its own, as another process's would be.
+  std::string name;
 };
 
 /// `attach_node` with `opts`. A node attached already under the same name
