@@ -1219,3 +1219,32 @@ BOOST_AUTO_TEST_CASE(test_nodes_attach_node_s_timeout_bounds_the_whole_attach) {
   auto ds = attach_node(c.b, "127.0.0.1", node.port(), 10s);
   BOOST_TEST(ds.size() == 1u);
 }
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_local_wait_on_a_killed_node_fails_no_earlier_than_the_lease) {
+  // Node b is killed; its connection closes at once. A local device made to
+  // wait on b's work right after must not fail before the session's lease
+  // and margin passed (b may be alive behind a broken connection, running
+  // that work): the reply to its wait request arrives at once (the actor is
+  // unreachable), and is held until the keeper's verdict.
+  auto node = std::make_unique<node_process>(tool(), 1, "b", true);
+  cluster c;
+  auto& b = c.b;
+  auto d = attach_node(b, "127.0.0.1", node->port(), short_lease()).at(0);
+  auto pending = b.schedule_named(d, {"spin_ns", {int64_t{30'000'000'000}}});
+  auto local = b.get_device(0);
+  node->kill9();
+  auto killed = std::chrono::steady_clock::now();
+  b.will_wait_for(b.make_context(local), pending);
+  b.schedule_task(local, {"dependent", [] {}});
+  auto dependent = b.all_work(local);
+  try {
+    test_support::bounded([&] { b.sync(dependent); }, "sync behind the killed node");
+    BOOST_ERROR("the local dependent of the killed node's work succeeded");
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), "session ended"), e.what());
+  }
+  auto took = std::chrono::steady_clock::now() - killed;
+  // The last renewal was acknowledged at most 250 ms before the kill.
+  BOOST_TEST((took >= 1250ms),
+             std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+}
