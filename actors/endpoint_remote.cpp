@@ -130,6 +130,22 @@ struct link_shared {
     if (closed_.empty())
       closed_ = why;
   }
+  /// A session's device (`session`): runs `f` when the link closes, rather
+  /// than now; false when it is closed already. For a `wait` that failed
+  /// because the device's actor is unreachable, not by the device's answer:
+  /// the node may still run that seq until the session's keeper gives its
+  /// verdict (endpoint_remote.hpp).
+  bool defer(std::function<void()> f) {
+    std::lock_guard guard{mu};
+    if (!closed_.empty())
+      return false;
+    deferred_.push_back(std::move(f));
+    return true;
+  }
+  std::vector<std::function<void()>> take_deferred() {
+    std::lock_guard guard{mu};
+    return std::move(deferred_);
+  }
   /// Has `waiting` (a device actor of another node, waiting on this link's
   /// device) told `lost` when this link closes; false when it is closed.
   bool watch(const caf::actor& waiting) {
@@ -165,6 +181,7 @@ private:
   std::string closed_;
   std::set<uint64_t> done_;
   std::map<caf::actor_addr, caf::actor> watchers_;
+  std::vector<std::function<void()>> deferred_;
 };
 
 /// One request to the device's actor, from the caller's side: how to send it
@@ -451,6 +468,8 @@ void close_link(link_ptr self, const std::string& why) {
   st.held_ops.clear();
   for (auto& op : held)
     op->fail(err);
+  for (auto& f : st.shared->take_deferred())
+    f();
 }
 
 caf::behavior link_impl(link_ptr self, device_actor target,
@@ -639,7 +658,13 @@ public:
           shared->note_done(seq);
           cb(nullptr);
         } else if (m.match_elements<caf::error>()) {
-          failed(m.get_as<caf::error>(0));
+          const auto& e = m.get_as<caf::error>(0);
+          // Not the device's answer (its actor unreachable): a session's
+          // device fails it only at the keeper's verdict.
+          if (shared->session && e.category() != error_category
+              && shared->defer([failed, shared] { failed(shared->closed_error()); }))
+            return;
+          failed(e);
         } else {
           failed(make_error(errc::device_failed, shared->name(), "an unexpected reply to wait"));
         }
