@@ -1002,10 +1002,9 @@ private:
   // actors of one worker does. `returned`: the runner takes it back.
   enum exec_state : uint8_t { held, lendable, lent, returned };
   bool hand_over_ = true; // set before the runner starts
-  // A session's lease (`set_lease`); null for a device without one.
+  // A session's lease (`set_lease`); null for a device without one. Read
+  // by the runner before each item; its owner and text are kept at the end.
   std::atomic<int64_t>* lease_ = nullptr;
-  std::shared_ptr<std::atomic<int64_t>> lease_holder_;
-  std::string lease_why_;
   /// Before an item starts: cancels the queue once the lease is over.
   void check_lease() noexcept {
     if (lease_) [[unlikely]]
@@ -1055,6 +1054,10 @@ private:
   std::shared_ptr<device_core> claimed_;
   std::atomic<uint64_t> run_by_others_{0};
   std::atomic<uint64_t> deferred_wakes_{0};
+
+  // What `lease_` points to, and why items dropped past it are cancelled.
+  std::shared_ptr<std::atomic<int64_t>> lease_holder_;
+  std::string lease_why_;
 
   std::thread thread_;
 };
