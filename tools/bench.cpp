@@ -1569,9 +1569,8 @@ bench_result session_cleanup_figure(const backend_options& opts, const bench_opt
   auto n = ::readlink("/proc/self/exe", self_path.data(), self_path.size() - 1);
   std::string tool = n > 0 ? std::string(self_path.data(), static_cast<std::size_t>(n)) : "";
   if (std::filesystem::path(tool).filename() != "multidev") {
-    auto r = make("session_cleanup", "ms", 0, base, lease_ms, "lower", 1.1);
-    r.skipped = "skipped: needs the multidev tool to start a client process";
-    return r;
+    return skipped_result("session_cleanup", "ms", base, "lower", 1.1,
+                          "skipped: needs the multidev tool to start a client process");
   }
   auto dir = std::filesystem::temp_directory_path();
   auto script = dir / fmt::format("multidev-session-cleanup-{}.scn", ::getpid());
@@ -1710,8 +1709,6 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
   if (is_wanted(o, "independent_tasks_trace"))
     out.push_back(trace_figure(opts, o));
   remote_figures(out, opts, o);
-  if (is_wanted(o, "session_cleanup"))
-    out.push_back(session_cleanup_figure(opts, o));
   fan_dag_figures(out, opts, o);
   if (is_wanted(o, "wake_after_idle"))
     out.push_back(wake_figure(opts, o));
@@ -1719,6 +1716,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
   // Last, once the shared backend is gone: nothing else may run meanwhile.
   if (is_wanted(o, "idle_cpu_8dev"))
     out.push_back(idle_cpu_figure(opts, o));
+  if (is_wanted(o, "session_cleanup"))
+    out.push_back(session_cleanup_figure(opts, o));
   return out;
 }
 
