@@ -179,6 +179,8 @@ device backend::get_device(int ordinal) {
     rec->name, ordinal, impl_->drv, impl_->opts.queue_capacity, impl_->results,
     impl_->opts.trace_capacity, impl_->opts.max_in_flight, impl_->opts.hand_over,
     impl_->opts.pin_runners && local >= 2); // one device: no runner waits on another
+  if (impl_->lease)
+    core->set_lease(impl_->lease, impl_->lease_why);
   auto id = static_cast<uint32_t>(rec->device_id);
   device_actor a;
   {

@@ -64,7 +64,8 @@ device_actor backend_impl::actor_for(const device& d) const {
   return ep.actor();
 }
 
-device backend_impl::attach(const device_actor& a, const std::string& prefix, bool* fresh) {
+device backend_impl::attach(const device_actor& a, const std::string& prefix, bool* fresh,
+                            bool session, std::optional<std::chrono::nanoseconds> timeout) {
   if (fresh)
     *fresh = false;
   if (!a)
@@ -78,7 +79,7 @@ device backend_impl::attach(const device_actor& a, const std::string& prefix, bo
           if (d.get_runner().local_core() == core)
             return d;
   }
-  auto remote = attach_remote(*sys, a, prefix, opts.trace_capacity);
+  auto remote = attach_remote(*sys, a, prefix, opts.trace_capacity, session, timeout);
   std::lock_guard guard{mu};
   auto key = remote.ep->key();
   if (auto i = attached.find(key); i != attached.end()) {
@@ -123,6 +124,7 @@ void backend_impl::stop_accepting() {
   read_remote_traces();
   std::vector<std::shared_ptr<device_core>> all;
   std::map<device_key, caf::actor> remote_links;
+  std::vector<caf::actor> keepers;
   {
     std::lock_guard guard{mu};
     for (auto& d : made)
@@ -130,7 +132,12 @@ void backend_impl::stop_accepting() {
         all.push_back(d.get_runner().core());
     remote_links = std::move(links);
     links.clear();
+    for (auto& n : nodes) // sessions' keepers: they detach on exit
+      if (n.keeper)
+        keepers.push_back(std::move(n.keeper));
   }
+  for (auto& k : keepers)
+    caf::anon_send_exit(k, caf::exit_reason::user_shutdown);
   // Every core stops accepting before any is joined: a runner finishing its
   // queue may be waiting on another device.
   if (opts.on_destroy == backend_options::destroy_policy::cancel)

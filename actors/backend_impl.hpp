@@ -3,7 +3,10 @@
 /// The state behind `multidev::backend`: the actor system, the driver, the
 /// memoized devices with their actors, and the device records' bookkeeping.
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <memory>
 #include <mutex>
@@ -80,6 +83,13 @@ struct backend_impl {
   /// This backend's node: its actor system's node id, interned.
   node_ref node;
 
+  /// A session's backend (actors/node.cpp): the lease its devices' runners
+  /// check before each item (`device_core::set_lease`), and what their
+  /// items cancelled past it say. Null for every other backend; set before
+  /// the first `get_device`.
+  std::shared_ptr<std::atomic<int64_t>> lease;
+  std::string lease_why;
+
   mutable std::mutex mu;
   std::vector<device> devices;            // by ordinal; empty until first use
   std::map<const device_core*, device_actor> actor_of; // every device made here
@@ -98,6 +108,19 @@ struct backend_impl {
     std::string name;
     std::string address;
     std::vector<device> devices;
+    /// The node's identity (its node id and start epoch) and its session
+    /// (docs/design.md, "Sessions"); session 0: a node without sessions.
+    std::string identity;
+    uint64_t session = 0;
+    /// The session's keeper (actors/node.cpp): renews its lease, declares
+    /// the node lost; null once it stopped.
+    caf::actor keeper;
+    /// Set by the keeper once the session ended (lost, detached): the node
+    /// may be attached again.
+    std::shared_ptr<std::atomic<bool>> ended = std::make_shared<std::atomic<bool>>(false);
+    /// How many times a node of this name attached with another identity
+    /// (restarted): its devices are named `<name>@<n>/` from the second.
+    int incarnation = 1;
   };
   std::vector<attached_node> nodes;
   /// The devices of `nodes`, by ordinal minus the local device count.
@@ -130,7 +153,10 @@ struct backend_impl {
   /// ("<node>/") goes in front of its name, so errors name its node.
   /// `fresh`, when given, tells whether this call attached it (false: it
   /// was made or attached here before).
-  device attach(const device_actor& a, const std::string& prefix = {}, bool* fresh = nullptr);
+  /// `session` and `timeout`: see `attach_remote`.
+  device attach(const device_actor& a, const std::string& prefix = {}, bool* fresh = nullptr,
+                bool session = false,
+                std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
 
   /// Undoes the `attach` that attached `d` fresh: forgets it and stops its
   /// link, so its calls fail (an `attach_node` that fails part way).

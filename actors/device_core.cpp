@@ -124,6 +124,12 @@ uint64_t device_core::cancel(std::string why) {
   return upto;
 }
 
+void device_core::set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why) {
+  lease_why_ = std::move(why);
+  lease_ = deadline.get();
+  lease_holder_ = std::move(deadline);
+}
+
 void device_core::kill(std::string reason) {
   auto cause = device_failure("killed: " + reason);
   {

@@ -267,6 +267,13 @@ public:
   /// not interrupted; a runner parked on a wait leaves it). The device stays
   /// usable. Returns the last seq cancelled (0 when there was nothing).
   uint64_t cancel(std::string why = {});
+  /// Makes the device a session's (actors/node.cpp): its runner starts an
+  /// item only while `*deadline` (steady-clock nanoseconds) is in the
+  /// future; past it, it stores 0 there (the lease is over for good: a
+  /// renewal is refused) and cancels everything not started, saying `why`.
+  /// Call it before any work is scheduled. A device without a lease (every
+  /// ordinary backend's) pays one branch on a null pointer per item.
+  void set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why);
   /// Kills the device: the work not yet started fails with `reason`, no new
   /// work is accepted, the runner stops once it has resolved what it held.
   void kill(std::string reason);
@@ -995,6 +1002,15 @@ private:
   // actors of one worker does. `returned`: the runner takes it back.
   enum exec_state : uint8_t { held, lendable, lent, returned };
   bool hand_over_ = true; // set before the runner starts
+  // A session's lease (`set_lease`); null for a device without one. Read
+  // by the runner before each item; its owner and text are kept at the end.
+  std::atomic<int64_t>* lease_ = nullptr;
+  /// Before an item starts: cancels the queue once the lease is over.
+  void check_lease() noexcept {
+    if (lease_) [[unlikely]]
+      lease_check_slow();
+  }
+  void lease_check_slow() noexcept;
   bool pin_runner_ = false; // set before the runner starts
   // The CPU the runner pinned itself to, -1 when not pinned (debug info).
   std::atomic<int> cpu_{-1};
@@ -1038,6 +1054,10 @@ private:
   std::shared_ptr<device_core> claimed_;
   std::atomic<uint64_t> run_by_others_{0};
   std::atomic<uint64_t> deferred_wakes_{0};
+
+  // What `lease_` points to, and why items dropped past it are cancelled.
+  std::shared_ptr<std::atomic<int64_t>> lease_holder_;
+  std::string lease_why_;
 
   std::thread thread_;
 };

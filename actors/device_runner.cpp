@@ -665,7 +665,26 @@ void device_core::release_hold(item_extra& x) noexcept {
   return true;
 }
 
+void device_core::lease_check_slow() noexcept {
+  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+               .count();
+  auto deadline = lease_->load(std::memory_order_acquire);
+  if (deadline > now)
+    return;
+  // Over for good: a renewal that comes later finds 0 and is refused.
+  lease_->store(0, std::memory_order_release);
+  if (scheduled_.load(std::memory_order_acquire) > drop_upto_.load(std::memory_order_acquire)) {
+    try {
+      cancel(lease_why_);
+    } catch (...) {
+      cancel();
+    }
+  }
+}
+
 [[gnu::always_inline]] inline void device_core::execute_bare(item& it) {
+  check_lease(); // a session's: nothing starts once its lease is over
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
   if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
@@ -696,6 +715,7 @@ void device_core::execute(item& it) {
     execute_bare(it);
     return;
   }
+  check_lease();
   auto seq = ++executed_;
   if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
@@ -1031,6 +1051,7 @@ void device_core::start(item&& it, int64_t parked_ns, bool gate_on_device) {
       it.extra = extra_ptr{};
     }
   }
+  check_lease();
   auto seq = started_.load(std::memory_order_relaxed) + 1;
   auto& f = flights_[seq % window_];
   f.it = std::move(it);

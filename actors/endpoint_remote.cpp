@@ -87,6 +87,10 @@ struct link_shared {
   /// With tracing on (set once, before the link starts): host threads'
   /// waits on the device, and its loss. Null when tracing is off.
   std::unique_ptr<host_span_log> spans;
+  /// A device of a session (set once, before the link starts): its loss is
+  /// declared by the session's keeper (actors/node.cpp), not by its actor
+  /// going down.
+  bool session = false;
   /// When the last reply from the device arrived (`trace_clock`): where a
   /// node loss's span starts at the latest, and how long a silent device
   /// has been silent (`get_global_debug_info`).
@@ -170,6 +174,22 @@ struct link_shared {
     if (closed_.empty())
       closed_ = why;
   }
+  /// A session's device (`session`): runs `f` when the link closes, rather
+  /// than now; false when it is closed already. For a `wait` that failed
+  /// because the device's actor is unreachable, not by the device's answer:
+  /// the node may still run that seq until the session's keeper gives its
+  /// verdict (endpoint_remote.hpp).
+  bool defer(std::function<void()> f) {
+    std::lock_guard guard{mu};
+    if (!closed_.empty())
+      return false;
+    deferred_.push_back(std::move(f));
+    return true;
+  }
+  std::vector<std::function<void()>> take_deferred() {
+    std::lock_guard guard{mu};
+    return std::move(deferred_);
+  }
   /// Has `waiting` (a device actor of another node, waiting on this link's
   /// device) told `lost` when this link closes; false when it is closed.
   bool watch(const caf::actor& waiting) {
@@ -223,6 +243,7 @@ private:
   std::map<caf::actor_addr, caf::actor> watchers_;
   std::string host_;
   uint16_t port_ = 0;
+  std::vector<std::function<void()>> deferred_;
 };
 
 /// Remembers the outcome a `wait`'s error reply gives `seq`: one that
@@ -456,6 +477,11 @@ struct link_state {
   /// Requests sent and not yet answered (settled ones are pruned lazily).
   std::vector<std::weak_ptr<remote_op>> pending;
   std::size_t prune_at = 64;
+  /// A session's device whose actor went down: its node may still run what
+  /// it holds until the session's lease ends, so nothing fails before the
+  /// session's keeper says it is lost (`lost_atom`); requests wait here.
+  bool held = false;
+  std::vector<std::shared_ptr<remote_op>> held_ops; // posted while held
   static inline const char* name = "multidev_link";
 };
 
@@ -514,6 +540,12 @@ void close_link(link_ptr self, const std::string& why) {
   for (auto& w : pending)
     if (auto op = w.lock())
       op->fail(err);
+  auto held = std::move(st.held_ops);
+  st.held_ops.clear();
+  for (auto& op : held)
+    op->fail(err);
+  for (auto& f : st.shared->take_deferred())
+    f();
 }
 
 caf::behavior link_impl(link_ptr self, device_actor target,
@@ -531,6 +563,10 @@ caf::behavior link_impl(link_ptr self, device_actor target,
     tsan_turn turn{self};
     if (dm.source != self->state.target.address())
       return;
+    if (self->state.shared->session) {
+      self->state.held = true; // the keeper declares the loss (see link_state)
+      return;
+    }
     auto why = fmt::format("its actor is down ({})", self->system().render(dm.reason));
     trace_loss(self, dm.reason, why);
     close_link(self, why);
@@ -541,12 +577,22 @@ caf::behavior link_impl(link_ptr self, device_actor target,
     self->quit(msg.reason);
   });
   return {
+    [self](lost_atom, const std::string& why) {
+      // The session's keeper: its node is lost, or the session ended.
+      tsan_turn turn{self};
+      trace_loss(self, caf::exit_reason::remote_link_unreachable, why);
+      close_link(self, why);
+    },
     [self](post_atom, const std::shared_ptr<remote_op>& op) {
       tsan_turn turn{self};
       tsan_acquire(op.get()); // see post()
       auto& st = self->state;
       if (auto err = st.shared->closed_error()) {
         op->fail(err);
+        return;
+      }
+      if (st.held) {
+        st.held_ops.push_back(op); // failed when the keeper declares the loss
         return;
       }
       if (st.pending.size() >= st.prune_at) {
@@ -690,8 +736,14 @@ public:
           shared->note_done(seq);
           cb(nullptr);
         } else if (m.match_elements<caf::error>()) {
-          note_failure(*shared, seq, m.get_as<caf::error>(0));
-          failed(m.get_as<caf::error>(0));
+          const auto& e = m.get_as<caf::error>(0);
+          // Not the device's answer (its actor unreachable): a session's
+          // device fails it only at the keeper's verdict.
+          if (shared->session && e.category() != error_category
+              && shared->defer([failed, shared] { failed(shared->closed_error()); }))
+            return;
+          note_failure(*shared, seq, e);
+          failed(e);
         } else {
           failed(make_error(errc::device_failed, shared->name(), "an unexpected reply to wait"));
         }
@@ -1087,10 +1139,12 @@ private:
 } // namespace
 
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
-                            const std::string& prefix, std::size_t trace_capacity) {
+                            const std::string& prefix, std::size_t trace_capacity,
+                            bool session, std::optional<std::chrono::nanoseconds> timeout) {
   if (!target)
     throw std::invalid_argument("attach_device: invalid device actor handle");
   auto shared = std::make_shared<link_shared>();
+  shared->session = session;
   if (trace_capacity > 0)
     shared->spans = std::make_unique<host_span_log>(trace_capacity);
   shared->set_name(fmt::format("device actor {}", target->id()));
@@ -1106,7 +1160,9 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
   try {
     auto [node, id, name, driver, ordinal] =
       call<std::string, uint32_t, std::string, std::string, int32_t>(
-        shared, "attach_device", false, query_timeout(), identify_atom::value);
+        shared, "attach_device", false,
+        timeout ? caf::duration{std::max(*timeout, std::chrono::nanoseconds{1})} : query_timeout(),
+        identify_atom::value);
     name = prefix + name;
     shared->set_name(name);
     auto ep = std::make_shared<remote_endpoint>(device_key{node_ref{node}, id}, name, shared);

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <caf/actor.hpp>
@@ -47,8 +48,15 @@ struct remote_device {
 /// `trace_capacity` > 0 (the attaching backend traces): the endpoint keeps
 /// that many host spans (host threads' waits on the device, its loss) for
 /// its `trace`.
+/// `session`: the device is a node session's (actors/node.cpp): when its
+/// actor goes down, its calls wait until the session's keeper sends the link
+/// `(lost, why)`, which fails them all (a node keeps running a session's work
+/// until its lease ends). `timeout`: for the round trip (default: the query
+/// timeout).
 remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
-                            const std::string& prefix = {}, std::size_t trace_capacity = 0);
+                            const std::string& prefix = {}, std::size_t trace_capacity = 0,
+                            bool session = false,
+                            std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
 
 /// Tells `ep`, a device of a node attached at `host:port`, where its node
 /// listens: a device of another node made to wait on it, or to copy from it,

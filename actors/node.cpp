@@ -17,7 +17,21 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <optional>
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/send.hpp>
+#include <fmt/ranges.h>
+
+#include "actors/endpoint_remote.hpp"
+#include "actors/reaper.hpp"
 
 #include <multidev/protocol.hpp>
 
@@ -25,14 +39,258 @@ namespace multidev {
 
 namespace {
 
-/// The node actor: answers `list` with its name and devices.
-node_actor::behavior_type node_impl(node_actor::pointer, std::string name,
-                                    std::vector<caf::actor> devices) {
+using check_atom = caf::atom_constant<caf::atom("lease_chk")>;
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+/// The leases a node grants: what the client asks, within these bounds.
+constexpr int64_t min_lease_ns = 50'000'000;            // 50 ms
+constexpr int64_t max_lease_ns = 3'600'000'000'000;     // 1 h
+
+/// One client's session: a backend of its own, with the node's options.
+struct node_session {
+  std::string client;
+  std::shared_ptr<backend> b;
+  /// Its devices' runners start an item only before this (steady ns); 0
+  /// once over (device_core::set_lease).
+  std::shared_ptr<std::atomic<int64_t>> lease;
+  int64_t lease_ns = 0;
+  std::vector<caf::actor> devices;
+};
+
+struct node_state {
+  std::string name;
+  std::string identity;
+  std::vector<caf::actor> devices; // the node backend's own (`list`)
+  backend_options opts;
+  uint64_t last_session = 0;
+  std::map<uint64_t, node_session> sessions;
+  std::map<uint64_t, std::string> ended; // why each ended session ended
+  /// Ended sessions whose teardown finished (devices stopped, pools freed).
+  std::shared_ptr<std::atomic<uint64_t>> cleaned = std::make_shared<std::atomic<uint64_t>>(0);
+};
+
+using node_ptr = caf::stateful_actor<node_state>*;
+
+/// What the node prints about its sessions: on its stderr, for its operator.
+void node_log(const node_state& st, const std::string& text) {
+  std::cerr << fmt::format("multidev node {}: {}\n", st.name, text) << std::flush;
+}
+
+/// Ends session `id` because of `why`: its lease is over for good (a late
+/// renewal is refused), its work not started is cancelled, and its backend
+/// is torn down off this thread (a running task cannot be stopped: the
+/// teardown waits for it, and its result goes nowhere), which frees its
+/// pools and stops its device actors.
+void end_session(node_ptr self, uint64_t id, const std::string& why) {
+  auto& st = self->state;
+  auto i = st.sessions.find(id);
+  if (i == st.sessions.end())
+    return;
+  auto s = std::move(i->second);
+  st.sessions.erase(i);
+  auto message = fmt::format("session ended: session {} of node {} ({}): {}", id, st.name,
+                             s.client, why);
+  st.ended[id] = message;
+  s.lease->store(0, std::memory_order_release);
+  std::size_t queued = 0;
+  std::vector<std::string> running;
+  for (int k = 0; k < s.b->num_devices(); ++k) {
+    try {
+      auto d = s.b->get_device(k);
+      auto& ep = s.b->impl().endpoint_of(d);
+      queued += ep.queue_length();
+      if (!ep.is_idle())
+        running.push_back(d.name());
+      ep.cancel(); // fails what waits on it too
+      if (auto* c = d.get_runner().local_core())
+        c->cancel(message);
+    } catch (const std::exception&) {
+      // A device that failed to come up: nothing to cancel.
+    }
+  }
+  node_log(st, fmt::format("{}; {} item(s) not finished, those not started are cancelled{}",
+                           message, queued,
+                           running.empty()
+                             ? std::string{}
+                             : fmt::format("; the item running on {} cannot be stopped: "
+                                           "its result is discarded",
+                                           fmt::join(running, ", "))));
+  // The teardown joins the runners: on a thread of its own.
+  auto name = st.name;
+  auto cleaned = st.cleaned;
+  auto end_ns = trace_clock_ns();
+  std::function<void()> job = [b = std::move(s.b), name, id, cleaned, end_ns]() mutable {
+    // What the session's runners did last, in the node's log: an item the
+    // client saw fail shows as cancelled, never as run after the end.
+    std::size_t after = 0;
+    std::vector<std::string> last;
+    for (int k = 0; k < b->num_devices(); ++k) {
+      try {
+        auto d = b->get_device(k);
+        try {
+          b->await(d); // the running item ends, the cancelled ones resolve
+        } catch (const std::exception&) {
+          // Failed or cancelled: resolved all the same.
+        }
+        auto t = b->trace(d);
+        auto n = t.records.size();
+        for (std::size_t r = n > 8 ? n - 8 : 0; r < n; ++r) {
+          const auto& rec = t.records[r];
+          if (rec.kind != trace_kind::cancel && rec.start_ns > end_ns)
+            ++after;
+          last.push_back(to_sexp(rec).to_string());
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    b.reset(); // waits for a running item; frees the pools
+    cleaned->fetch_add(1);
+    std::cerr << fmt::format("multidev node {}: session {} cleaned up: devices stopped, pools "
+                             "freed; {} item(s) started after it ended; its last items: {}\n",
+                             name, id, after, fmt::join(last, " "))
+              << std::flush;
+  };
+  if (!detail::reaper::instance().adopt(job))
+    job(); // no thread to be had: here, late rather than never
+}
+
+/// Checks session `id`'s lease (a timer set at each grant): ends it once over.
+void check_lease(node_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto i = st.sessions.find(id);
+  if (i == st.sessions.end())
+    return;
+  auto deadline = i->second.lease->load(std::memory_order_acquire);
+  auto now = steady_ns();
+  if (deadline > now) {
+    self->delayed_send(self, std::chrono::nanoseconds{deadline - now}, check_atom::value, id);
+    return;
+  }
+  end_session(self, id,
+              fmt::format("its lease of {:.3f} s ran out (no renewal from the client)",
+                          static_cast<double>(i->second.lease_ns) / 1e9));
+}
+
+/// The node actor: sessions on `open`, its backend's devices on `list`.
+caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor> devices,
+                        backend_options opts) {
+  auto& st = self->state;
+  st.name = std::move(name);
+  st.devices = std::move(devices);
+  st.opts = std::move(opts);
+  st.identity = fmt::format("{}#{}", caf::to_string(self->system().node()),
+                            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count());
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    // The node stops: every session ends with it.
+    std::vector<uint64_t> ids;
+    for (auto& [id, s] : self->state.sessions)
+      ids.push_back(id);
+    for (auto id : ids)
+      end_session(self, id, "the node stopped");
+    self->quit(msg.reason);
+  });
   return {
-    [name = std::move(name), devices = std::move(devices)](
-      atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
-      return {name, devices};
+    [self](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
+      return {self->state.name, self->state.devices};
     },
+    [self](atoms::open_atom, const std::string& client,
+           int64_t lease_ns) -> caf::result<std::string, std::string, uint64_t, int64_t,
+                                            std::vector<caf::actor>> {
+      auto& st = self->state;
+      lease_ns = std::clamp(lease_ns, min_lease_ns, max_lease_ns);
+      auto id = ++st.last_session;
+      node_session s;
+      s.client = client;
+      s.lease_ns = lease_ns;
+      s.lease = std::make_shared<std::atomic<int64_t>>(steady_ns() + lease_ns);
+      try {
+        s.b = std::make_shared<backend>(self->system(), st.opts);
+        s.b->impl().lease = s.lease;
+        s.b->impl().lease_why = fmt::format(
+          "session ended: session {} of node {} ({}): its lease ran out", id, st.name, client);
+        for (int k = 0; k < s.b->num_devices(); ++k)
+          s.devices.push_back(
+            caf::actor_cast<caf::actor>(device_actor_of(*s.b, s.b->get_device(k))));
+      } catch (const std::exception& e) {
+        return make_error(errc::device_failed, st.name,
+                          fmt::format("cannot open a session: {}", e.what()));
+      }
+      auto devices = s.devices;
+      st.sessions.emplace(id, std::move(s));
+      node_log(st, fmt::format("session {} opened for {} (lease {:.3f} s)", id, client,
+                               static_cast<double>(lease_ns) / 1e9));
+      self->delayed_send(self, std::chrono::nanoseconds{lease_ns}, check_atom::value, id);
+      return {st.name, st.identity, id, lease_ns, std::move(devices)};
+    },
+    [self](atoms::renew_atom, uint64_t id) -> caf::result<int64_t> {
+      auto& st = self->state;
+      auto i = st.sessions.find(id);
+      if (i == st.sessions.end()) {
+        auto e = st.ended.find(id);
+        return make_error(errc::device_failed, st.name,
+                          e != st.ended.end()
+                            ? e->second
+                            : fmt::format("session ended: node {} has no session {} (a node "
+                                          "restarted since?)",
+                                          st.name, id));
+      }
+      auto& s = i->second;
+      // A renewal that comes after the lease ran out does not bring it
+      // back: a runner may have found it over and cancelled the queue.
+      auto d = s.lease->load(std::memory_order_acquire);
+      auto now = steady_ns();
+      while (d > now && !s.lease->compare_exchange_weak(d, now + s.lease_ns)) {
+      }
+      if (d <= now) {
+        end_session(self, id,
+                    fmt::format("its lease of {:.3f} s ran out before the renewal came",
+                                static_cast<double>(s.lease_ns) / 1e9));
+        return make_error(errc::device_failed, st.name, st.ended[id]);
+      }
+      return s.lease_ns;
+    },
+    [self](atoms::detach_atom, uint64_t id) -> bool {
+      if (!self->state.sessions.contains(id))
+        return false;
+      end_session(self, id, "the client detached");
+      return true;
+    },
+    [self](atoms::debug_atom) -> std::string {
+      auto& st = self->state;
+      std::vector<sexp> sessions{sexp::atom("sessions")};
+      auto now = steady_ns();
+      for (auto& [id, s] : st.sessions) {
+        std::size_t used = 0, queued = 0;
+        for (int k = 0; k < s.b->num_devices(); ++k) {
+          try {
+            auto d = s.b->get_device(k);
+            used += s.b->get_used_memory(d);
+            queued += s.b->impl().endpoint_of(d).queue_length();
+          } catch (const std::exception&) {
+          }
+        }
+        auto left = std::max<int64_t>(0, s.lease->load() - now) / 1'000'000;
+        sessions.push_back(sexp::list({sexp::atom("session"),
+                                       sexp::field("id", std::to_string(id)),
+                                       sexp::field("client", s.client),
+                                       sexp::field("lease_left_ms", std::to_string(left)),
+                                       sexp::field("used_memory", std::to_string(used)),
+                                       sexp::field("queued", std::to_string(queued))}));
+      }
+      return sexp::list({sexp::atom("node"), sexp::field("name", st.name),
+                         sexp::field("identity", st.identity), sexp::list(std::move(sessions)),
+                         sexp::field("ended", std::to_string(st.ended.size())),
+                         sexp::field("cleaned", std::to_string(st.cleaned->load()))})
+        .to_string();
+    },
+    [self](check_atom, uint64_t id) { check_lease(self, id); },
   };
 }
 
@@ -46,12 +304,16 @@ node_actor spawn_node_actor(backend& b, std::string name) {
       continue; // a node serves its own devices, not the ones it attached
     devices.push_back(caf::actor_cast<caf::actor>(device_actor_of(b, d)));
   }
+  auto opts = b.impl().opts;
+  // A session's backend counts its devices as the node's does, made on the
+  // node's system: never one of its own, and never MULTIDEV_TRACE's file
+  // per session (the node's settings stand).
+  opts.num_devices = b.impl().drv->device_count();
   node_actor node;
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
-    // Spawned from a function with arguments: CAF 0.17 dereferences a null
-    // argument tuple for a function (or lambda) that takes none (UBSan).
-    node = b.system().spawn(node_impl, std::move(name), std::move(devices));
+    node = caf::actor_cast<node_actor>(
+      b.system().spawn(node_impl, std::move(name), std::move(devices), std::move(opts)));
   }
   // It serves the backend's devices: it goes with them (~backend stops it).
   auto& impl = b.impl();
@@ -89,8 +351,107 @@ void configure_tls(caf::actor_system_config& cfg, const tls_files& files) {
   cfg.load<caf::openssl::manager>();
 }
 
+namespace {
+
+using tick_atom = caf::atom_constant<caf::atom("keep_tick")>;
+using due_atom = caf::atom_constant<caf::atom("lease_due")>;
+
+/// The client's side of a session: renews its lease every `every`, and
+/// declares the node lost (its devices' calls fail with "session ended")
+/// once no renewal was acknowledged for the lease plus `margin`, or at once
+/// when the node says the session ended. Until then a session's device
+/// whose actor went down holds its calls (endpoint_remote.hpp): the node may
+/// still run the session's work until its lease ends there, which is no
+/// later than the last acknowledgement plus the lease.
+struct keeper_state {
+  node_actor node;
+  uint64_t session = 0;
+  std::string name;    // the node's
+  std::string address; // where it was attached
+  std::chrono::nanoseconds lease{0}, every{0}, margin{0};
+  std::chrono::steady_clock::time_point last_ack;
+  std::vector<caf::actor> links;
+  std::shared_ptr<std::atomic<bool>> ended;
+};
+
+using keeper_ptr = caf::stateful_actor<keeper_state>*;
+
+/// Closes the session's devices with `why`, tells the node (if it hears it),
+/// and stops.
+void session_over(keeper_ptr self, const std::string& why) {
+  auto& st = self->state;
+  st.ended->store(true);
+  for (auto& l : st.links)
+    self->send(l, atoms::lost_atom::value, why);
+  self->send(st.node, atoms::detach_atom::value, st.session);
+  self->quit();
+}
+
+caf::behavior keeper_impl(keeper_ptr self, keeper_state init) {
+  auto ended = init.ended;
+  self->state = std::move(init);
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    // The backend stops: the node may free the session at once.
+    self->state.ended->store(true);
+    self->send(self->state.node, atoms::detach_atom::value, self->state.session);
+    self->quit(msg.reason);
+  });
+  self->send(self, tick_atom::value);
+  self->delayed_send(self, self->state.lease + self->state.margin, due_atom::value);
+  return {
+    [self](tick_atom) {
+      auto& st = self->state;
+      self->request(st.node, caf::duration{st.lease}, atoms::renew_atom::value, st.session)
+        .then(
+          [self](int64_t granted) {
+            auto& st = self->state;
+            st.last_ack = std::chrono::steady_clock::now();
+            st.lease = std::chrono::nanoseconds{granted};
+            self->delayed_send(self, st.lease + st.margin, due_atom::value);
+          },
+          [self](caf::error& e) {
+            // The node refused: the session ended there, nothing of it runs
+            // any more. Anything else (no answer, the connection lost) is
+            // for the deadline to decide.
+            if (e.category() == error_category)
+              session_over(self, describe_error(e));
+          });
+      self->delayed_send(self, st.every, tick_atom::value);
+    },
+    [self](due_atom) {
+      auto& st = self->state;
+      auto silent = std::chrono::steady_clock::now() - st.last_ack;
+      if (silent < st.lease + st.margin)
+        return; // renewed since
+      session_over(
+        self, fmt::format("session ended: node {} ({}) acknowledged no renewal of session {} "
+                          "for {:.3f} s (lease {:.3f} s + margin {:.3f} s): it is lost",
+                          st.name, st.address, st.session,
+                          std::chrono::duration<double>(silent).count(),
+                          std::chrono::duration<double>(st.lease).count(),
+                          std::chrono::duration<double>(st.margin).count()));
+    },
+  };
+}
+
+std::chrono::nanoseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::nanoseconds{1},
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    deadline - std::chrono::steady_clock::now()));
+}
+
+} // namespace
+
 std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
                                 std::chrono::milliseconds timeout) {
+  node_attach_options o;
+  o.timeout = timeout;
+  return attach_node(b, host, port, o);
+}
+
+std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
+                                const node_attach_options& opts) {
+  auto deadline = std::chrono::steady_clock::now() + opts.timeout;
   auto& sys = b.system();
   auto address = fmt::format("{}:{}", host, port);
   if (!sys.has_middleman())
@@ -106,58 +467,153 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
       "wait on it; set middleman.heartbeat-interval and middleman.connection-timeout, or call "
       "multidev::configure_system on its config",
       address));
+  if (opts.lease <= std::chrono::milliseconds{0} || opts.renew_every <= std::chrono::milliseconds{0}
+      || opts.renew_every >= opts.lease || opts.margin < std::chrono::milliseconds{0})
+    throw std::invalid_argument(fmt::format(
+      "attach_node {}: the lease ({} ms) must be longer than its renewal interval ({} ms), both "
+      "above 0, and the margin ({} ms) at least 0",
+      address, opts.lease.count(), opts.renew_every.count(), opts.margin.count()));
   bool tls = sys.has_openssl_manager();
   if (tls)
     detail::use_clean_tls(sys); // one node's loss must not close the others
-  auto node = tls ? caf::openssl::remote_actor<node_actor>(sys, host, port)
-                  : sys.middleman().remote_actor<node_actor>(host, port);
+  auto connect = [&] {
+    return tls ? caf::openssl::remote_actor<node_actor>(sys, host, port)
+               : sys.middleman().remote_actor<node_actor>(host, port);
+  };
+  auto node = connect();
+  // CAF gives up a handshake that hears nothing after one heartbeat
+  // interval: a node that is slow to answer (stopped, busy) gets tries until
+  // the timeout (each at most one interval past it).
+  while (!node && node.error() == caf::sec::connection_timeout
+         && std::chrono::steady_clock::now() < deadline)
+    node = connect();
   if (!node) {
     auto why = sys.render(node.error());
     if (node.error() == caf::sec::disconnect_during_handshake)
       why += tls ? " (does the node use TLS, and did the same CA sign both certificates?)"
                  : " (does the node use TLS? then this side needs it too)";
+    if (node.error() == caf::sec::connection_timeout)
+      throw device_error(address, fmt::format("attach_node: the node at {} did not answer within "
+                                              "{} ms{}: {}",
+                                              address, opts.timeout.count(),
+                                              tls ? " over TLS" : "", why));
     throw device_error(address, fmt::format("attach_node: cannot reach a node at {}{}: {}", address,
                                             tls ? " over TLS" : "", why));
   }
-  std::string name;
+  std::string name, identity;
+  uint64_t session = 0;
+  int64_t lease_ns = 0;
   std::vector<caf::actor> actors;
+  std::chrono::steady_clock::time_point opened;
   {
     caf::scoped_actor self{sys};
     std::optional<caf::error> err;
-    self->request(*node, timeout, atoms::list_atom::value)
-      .receive([&](std::string& n, std::vector<caf::actor>& as) { name = std::move(n), actors = std::move(as); },
-               [&](caf::error& e) { err = std::move(e); });
+    self
+      ->request(*node, caf::duration{left_until(deadline)}, atoms::open_atom::value,
+                detail::this_process(),
+                static_cast<int64_t>(
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(opts.lease).count()))
+      .receive(
+        [&](std::string& n, std::string& id, uint64_t s, int64_t l, std::vector<caf::actor>& as) {
+          name = std::move(n), identity = std::move(id), session = s, lease_ns = l;
+          actors = std::move(as);
+        },
+        [&](caf::error& e) { err = std::move(e); });
+    opened = std::chrono::steady_clock::now();
     if (err)
-      throw device_error(address, fmt::format("attach_node: the node at {} did not list its "
-                                              "devices: {}",
-                                              address, sys.render(*err)));
+      throw device_error(address, fmt::format("attach_node: the node at {} did not open a "
+                                              "session within {} ms: {}",
+                                              address, opts.timeout.count(), sys.render(*err)));
   }
+  // What this call opened goes when it fails.
+  bool keep_session = false;
+  struct closer {
+    const node_actor& node;
+    uint64_t session;
+    bool& keep;
+    ~closer() {
+      if (!keep && session != 0)
+        caf::anon_send(node, atoms::detach_atom::value, session);
+    }
+  } close_unless_kept{*node, session, keep_session};
+  if (!opts.expected_name.empty() && name != opts.expected_name)
+    throw std::invalid_argument(fmt::format(
+      "attach_node {}: expected node '{}' there, but the node at {} calls itself '{}'", address,
+      opts.expected_name, address, name));
+  auto node_name = std::move(name); // the node's own
+  name = opts.name.empty() ? node_name : opts.name; // this backend's for it
   // All or none: nothing is attached when the count is wrong, and what this
   // call attached is undone when a later step throws.
   auto& impl = b.impl();
-  auto previous = [&]() -> std::vector<detail::backend_impl::attached_node>::iterator {
+  using node_it = std::vector<detail::backend_impl::attached_node>::iterator;
+  // The node attached before under this name, if any; throws when this one
+  // cannot take its place. Under impl.mu.
+  auto previous = [&]() -> node_it {
     auto it = std::find_if(impl.nodes.begin(), impl.nodes.end(),
                            [&](const auto& n) { return n.name == name; });
-    if (it != impl.nodes.end() && it->devices.size() != actors.size())
+    if (it == impl.nodes.end())
+      return it;
+    bool alive = it->session != 0 && !it->ended->load();
+    if (alive && it->identity != identity)
+      throw std::invalid_argument(fmt::format(
+        "attach_node {}: node names are unique in a backend: '{}' is attached already from {} "
+        "(identity {}) and its session is open; the node at {} (identity {}) calls itself '{}' "
+        "too",
+        address, name, it->address, it->identity, address, identity, name));
+    if (it->devices.size() != actors.size())
       throw std::invalid_argument(fmt::format(
         "attach_node {}: node '{}' was attached before with {} device(s), it has {} now",
         address, name, it->devices.size(), actors.size()));
     return it;
   };
+  std::string prefix = name + "/";
+  int incarnation = 1;
   {
     std::lock_guard guard{impl.mu};
-    previous();
+    auto it = previous();
+    if (it != impl.nodes.end()) {
+      if (it->session != 0 && !it->ended->load())
+        return it->devices; // attached and open: this call's session goes
+      // A restarted node (another identity) is named apart from the dead one.
+      incarnation = it->incarnation + (it->identity != identity ? 1 : 0);
+      if (incarnation > 1)
+        prefix = fmt::format("{}@{}/", name, incarnation);
+    }
   }
   std::vector<device> result;
   std::vector<device> fresh;
   try {
+    std::optional<std::chrono::nanoseconds> left;
     for (auto& a : actors) {
       bool is_new = false;
-      result.push_back(impl.attach(caf::actor_cast<device_actor>(a), name + "/", &is_new));
+      result.push_back(impl.attach(caf::actor_cast<device_actor>(a), prefix, &is_new,
+                                   session != 0, left_until(deadline)));
       // Its devices' peers on other nodes connect to it there (direct paths).
       detail::set_node_address(impl.endpoint_of(result.back()), host, port);
       if (is_new)
         fresh.push_back(result.back());
+    }
+    caf::actor keeper;
+    std::shared_ptr<std::atomic<bool>> ended = std::make_shared<std::atomic<bool>>(false);
+    if (session != 0) {
+      keeper_state ks;
+      ks.node = *node;
+      ks.session = session;
+      ks.name = name;
+      ks.address = address;
+      ks.lease = std::chrono::nanoseconds{lease_ns};
+      ks.every = std::min<std::chrono::nanoseconds>(opts.renew_every, ks.lease / 2);
+      ks.margin = opts.margin;
+      ks.last_ack = opened;
+      ks.ended = ended;
+      {
+        std::lock_guard guard{impl.mu};
+        for (auto& d : result)
+          if (auto l = impl.links.find(d.get_runner().key()); l != impl.links.end())
+            ks.links.push_back(l->second);
+      }
+      detail::logger_tie_guard untie; // spawning ties this thread to the system
+      keeper = sys.spawn(keeper_impl, std::move(ks));
     }
     std::lock_guard guard{impl.mu};
     auto it = previous(); // again: another thread may have attached it meanwhile
@@ -176,18 +632,72 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
       else
         impl.node_devices.push_back(result[i]);
     }
-    if (it != impl.nodes.end()) {
-      it->address = address;
-      it->devices = result;
-    } else {
+    if (it == impl.nodes.end()) {
       impl.nodes.push_back({name, address, result});
+      it = std::prev(impl.nodes.end());
     }
+    it->address = address;
+    it->devices = result;
+    it->identity = identity;
+    it->session = session;
+    it->keeper = keeper;
+    it->ended = ended;
+    it->incarnation = incarnation;
   } catch (...) {
     for (auto& d : fresh)
       impl.detach(d);
     throw;
   }
+  keep_session = true;
   return result;
+}
+
+void detach_node(backend& b, const std::string& name, std::chrono::milliseconds timeout) {
+  auto& impl = b.impl();
+  node_actor node;
+  caf::actor keeper;
+  uint64_t session = 0;
+  std::vector<device> devices;
+  std::shared_ptr<std::atomic<bool>> ended;
+  {
+    std::lock_guard guard{impl.mu};
+    auto it = std::find_if(impl.nodes.begin(), impl.nodes.end(),
+                           [&](const auto& n) { return n.name == name; });
+    if (it == impl.nodes.end()) {
+      std::vector<std::string> names;
+      for (auto& n : impl.nodes)
+        names.push_back(n.name);
+      throw std::invalid_argument(fmt::format(
+        "detach_node: no node '{}' is attached to this backend (attached: {})", name,
+        names.empty() ? std::string{"none"} : fmt::format("{}", fmt::join(names, ", "))));
+    }
+    keeper = it->keeper;
+    session = it->session;
+    devices = it->devices;
+    ended = it->ended;
+    it->keeper = nullptr;
+  }
+  auto& sys = b.system();
+  auto why = fmt::format("session ended: node {} was detached (detach_node)", name);
+  caf::scoped_actor self{sys};
+  if (keeper) {
+    caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown); // tells the node too
+  }
+  ended->store(true);
+  // The devices' calls fail from now on: each link has closed when it answers.
+  for (auto& d : devices) {
+    caf::actor link;
+    {
+      std::lock_guard guard{impl.mu};
+      if (auto l = impl.links.find(d.get_runner().key()); l != impl.links.end())
+        link = l->second;
+    }
+    if (!link)
+      continue;
+    self->request(link, caf::duration{timeout}, atoms::lost_atom::value, why)
+      .receive([] {}, [](caf::error&) {});
+  }
+  (void) session;
 }
 
 } // namespace multidev

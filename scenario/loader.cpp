@@ -550,7 +550,7 @@ private:
       return fail_at_form(s);
     if (head == "nodes")
       return nodes_form(s);
-    if (head == "kill-node" || head == "cut-node")
+    if (head == "kill-node" || head == "cut-node" || head == "detach" || head == "attach")
       return kill_node_form(s, out);
     if (head == "repeat")
       return repeat_form(s, out);
@@ -596,22 +596,46 @@ private:
     if (total_steps_ > 0)
       fail(s, "(nodes ...) comes right after (devices ...), before any work");
     for (const auto* x : f.pos) {
-      if (!x->is_list() || x->items().size() != 2)
-        fail(*x, "a node is (NAME N): its name and how many devices it serves");
+      bool second = x->is_list() && x->items().size() == 3;
+      if (!x->is_list() || (x->items().size() != 2 && !second))
+        fail(*x, "a node is (NAME N), its name and how many devices it serves, or (NAME N "
+                 "(session-of OTHER)), a second session of node OTHER");
+      int session_of = -1;
+      if (second) {
+        const auto& o = x->items()[2];
+        if (!o.is_list() || o.items().size() != 2 || !o.items()[0].is_atom()
+            || o.items()[0].as_atom() != "session-of")
+          fail(o, "expected (session-of OTHER): OTHER, a node declared before, attached again "
+                  "as a second client");
+        session_of = lookup(o.items()[1], sym::node).id;
+        if (prog_.nodes[static_cast<std::size_t>(session_of)].session_of >= 0)
+          fail(o.items()[1], "(session-of ...) names a node declared with (session-of ...) "
+                             "itself: name the node it is a session of");
+      }
       auto n = new_name(x->items()[0], sym::node);
       int count = static_cast<int>(integer_in(x->items()[1], "the node's devices", 1, 256));
+      if (session_of >= 0 && count != prog_.nodes[static_cast<std::size_t>(session_of)].devices)
+        fail(x->items()[1], fmt::format("a session of node {} has its {} device(s)",
+                                        prog_.nodes[static_cast<std::size_t>(session_of)].name,
+                                        prog_.nodes[static_cast<std::size_t>(session_of)].devices));
       declare(n, x->items()[0], sym::node, static_cast<int>(prog_.nodes.size()));
-      prog_.nodes.push_back(node_decl{n, count, prog_.devices, at(*x)});
+      prog_.nodes.push_back(node_decl{n, count, prog_.devices, at(*x), session_of});
       prog_.devices += count;
     }
     prog_.items.assign(prog_.devices, 0);
     kernels_on_.assign(prog_.devices, 0);
   }
 
+  /// `(kill-node NAME)`, `(cut-node NAME)`, `(detach NAME)`, `(attach NAME)`.
   void kill_node_form(const sexp& s, std::vector<step>& out) {
-    bool cut = s.items()[0].as_atom() == "cut-node";
-    auto f = split(s, 1, 1, {}, cut ? "(cut-node NAME)" : "(kill-node NAME)");
-    auto st = make(s, cut ? op::cut_node : op::kill_node);
+    const auto& head = s.items()[0].as_atom();
+    auto kind = head == "cut-node" ? op::cut_node
+                : head == "detach" ? op::detach_node
+                : head == "attach" ? op::attach_node
+                                   : op::kill_node;
+    auto usage = fmt::format("({} NAME)", head);
+    auto f = split(s, 1, 1, {}, usage.c_str());
+    auto st = make(s, kind);
     st.device = -1;
     st.host = lookup(*f.pos[0], sym::node).id; // the node's index
     push(out, std::move(st));

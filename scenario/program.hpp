@@ -27,7 +27,7 @@ inline constexpr auto matches_syntax =
 enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
-  delay, hold, release, expect, kill_node, cut_node, sync_in,
+  delay, hold, release, expect, kill_node, cut_node, sync_in, detach_node, attach_node,
 };
 
 /// Host data for `from-host`.
@@ -127,6 +127,10 @@ struct node_decl {
   int devices = 0;
   int first = 0;
   location where;
+  /// `(NAME N (session-of OTHER))`: the index of node OTHER, whose process
+  /// this one is too, attached again as a second client (a session of its
+  /// own: its own pools, queue and failures); -1 otherwise.
+  int session_of = -1;
 };
 
 class program {

@@ -171,41 +171,84 @@ private:
   /// Attaches each node (at its address, or a process started for it), so
   /// its devices take the ordinals the script gave them.
   void attach_nodes() {
-    for (const auto& n : p_.nodes) {
-      std::string address;
-      if (auto it = opts_.nodes.find(n.name); it != opts_.nodes.end()) {
-        address = it->second;
-      } else if (opts_.spawn_nodes) {
+    for (const auto& n : p_.nodes)
+      attach_one(n);
+  }
+
+  /// The node whose process `n` is: itself, or the node it is a session of.
+  const node_decl& process_of(const node_decl& n) const {
+    return n.session_of >= 0 ? p_.nodes[static_cast<std::size_t>(n.session_of)] : n;
+  }
+
+  /// Attaches `n` (again, after a `detach` or a loss: a new session), and
+  /// puts its devices at their ordinals.
+  void attach_one(const node_decl& n) {
+    const auto& proc = process_of(n);
+    std::string address;
+    if (auto it = opts_.nodes.find(proc.name); it != opts_.nodes.end()) {
+      address = it->second;
+    } else if (opts_.spawn_nodes) {
+      auto sp = spawned_.find(proc.name);
+      if (sp == spawned_.end() || !sp->second->running()) {
         // Its stderr is kept aside, shown if it exits badly (stop_nodes).
-        spawned_.emplace(n.name, std::make_unique<node_process>(opts_.tool, n.devices, n.name,
-                                                                  false, opts_.node_args));
-        address = spawned_.at(n.name)->address();
+        // Started again after a kill-node: a restart under the same name.
+        spawned_.erase(proc.name);
+        spawned_.emplace(proc.name, std::make_unique<node_process>(
+                                      opts_.tool, proc.devices, proc.name, false, opts_.node_args));
       } else {
-        throw script_error(n.where, fmt::format("node '{}' has no address: give --node "
-                                                "{}=HOST:PORT, or --spawn-nodes",
-                                                n.name, n.name));
+        sp->second->resume(); // after a cut-node: the link is back
       }
-      auto colon = address.rfind(':');
-      int port = colon == std::string::npos ? -1 : std::atoi(address.c_str() + colon + 1);
-      if (port <= 0 || port > 65535)
-        throw script_error(n.where, fmt::format("node '{}': '{}' is not HOST:PORT", n.name,
-                                                address));
-      std::vector<device> ds;
-      try {
-        ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port));
-      } catch (const std::exception& e) {
-        throw script_error(n.where, fmt::format("node '{}': {}", n.name, e.what()));
-      }
-      if (static_cast<int>(ds.size()) != n.devices || ds.front().ordinal() != n.first)
-        throw script_error(n.where, fmt::format("node '{}' at {} serves {} device(s), the script "
-                                                "declares {}",
-                                                n.name, address, ds.size(), n.devices));
+      address = spawned_.at(proc.name)->address();
+    } else {
+      throw script_error(n.where, fmt::format("node '{}' has no address: give --node "
+                                              "{}=HOST:PORT, or --spawn-nodes",
+                                              proc.name, proc.name));
     }
+    auto colon = address.rfind(':');
+    int port = colon == std::string::npos ? -1 : std::atoi(address.c_str() + colon + 1);
+    if (port <= 0 || port > 65535)
+      throw script_error(n.where, fmt::format("node '{}': '{}' is not HOST:PORT", proc.name,
+                                              address));
+    std::vector<device> ds;
+    try {
+      // The node must call itself what the script calls it (--node NAME=...);
+      // a second session of it goes under its own name.
+      node_attach_options o;
+      o.expected_name = proc.name;
+      o.name = n.name;
+      ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port), o);
+    } catch (const std::exception& e) {
+      throw script_error(n.where, fmt::format("node '{}': {}", n.name, e.what()));
+    }
+    if (static_cast<int>(ds.size()) != n.devices || ds.front().ordinal() != n.first)
+      throw script_error(n.where, fmt::format("node '{}' at {} serves {} device(s), the script "
+                                              "declares {}",
+                                              n.name, address, ds.size(), n.devices));
+    for (std::size_t i = 0; i < ds.size(); ++i)
+      if (static_cast<std::size_t>(n.first) + i < devices_.size())
+        devices_[static_cast<std::size_t>(n.first) + i] = ds[i];
+  }
+
+  /// `(detach NAME)` and `(attach NAME)`.
+  void detach_or_attach(const step& st) {
+    const auto& n = p_.nodes[st.host];
+    auto start = trace_clock_ns();
+    close_books(n);
+    if (st.kind == op::detach_node) {
+      detach_node(b_, n.name);
+    } else {
+      try {
+        attach_one(n);
+      } catch (const script_error& e) {
+        throw std::invalid_argument(e.what());
+      }
+    }
+    host_slice((st.kind == op::detach_node ? "detach " : "attach ") + n.name, start, false);
   }
 
   void kill_node(const step& st) {
     const auto& n = p_.nodes[st.host];
-    auto it = spawned_.find(n.name);
+    auto it = spawned_.find(process_of(n).name);
     if (it == spawned_.end())
       throw std::invalid_argument(fmt::format("{} {}: the run did not start this node "
                                               "(--spawn-nodes), so it cannot stop it",
@@ -560,6 +603,10 @@ private:
       case op::kill_node:
       case op::cut_node:
         kill_node(st);
+        break;
+      case op::detach_node:
+      case op::attach_node:
+        detach_or_attach(st);
         break;
     }
   }
@@ -1033,34 +1080,77 @@ private:
   void unexpected_items() {
     std::vector<std::tuple<uint64_t, int, std::size_t>> items;
     for (int d = 0; d < p_.devices; ++d)
-      for (std::size_t i = 0; i < model_[d].size(); ++i)
+      for (std::size_t i = judged_upto(d); i < model_[d].size(); ++i)
         if (model_[d][i].seq != 0)
           items.emplace_back(model_[d][i].order, d, i);
     std::sort(items.begin(), items.end());
-    for (auto [order, d, i] : items) {
+    for (auto [order, d, i] : items)
+      judge_item(d, i, traces_[d]);
+  }
+
+  /// Items of device `d` before this index were judged when their session
+  /// ended (`close_books`).
+  std::size_t judged_upto(int d) const {
+    auto it = judged_upto_.find(d);
+    return it == judged_upto_.end() ? 0 : it->second;
+  }
+
+  /// Node `n`'s session ends here (`detach`, or `attach` after a loss): the
+  /// items its devices took so far are judged now, from their traces as
+  /// they are (or as read before the node was cut or killed), since the
+  /// next session's seqs start at 1 again.
+  void close_books(const node_decl& n) {
+    for (int d = n.first; d < n.first + n.devices; ++d) {
+      device_trace t{dev(d).name(), 0, {}, 0};
+      try {
+        t = b_.trace(dev(d));
+      } catch (const std::exception&) {
+        t.unreachable = "its trace could not be read";
+      }
+      if (!t.unreachable.empty())
+        if (auto it = last_traces_.find(d); it != last_traces_.end())
+          t = it->second;
+      last_traces_.erase(d);
+      for (std::size_t i = judged_upto(d); i < model_[d].size(); ++i)
+        if (model_[d][i].seq != 0)
+          judge_item(d, i, t);
+      judged_upto_[d] = model_[d].size();
+    }
+  }
+
+  /// Reports item `i` of device `d` if it failed (or was lost) and no
+  /// expectation saw its origin; `t`: the device's trace.
+  void judge_item(int d, std::size_t i, const device_trace& t) {
+    {
       const auto& it = model_[d][i];
-      if (ran(d, it.seq))
-        continue; // its trace says it did (no question to a node)
+      const auto& rs = t.records;
+      auto r = std::lower_bound(rs.begin(), rs.end(), it.seq,
+                                [](const trace_record& x, uint64_t s) { return x.seq < s; });
+      if (r != rs.end() && r->seq == it.seq && !r->failed && r->kind != trace_kind::cancel)
+        return; // its trace says it did (no question to a node)
+    }
+    {
+      const auto& it = model_[d][i];
       event e{dev(d).get_runner(), it.seq};
       std::string how = "failed";
       std::string what;
       try {
         auto s = outcome_of(e, dev(d).is_local());
         if (s != event_state::failed && s != event_state::cancelled)
-          continue; // done, or pending (finish reported the device busy)
+          return; // done, or pending (finish reported the device busy)
         if (s == event_state::cancelled)
           how = "cancelled";
         try {
           b_.sync(e, clock::now() + (dev(d).is_local() ? 0s : answer_within));
-          continue;
+          return;
         } catch (const device_error& x) {
           if (seen_.count(origin_of(x.cause())))
-            continue;
+            return;
           // A node's device refuses a step after it failed with its name and
           // message only (no task, no seq): that refusal, seen, accounts for
           // the items that failed on it.
           if (!dev(d).is_local() && saw_device_failure(dev(d).name()))
-            continue;
+            return;
           what = x.what();
         }
       } catch (const std::exception& x) {
@@ -1069,7 +1159,7 @@ private:
         // expectation that saw the device itself fail (a device that waited
         // on it) accounts for.
         if (saw_device_failure(dev(d).name()))
-          continue;
+          return;
         how = "lost";
         what = x.what();
       }
@@ -1080,7 +1170,7 @@ private:
   }
 
   /// How long a node's device gets to answer for an item of a settled device.
-  static constexpr std::chrono::seconds answer_within{5};
+  static constexpr std::chrono::seconds answer_within{10};
 
   /// How `e` ended. On a node's device `state` says what this process has
   /// heard (it never waits), so an item not heard of is asked, with a
@@ -1260,6 +1350,7 @@ private:
   run_result result_;
   std::map<std::string, std::unique_ptr<node_process>> spawned_;
   std::map<int, device_trace> last_traces_;
+  std::map<int, std::size_t> judged_upto_; // see close_books
   std::unique_ptr<backend> bp_;
   backend& b_;
   std::vector<device> devices_;

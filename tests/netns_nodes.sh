@@ -11,7 +11,12 @@
 #     (`(expect ... (fails (matches "b/multidev_cpu")))`): the run exits 0
 #     well within `timeout 60`.
 #  3. The link comes back up and a new run attaches the node again.
-#  4. SIGTERM stops the node (exit status 0).
+#  4. Rejoin in one run: a run keeps b/0 busy, the link goes down, the
+#     run sees its work fail ("session ended", after the lease and margin);
+#     once the node has ended the session (its lease ran out: its stderr
+#     says so) the link comes back up, and the same run attaches b again
+#     (`(attach b)`: a new session) and works on it.
+#  5. SIGTERM stops the node (exit status 0).
 # Needs root, network namespaces (`ip netns`) and veth; exits 77 (skipped)
 # without. No step sleeps to synchronise: it waits on the node's "listening
 # on" line, read from a fifo with a time limit, and on the node's CPU time.
@@ -208,9 +213,78 @@ ip -n "$ns1" link set "$veth1" up
 echo "3. $veth1 set up again in $ns1"
 run_serves "3. after the cut"
 
-# -- 4. a clean stop -----------------------------------------------------------
-echo "4. SIGTERM to the node"
+# -- 4. rejoin after a cut link, in one run -------------------------------------
+cat >"$dir/rejoin.scn" <<'EOF'
+(scenario netns-rejoin)
+(devices 1)
+(nodes (b 1))
+(context c0 0) (context cb b/0)
+(kernel cb spin_ns 0 (as warm))
+(expect (sync warm) ok)                 ; attached and serving
+(kernel cb spin_ns 10000000000 (as busy)) ; b/0 busy for 10 s...
+(kernel cb spin_ns 0 (as queued))       ; ...with work queued behind
+; The link goes down now: no lease renewal gets through; lost after 4 s.
+(expect (sync queued) (fails (matches "session ended")))
+; The link is back once the node ended the session: a new one.
+(attach b)
+(context cb2 b/0)
+(expect (kernel cb2 spin_ns 0) ok)
+EOF
+echo "4. a run in $ns1 keeps b/0 busy; the link goes down, comes back, and the run attaches b again"
+ran_out_before=$(grep -c 'ran out' "$dir/node.err" || true)
+node_cpu_ticks
+cpu0=$ticks
+mkfifo "$dir/rejoin.out"
+timeout -k 5 60 ip netns exec "$ns1" "$tool" run "$dir/rejoin.scn" --node "b=$addr2:$port" \
+  --step-timeout 30 >"$dir/rejoin.out" 2>&1 3<&- &
+run_pid=$!
+exec 4<"$dir/rejoin.out"
+cut=0
+for ((i = 0; i < 300; i++)); do
+  early=
+  got=0
+  IFS= read -r -t 0.1 -u 4 early || got=$?
+  if [ "$got" -le 128 ]; then
+    fail "the rejoin run ended before b/0 got busy: $early$(timeout 10 cat <&4)"
+  fi
+  node_cpu_ticks
+  used=$((ticks - cpu0))
+  if [ "$used" -ge $((ticks_per_s * 3 / 10)) ]; then
+    cut=1
+    break
+  fi
+done
+[ "$cut" = 1 ] || fail "b/0 did not get busy within 30 s of the rejoin run's start"
+ip -n "$ns1" link set "$veth1" down
+echo "  $veth1 set down in $ns1"
+# The node ends the session once its lease runs out (3 s without a
+# renewal): its stderr says so. At most 300 looks, 0.1 s apart (30 s).
+back=0
+for ((i = 0; i < 300; i++)); do
+  if [ "$(grep -c 'ran out' "$dir/node.err" || true)" -gt "$ran_out_before" ]; then
+    back=1
+    break
+  fi
+  got=0
+  IFS= read -r -t 0.1 -u 4 early || got=$?
+  if [ "$got" -le 128 ]; then
+    fail "the rejoin run ended before the node ended its session: $early$(timeout 10 cat <&4)"
+  fi
+done
+[ "$back" = 1 ] || fail "the node did not end the cut-off session within 30 s"
+ip -n "$ns1" link set "$veth1" up
+echo "  the node ended the session: $veth1 set up again"
+grep 'ran out' "$dir/node.err" | tail -1 | sed 's/^/    /'
+rc=0
+wait "$run_pid" || rc=$?
+run_pid=
+timeout 10 cat <&4 | sed 's/^/  /'
+exec 4<&-
+[ "$rc" -eq 0 ] || fail "the rejoin run exited $rc, not 0"
+
+# -- 5. a clean stop -----------------------------------------------------------
+echo "5. SIGTERM to the node"
 stop_node 30
 [ "$node_status" -eq 0 ] || fail "the node exited with status $node_status after SIGTERM, not 0"
 echo "  the node exited 0"
-echo "PASSED: the node served across namespaces, its waits failed naming b when the link was cut, and it served again"
+echo "PASSED: the node served across namespaces, its waits failed naming b when the link was cut, and it served again, and a run attached it again after a cut"

@@ -5,7 +5,9 @@
 # BASP-looking header of all 0xFF (operation 0xFF, a payload of ~4 GiB),
 # (c) a connection closed at once, (d) half a header on a connection kept
 # open; after each the node must still be running. Then a scenario attaches
-# the node and must pass, and SIGTERM must stop the node with exit status 0.
+# the node and must pass; one that gives the node's address under another
+# name (--node a=ADDR, the node calls itself b) is refused naming both; and
+# SIGTERM must stop the node with exit status 0.
 #
 # MULTIDEV_BASP_HUGE_PAYLOAD=1 adds step (e): a well-formed direct_message
 # header claiming a payload of ~4 GiB. CAF 0.17 allocates and zeroes the whole
@@ -140,6 +142,18 @@ check_alive "the scenario"
 exec 5>&-
 echo "closed the half-header connection"
 check_alive "closing the half-header connection"
+
+# -- a node that calls itself otherwise is refused ------------------------------
+sed 's/(nodes (b 1))/(nodes (a 1))/; s|b/0|a/0|' "$dir/served.scn" >"$dir/misnamed.scn"
+echo "a scenario attaching a=127.0.0.1:$port (the node there is b)"
+rc=0
+timeout 60 "$tool" run "$dir/misnamed.scn" --node "a=127.0.0.1:$port" --step-timeout 20 \
+  >"$dir/misnamed.out" 2>&1 3<&- || rc=$?
+sed 's/^/  /' "$dir/misnamed.out"
+[ "$rc" -eq 2 ] || fail "the misnamed scenario exited $rc, not 2 (refused)"
+grep -q "expected node 'a' there, but the node at 127.0.0.1:$port calls itself 'b'" \
+  "$dir/misnamed.out" || fail "the refusal does not name both 'a' and 'b'"
+check_alive "the misnamed scenario"
 
 # -- a clean stop --------------------------------------------------------------
 echo "SIGTERM to the node"

@@ -32,6 +32,7 @@
 #include <caf/exit_reason.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/node_id.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include <fmt/format.h>
@@ -42,6 +43,11 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <malloc.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +56,8 @@
 
 #include "bench_peers.hpp"
 #include "gradient_merge.hpp"
+
+extern char** environ;
 
 namespace multidev::tools {
 
@@ -1731,6 +1739,105 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
   }
 }
 
+/// `session_cleanup`: a client process (`multidev run` of a script that
+/// allocates 1 MiB on node b and queues work there behind a wait on a held
+/// local device, then waits) attaches a node served by this process (two
+/// actor systems over 127.0.0.1, as in `remote_figures`); once the node
+/// holds its session, the client is killed with SIGKILL. The figure is the
+/// time from the kill to the node having ended the session and freed its
+/// pools (its `debug` reply counts it cleaned), against the lease with the
+/// default settings (lease 3 s, renewed every 1 s, margin 1 s): at most the
+/// lease after the last renewal, so between the lease minus one renewal
+/// interval and the lease, plus the node's timer and teardown. Needs this
+/// process to be the `multidev` tool (skipped otherwise: `test_bench`).
+bench_result session_cleanup_figure(const backend_options& opts, const bench_options& o) {
+  node_attach_options settings; // the defaults, which the client uses
+  auto base = fmt::format("the lease ({} ms; renewed every {} ms, margin {} ms)",
+                          settings.lease.count(), settings.renew_every.count(),
+                          settings.margin.count());
+  auto lease_ms = static_cast<double>(settings.lease.count());
+  std::array<char, 4096> self_path{};
+  auto n = ::readlink("/proc/self/exe", self_path.data(), self_path.size() - 1);
+  std::string tool = n > 0 ? std::string(self_path.data(), static_cast<std::size_t>(n)) : "";
+  if (std::filesystem::path(tool).filename() != "multidev") {
+    return skipped_result("session_cleanup", "ms", base, "lower", 1.1,
+                          "skipped: needs the multidev tool to start a client process");
+  }
+  auto dir = std::filesystem::temp_directory_path();
+  auto script = dir / fmt::format("multidev-session-cleanup-{}.scn", ::getpid());
+  {
+    std::ofstream f{script};
+    f << "(scenario session-cleanup)\n(devices 1)\n(nodes (b 1))\n"
+         "(tnode x (floats 262144))\n(context c0 0) (context cb b/0)\n(alloc cb x)\n"
+         "(hold 0 (as held))\n(kernel c0 spin_ns 0 (as behind))\n(wait cb behind)\n"
+         "(kernel cb spin_ns 0 (as queued))\n"
+         "(expect (sync queued) ok)\n";
+  }
+  auto one = opts;
+  one.num_devices = 1;
+  auto sample = [&] {
+    remote_pair pair{opts};
+    backend server_b{pair.server(), one};
+    auto node = spawn_node_actor(server_b, "b");
+    auto port = publish_node(node, 0, "127.0.0.1");
+    if (!port)
+      throw std::runtime_error("multidev bench: publish_node: "
+                               + pair.server().render(port.error()));
+    auto debug = [&] {
+      caf::scoped_actor self{pair.server()};
+      std::string text;
+      self->request(node, std::chrono::seconds{10}, atoms::debug_atom::value)
+        .receive([&](std::string& t) { text = std::move(t); }, [](caf::error&) {});
+      return text;
+    };
+    std::vector<std::string> args{tool, "run", script.string(), "--quiet", "--step-timeout",
+                                  "300", "--node", fmt::format("b=127.0.0.1:{}", *port)};
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    int rc = ::posix_spawn(&pid, tool.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+      throw std::runtime_error(fmt::format("multidev bench: cannot start a client: {}",
+                                           std::strerror(rc)));
+    auto limit = clock_type::now() + std::chrono::seconds{30};
+    while (debug().find("(used_memory 1048576) (queued 2)") == std::string::npos
+           && clock_type::now() < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    auto held = debug().find("(used_memory 1048576) (queued 2)") != std::string::npos;
+    auto t0 = clock_type::now();
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    if (!held)
+      throw std::runtime_error("multidev bench: session_cleanup: the client's session did not "
+                               "show its pool and queue on the node within 30 s: "
+                               + debug());
+    limit = t0 + std::chrono::seconds{30};
+    while (debug().find("(cleaned 1)") == std::string::npos && clock_type::now() < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    auto ms = seconds_since(t0) * 1e3;
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    return ms;
+  };
+  std::vector<double> samples;
+  try {
+    for (int i = 0; i < std::clamp(o.repeats, 1, 3); ++i)
+      samples.push_back(sample());
+  } catch (...) {
+    std::filesystem::remove(script);
+    throw;
+  }
+  std::filesystem::remove(script);
+  std::sort(samples.begin(), samples.end());
+  return make("session_cleanup", "ms", samples[samples.size() / 2], base, lease_ms, "lower", 1.1);
+}
+
 /// `independent_tasks` with the runner trace on (`trace_capacity`, default
 /// 4096) beside the same with it off, each on a backend of its own, built
 /// alike, measured alternately in this run.
@@ -1801,6 +1908,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
   // Last, once the shared backend is gone: nothing else may run meanwhile.
   if (is_wanted(o, "idle_cpu_8dev"))
     out.push_back(idle_cpu_figure(opts, o));
+  if (is_wanted(o, "session_cleanup"))
+    out.push_back(session_cleanup_figure(opts, o));
   return out;
 }
 
@@ -1819,7 +1928,8 @@ const std::vector<std::string>& case_names() {
     "scale_1dev",               "scale_2dev",                  "scale_4dev",
     "scale_8dev",               "scale_depth_1",               "scale_depth_100",
     "scale_depth_10000",        "scale_depth_1000000",         "bytes_per_idle_device",
-    "bytes_per_queued_task",    "bytes_per_queued_task_described", "idle_cpu_8dev"};
+    "bytes_per_queued_task",    "bytes_per_queued_task_described", "idle_cpu_8dev",
+    "session_cleanup"};
   return names;
 }
 

@@ -98,6 +98,12 @@ using copy_from_atom = caf::atom_constant<caf::atom("copy_from")>;
 using bytes_atom = caf::atom_constant<caf::atom("bytes")>;
 /// Why a seq is not done yet (diagnosis across processes).
 using why_atom = caf::atom_constant<caf::atom("why")>;
+/// Open a session on a node: devices of the client's own.
+using open_atom = caf::atom_constant<caf::atom("open")>;
+/// Renew a session's lease.
+using renew_atom = caf::atom_constant<caf::atom("renew")>;
+/// End a session: the client detaches.
+using detach_atom = caf::atom_constant<caf::atom("detach")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -237,11 +243,36 @@ using device_actor = caf::typed_actor<
 
 /// A node: the devices of one process, served to other processes
 /// (`multidev node` publishes one with CAF's middleman; `attach_node`
-/// attaches all its devices). One actor per node lists them, so a node needs
-/// one port, not one per device.
+/// attaches all its devices). One actor per node serves them, so a node
+/// needs one port, not one per device. Each client works in a session of
+/// its own (docs/design.md, "Sessions"): devices made for it alone (its
+/// pools, queues, events, failures), which the node keeps only while the
+/// client renews the session's lease.
 using node_actor = caf::typed_actor<
-  /// Replies with the node's name and its device actors, in ordinal order.
-  caf::replies_to<atoms::list_atom>::with<std::string, std::vector<caf::actor>>>;
+  /// Replies with the node's name and the device actors of its own backend,
+  /// in ordinal order (shared by whoever drives them: no session).
+  caf::replies_to<atoms::list_atom>::with<std::string, std::vector<caf::actor>>,
+  /// Opens a session for the client named `client` (for the node's log)
+  /// asking for a lease of `lease_ns` nanoseconds; replies with the node's
+  /// name, its identity (its actor system's node id and start epoch: a
+  /// restarted node has another), the session's id (0: the node keeps no
+  /// sessions, the devices are shared), the lease granted in nanoseconds,
+  /// and the session's device actors in ordinal order.
+  caf::replies_to<atoms::open_atom, std::string, int64_t>::with<
+    std::string, std::string, uint64_t, int64_t, std::vector<caf::actor>>,
+  /// Renews session `id`'s lease from now; replies with the lease granted.
+  /// An error once the session has ended (its lease ran out first, it was
+  /// detached): a renewal never brings an ended session back.
+  caf::replies_to<atoms::renew_atom, uint64_t>::with<int64_t>,
+  /// Ends session `id`: its work not started is cancelled, its pools are
+  /// freed once its running item (if any) ends. Replies whether it was open.
+  caf::replies_to<atoms::detach_atom, uint64_t>::with<bool>,
+  /// Replies with the node's sessions, printed:
+  /// `(node (name ..) (identity ..) (sessions (session (id ..) (client ..)
+  /// (lease_left_ms ..) (used_memory ..) (queued ..)) ...) (ended ..)
+  /// (cleaned ..))`; `cleaned` counts the ended sessions whose devices are
+  /// stopped and pools freed.
+  caf::replies_to<atoms::debug_atom>::with<std::string>>;
 
 /// Error codes of the `multidev` error category. The error's context holds
 /// two strings, the device name (may be empty) and the message, and for an
@@ -501,5 +532,49 @@ void configure_tls(caf::actor_system_config& cfg, const tls_files& files);
 /// `timeout`.
 std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
                                 std::chrono::milliseconds timeout = std::chrono::seconds{10});
+
+/// How `attach_node` attaches a node, and the session it opens there
+/// (docs/design.md, "Sessions and leases").
+struct node_attach_options {
+  /// Bounds the whole attach: connecting, opening the session, and asking
+  /// each device who it is.
+  std::chrono::milliseconds timeout = std::chrono::seconds{10};
+  /// The lease asked of the node: it starts the session's items only while
+  /// the lease is valid, and ends the session (cancels its queue, frees its
+  /// pools) once it ran out unrenewed.
+  std::chrono::milliseconds lease = std::chrono::seconds{3};
+  /// How often the client renews it (below the lease).
+  std::chrono::milliseconds renew_every = std::chrono::seconds{1};
+  /// The client declares the node lost once no renewal was acknowledged for
+  /// the lease plus this margin (never earlier: the node may run the
+  /// session's work until its lease ends), and then every call on its
+  /// devices fails with "session ended".
+  std::chrono::milliseconds margin = std::chrono::seconds{1};
+  /// When set, the name the node must call itself (`--node NAME=HOST:PORT`):
+  /// another one is refused with both names.
+  std::string expected_name;
+  /// When set, the name this backend gives the node (its devices are named
+  /// `<name>/...`, `detach_node` takes it) instead of the node's own. A node
+  /// attached under a second name is a second client of it: a session of
+  /// its own, as another process's would be.
+  std::string name;
+};
+
+/// `attach_node` with `opts`. A node attached already under the same name
+/// whose session is open: the same devices (a node of another identity
+/// under that name is refused: names are unique in a backend). One whose
+/// session ended (lost, detached): a new session, its devices under the old
+/// ordinals (named `"<name>@<n>/..."` when the node restarted since: another
+/// identity), the old devices failing with "session ended".
+std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
+                                const node_attach_options& opts);
+
+/// Ends the session of node `name` attached to `b`: the node cancels its
+/// work not started and frees its pools; the calls on its devices fail with
+/// "session ended" from the return on. The node may be attached again.
+/// Waits at most `timeout` for the devices' links. Throws
+/// `std::invalid_argument` when no node of that name is attached.
+void detach_node(backend& b, const std::string& name,
+                 std::chrono::milliseconds timeout = std::chrono::seconds{10});
 
 } // namespace multidev
