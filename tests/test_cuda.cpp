@@ -824,17 +824,18 @@ BOOST_AUTO_TEST_CASE(a_long_host_function_on_one_device_does_not_hold_back_anoth
 // every other device's host copies. They run on each stream's staging
 // thread now, and the stream waits for a staged chunk on a pinned word.
 BOOST_AUTO_TEST_CASE(host_copies_and_checksums_do_not_wait_for_another_devices_host_function, *boost::unit_test::precondition(fake_only{})) {
+  // Two and a half chunks: the ring's chunks are reused within one copy.
+  constexpr std::size_t n = detail::cuda_staging_chunk * 5 / 2 / sizeof(float);
+  auto src = iota_floats(n, 0.5f);
+  std::vector<float> out(n, 0.0f); // outlives the backend, which ends the copies
   backend b{cuda_opts(2)};
   auto& f = the_fake(b);
   auto* api = detail::api_of(*b.impl().drv);
   auto d0 = b.get_device(0);
   auto d1 = b.get_device(1);
-  // Two and a half chunks: the ring's chunks are reused within one copy.
-  constexpr std::size_t n = detail::cuda_staging_chunk * 5 / 2 / sizeof(float);
   auto t = node(1, "w", n);
   auto c = b.alloc_node(b.make_context(d1), t);
   b.alloc_pool(d1, 2, 4096, 256);
-  auto src = iota_floats(n, 0.5f);
   sync(b, b.all_work(d1));
   auto launched = f.stats().host_funcs_launched;
   auto held = std::make_shared<held_host_function>();
@@ -847,12 +848,12 @@ BOOST_AUTO_TEST_CASE(host_copies_and_checksums_do_not_wait_for_another_devices_h
   BOOST_TEST_REQUIRE(held->started.wait()); // it runs, and holds the host functions
   // Host to device, device to host, and a checksum, all on device 1.
   bool sent = b.from_host(c, t, std::as_bytes(std::span{src}));
-  std::vector<float> out(n, 0.0f);
   bool asked = b.to_host(c, t, std::as_writable_bytes(std::span{out}));
   b.schedule_named(d1, spec("fill", {buf(2, 0, 4096), 5.0}));
   b.schedule_named(d1, spec("checksum", {buf(2, 0, 4096), std::string{"sum"}}));
   auto text = ended(b, b.all_work(d1), 5s);
   held->release.open();
+  BOOST_TEST_REQUIRE(ended(b, b.all_work(d1)) == "done"); // late, if not in time
   BOOST_TEST(sent);
   BOOST_TEST(asked);
   BOOST_TEST(text == "done");
