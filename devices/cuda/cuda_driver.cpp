@@ -147,6 +147,10 @@ private:
   bool stage_wait(cuda::event_t e);
   /// The next chunk of the ring (made when first used).
   std::size_t stage_slot();
+  /// `len` (at most a chunk) bytes of the ring: the rest of the current
+  /// chunk when they fit, else the next chunk. Small copies share a chunk,
+  /// so they seldom wait for one to be free.
+  std::byte* stage_piece(std::size_t len);
   /// The pinned word the stream waits on (made when first used).
   uint32_t* signal_word();
   struct stage_job;
@@ -154,6 +158,17 @@ private:
   uint32_t post(stage_job j);
   /// Makes the stream wait until the staging thread finished ticket `t`.
   void wait_ticket(uint32_t t);
+  /// Whether the staging thread finished ticket `t` (0: none).
+  bool staged(uint32_t t) const noexcept {
+    return t == 0 || static_cast<int32_t>(std::atomic_ref<uint32_t>(*signal_).load(
+                                            std::memory_order_acquire)
+                                          - t)
+                       >= 0;
+  }
+  /// The last ticket posted when the stream does not wait for it, else 0.
+  uint32_t out_pending() const noexcept {
+    return static_cast<int32_t>(ticket_next_ - stream_waited_) > 0 ? ticket_next_ : 0;
+  }
   /// An event recorded on the stream now (from the pool).
   cuda::event_t mark();
   cuda::event_t take_event();
@@ -188,6 +203,9 @@ private:
     uint64_t seq;
     cuda::event_t event;
     std::vector<std::function<void()>> after;
+    /// The staging job (a copy to the host) that must also have run before
+    /// the item completes, or 0: the stream does not wait for those itself.
+    uint32_t ticket = 0;
   };
   std::deque<flying> fifo_;           // in submission order
   std::vector<cuda::event_t> events_; // the pool: completed, ready to record
@@ -211,7 +229,9 @@ private:
     uint32_t ticket = 0;
   };
   std::deque<stage_job> stage_q_; // mu_
+  std::condition_variable stage_cv_; // the staging thread waits on it (with mu_)
   bool stage_busy_ = false;       // mu_: the staging thread runs a job's wait or work
+  bool watch_ticket_ = false;     // mu_: the completion thread waits for a ticket
   uint32_t* signal_ = nullptr;    // pinned; the stream waits on it
   // The submitting thread's own (no lock): tickets handed out, the one the
   // stream already waits for, and per chunk of the ring the event after the
@@ -220,8 +240,35 @@ private:
   // before it writes the chunk).
   uint32_t ticket_next_ = 0;
   uint32_t stream_waited_ = 0;
+  /// Whether work that may write host memory was queued on the stream
+  /// since the last host copy marked it: a user's launch (the closure
+  /// asked `current_cuda_stream`) or a wait on another device's item
+  /// (`order_waiter`). Then a copy from the host waits for the stream's
+  /// earlier work before it reads the bytes; otherwise the only earlier
+  /// writers of host memory are staging jobs, which run in order anyway.
+  std::atomic<bool> host_writer_{true};
+
+public:
+  /// Work that may write host memory was queued (see `host_writer_`).
+  void may_write_host() noexcept { host_writer_.store(true, std::memory_order_relaxed); }
+  /// A user's closure launches on the stream: work it queues may read what
+  /// copies to the host wrote, so the stream waits for them first.
+  void user_launches() noexcept;
+
+private:
   std::array<cuda::event_t, cuda_staging_chunks> slot_read_{};
   std::array<uint32_t, cuda_staging_chunks> slot_host_{};
+  // The chunk pieces are taken from (`stage_piece`): its index, how much is
+  // used, whether the device read a piece of it, and what its previous use
+  // left to wait for: the event after the device's reads (the first fill
+  // waits for it) and the last host job's ticket (the stream waits for it
+  // before it writes a piece).
+  bool in_chunk_ = false;
+  std::size_t cur_ = 0;
+  std::size_t cur_off_ = 0;
+  bool cur_read_ = false;
+  cuda::event_t enter_read_ = nullptr;
+  uint32_t enter_ticket_ = 0;
   std::vector<std::function<void()>> carry_; // from items that threw at launch
   std::thread watchdog_;
   std::thread stager_;
@@ -708,6 +755,8 @@ bool cuda_driver::order_after(int ordinal, int other, uint64_t seq,
   count.fetch_add(1, std::memory_order_seq_cst);
   bool later = false;
   bool ok = theirs->order_waiter(*api_, mine->handle(), seq, later);
+  if (ok)
+    mine->may_write_host(); // the other device's copies to the host
   if (ok || !later || !wake) {
     count.fetch_sub(1, std::memory_order_seq_cst);
     return ok;
@@ -914,6 +963,7 @@ bool cuda_stream::stalled_locked() {
 
 void cuda_stream::abandon(std::unique_lock<std::mutex>& lk) {
   abandon_ = true;
+  stage_cv_.notify_all(); // the staging thread drops its jobs
   lk.unlock();
   d_->quarantine_one(
     ordinal_, fmt::format("cuda device {} is quarantined: its stream completed nothing for {} ms "
@@ -953,6 +1003,7 @@ cuda_stream::~cuda_stream() {
     gate_->abandoned = !drained;
   }
   cv_.notify_all();
+  stage_cv_.notify_all();
   watchdog_.join();
   stager_.join();
   if (!drained) {
@@ -968,6 +1019,8 @@ cuda_stream::~cuda_stream() {
   for (auto* e : slot_read_)
     if (e)
       events_.push_back(e);
+  if (enter_read_)
+    events_.push_back(enter_read_);
   for (auto* e : events_)
     d_->settle(ordinal_, api_.event_destroy(e), "cudaEventDestroy");
   d_->settle(ordinal_, api_.stream_synchronize(s_), "cudaStreamSynchronize"); // the frees above
@@ -1016,6 +1069,33 @@ std::size_t cuda_stream::stage_slot() {
   return i;
 }
 
+std::byte* cuda_stream::stage_piece(std::size_t len) {
+  constexpr std::size_t align = 256;
+  if (in_chunk_ && cur_off_ + len <= cuda_staging_chunk) {
+    auto* at = ring_[cur_] + cur_off_;
+    cur_off_ += (len + align - 1) & ~(align - 1);
+    return at;
+  }
+  auto next = stage_slot(); // may throw: the current chunk stays
+  if (in_chunk_) {
+    // Leaving the chunk: a fill that reuses it waits for the device's reads
+    // of it (recorded now, after all of them).
+    if (enter_read_) {
+      std::lock_guard guard{mu_};
+      events_.push_back(std::exchange(enter_read_, nullptr));
+    }
+    if (cur_read_)
+      slot_read_[cur_] = mark();
+  }
+  in_chunk_ = true;
+  cur_ = next;
+  cur_read_ = false;
+  enter_read_ = std::exchange(slot_read_[next], nullptr);
+  enter_ticket_ = slot_host_[next];
+  cur_off_ = (len + align - 1) & ~(align - 1);
+  return ring_[next];
+}
+
 uint32_t* cuda_stream::signal_word() {
   if (signal_) [[likely]]
     return signal_;
@@ -1049,7 +1129,7 @@ uint32_t cuda_stream::post(stage_job j) {
     std::lock_guard guard{mu_};
     stage_q_.push_back(std::move(j));
   }
-  cv_.notify_all();
+  stage_cv_.notify_one();
   return t;
 }
 
@@ -1062,23 +1142,25 @@ void cuda_stream::wait_ticket(uint32_t t) {
 
 void cuda_stream::stage_in(std::byte* dst, const std::byte* src, std::size_t n) {
   (void)signal_word(); // before anything is queued: a failure leaves nothing behind
-  // The host bytes are read once the stream's earlier work is done.
-  auto earlier = mark();
+  // The host bytes are read once the stream's earlier work that may
+  // write them is done.
+  cuda::event_t earlier = nullptr;
+  if (host_writer_.exchange(false, std::memory_order_relaxed))
+    earlier = mark();
   for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
     auto len = std::min(cuda_staging_chunk, n - off);
-    auto i = stage_slot();
-    auto* buf = ring_[i];
     stage_job j;
     if (earlier)
       j.waits.push_back(std::exchange(earlier, nullptr));
-    if (slot_read_[i]) // the device's previous read of this chunk
-      j.waits.push_back(std::exchange(slot_read_[i], nullptr));
+    auto* buf = stage_piece(len);
+    if (enter_read_) // the device's reads of the chunk's previous use
+      j.waits.push_back(std::exchange(enter_read_, nullptr));
     j.work = [buf, from = src + off, len] { std::memcpy(buf, from, len); };
     auto t = post(std::move(j));
-    slot_host_[i] = t;
+    slot_host_[cur_] = t;
+    cur_read_ = true;
     wait_ticket(t);
     d_->check(ordinal_, api_.memcpy_async(dst + off, buf, len, s_), "cudaMemcpyAsync");
-    slot_read_[i] = mark();
   }
 }
 
@@ -1089,26 +1171,52 @@ void cuda_stream::stage_out(const std::byte* src, std::size_t n,
   uint32_t last = 0;
   for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
     auto len = std::min(cuda_staging_chunk, n - off);
-    auto i = stage_slot();
-    auto* buf = ring_[i];
-    wait_ticket(slot_host_[i]); // the host is done with the chunk before the device writes it
+    auto* buf = stage_piece(len);
+    wait_ticket(enter_ticket_); // the host is done with the chunk's previous use
     d_->check(ordinal_, api_.memcpy_async(buf, src + off, len, s_), "cudaMemcpyAsync");
     stage_job j;
     j.waits.push_back(mark());
     j.work = [shared, buf, off, len] { (*shared)(buf, off, len); };
     last = post(std::move(j));
-    slot_host_[i] = last;
+    slot_host_[cur_] = last;
   }
-  wait_ticket(last); // later work (and the item's completion) sees what it wrote
+  // The stream goes on: the item completes once the last job ran (its
+  // ticket), a device that waits for the item waits for the ticket too,
+  // and so does a user's launch on this stream (`user_launches`); later
+  // staging jobs run after it anyway.
+  (void)last;
 }
 
 void cuda_stream::host_job(std::function<void()> work) {
   (void)signal_word();
   stage_job j;
-  j.waits.push_back(mark());
+  if (host_writer_.exchange(false, std::memory_order_relaxed))
+    j.waits.push_back(mark());
   j.work = std::move(work);
-  wait_ticket(post(std::move(j)));
+  (void)post(std::move(j)); // as `stage_out`
 }
+
+void cuda_stream::user_launches() noexcept {
+  may_write_host();
+  auto t = out_pending();
+  if (t == 0)
+    return;
+  auto st = api_.stream_wait_value(s_, signal_, t);
+  if (st == code::success) {
+    stream_waited_ = t;
+    return;
+  }
+  // The stream cannot wait: the caller does, until the jobs ran (they
+  // need only work already queued) or the stream failed.
+  d_->settle(ordinal_, st, "cuStreamWaitValue32");
+  std::unique_lock lk{mu_};
+  while (!staged(t) && !quarantine_ && !abandon_)
+    cv_.wait_for(lk, std::chrono::microseconds{100});
+}
+
+/// Event queries the staging thread makes, yielding between them, before
+/// it sleeps between them.
+constexpr unsigned stage_spins = 0;
 
 bool cuda_stream::stage_wait(cuda::event_t e) {
   unsigned polls = 0;
@@ -1124,17 +1232,23 @@ bool cuda_stream::stage_wait(cuda::event_t e) {
     std::unique_lock lk{mu_};
     if (quarantine_ || abandon_)
       return false;
-    // Not yet: as the completion thread, 20 us growing to 1 ms.
-    ++polls;
-    auto nap = std::chrono::microseconds{std::min(1000u, 20u * polls)};
-    cv_.wait_for(lk, nap, [&] { return quarantine_ || abandon_; });
+    // Not yet: the stream is usually about to get there (the job was
+    // queued with the work before it), so the first queries only yield;
+    // then, as the completion thread, sleeps of 20 us growing to 1 ms.
+    if (++polls <= stage_spins) {
+      lk.unlock();
+      std::this_thread::yield();
+      continue;
+    }
+    auto nap = std::chrono::microseconds{std::min(1000u, 20u * (polls - stage_spins))};
+    stage_cv_.wait_for(lk, nap, [&] { return quarantine_ || abandon_; });
   }
 }
 
 void cuda_stream::stager() {
   std::unique_lock lk{mu_};
   for (;;) {
-    cv_.wait(lk, [&] { return stop_ || !stage_q_.empty(); });
+    stage_cv_.wait(lk, [&] { return stop_ || !stage_q_.empty(); });
     if (stage_q_.empty())
       return; // stopping, nothing left
     auto j = std::move(stage_q_.front());
@@ -1156,7 +1270,8 @@ void cuda_stream::stager() {
     for (auto* e : j.waits)
       events_.push_back(e);
     stage_busy_ = false;
-    cv_.notify_all();
+    if (quarantine_ || watch_ticket_)
+      cv_.notify_all(); // `fail_in_flight` or the completion thread waits for it
   }
 }
 
@@ -1211,7 +1326,7 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     for (auto& f : carry_)
       l.after.push_back(std::move(f));
     carry_.clear();
-    fifo_.push_back({seq, ev, std::move(l.after)});
+    fifo_.push_back({seq, ev, std::move(l.after), out_pending()});
   }
   d_->submitted(ordinal_);
   cv_.notify_all(); // the completion thread watches what is in flight
@@ -1224,7 +1339,8 @@ bool cuda_stream::order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t s
     return false; // the host fails the wait
   for (auto& f : fifo_)
     if (f.seq == seq) {
-      if (api.stream_wait_event(waiter, f.event) != code::success) {
+      if (api.stream_wait_event(waiter, f.event) != code::success
+          || (!staged(f.ticket) && api.stream_wait_value(waiter, signal_, f.ticket) != code::success)) {
         (void)api.get_last_error();
         return false; // the host waits instead
       }
@@ -1244,6 +1360,7 @@ void cuda_stream::quarantine_now() {
     quarantine_ = true;
   }
   cv_.notify_all();
+  stage_cv_.notify_all();
 }
 
 void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
@@ -1354,8 +1471,16 @@ void cuda_stream::watchdog() {
     lk.lock();
     if (st == code::success) {
       polls = 0;
-      while (!quarantine_ && !fifo_.empty() && fifo_.front().seq <= seq)
+      while (!quarantine_ && !fifo_.empty() && fifo_.front().seq <= seq) {
+        if (auto t = fifo_.front().ticket; !staged(t)) {
+          // Its copy to the host is still on the staging thread.
+          watch_ticket_ = true;
+          cv_.wait(lk, [&] { return stop_ || quarantine_ || staged(t); });
+          watch_ticket_ = false;
+          break;
+        }
         complete_front(lk);
+      }
       continue;
     }
     if (st != code::not_ready) {
@@ -1404,7 +1529,10 @@ cuda::api* api_of(driver& d) noexcept {
 }
 
 void* current_cuda_stream() noexcept {
-  return current && current->stream ? current->stream->handle() : nullptr;
+  if (!current || !current->stream)
+    return nullptr;
+  current->stream->user_launches(); // the caller launches its own work
+  return current->stream->handle();
 }
 
 } // namespace multidev::detail
