@@ -1216,7 +1216,7 @@ void cuda_stream::user_launches() noexcept {
 
 /// Event queries the staging thread makes, yielding between them, before
 /// it sleeps between them.
-constexpr unsigned stage_spins = 0;
+constexpr unsigned stage_spins = 16;
 
 bool cuda_stream::stage_wait(cuda::event_t e) {
   unsigned polls = 0;
