@@ -868,6 +868,42 @@ BOOST_AUTO_TEST_CASE(host_copies_and_checksums_do_not_wait_for_another_devices_h
   BOOST_TEST(s.value_waits_run >= 3u); // the stream waited for staged chunks
 }
 
+// A copy to the host does not hold its stream until the staging thread has
+// copied it out: a device that waits for it on the device must wait for
+// that too (the staging word), not only for the item's event. Here device
+// 0's staging thread still has two chunks of a large copy to copy out when
+// the small copy's item event is reached; device 1 waits for that item and
+// then copies the small buffer back from the host. (Without the word's wait
+// it read the zeros, or not, depending on the two threads' pace.)
+BOOST_AUTO_TEST_CASE(a_device_waiting_for_a_copy_to_the_host_reads_what_it_wrote, *boost::unit_test::precondition(fake_only{})) {
+  constexpr std::size_t big_n = detail::cuda_staging_chunk * 4 / sizeof(float);
+  constexpr std::size_t n = 4096;
+  std::vector<float> big(big_n, 0.0f); // outlive the backend
+  std::vector<float> small(n, 0.0f);
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  auto tb = node(1, "big", big_n);
+  auto ts = node(2, "small", n);
+  auto c0 = b.alloc_node(b.alloc_node(b.make_context(d0), tb), ts);
+  auto c1 = b.alloc_node(b.make_context(d1), ts);
+  sync(b, b.all_work(d0));
+  sync(b, b.all_work(d1));
+  f.pause(0); // all of it is submitted before device 0 runs any
+  b.run(b.link(c0, "fill", {tb, 1.0}));
+  b.run(b.link(c0, "fill", {ts, 6.0}));
+  BOOST_TEST_REQUIRE(b.to_host(c0, tb, std::as_writable_bytes(std::span{big})));
+  BOOST_TEST_REQUIRE(b.to_host(c0, ts, std::as_writable_bytes(std::span{small})));
+  b.will_wait_for(c1, b.all_work(d0));
+  BOOST_TEST_REQUIRE(b.from_host(c1, ts, std::as_bytes(std::span{small})));
+  BOOST_TEST_REQUIRE(f.wait_until([](const cuda::fake_stats& s) { return s.stream_waits >= 1; }));
+  f.resume(0);
+  BOOST_TEST(read_back(b, c1, ts) == std::vector<float>(n, 6.0f));
+  sync(b, b.all_work(d0));
+  BOOST_TEST(big == std::vector<float>(big_n, 1.0f));
+}
+
 // -- The fake runtime is not kinder than CUDA (issue 43) -------------------------------------
 
 BOOST_AUTO_TEST_CASE(the_fake_faults_a_misaligned_kernel_and_breaks_every_device, *boost::unit_test::precondition(fake_only{})) {
