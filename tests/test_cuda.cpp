@@ -772,7 +772,8 @@ BOOST_AUTO_TEST_CASE(pinned_staging_memory_is_bounded_whatever_is_in_flight, *bo
   auto staging = std::stoull(field_of(*b.get_debug_info(d).find("cuda"), "staging_bytes"));
   f.resume(0);
   BOOST_TEST(read_back(b, c, t) == src);
-  BOOST_TEST(pinned <= bound);
+  // And the stream's one pinned word, which it waits on for staged chunks.
+  BOOST_TEST(pinned <= bound + sizeof(uint32_t));
   BOOST_TEST(staging <= bound);
   BOOST_TEST(std::stoull(field_of(*b.get_debug_info(d).find("cuda"), "staging_bytes")) <= bound);
 }
@@ -814,6 +815,93 @@ BOOST_AUTO_TEST_CASE(a_long_host_function_on_one_device_does_not_hold_back_anoth
   held->release.open();
   BOOST_TEST(text == "done");
   BOOST_TEST(ended(b, d0_done) == "done");
+}
+
+// Point 3, second half: the pageable<->pinned staging copy of every host
+// copy, and checksum's sums, ran in host functions, which CUDA may run one
+// at a time for all streams: one device's long host function (a 64 MiB
+// staging copy; here a user's host function held on a latch) held back
+// every other device's host copies. They run on each stream's staging
+// thread now, and the stream waits for a staged chunk on a pinned word.
+BOOST_AUTO_TEST_CASE(host_copies_and_checksums_do_not_wait_for_another_devices_host_function, *boost::unit_test::precondition(fake_only{})) {
+  // Two and a half chunks: the ring's chunks are reused within one copy.
+  constexpr std::size_t n = detail::cuda_staging_chunk * 5 / 2 / sizeof(float);
+  auto src = iota_floats(n, 0.5f);
+  std::vector<float> out(n, 0.0f); // outlives the backend, which ends the copies
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  auto* api = detail::api_of(*b.impl().drv);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  auto t = node(1, "w", n);
+  auto c = b.alloc_node(b.make_context(d1), t);
+  b.alloc_pool(d1, 2, 4096, 256);
+  sync(b, b.all_work(d1));
+  auto launched = f.stats().host_funcs_launched;
+  auto held = std::make_shared<held_host_function>();
+  b.schedule_task(d0, {"a host function held on a latch", [api, held] {
+                         if (api->launch_host_func(current_cuda_stream(), &held_host_function::run,
+                                                   held.get()) != cuda::code::success)
+                           throw std::runtime_error("cudaLaunchHostFunc failed");
+                       }});
+  auto d0_done = b.all_work(d0);
+  BOOST_TEST_REQUIRE(held->started.wait()); // it runs, and holds the host functions
+  // Host to device, device to host, and a checksum, all on device 1.
+  bool sent = b.from_host(c, t, std::as_bytes(std::span{src}));
+  bool asked = b.to_host(c, t, std::as_writable_bytes(std::span{out}));
+  b.schedule_named(d1, spec("fill", {buf(2, 0, 4096), 5.0}));
+  b.schedule_named(d1, spec("checksum", {buf(2, 0, 4096), std::string{"sum"}}));
+  auto text = ended(b, b.all_work(d1), 5s);
+  held->release.open();
+  BOOST_TEST_REQUIRE(ended(b, b.all_work(d1)) == "done"); // late, if not in time
+  BOOST_TEST(sent);
+  BOOST_TEST(asked);
+  BOOST_TEST(text == "done");
+  BOOST_TEST(ended(b, d0_done) == "done");
+  BOOST_TEST(out == src);
+  auto sum = b.result(d1, "sum");
+  BOOST_TEST_REQUIRE(sum.has_value());
+  BOOST_TEST(sum->sum == 5.0 * 1024);
+  // No host function did any of it: the user's is the only one.
+  auto s = f.stats();
+  BOOST_TEST(s.host_funcs_launched == launched + 1);
+  BOOST_TEST(s.value_waits_run >= 3u); // the stream waited for staged chunks
+}
+
+// A copy to the host does not hold its stream until the staging thread has
+// copied it out: a device that waits for it on the device must wait for
+// that too (the staging word), not only for the item's event. Here device
+// 0's staging thread still has two chunks of a large copy to copy out when
+// the small copy's item event is reached; device 1 waits for that item and
+// then copies the small buffer back from the host. (Without the word's wait
+// it read the zeros, or not, depending on the two threads' pace.)
+BOOST_AUTO_TEST_CASE(a_device_waiting_for_a_copy_to_the_host_reads_what_it_wrote, *boost::unit_test::precondition(fake_only{})) {
+  constexpr std::size_t big_n = detail::cuda_staging_chunk * 4 / sizeof(float);
+  constexpr std::size_t n = 4096;
+  std::vector<float> big(big_n, 0.0f); // outlive the backend
+  std::vector<float> small(n, 0.0f);
+  backend b{cuda_opts(2)};
+  auto& f = the_fake(b);
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  auto tb = node(1, "big", big_n);
+  auto ts = node(2, "small", n);
+  auto c0 = b.alloc_node(b.alloc_node(b.make_context(d0), tb), ts);
+  auto c1 = b.alloc_node(b.make_context(d1), ts);
+  sync(b, b.all_work(d0));
+  sync(b, b.all_work(d1));
+  f.pause(0); // all of it is submitted before device 0 runs any
+  b.run(b.link(c0, "fill", {tb, 1.0}));
+  b.run(b.link(c0, "fill", {ts, 6.0}));
+  BOOST_TEST_REQUIRE(b.to_host(c0, tb, std::as_writable_bytes(std::span{big})));
+  BOOST_TEST_REQUIRE(b.to_host(c0, ts, std::as_writable_bytes(std::span{small})));
+  b.will_wait_for(c1, b.all_work(d0));
+  BOOST_TEST_REQUIRE(b.from_host(c1, ts, std::as_bytes(std::span{small})));
+  BOOST_TEST_REQUIRE(f.wait_until([](const cuda::fake_stats& s) { return s.stream_waits >= 1; }));
+  f.resume(0);
+  BOOST_TEST(read_back(b, c1, ts) == std::vector<float>(n, 6.0f));
+  sync(b, b.all_work(d0));
+  BOOST_TEST(big == std::vector<float>(big_n, 1.0f));
 }
 
 // -- The fake runtime is not kinder than CUDA (issue 43) -------------------------------------

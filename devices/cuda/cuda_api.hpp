@@ -148,6 +148,14 @@ public:
   virtual status event_record(event_t e, stream_t s) = 0;
   /// `cudaSuccess` once the work before its last recording is done.
   virtual status event_query(event_t e) = 0;
+  /// Work submitted to `s` after this waits until the 32-bit word at `addr`
+  /// (in `malloc_host` memory) reaches `value`: `(int32_t)(*addr - value) >= 0`
+  /// (`cuStreamWaitValue32` with `CU_STREAM_WAIT_VALUE_GEQ`). The host sets
+  /// the word with `host_signal`.
+  virtual status stream_wait_value(stream_t s, const uint32_t* addr, uint32_t value) = 0;
+  /// The host stores `value` into the word at `addr` (release order), which
+  /// `stream_wait_value` waits on. Not a runtime call: no status, no error.
+  virtual void host_signal(uint32_t* addr, uint32_t value) noexcept = 0;
   /// Runs `fn(user)` on a runtime thread once the work before it in `s` is
   /// done (`cudaLaunchHostFunc`). `fn` must not call this layer.
   virtual status launch_host_func(stream_t s, void (*fn)(void*), void* user) = 0;

@@ -111,11 +111,22 @@ public:
   /// false when `seq` is neither in flight here nor completed, and then
   /// `later` says whether it may still be submitted.
   bool order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t seq, bool& later);
-  /// The next chunk of the device's ring of pinned staging memory
-  /// (`cuda_staging_chunk` bytes): its previous use is ordered before
-  /// anything the caller queues next on the stream, so it is free to fill
-  /// in stream order. Only the submitting thread calls it.
-  std::byte* stage_chunk();
+  // Host copies (issue 43 point 3): the pageable<->pinned copies run on
+  // the stream's staging thread, never in a host function. The stream
+  // waits for a staged chunk on a pinned word the staging thread sets
+  // (`stream_wait_value`); the staging thread waits for the stream through
+  // events. Only the submitting thread calls these; they throw like `check`.
+  /// Host bytes to the device, through the ring of pinned chunks: each
+  /// chunk filled on the staging thread once the stream's earlier work and
+  /// the chunk's previous use are done, copied while the next is filled.
+  void stage_in(std::byte* dst, const std::byte* src, std::size_t n);
+  /// Device bytes through the ring to `take(chunk, offset, length)`, run on
+  /// the staging thread as each chunk arrives; the stream goes on past the
+  /// copy only once the last has run (later work sees what it wrote).
+  void stage_out(const std::byte* src, std::size_t n,
+                 std::function<void(const std::byte*, std::size_t, std::size_t)> take);
+  /// `work` (a host-to-host copy) on the staging thread, in stream order.
+  void host_job(std::function<void()> work);
   /// The device turned sticky: the watchdog fails what is in flight.
   void quarantine_now();
   /// Wakes the watchdog (frees were deferred).
@@ -129,6 +140,37 @@ private:
   /// thread, `lk` held).
   void complete_front(std::unique_lock<std::mutex>& lk);
   void watchdog();
+  /// The staging thread: runs `stage_q_`'s jobs in order.
+  void stager();
+  /// Polls `e` on the staging thread until it completed (true), or the
+  /// device failed, is quarantined or was abandoned (false).
+  bool stage_wait(cuda::event_t e);
+  /// The next chunk of the ring (made when first used).
+  std::size_t stage_slot();
+  /// `len` (at most a chunk) bytes of the ring: the rest of the current
+  /// chunk when they fit, else the next chunk. Small copies share a chunk,
+  /// so they seldom wait for one to be free.
+  std::byte* stage_piece(std::size_t len);
+  /// The pinned word the stream waits on (made when first used).
+  uint32_t* signal_word();
+  struct stage_job;
+  /// Queues `j` with the next ticket, which it returns.
+  uint32_t post(stage_job j);
+  /// Makes the stream wait until the staging thread finished ticket `t`.
+  void wait_ticket(uint32_t t);
+  /// Whether the staging thread finished ticket `t` (0: none).
+  bool staged(uint32_t t) const noexcept {
+    return t == 0 || static_cast<int32_t>(std::atomic_ref<uint32_t>(*signal_).load(
+                                            std::memory_order_acquire)
+                                          - t)
+                       >= 0;
+  }
+  /// The last ticket posted when the stream does not wait for it, else 0.
+  uint32_t out_pending() const noexcept {
+    return static_cast<int32_t>(ticket_next_ - stream_waited_) > 0 ? ticket_next_ : 0;
+  }
+  /// An event recorded on the stream now (from the pool).
+  cuda::event_t mark();
   cuda::event_t take_event();
   void fail_in_flight(std::unique_lock<std::mutex>& lk);
   /// Waits until the stream has run everything, as long as it makes
@@ -161,6 +203,9 @@ private:
     uint64_t seq;
     cuda::event_t event;
     std::vector<std::function<void()>> after;
+    /// The staging job (a copy to the host) that must also have run before
+    /// the item completes, or 0: the stream does not wait for those itself.
+    uint32_t ticket = 0;
   };
   std::deque<flying> fifo_;           // in submission order
   std::vector<cuda::event_t> events_; // the pool: completed, ready to record
@@ -175,8 +220,58 @@ private:
   bool stop_ = false;
   std::array<std::byte*, cuda_staging_chunks> ring_{}; // pinned, made when first used
   std::size_t ring_next_ = 0;
+  /// A job of the staging thread: after `waits` (events of this stream,
+  /// back to the pool once done), `work`, then the pinned word is set to
+  /// `ticket`.
+  struct stage_job {
+    std::vector<cuda::event_t> waits;
+    std::function<void()> work;
+    uint32_t ticket = 0;
+  };
+  std::deque<stage_job> stage_q_; // mu_
+  std::condition_variable stage_cv_; // the staging thread waits on it (with mu_)
+  bool stage_busy_ = false;       // mu_: the staging thread runs a job's wait or work
+  bool watch_ticket_ = false;     // mu_: the completion thread waits for a ticket
+  uint32_t* signal_ = nullptr;    // pinned; the stream waits on it
+  // The submitting thread's own (no lock): tickets handed out, the one the
+  // stream already waits for, and per chunk of the ring the event after the
+  // copy that last read it on the device (a fill waits for it) and the
+  // ticket of the host job that last used it (the stream waits for it
+  // before it writes the chunk).
+  uint32_t ticket_next_ = 0;
+  uint32_t stream_waited_ = 0;
+  /// Whether work that may write host memory was queued on the stream
+  /// since the last host copy marked it: a user's launch (the closure
+  /// asked `current_cuda_stream`) or a wait on another device's item
+  /// (`order_waiter`). Then a copy from the host waits for the stream's
+  /// earlier work before it reads the bytes; otherwise the only earlier
+  /// writers of host memory are staging jobs, which run in order anyway.
+  std::atomic<bool> host_writer_{true};
+
+public:
+  /// Work that may write host memory was queued (see `host_writer_`).
+  void may_write_host() noexcept { host_writer_.store(true, std::memory_order_relaxed); }
+  /// A user's closure launches on the stream: work it queues may read what
+  /// copies to the host wrote, so the stream waits for them first.
+  void user_launches() noexcept;
+
+private:
+  std::array<cuda::event_t, cuda_staging_chunks> slot_read_{};
+  std::array<uint32_t, cuda_staging_chunks> slot_host_{};
+  // The chunk pieces are taken from (`stage_piece`): its index, how much is
+  // used, whether the device read a piece of it, and what its previous use
+  // left to wait for: the event after the device's reads (the first fill
+  // waits for it) and the last host job's ticket (the stream waits for it
+  // before it writes a piece).
+  bool in_chunk_ = false;
+  std::size_t cur_ = 0;
+  std::size_t cur_off_ = 0;
+  bool cur_read_ = false;
+  cuda::event_t enter_read_ = nullptr;
+  uint32_t enter_ticket_ = 0;
   std::vector<std::function<void()>> carry_; // from items that threw at launch
   std::thread watchdog_;
+  std::thread stager_;
 };
 
 class cuda_driver final : public driver, public std::enable_shared_from_this<cuda_driver> {
@@ -601,19 +696,6 @@ void cuda_driver::zero(std::byte* p, std::size_t n) {
   check(ord, api_->memset_async(p, 0, n, l.stream->handle()), "cudaMemsetAsync");
 }
 
-namespace {
-/// A host-side copy run by a host callback, in stream order.
-struct host_copy_job {
-  void* dst;
-  const void* src;
-  std::size_t n;
-  static void run(void* self) noexcept {
-    auto* j = static_cast<host_copy_job*>(self);
-    std::memcpy(j->dst, j->src, j->n);
-  }
-};
-} // namespace
-
 void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
   if (n == 0)
     return;
@@ -623,35 +705,21 @@ void cuda_driver::copy(std::byte* dst, const std::byte* src, std::size_t n) {
   auto s = l.stream->handle();
   int dd = owner_of(dst);
   int sd = owner_of(src);
-  auto host_step = [&](void* to, const void* from, std::size_t len) {
-    auto job = std::make_shared<host_copy_job>(host_copy_job{to, from, len});
-    check(ord, api_->launch_host_func(s, &host_copy_job::run, job.get()), "cudaLaunchHostFunc");
-    l.after.push_back([job] {}); // lives until the item completes
-  };
   if (dd >= 0 && sd >= 0) {
     if (dd == sd)
       check(ord, api_->memcpy_async(dst, src, n, s), "cudaMemcpyAsync");
     else
       check(ord, api_->memcpy_peer_async(dst, dd, src, sd, n, s), "cudaMemcpyPeerAsync");
   } else if (dd >= 0) {
-    // Host to device through the ring of pinned chunks, each filled in
-    // stream order (the host bytes may be written by work ordered before
-    // this copy), then copied to the device.
-    for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
-      auto len = std::min(cuda_staging_chunk, n - off);
-      auto* buf = l.stream->stage_chunk();
-      host_step(buf, src + off, len);
-      check(ord, api_->memcpy_async(dst + off, buf, len, s), "cudaMemcpyAsync");
-    }
+    // Host to device through the ring of pinned chunks, filled on the
+    // staging thread in stream order (the host bytes may be written by
+    // work ordered before this copy).
+    l.stream->stage_in(dst, src, n);
   } else if (sd >= 0) {
-    for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
-      auto len = std::min(cuda_staging_chunk, n - off);
-      auto* buf = l.stream->stage_chunk();
-      check(ord, api_->memcpy_async(buf, src + off, len, s), "cudaMemcpyAsync");
-      host_step(dst + off, buf, len);
-    }
+    l.stream->stage_out(src, n, [dst](const std::byte* chunk, std::size_t off,
+                                      std::size_t len) { std::memcpy(dst + off, chunk, len); });
   } else {
-    host_step(dst, src, n);
+    l.stream->host_job([dst, src, n] { std::memcpy(dst, src, n); });
   }
 }
 
@@ -687,6 +755,8 @@ bool cuda_driver::order_after(int ordinal, int other, uint64_t seq,
   count.fetch_add(1, std::memory_order_seq_cst);
   bool later = false;
   bool ok = theirs->order_waiter(*api_, mine->handle(), seq, later);
+  if (ok)
+    mine->may_write_host(); // the other device's copies to the host
   if (ok || !later || !wake) {
     count.fetch_sub(1, std::memory_order_seq_cst);
     return ok;
@@ -708,25 +778,6 @@ struct checksum_job {
   const kernel_call* call;
   std::string name;
   checksum_state state;
-};
-/// One chunk of it, run by a host callback in stream order.
-struct checksum_part {
-  checksum_job* job;
-  const std::byte* bytes;
-  std::size_t n;
-  bool last;
-  static void run(void* self) noexcept {
-    auto* p = static_cast<checksum_part*>(self);
-    p->job->state.add({p->bytes, p->n});
-    if (!p->last)
-      return;
-    try {
-      auto r = p->job->state.result();
-      p->job->call->publish(p->job->name, r.sum, r.hash, r.count);
-    } catch (...) {
-      // Publishing only allocates; out of memory loses this one result.
-    }
-  }
 };
 } // namespace
 
@@ -766,25 +817,26 @@ void cuda_driver::run_kernel(const std::string& name, const kernel_call& c) {
     auto src = c.buffer(0);
     (void)c.floats(0);
     // The bytes come to the host in stream order, a chunk of the staging
-    // ring at a time; host callbacks sum and hash each, and the last
-    // publishes, before the item completes.
+    // ring at a time; the staging thread sums and hashes each, and
+    // publishes after the last, before the item completes.
     auto job = std::make_shared<checksum_job>(checksum_job{&c, c.string(1), {}});
     l.after.push_back([job] {});
-    std::size_t off = 0;
-    do {
-      auto len = std::min(cuda_staging_chunk, src.size() - off);
-      std::byte* buf = nullptr;
-      if (len > 0) {
-        buf = l.stream->stage_chunk();
-        check(ord, api_->memcpy_async(buf, src.data() + off, len, s), "cudaMemcpyAsync");
+    const auto total = src.size();
+    auto take = [job, total](const std::byte* chunk, std::size_t off, std::size_t len) {
+      job->state.add({chunk, len});
+      if (off + len < total)
+        return;
+      try {
+        auto r = job->state.result();
+        job->call->publish(job->name, r.sum, r.hash, r.count);
+      } catch (...) {
+        // Publishing only allocates; out of memory loses this one result.
       }
-      auto part = std::make_shared<checksum_part>(
-        checksum_part{job.get(), buf, len, off + len == src.size()});
-      check(ord, api_->launch_host_func(s, &checksum_part::run, part.get()),
-            "cudaLaunchHostFunc");
-      l.after.push_back([part] {});
-      off += len;
-    } while (off < src.size());
+    };
+    if (total == 0)
+      l.stream->host_job([take] { take(nullptr, 0, 0); });
+    else
+      l.stream->stage_out(src.data(), total, std::move(take));
   } else if (name == "spin_ns") {
     check(ord, api_->launch_spin(c.integer(0), s), "spin_ns kernel launch");
   } else if (name == "fail") {
@@ -837,6 +889,17 @@ cuda_stream::cuda_stream(std::shared_ptr<cuda_driver> d, int ordinal, completion
   : d_(std::move(d)), api_(d_->api()), ordinal_(ordinal), sink_(sink), s_(s) {
   gate_->stream = this;
   watchdog_ = std::thread([this] { watchdog(); });
+  try {
+    stager_ = std::thread([this] { stager(); });
+  } catch (...) {
+    {
+      std::lock_guard guard{mu_};
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    throw;
+  }
 }
 
 /// What an abandoned stream may still use: kept, reachable, until the
@@ -900,6 +963,7 @@ bool cuda_stream::stalled_locked() {
 
 void cuda_stream::abandon(std::unique_lock<std::mutex>& lk) {
   abandon_ = true;
+  stage_cv_.notify_all(); // the staging thread drops its jobs
   lk.unlock();
   d_->quarantine_one(
     ordinal_, fmt::format("cuda device {} is quarantined: its stream completed nothing for {} ms "
@@ -939,7 +1003,9 @@ cuda_stream::~cuda_stream() {
     gate_->abandoned = !drained;
   }
   cv_.notify_all();
+  stage_cv_.notify_all();
   watchdog_.join();
+  stager_.join();
   if (!drained) {
     keep_forever(std::make_shared<std::vector<std::function<void()>>>(std::move(carry_)));
     keep_forever(gate_);
@@ -950,12 +1016,19 @@ cuda_stream::~cuda_stream() {
     f();
   carry_.clear();
   d_->flush_deferred(ordinal_, s_);
+  for (auto* e : slot_read_)
+    if (e)
+      events_.push_back(e);
+  if (enter_read_)
+    events_.push_back(enter_read_);
   for (auto* e : events_)
     d_->settle(ordinal_, api_.event_destroy(e), "cudaEventDestroy");
   d_->settle(ordinal_, api_.stream_synchronize(s_), "cudaStreamSynchronize"); // the frees above
   for (auto* p : ring_)
     if (p)
       d_->settle(ordinal_, api_.free_host(p), "cudaFreeHost");
+  if (signal_)
+    d_->settle(ordinal_, api_.free_host(signal_), "cudaFreeHost");
   d_->settle(ordinal_, api_.stream_destroy(s_), "cudaStreamDestroy");
 }
 
@@ -975,14 +1048,14 @@ cuda::event_t cuda_stream::take_event() {
   return e;
 }
 
-std::byte* cuda_stream::stage_chunk() {
+std::size_t cuda_stream::stage_slot() {
   std::size_t i = 0;
   {
     std::lock_guard guard{mu_};
     i = ring_next_;
     ring_next_ = (ring_next_ + 1) % ring_.size();
     if (ring_[i])
-      return ring_[i];
+      return i;
   }
   void* raw = nullptr;
   auto st = api_.malloc_host(&raw, cuda_staging_chunk);
@@ -993,7 +1066,213 @@ std::byte* cuda_stream::stage_chunk() {
   d_->check(ordinal_, st, "cudaMallocHost");
   std::lock_guard guard{mu_};
   ring_[i] = static_cast<std::byte*>(raw);
-  return ring_[i];
+  return i;
+}
+
+std::byte* cuda_stream::stage_piece(std::size_t len) {
+  constexpr std::size_t align = 256;
+  if (in_chunk_ && cur_off_ + len <= cuda_staging_chunk) {
+    auto* at = ring_[cur_] + cur_off_;
+    cur_off_ += (len + align - 1) & ~(align - 1);
+    return at;
+  }
+  auto next = stage_slot(); // may throw: the current chunk stays
+  if (in_chunk_) {
+    // Leaving the chunk: a fill that reuses it waits for the device's reads
+    // of it (recorded now, after all of them).
+    if (enter_read_) {
+      std::lock_guard guard{mu_};
+      events_.push_back(std::exchange(enter_read_, nullptr));
+    }
+    if (cur_read_)
+      slot_read_[cur_] = mark();
+  }
+  in_chunk_ = true;
+  cur_ = next;
+  cur_read_ = false;
+  enter_read_ = std::exchange(slot_read_[next], nullptr);
+  enter_ticket_ = slot_host_[next];
+  cur_off_ = (len + align - 1) & ~(align - 1);
+  return ring_[next];
+}
+
+uint32_t* cuda_stream::signal_word() {
+  if (signal_) [[likely]]
+    return signal_;
+  void* raw = nullptr;
+  auto st = api_.malloc_host(&raw, sizeof(uint32_t));
+  if (st == code::memory_allocation) {
+    (void)api_.get_last_error();
+    throw std::bad_alloc{};
+  }
+  d_->check(ordinal_, st, "cudaMallocHost");
+  signal_ = static_cast<uint32_t*>(raw);
+  api_.host_signal(signal_, 0);
+  return signal_;
+}
+
+cuda::event_t cuda_stream::mark() {
+  auto e = take_event();
+  auto st = api_.event_record(e, s_);
+  if (st != code::success) [[unlikely]] {
+    // Not trusted again (see `submit`).
+    d_->settle(ordinal_, api_.event_destroy(e), "cudaEventDestroy");
+    d_->fail(ordinal_, st, "cudaEventRecord");
+  }
+  return e;
+}
+
+uint32_t cuda_stream::post(stage_job j) {
+  j.ticket = ++ticket_next_;
+  auto t = j.ticket;
+  {
+    std::lock_guard guard{mu_};
+    stage_q_.push_back(std::move(j));
+  }
+  stage_cv_.notify_one();
+  return t;
+}
+
+void cuda_stream::wait_ticket(uint32_t t) {
+  if (static_cast<int32_t>(t - stream_waited_) <= 0)
+    return; // the stream already waits for it (or a later one)
+  d_->check(ordinal_, api_.stream_wait_value(s_, signal_word(), t), "cuStreamWaitValue32");
+  stream_waited_ = t;
+}
+
+void cuda_stream::stage_in(std::byte* dst, const std::byte* src, std::size_t n) {
+  (void)signal_word(); // before anything is queued: a failure leaves nothing behind
+  // The host bytes are read once the stream's earlier work that may
+  // write them is done.
+  cuda::event_t earlier = nullptr;
+  if (host_writer_.exchange(false, std::memory_order_relaxed))
+    earlier = mark();
+  for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
+    auto len = std::min(cuda_staging_chunk, n - off);
+    stage_job j;
+    if (earlier)
+      j.waits.push_back(std::exchange(earlier, nullptr));
+    auto* buf = stage_piece(len);
+    if (enter_read_) // the device's reads of the chunk's previous use
+      j.waits.push_back(std::exchange(enter_read_, nullptr));
+    j.work = [buf, from = src + off, len] { std::memcpy(buf, from, len); };
+    auto t = post(std::move(j));
+    slot_host_[cur_] = t;
+    cur_read_ = true;
+    wait_ticket(t);
+    d_->check(ordinal_, api_.memcpy_async(dst + off, buf, len, s_), "cudaMemcpyAsync");
+  }
+}
+
+void cuda_stream::stage_out(const std::byte* src, std::size_t n,
+                            std::function<void(const std::byte*, std::size_t, std::size_t)> take) {
+  (void)signal_word();
+  auto shared = std::make_shared<decltype(take)>(std::move(take));
+  uint32_t last = 0;
+  for (std::size_t off = 0; off < n; off += cuda_staging_chunk) {
+    auto len = std::min(cuda_staging_chunk, n - off);
+    auto* buf = stage_piece(len);
+    wait_ticket(enter_ticket_); // the host is done with the chunk's previous use
+    d_->check(ordinal_, api_.memcpy_async(buf, src + off, len, s_), "cudaMemcpyAsync");
+    stage_job j;
+    j.waits.push_back(mark());
+    j.work = [shared, buf, off, len] { (*shared)(buf, off, len); };
+    last = post(std::move(j));
+    slot_host_[cur_] = last;
+  }
+  // The stream goes on: the item completes once the last job ran (its
+  // ticket), a device that waits for the item waits for the ticket too,
+  // and so does a user's launch on this stream (`user_launches`); later
+  // staging jobs run after it anyway.
+  (void)last;
+}
+
+void cuda_stream::host_job(std::function<void()> work) {
+  (void)signal_word();
+  stage_job j;
+  if (host_writer_.exchange(false, std::memory_order_relaxed))
+    j.waits.push_back(mark());
+  j.work = std::move(work);
+  (void)post(std::move(j)); // as `stage_out`
+}
+
+void cuda_stream::user_launches() noexcept {
+  may_write_host();
+  auto t = out_pending();
+  if (t == 0)
+    return;
+  auto st = api_.stream_wait_value(s_, signal_, t);
+  if (st == code::success) {
+    stream_waited_ = t;
+    return;
+  }
+  // The stream cannot wait: the caller does, until the jobs ran (they
+  // need only work already queued) or the stream failed.
+  d_->settle(ordinal_, st, "cuStreamWaitValue32");
+  std::unique_lock lk{mu_};
+  while (!staged(t) && !quarantine_ && !abandon_)
+    cv_.wait_for(lk, std::chrono::microseconds{100});
+}
+
+/// Event queries the staging thread makes, yielding between them, before
+/// it sleeps between them.
+constexpr unsigned stage_spins = 16;
+
+bool cuda_stream::stage_wait(cuda::event_t e) {
+  unsigned polls = 0;
+  for (;;) {
+    auto st = api_.event_query(e);
+    if (st == code::success)
+      return true;
+    if (st != code::not_ready) {
+      (void)api_.get_last_error();
+      d_->quarantine(ordinal_, st, "cudaEventQuery");
+      return false;
+    }
+    std::unique_lock lk{mu_};
+    if (quarantine_ || abandon_)
+      return false;
+    // Not yet: the stream is usually about to get there (the job was
+    // queued with the work before it), so the first queries only yield;
+    // then, as the completion thread, sleeps of 20 us growing to 1 ms.
+    if (++polls <= stage_spins) {
+      lk.unlock();
+      std::this_thread::yield();
+      continue;
+    }
+    auto nap = std::chrono::microseconds{std::min(1000u, 20u * (polls - stage_spins))};
+    stage_cv_.wait_for(lk, nap, [&] { return quarantine_ || abandon_; });
+  }
+}
+
+void cuda_stream::stager() {
+  std::unique_lock lk{mu_};
+  for (;;) {
+    stage_cv_.wait(lk, [&] { return stop_ || !stage_q_.empty(); });
+    if (stage_q_.empty())
+      return; // stopping, nothing left
+    auto j = std::move(stage_q_.front());
+    stage_q_.pop_front();
+    // A failed or abandoned stream's jobs are dropped: the items they
+    // serve fail, and their buffers may go (`fail_in_flight` waits while
+    // a job runs).
+    bool ok = !quarantine_ && !abandon_;
+    stage_busy_ = ok;
+    lk.unlock();
+    for (auto* e : j.waits)
+      ok = ok && stage_wait(e);
+    if (ok) {
+      j.work();
+      api_.host_signal(signal_, j.ticket);
+    }
+    j.work = nullptr;
+    lk.lock();
+    for (auto* e : j.waits)
+      events_.push_back(e);
+    stage_busy_ = false;
+    if (quarantine_ || watch_ticket_)
+      cv_.notify_all(); // `fail_in_flight` or the completion thread waits for it
+  }
 }
 
 void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
@@ -1047,7 +1326,7 @@ void cuda_stream::submit(uint64_t seq, std::function<void()> work) {
     for (auto& f : carry_)
       l.after.push_back(std::move(f));
     carry_.clear();
-    fifo_.push_back({seq, ev, std::move(l.after)});
+    fifo_.push_back({seq, ev, std::move(l.after), out_pending()});
   }
   d_->submitted(ordinal_);
   cv_.notify_all(); // the completion thread watches what is in flight
@@ -1060,7 +1339,8 @@ bool cuda_stream::order_waiter(cuda::api& api, cuda::stream_t waiter, uint64_t s
     return false; // the host fails the wait
   for (auto& f : fifo_)
     if (f.seq == seq) {
-      if (api.stream_wait_event(waiter, f.event) != code::success) {
+      if (api.stream_wait_event(waiter, f.event) != code::success
+          || (!staged(f.ticket) && api.stream_wait_value(waiter, signal_, f.ticket) != code::success)) {
         (void)api.get_last_error();
         return false; // the host waits instead
       }
@@ -1080,9 +1360,13 @@ void cuda_stream::quarantine_now() {
     quarantine_ = true;
   }
   cv_.notify_all();
+  stage_cv_.notify_all();
 }
 
 void cuda_stream::fail_in_flight(std::unique_lock<std::mutex>& lk) {
+  // A staging job may be copying into an item's buffers: it ends (its
+  // waits see the quarantine) before the items fail.
+  cv_.wait(lk, [&] { return !stage_busy_; });
   std::deque<flying> lost;
   lost.swap(fifo_);
   ++callbacks_running_;
@@ -1187,8 +1471,16 @@ void cuda_stream::watchdog() {
     lk.lock();
     if (st == code::success) {
       polls = 0;
-      while (!quarantine_ && !fifo_.empty() && fifo_.front().seq <= seq)
+      while (!quarantine_ && !fifo_.empty() && fifo_.front().seq <= seq) {
+        if (auto t = fifo_.front().ticket; !staged(t)) {
+          // Its copy to the host is still on the staging thread.
+          watch_ticket_ = true;
+          cv_.wait(lk, [&] { return stop_ || quarantine_ || staged(t); });
+          watch_ticket_ = false;
+          break;
+        }
         complete_front(lk);
+      }
       continue;
     }
     if (st != code::not_ready) {
@@ -1237,7 +1529,10 @@ cuda::api* api_of(driver& d) noexcept {
 }
 
 void* current_cuda_stream() noexcept {
-  return current && current->stream ? current->stream->handle() : nullptr;
+  if (!current || !current->stream)
+    return nullptr;
+  current->stream->user_launches(); // the caller launches its own work
+  return current->stream->handle();
 }
 
 } // namespace multidev::detail

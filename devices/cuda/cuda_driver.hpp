@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The CUDA driver (`multidev_cuda`): one non-blocking stream per device,
-/// stream-ordered pools, CUDA events for cross-device waits, host callbacks
-/// for completion. Every runtime call goes through `cuda::api`, so its logic
+/// stream-ordered pools, CUDA events for cross-device waits and for
+/// completion, a staging thread per stream for copies with host memory. Every runtime call goes through `cuda::api`, so its logic
 /// runs in CI against `cuda::fake_api` and on a GPU against `real_api()`.
 ///
 /// - **Items**: the runner submits an item on its own thread; its work
@@ -13,7 +13,9 @@
 ///   (`cudaEventQuery`) and reports the item to the device core once it
 ///   completed, so items complete in seq order and no completion waits for
 ///   a host function (CUDA may run those of all streams one at a time).
-///   Host functions only stage copies and checksums, and make no CUDA call.
+///   The driver launches no host function: the host side of copies and
+///   checksums runs on the stream's staging thread (docs/design.md,
+///   "Staging memory").
 /// - **Waits**: between two CUDA devices of one driver, `order_after` makes
 ///   the waiting stream wait for the producer item's event on the device
 ///   (`cudaStreamWaitEvent`); an event is recorded once and any number of
@@ -35,7 +37,9 @@
 /// - **Memory**: pools come from `cudaMallocAsync` on the device's stream
 ///   (the device's default memory pool, which keeps freed memory); copies
 ///   with host memory go through a bounded ring of page-locked staging
-///   chunks (`cuda_staging_chunk`), and copies between devices through
+///   chunks (`cuda_staging_chunk`), filled and drained on the staging
+///   thread while the stream waits on a page-locked word for each piece
+///   (`stream_wait_value`), and copies between devices through
 ///   `cudaMemcpyPeerAsync`.
 /// - **No GPU**: with no runtime, no driver or no device, `device_count()`
 ///   is 0 and `properties()` says why. Nothing is enumerated until asked.

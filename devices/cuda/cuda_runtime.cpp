@@ -8,7 +8,11 @@
 #include "devices/cuda/cuda_api.hpp"
 #include "devices/cuda/cuda_kernels.hpp"
 
+#include <cuda.h> // cuStreamWaitValue32's declaration only: found at run time
 #include <cuda_runtime.h>
+
+#include <atomic>
+#include <mutex>
 
 #include <cstdint>
 
@@ -128,6 +132,42 @@ public:
 
   status event_query(event_t e) override {
     return st(cudaEventQuery(as_event(e)));
+  }
+
+  status stream_wait_value(stream_t s, const uint32_t* addr, uint32_t value) override {
+    // A runtime stream is a driver stream; page-locked memory from
+    // cudaMallocHost is mapped at the same address (unified addressing).
+    // Through the runtime's entry point lookup, not by linking libcuda: the
+    // tool still starts where no GPU driver is installed.
+    using fn_t = decltype(&cuStreamWaitValue32);
+    static fn_t fn = nullptr;
+    static cudaError_t found = cudaSuccess;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+      found = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000,
+                                               cudaEnableDefault, &q);
+#else
+      found = cudaGetDriverEntryPoint("cuStreamWaitValue32", &p, cudaEnableDefault, &q);
+#endif
+      if (found == cudaSuccess && (q != cudaDriverEntryPointSuccess || p == nullptr))
+        found = cudaErrorNotSupported;
+      fn = reinterpret_cast<fn_t>(p);
+    });
+    if (found != cudaSuccess)
+      return st(found);
+    auto r = fn(static_cast<CUstream>(s),
+                                 reinterpret_cast<CUdeviceptr>(addr), value,
+                                 CU_STREAM_WAIT_VALUE_GEQ);
+    // The driver API's codes are the runtime's for what can happen here
+    // (invalid value, not supported, a sticky context error).
+    return r == CUDA_SUCCESS ? code::success : static_cast<status>(r);
+  }
+
+  void host_signal(uint32_t* addr, uint32_t value) noexcept override {
+    std::atomic_ref<uint32_t>(*addr).store(value, std::memory_order_release);
   }
 
   status launch_host_func(stream_t s, void (*fn)(void*), void* user) override {

@@ -54,13 +54,15 @@ struct fake_api::event_state {
 };
 
 struct fake_api::op {
-  enum class kind { kernel, memset, memcpy, peer_copy, host_func, free, record, wait };
+  enum class kind { kernel, memset, memcpy, peer_copy, host_func, free, record, wait, wait_value };
   kind k = kind::kernel;
   std::function<void()> work; // kernel, memset, memcpy, peer_copy, host_func
   void* ptr = nullptr;        // free
   std::shared_ptr<event_state> ev; // record, wait
   uint64_t gen = 0;                // record, wait
   status fault = code::success;    // kernel: the sticky error it raises when it runs
+  const uint32_t* word = nullptr;  // wait_value: the word and the value it waits for
+  uint32_t value = 0;
 };
 
 struct fake_api::stream_state {
@@ -83,6 +85,7 @@ fake_api::~fake_api() {
     std::lock_guard guard{mu_};
     for (auto& d : devs_)
       d.paused = false;
+    ending_ = true; // a word nobody will set again ends its waits
     for (auto& [h, st] : streams_)
       st->closing = true;
     cv_.notify_all();
@@ -294,6 +297,15 @@ void fake_api::run(stream_state& st, op& o, std::unique_lock<std::mutex>& lk) {
         return !ev.pending.contains(o.gen) || sticky(ev.device) != code::success
                || d.sticky != code::success;
       });
+      return;
+    }
+    case op::kind::wait_value: {
+      // `host_signal` stores under mu_ and notifies.
+      cv_.wait(lk, [&] {
+        auto now = std::atomic_ref<const uint32_t>(*o.word).load(std::memory_order_acquire);
+        return static_cast<int32_t>(now - o.value) >= 0 || d.sticky != code::success || ending_;
+      });
+      ++st_.value_waits_run;
       return;
     }
   }
@@ -569,6 +581,33 @@ status fake_api::event_query(event_t e) {
       return r;
     return ev->pending.contains(ev->recorded) ? code::not_ready : code::success;
   });
+}
+
+status fake_api::stream_wait_value(stream_t s, const uint32_t* addr, uint32_t value) {
+  return call("stream_wait_value", [&](std::unique_lock<std::mutex>& lk) {
+    stream_state* st = nullptr;
+    if (auto r = find_stream(s, st))
+      return r;
+    if (addr == nullptr || reinterpret_cast<std::uintptr_t>(addr) % 4 != 0)
+      return code::invalid_value;
+    // The word must be page-locked host memory (CUDA needs it mapped).
+    auto i = pinned_.upper_bound(const_cast<uint32_t*>(addr));
+    if (i == pinned_.begin())
+      return code::invalid_value;
+    --i;
+    if (static_cast<const std::byte*>(static_cast<const void*>(addr))
+        >= static_cast<const std::byte*>(i->first) + i->second)
+      return code::invalid_value;
+    enqueue(*st, op{.k = op::kind::wait_value, .word = addr, .value = value}, lk);
+    return code::success;
+  });
+}
+
+void fake_api::host_signal(uint32_t* addr, uint32_t value) noexcept {
+  std::lock_guard guard{mu_};
+  std::atomic_ref<uint32_t>(*addr).store(value, std::memory_order_release);
+  ++st_.host_signals;
+  cv_.notify_all();
 }
 
 status fake_api::launch_host_func(stream_t s, void (*fn)(void*), void* user) {

@@ -41,6 +41,8 @@ struct fake_stats {
   uint64_t events_destroyed = 0;
   uint64_t event_records = 0; ///< `event_record` calls.
   uint64_t stream_waits = 0;  ///< `stream_wait_event` calls.
+  uint64_t value_waits_run = 0; ///< `stream_wait_value` waits that ended (the word reached its value).
+  uint64_t host_signals = 0;    ///< `host_signal` calls.
   uint64_t host_funcs_launched = 0;
   uint64_t host_funcs_run = 0;
   uint64_t kernels_launched = 0;
@@ -115,6 +117,12 @@ public:
   status event_record(event_t e, stream_t s) override;
   /// `not_ready` until its last recording has run; a never-recorded event is ready.
   status event_query(event_t e) override;
+  /// Blocks `s` until the word reaches `value` (wrapping compare) or the
+  /// device turns sticky; `invalid_value` unless `addr` is 4-aligned
+  /// `malloc_host` memory.
+  status stream_wait_value(stream_t s, const uint32_t* addr, uint32_t value) override;
+  /// Stores the word and wakes the streams waiting on it.
+  void host_signal(uint32_t* addr, uint32_t value) noexcept override;
   /// `fn(user)` runs on the stream's thread when the stream reaches it,
   /// one host function at a time across all streams (the stream waits).
   status launch_host_func(stream_t s, void (*fn)(void*), void* user) override;
@@ -239,6 +247,7 @@ private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_; // every change of state or counters
   bool no_driver_ = false;
+  bool ending_ = false; // the destructor runs: value waits end
   std::vector<device_state> devs_;
   std::map<uint64_t, thread_state> threads_; // by thread token (never reused)
   std::map<std::string, std::deque<status>> fail_next_;
