@@ -59,6 +59,10 @@ struct node_session {
   /// once over (device_core::set_lease).
   std::shared_ptr<std::atomic<int64_t>> lease;
   int64_t lease_ns = 0;
+  /// When the node received each renewal whose acknowledgement the client
+  /// may not have yet (0: the `open`), steady ns; the lease is extended from
+  /// the one the client says it was acknowledged.
+  std::map<uint64_t, int64_t> heard;
   std::vector<caf::actor> devices;
 };
 
@@ -209,7 +213,9 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
       node_session s;
       s.client = client;
       s.lease_ns = lease_ns;
-      s.lease = std::make_shared<std::atomic<int64_t>>(steady_ns() + lease_ns);
+      auto now = steady_ns();
+      s.lease = std::make_shared<std::atomic<int64_t>>(now + lease_ns);
+      s.heard[0] = now;
       try {
         s.b = std::make_shared<backend>(self->system(), st.opts);
         s.b->impl().lease = s.lease;
@@ -229,7 +235,8 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
       self->delayed_send(self, std::chrono::nanoseconds{lease_ns}, check_atom::value, id);
       return {st.name, st.identity, id, lease_ns, std::move(devices)};
     },
-    [self](atoms::renew_atom, uint64_t id) -> caf::result<int64_t> {
+    [self](atoms::renew_atom, uint64_t id, uint64_t n,
+           uint64_t acked) -> caf::result<int64_t> {
       auto& st = self->state;
       auto i = st.sessions.find(id);
       if (i == st.sessions.end()) {
@@ -246,7 +253,12 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
       // back: a runner may have found it over and cancelled the queue.
       auto d = s.lease->load(std::memory_order_acquire);
       auto now = steady_ns();
-      while (d > now && !s.lease->compare_exchange_weak(d, now + s.lease_ns)) {
+      // From when this node received the renewal the client last heard
+      // acknowledged: the client counts its lease from that acknowledgement,
+      // which came later. One whose acknowledgement is lost extends nothing.
+      auto from = s.heard.find(acked);
+      auto until = from != s.heard.end() ? from->second + s.lease_ns : d;
+      while (d > now && until > d && !s.lease->compare_exchange_weak(d, until)) {
       }
       if (d <= now) {
         end_session(self, id,
@@ -254,6 +266,9 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
                                 static_cast<double>(s.lease_ns) / 1e9));
         return make_error(errc::device_failed, st.name, st.ended[id]);
       }
+      if (n > acked && s.heard.size() < 64) // a client keeps few unacknowledged
+        s.heard.emplace(n, now);
+      s.heard.erase(s.heard.begin(), s.heard.lower_bound(acked));
       return s.lease_ns;
     },
     [self](atoms::detach_atom, uint64_t id) -> bool {
@@ -370,6 +385,8 @@ struct keeper_state {
   std::string address; // where it was attached
   std::chrono::nanoseconds lease{0}, every{0}, margin{0};
   std::chrono::steady_clock::time_point last_ack;
+  uint64_t sent = 0;  // renewals sent
+  uint64_t acked = 0; // the last one acknowledged (0: the open)
   std::vector<caf::actor> links;
   std::shared_ptr<std::atomic<bool>> ended;
 };
@@ -401,10 +418,15 @@ caf::behavior keeper_impl(keeper_ptr self, keeper_state init) {
   return {
     [self](tick_atom) {
       auto& st = self->state;
-      self->request(st.node, caf::duration{st.lease}, atoms::renew_atom::value, st.session)
+      auto n = ++st.sent;
+      self->request(st.node, caf::duration{st.lease}, atoms::renew_atom::value, st.session, n,
+                    st.acked)
         .then(
-          [self](int64_t granted) {
+          [self, n](int64_t granted) {
             auto& st = self->state;
+            if (n <= st.acked)
+              return;
+            st.acked = n;
             st.last_ack = std::chrono::steady_clock::now();
             st.lease = std::chrono::nanoseconds{granted};
             self->delayed_send(self, st.lease + st.margin, due_atom::value);

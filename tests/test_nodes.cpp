@@ -140,7 +140,7 @@ node_actor::behavior_type listing_impl(node_actor::pointer, std::string name,
       -> caf::result<std::string, std::string, uint64_t, int64_t, std::vector<caf::actor>> {
       return {name, "listing " + name, uint64_t{0}, int64_t{0}, devices};
     },
-    [](atoms::renew_atom, uint64_t) -> int64_t { return 0; },
+    [](atoms::renew_atom, uint64_t, uint64_t, uint64_t) -> int64_t { return 0; },
     [](atoms::detach_atom, uint64_t) { return false; },
     [](atoms::debug_atom) { return std::string{}; },
   };
@@ -1332,6 +1332,50 @@ BOOST_DATA_TEST_CASE(test_nodes_over_tcp_one_nodes_loss_fails_only_its_work,
                      boost::unit_test::data::make({loss::kill9, loss::sigterm, loss::sigstop}),
                      how) {
   one_nodes_loss_fails_only_its_work(how, false);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_renewal_whose_acknowledgement_was_lost_extends_no_lease) {
+  // A client counts its lease from the last acknowledgement it received; a
+  // node that extended the lease from a renewal whose acknowledgement never
+  // arrived would run the session's items after the client's verdict. Here
+  // the client keeps renewing but says it heard no acknowledgement (acked
+  // 0, the open): the lease still ends one lease after the open. Renewals
+  // that name their acknowledged predecessor keep it (the control case).
+  backend srv{{.num_devices = 1}};
+  auto node = spawn_node_actor(srv, "n");
+  caf::scoped_actor self{srv.system()};
+  constexpr auto lease = 400ms;
+  auto open = [&] {
+    uint64_t id = 0;
+    self->request(node, 10s, atoms::open_atom::value, std::string{"test"},
+                  int64_t{std::chrono::nanoseconds{lease}.count()})
+      .receive([&](std::string&, std::string&, uint64_t s, int64_t, std::vector<caf::actor>&) { id = s; },
+               [&](caf::error& e) { BOOST_ERROR("open: " << srv.system().render(e)); });
+    return id;
+  };
+  // Renews every 50 ms until refused or `limit`; how long the lease held.
+  auto renew_until_refused = [&](uint64_t id, bool acks_lost, std::chrono::milliseconds limit) {
+    auto start = std::chrono::steady_clock::now();
+    uint64_t n = 0, acked = 0;
+    while (std::chrono::steady_clock::now() - start < limit) {
+      bool refused = false;
+      ++n;
+      self->request(node, 10s, atoms::renew_atom::value, id, n, acks_lost ? uint64_t{0} : acked)
+        .receive([&](int64_t) { acked = n; }, [&](caf::error&) { refused = true; });
+      if (refused)
+        return std::chrono::steady_clock::now() - start;
+      std::this_thread::sleep_for(50ms); // the client's renewal interval, not a synchronization
+    }
+    return std::chrono::steady_clock::now() - start;
+  };
+  auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  auto lost = renew_until_refused(open(), true, 5 * lease);
+  BOOST_TEST((lost < 5 * lease), "renewals whose acknowledgements were lost kept the lease for "
+                                   << ms(lost) << " ms (lease " << ms(lease) << " ms)");
+  BOOST_TEST((lost >= lease - 60ms), ms(lost));
+  auto kept = renew_until_refused(open(), false, 5 * lease);
+  BOOST_TEST((kept >= 5 * lease), "acknowledged renewals lost the lease after " << ms(kept) << " ms");
+  caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_two_clients_of_one_node_own_their_pools_and_failures) {

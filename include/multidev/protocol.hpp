@@ -260,10 +260,15 @@ using node_actor = caf::typed_actor<
   /// and the session's device actors in ordinal order.
   caf::replies_to<atoms::open_atom, std::string, int64_t>::with<
     std::string, std::string, uint64_t, int64_t, std::vector<caf::actor>>,
-  /// Renews session `id`'s lease from now; replies with the lease granted.
-  /// An error once the session has ended (its lease ran out first, it was
-  /// detached): a renewal never brings an ended session back.
-  caf::replies_to<atoms::renew_atom, uint64_t>::with<int64_t>,
+  /// Renewal `n` (1, 2, ...) of session `id`'s lease, sent by a client whose
+  /// last acknowledged renewal is `acked` (0: the `open`). The lease is
+  /// extended to the lease from when the node received renewal `acked`
+  /// (the `open` for 0), never from this one: the client counts from the
+  /// acknowledgement it got, so a renewal whose acknowledgement is lost
+  /// extends nothing. Replies with the lease granted. An error once the
+  /// session has ended (its lease ran out first, it was detached): a
+  /// renewal never brings an ended session back.
+  caf::replies_to<atoms::renew_atom, uint64_t, uint64_t, uint64_t>::with<int64_t>,
   /// Ends session `id`: its work not started is cancelled, its pools are
   /// freed once its running item (if any) ends. Replies whether it was open.
   caf::replies_to<atoms::detach_atom, uint64_t>::with<bool>,
