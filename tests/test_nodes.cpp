@@ -575,20 +575,13 @@ BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answe
   silent.kill9(); // its runner still spins: no need to wait for it
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_names_a_silent_one) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_names_a_silent_one, two_nodes) {
   // Issue 37 point 6: a deadline's chain follows the waits into the nodes
   // (it stopped at the process edge: "lives on another node and has not
   // reported it done"); get_global_debug_info lists each node device's part
   // of its node's wait-for graph, and a silent node as silent, within its
   // deadline (it blocked until the heartbeat dropped the node).
-  node_process na{tool(), 1, "a", true};
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto on_a = attach_node(b, "127.0.0.1", na.port());
-  auto on_b = attach_node(b, "127.0.0.1", nb.port());
-  BOOST_TEST_REQUIRE((on_a.size() == 1u && on_b.size() == 1u));
-  auto a0 = on_a[0], b0 = on_b[0], local = b.get_device(0);
+  auto local = b.get_device(0);
   auto busy = b.schedule_named(a0, {"spin_ns", {int64_t{20'000'000'000}}});
   b.will_wait_for(b.make_context(b0), busy);
   auto behind = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
@@ -618,7 +611,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_nam
   BOOST_TEST(contains(text, "(wait (waiter " + b0.name() + ") (at_seq "), text);
   BOOST_TEST(contains(text, "(event (device " + a0.name() + ") (seq " + s(busy) + ")"), text);
   // a falls silent: listed as such within the deadline, and a chain names it.
-  na.pause();
+  na->pause();
   auto start = std::chrono::steady_clock::now();
   auto info = test_support::bounded([&] { return b.get_global_debug_info(); }, "debug info");
   auto took = std::chrono::steady_clock::now() - start;
@@ -634,7 +627,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_nam
   BOOST_TEST(contains(chain, "its node is silent"), chain);
   BOOST_TEST((took < 1s), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                             << " ms");
-  na.kill9();
+  na->kill9();
   nb.kill9();
 }
 
@@ -774,23 +767,16 @@ BOOST_AUTO_TEST_CASE(test_nodes_waits_of_a_node_that_went_away_are_dropped_by_th
                     device_error);
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_and_a_later_depend_is_refused) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_and_a_later_depend_is_refused,
+                        two_nodes) {
   // b/0 waits for a/0's work; a is killed. b/0's work behind the wait fails
   // naming a's device, and a `depend` on a's actor sent to b/0 afterwards is
   // refused at once.
-  auto a = std::make_unique<node_process>(tool(), 1, "a", true);
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto on_a = attach_node(b, "127.0.0.1", a->port());
-  auto on_b = attach_node(b, "127.0.0.1", nb.port());
-  BOOST_TEST_REQUIRE(on_a.size() == 1u);
-  BOOST_TEST_REQUIRE(on_b.size() == 1u);
-  b.schedule_named(on_a[0], {"spin_ns", {int64_t{30'000'000'000}}});
-  auto pending = b.schedule_named(on_a[0], {"spin_ns", {int64_t{0}}});
-  b.will_wait_for(b.make_context(on_b[0]), pending);
-  auto behind = b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}});
-  a->kill9();
+  b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
+  auto pending = b.schedule_named(a0, {"spin_ns", {int64_t{0}}});
+  b.will_wait_for(b.make_context(b0), pending);
+  auto behind = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
+  na->kill9();
   try {
     test_support::bounded([&] { b.sync(behind); }, "sync behind the dead node");
     BOOST_ERROR("work behind a wait on a dead node succeeded");
@@ -798,22 +784,22 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_an
     BOOST_TEST(contains(e.what(), "a/multidev_cpu"), e.what());
     BOOST_TEST(contains(e.what(), "b/"), e.what());
   }
-  BOOST_TEST(b.recover(on_b[0]));
+  BOOST_TEST(b.recover(b0));
   caf::scoped_actor self{c.sys};
   std::string refusal;
-  self->request(device_actor_of(b, on_b[0]), 30s, atoms::depend_atom::value,
-                caf::actor_cast<caf::actor>(device_actor_of(b, on_a[0])), pending.seq(),
+  self->request(device_actor_of(b, b0), 30s, atoms::depend_atom::value,
+                caf::actor_cast<caf::actor>(device_actor_of(b, a0)), pending.seq(),
                 std::string{"a/multidev_cpu:0:0"})
     .receive([&](uint64_t) {}, [&](caf::error& e) { refusal = describe_error(e); });
   BOOST_TEST(contains(refusal, "it is down"), refusal);
   // The work sent after the refused depend does not run as if it had
   // waited: it fails. Recovered, the device works again.
   BOOST_CHECK_THROW(
-    test_support::bounded([&] { b.sync(b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}})); },
+    test_support::bounded([&] { b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}})); },
                           "sync after the refused depend"),
     device_error);
-  BOOST_TEST(b.recover(on_b[0]));
-  b.sync(b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}}));
+  BOOST_TEST(b.recover(b0));
+  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_live_progress_survives_a_node_killed_mid_run) {
