@@ -213,6 +213,20 @@ void drain(self_ptr self) {
   }
 }
 
+/// Runs `go` now (`go(false)`) when nothing is deferred and the queue has
+/// room; otherwise defers it behind the requests deferred before it (`room`
+/// runs it, or refuses it with `go(true)` when the actor stops first).
+template <class G>
+void now_or_deferred(self_ptr self, G go) {
+  auto& st = self->state;
+  if (st.deferred.empty() && st.core->has_room()) {
+    go(false);
+  } else {
+    st.deferred.emplace_back(std::move(go));
+    drain(self);
+  }
+}
+
 /// Handles a request that adds to the device's schedule: now, when nothing is
 /// deferred and the queue has room; otherwise after the requests deferred
 /// before it, once the runner has made room. `f` must capture by value.
@@ -638,13 +652,7 @@ caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t of
     with_route(self, source.node(), via, host, port,
                [rp, r = *r]() mutable { rp.deliver(r.first, r.second); });
   };
-  auto& st = self->state;
-  if (st.deferred.empty() && st.core->has_room()) {
-    go(false);
-  } else {
-    st.deferred.emplace_back(std::move(go));
-    drain(self);
-  }
+  now_or_deferred(self, std::move(go));
   return rp;
 }
 
@@ -986,13 +994,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         if (!r)
           reply_from_runner(to, caf::make_message(std::move(r.error())));
       };
-      auto& st = self->state;
-      if (st.deferred.empty() && st.core->has_room()) {
-        go(false);
-      } else {
-        st.deferred.emplace_back(std::move(go));
-        drain(self);
-      }
+      now_or_deferred(self, std::move(go));
       return caf::delegated<std::string>{};
     },
     [self](all_work_atom) -> caf::result<uint64_t> {

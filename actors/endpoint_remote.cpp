@@ -420,6 +420,45 @@ template <class... Rs, class... Ts>
 std::tuple<Rs...> call_until(const std::shared_ptr<link_shared>& shared, const char* what,
                              bool ordered, caf::duration timeout, bool is_deadline, Ts... xs);
 
+/// Where the reply to a request lands: `flag` turns 1 (the reply is in
+/// `value`) or 2 (the error is in `err`), and is notified.
+template <class... Rs>
+struct reply_slot {
+  std::atomic<uint32_t> flag{0}; // 1: value, 2: error
+  std::tuple<Rs...> value;
+  caf::error err;
+
+  /// Blocks until the reply or error is in; returns `flag` (1 or 2).
+  uint32_t wait() {
+    uint32_t v;
+    while ((v = flag.load()) == 0)
+      flag.wait(0);
+    return v;
+  }
+};
+
+/// Posts the request `xs...` (replied with `Rs...`) to the link, failing
+/// after `timeout`; returns the slot its reply or error lands in.
+template <class... Rs, class... Ts>
+std::shared_ptr<reply_slot<Rs...>> post_for_reply(const std::shared_ptr<link_shared>& shared,
+                                                  caf::duration timeout, Ts... xs) {
+  auto s = std::make_shared<reply_slot<Rs...>>();
+  post(*shared, make_op<Rs...>(
+                  shared, timeout,
+                  [s](Rs... rs) {
+                    s->value = std::tuple<Rs...>{std::move(rs)...};
+                    s->flag.store(1);
+                    s->flag.notify_all();
+                  },
+                  [s](const caf::error& e) {
+                    s->err = e;
+                    s->flag.store(2);
+                    s->flag.notify_all();
+                  },
+                  xs...));
+  return s;
+}
+
 template <class... Rs, class... Ts>
 std::tuple<Rs...> call(const std::shared_ptr<link_shared>& shared, const char* what,
                        bool ordered, caf::duration timeout, Ts... xs) {
@@ -439,29 +478,8 @@ std::tuple<Rs...> call_until(const std::shared_ptr<link_shared>& shared, const c
       what, shared->name()));
   if (ordered && !(std::is_same_v<Ts, all_work_atom> || ...))
     shared->work_sent(); // adds work: an `idle` answer from before is stale
-  struct slot {
-    std::atomic<uint32_t> flag{0}; // 1: value, 2: error
-    std::tuple<Rs...> value;
-    caf::error err;
-  };
-  auto s = std::make_shared<slot>();
-  post(*shared, make_op<Rs...>(
-                  shared, timeout,
-                  [s](Rs... rs) {
-                    s->value = std::tuple<Rs...>{std::move(rs)...};
-                    s->flag.store(1);
-                    s->flag.notify_all();
-                  },
-                  [s](const caf::error& e) {
-                    s->err = e;
-                    s->flag.store(2);
-                    s->flag.notify_all();
-                  },
-                  xs...));
-  uint32_t v;
-  while ((v = s->flag.load()) == 0)
-    s->flag.wait(0);
-  if (v == 2) {
+  auto s = post_for_reply<Rs...>(shared, timeout, xs...);
+  if (s->wait() == 2) {
     if (is_deadline && s->err == caf::sec::request_timeout)
       throw deadline_passed{};
     throw_error(in_our_names(s->err, shared->name()), shared->name());
@@ -951,34 +969,13 @@ public:
         return sexp::list({sexp::atom("device"), sexp::field("name", me->name()),
                            sexp::field("lost", why)});
       };
-    struct slot {
-      std::atomic<uint32_t> flag{0}; // 1: text, 2: error
-      std::string text;
-      caf::error err;
-    };
-    auto s = std::make_shared<slot>();
     auto timeout = std::max<std::chrono::steady_clock::duration>(
       deadline - std::chrono::steady_clock::now(), std::chrono::milliseconds{1});
-    post(*shared_, make_op<std::string>(
-                     shared_, caf::duration{timeout},
-                     [s](std::string text) {
-                       s->text = std::move(text);
-                       s->flag.store(1);
-                       s->flag.notify_all();
-                     },
-                     [s](const caf::error& e) {
-                       s->err = e;
-                       s->flag.store(2);
-                       s->flag.notify_all();
-                     },
-                     debug_atom::value));
+    auto s = post_for_reply<std::string>(shared_, caf::duration{timeout}, debug_atom::value);
     // The request's timeout (CAF's clock) ends the wait at `deadline`.
     return [me, s] {
-      uint32_t v;
-      while ((v = s->flag.load()) == 0)
-        s->flag.wait(0);
-      if (v == 1)
-        return me->parsed_info(s->text);
+      if (s->wait() == 1)
+        return me->parsed_info(std::get<0>(s->value));
       auto head = sexp::list({sexp::atom("device"), sexp::field("name", me->name())});
       if (s->err == caf::sec::request_timeout)
         head.push_back(sexp::field("silent", me->silence()));

@@ -306,6 +306,18 @@ private:
 
   const device& dev(int d) const { return devices_[d]; }
 
+  /// Device `d`'s trace as it is now; an empty one marked unreachable when
+  /// it cannot be read.
+  device_trace trace_now(int d) {
+    device_trace t{dev(d).name(), 0, {}, 0};
+    try {
+      t = b_.trace(dev(d));
+    } catch (const std::exception&) {
+      t.unreachable = "its trace could not be read";
+    }
+    return t;
+  }
+
   context ctx_of(const step& st) {
     if (st.ctx < 0)
       return b_.make_context(dev(st.device));
@@ -1018,12 +1030,7 @@ private:
                       opts_.step_timeout_s)});
     }
     for (int d = 0; d < p_.devices; ++d) {
-      device_trace t{dev(d).name(), 0, {}, 0};
-      try {
-        t = b_.trace(dev(d));
-      } catch (const std::exception&) {
-        t.unreachable = "its trace could not be read";
-      }
+      auto t = trace_now(d);
       // A device of a node that is gone: what it did until the script
       // killed the node, if it did, and its loss as this process saw it.
       if (!t.unreachable.empty())
@@ -1101,12 +1108,7 @@ private:
   /// next session's seqs start at 1 again.
   void close_books(const node_decl& n) {
     for (int d = n.first; d < n.first + n.devices; ++d) {
-      device_trace t{dev(d).name(), 0, {}, 0};
-      try {
-        t = b_.trace(dev(d));
-      } catch (const std::exception&) {
-        t.unreachable = "its trace could not be read";
-      }
+      auto t = trace_now(d);
       if (!t.unreachable.empty())
         if (auto it = last_traces_.find(d); it != last_traces_.end())
           t = it->second;

@@ -166,6 +166,27 @@ node_cpu_ticks() {
   ticks=$((f[11] + f[12]))
 }
 ticks_per_s=$(getconf CLK_TCK)
+# wait_until_node_busy WHAT: waits until the node has used 0.3 s of CPU
+# since `cpu0` (then `used` holds its ticks), reading the output of the run
+# WHAT on fd 4. Piped, the run prints nothing before its summary: a line (or
+# the end of its output) before then means it ended early. Each read waits
+# at most 0.1 s for that; at most 300 of them (30 s).
+wait_until_node_busy() {
+  for ((i = 0; i < 300; i++)); do
+    early=
+    got=0
+    IFS= read -r -t 0.1 -u 4 early || got=$?
+    if [ "$got" -le 128 ]; then
+      fail "$1 ended before b/0 got busy: $early$(timeout 10 cat <&4)"
+    fi
+    node_cpu_ticks
+    used=$((ticks - cpu0))
+    if [ "$used" -ge $((ticks_per_s * 3 / 10)) ]; then
+      return 0
+    fi
+  done
+  fail "b/0 did not get busy within 30 s of $1's start (node CPU: $used ticks)"
+}
 node_cpu_ticks
 cpu0=$ticks
 mkfifo "$dir/cut.out"
@@ -173,25 +194,7 @@ timeout -k 5 60 ip netns exec "$ns1" "$tool" run "$dir/cut.scn" --node "b=$addr2
   --step-timeout 30 --report "$dir/cut.report" >"$dir/cut.out" 2>&1 3<&- &
 run_pid=$!
 exec 4<"$dir/cut.out"
-# Piped, the run prints nothing before its summary: a line (or the end of
-# its output) before the cut means it ended early. Each read waits at most
-# 0.1 s for that; at most 300 of them (30 s).
-cut=0
-for ((i = 0; i < 300; i++)); do
-  early=
-  got=0
-  IFS= read -r -t 0.1 -u 4 early || got=$?
-  if [ "$got" -le 128 ]; then
-    fail "the run ended before b/0 got busy: $early$(timeout 10 cat <&4)"
-  fi
-  node_cpu_ticks
-  used=$((ticks - cpu0))
-  if [ "$used" -ge $((ticks_per_s * 3 / 10)) ]; then
-    cut=1
-    break
-  fi
-done
-[ "$cut" = 1 ] || fail "b/0 did not get busy within 30 s of the run's start (node CPU: $used ticks)"
+wait_until_node_busy "the run"
 ip -n "$ns1" link set "$veth1" down
 echo "  the node has used $((used * 1000 / ticks_per_s)) ms of CPU since the run started: $veth1 set down in $ns1"
 rc=0
@@ -239,22 +242,7 @@ timeout -k 5 60 ip netns exec "$ns1" "$tool" run "$dir/rejoin.scn" --node "b=$ad
   --step-timeout 30 >"$dir/rejoin.out" 2>&1 3<&- &
 run_pid=$!
 exec 4<"$dir/rejoin.out"
-cut=0
-for ((i = 0; i < 300; i++)); do
-  early=
-  got=0
-  IFS= read -r -t 0.1 -u 4 early || got=$?
-  if [ "$got" -le 128 ]; then
-    fail "the rejoin run ended before b/0 got busy: $early$(timeout 10 cat <&4)"
-  fi
-  node_cpu_ticks
-  used=$((ticks - cpu0))
-  if [ "$used" -ge $((ticks_per_s * 3 / 10)) ]; then
-    cut=1
-    break
-  fi
-done
-[ "$cut" = 1 ] || fail "b/0 did not get busy within 30 s of the rejoin run's start"
+wait_until_node_busy "the rejoin run"
 ip -n "$ns1" link set "$veth1" down
 echo "  $veth1 set down in $ns1"
 # The node ends the session once its lease runs out (3 s without a

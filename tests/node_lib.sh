@@ -1,6 +1,7 @@
 # Shell helpers shared by the tests that start a `multidev node` with its
 # stdout on a fifo opened as fd 3 (node_bad_input.sh, node_start_stop.sh,
 # netns_nodes.sh). They set node_pid and node_fd_open=1 once fd 3 is open.
+# The TLS tests (tls_nodes.sh, tls_node_loss.sh) use need_openssl.
 
 # start_node SECONDS COMMAND...: starts `COMMAND... node --port 0
 # --cpu-devices 1 --name b` with its stdout on the fifo $dir/node.out (fd 3)
@@ -35,6 +36,15 @@ fail() {
 # need_tool PATH: fails unless PATH is an executable (the tool under test).
 need_tool() {
   [ -x "$1" ] || fail "$1 is not an executable"
+}
+
+# need_openssl: exits 77 (the test is skipped) when the openssl command,
+# which makes the TLS test certificates, is not installed.
+need_openssl() {
+  if ! command -v openssl >/dev/null; then
+    echo "SKIPPED: the openssl command is not installed (Debian package openssl)"
+    exit 77
+  fi
 }
 
 # stop_node SECONDS: SIGTERM, then waits at most SECONDS for the node to exit

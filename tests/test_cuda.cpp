@@ -792,22 +792,30 @@ struct held_host_function {
     h->started.open();
     (void)h->release.wait();
   }
+
+  /// Schedules on `d` a task that launches `run` on its stream (through the
+  /// driver's API): once `started`, it holds the host functions until
+  /// `release`.
+  static std::shared_ptr<held_host_function> launch_on(backend& b, const device& d) {
+    auto* api = detail::api_of(*b.impl().drv);
+    auto held = std::make_shared<held_host_function>();
+    b.schedule_task(d, {"a host function held on a latch", [api, held] {
+                          if (api->launch_host_func(current_cuda_stream(), &held_host_function::run,
+                                                    held.get()) != cuda::code::success)
+                            throw std::runtime_error("cudaLaunchHostFunc failed");
+                        }});
+    return held;
+  }
 };
 } // namespace
 
 BOOST_AUTO_TEST_CASE(a_long_host_function_on_one_device_does_not_hold_back_another, *boost::unit_test::precondition(fake_only{})) {
   backend b{cuda_opts(2)};
-  auto* api = detail::api_of(*b.impl().drv);
   auto d0 = b.get_device(0);
   auto d1 = b.get_device(1);
   b.alloc_pool(d1, 1, 4096, 256);
   sync(b, b.all_work(d1));
-  auto held = std::make_shared<held_host_function>();
-  b.schedule_task(d0, {"a host function held on a latch", [api, held] {
-                         if (api->launch_host_func(current_cuda_stream(), &held_host_function::run,
-                                                   held.get()) != cuda::code::success)
-                           throw std::runtime_error("cudaLaunchHostFunc failed");
-                       }});
+  auto held = held_host_function::launch_on(b, d0);
   auto d0_done = b.all_work(d0);
   BOOST_TEST_REQUIRE(held->started.wait()); // it runs, and holds the host functions
   b.schedule_named(d1, spec("fill", {buf(1, 0, 4096), 5.0}));
@@ -830,7 +838,6 @@ BOOST_AUTO_TEST_CASE(host_copies_and_checksums_do_not_wait_for_another_devices_h
   std::vector<float> out(n, 0.0f); // outlives the backend, which ends the copies
   backend b{cuda_opts(2)};
   auto& f = the_fake(b);
-  auto* api = detail::api_of(*b.impl().drv);
   auto d0 = b.get_device(0);
   auto d1 = b.get_device(1);
   auto t = node(1, "w", n);
@@ -838,12 +845,7 @@ BOOST_AUTO_TEST_CASE(host_copies_and_checksums_do_not_wait_for_another_devices_h
   b.alloc_pool(d1, 2, 4096, 256);
   sync(b, b.all_work(d1));
   auto launched = f.stats().host_funcs_launched;
-  auto held = std::make_shared<held_host_function>();
-  b.schedule_task(d0, {"a host function held on a latch", [api, held] {
-                         if (api->launch_host_func(current_cuda_stream(), &held_host_function::run,
-                                                   held.get()) != cuda::code::success)
-                           throw std::runtime_error("cudaLaunchHostFunc failed");
-                       }});
+  auto held = held_host_function::launch_on(b, d0);
   auto d0_done = b.all_work(d0);
   BOOST_TEST_REQUIRE(held->started.wait()); // it runs, and holds the host functions
   // Host to device, device to host, and a checksum, all on device 1.

@@ -230,6 +230,43 @@ std::shared_ptr<std::promise<void>> hold(backend& b, const device& local) {
   return release;
 }
 
+/// Nodes "a" and "b" of one device each (`a0`, `b0`), attached to the
+/// backend `b` of a cluster whose own device 0 is local. `na` is a pointer so
+/// that a test can kill node a.
+struct two_nodes {
+  std::unique_ptr<node_process> na = std::make_unique<node_process>(tool(), 1, "a", true);
+  node_process nb{tool(), 1, "b", true};
+  cluster c;
+  backend& b = c.b;
+  device a0 = attach_node(b, "127.0.0.1", na->port()).at(0);
+  device b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+};
+
+/// A node `t` of `bytes` on a0 (`ca`) and on b0 (`cb`), for copies a -> b.
+struct a_node_on_each : two_nodes {
+  explicit a_node_on_each(std::size_t bytes) : t{1, "t", bytes, memory_mode::on_device} {
+  }
+  tnode t;
+  context ca = b.alloc_node(b.make_context(a0), t);
+  context cb = b.alloc_node(b.make_context(b0), t);
+};
+
+/// Waits (`what`, bounded) for the copy `copied` to b0 to fail with an
+/// error that names `expected` (`if_succeeded` is the error when it does
+/// not fail); then b0 recovers and runs a task.
+void expect_copy_fails_and_b0_recovers(a_node_on_each& n, const event& copied,
+                                       const std::string& expected, const char* what,
+                                       const char* if_succeeded) {
+  try {
+    test_support::bounded([&] { n.b.sync(copied); }, what);
+    BOOST_ERROR(if_succeeded);
+  } catch (const device_error& e) {
+    BOOST_TEST(contains(e.what(), expected), e.what());
+  }
+  BOOST_TEST(n.b.recover(n.b0));
+  n.b.sync(n.b.schedule_named(n.b0, {"spin_ns", {int64_t{0}}}));
+}
+
 /// Test certificates for TLS (scripts/make-test-certs.sh), made once; none
 /// when the openssl command cannot make them (the TLS tests are skipped).
 const std::optional<tls_files>& test_certificates() {
@@ -538,20 +575,13 @@ BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answe
   silent.kill9(); // its runner still spins: no need to wait for it
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_names_a_silent_one) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_names_a_silent_one, two_nodes) {
   // Issue 37 point 6: a deadline's chain follows the waits into the nodes
   // (it stopped at the process edge: "lives on another node and has not
   // reported it done"); get_global_debug_info lists each node device's part
   // of its node's wait-for graph, and a silent node as silent, within its
   // deadline (it blocked until the heartbeat dropped the node).
-  node_process na{tool(), 1, "a", true};
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto on_a = attach_node(b, "127.0.0.1", na.port());
-  auto on_b = attach_node(b, "127.0.0.1", nb.port());
-  BOOST_TEST_REQUIRE((on_a.size() == 1u && on_b.size() == 1u));
-  auto a0 = on_a[0], b0 = on_b[0], local = b.get_device(0);
+  auto local = b.get_device(0);
   auto busy = b.schedule_named(a0, {"spin_ns", {int64_t{20'000'000'000}}});
   b.will_wait_for(b.make_context(b0), busy);
   auto behind = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
@@ -581,7 +611,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_nam
   BOOST_TEST(contains(text, "(wait (waiter " + b0.name() + ") (at_seq "), text);
   BOOST_TEST(contains(text, "(event (device " + a0.name() + ") (seq " + s(busy) + ")"), text);
   // a falls silent: listed as such within the deadline, and a chain names it.
-  na.pause();
+  na->pause();
   auto start = std::chrono::steady_clock::now();
   auto info = test_support::bounded([&] { return b.get_global_debug_info(); }, "debug info");
   auto took = std::chrono::steady_clock::now() - start;
@@ -597,7 +627,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_nam
   BOOST_TEST(contains(chain, "its node is silent"), chain);
   BOOST_TEST((took < 1s), std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                             << " ms");
-  na.kill9();
+  na->kill9();
   nb.kill9();
 }
 
@@ -737,23 +767,16 @@ BOOST_AUTO_TEST_CASE(test_nodes_waits_of_a_node_that_went_away_are_dropped_by_th
                     device_error);
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_and_a_later_depend_is_refused) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_and_a_later_depend_is_refused,
+                        two_nodes) {
   // b/0 waits for a/0's work; a is killed. b/0's work behind the wait fails
   // naming a's device, and a `depend` on a's actor sent to b/0 afterwards is
   // refused at once.
-  auto a = std::make_unique<node_process>(tool(), 1, "a", true);
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto on_a = attach_node(b, "127.0.0.1", a->port());
-  auto on_b = attach_node(b, "127.0.0.1", nb.port());
-  BOOST_TEST_REQUIRE(on_a.size() == 1u);
-  BOOST_TEST_REQUIRE(on_b.size() == 1u);
-  b.schedule_named(on_a[0], {"spin_ns", {int64_t{30'000'000'000}}});
-  auto pending = b.schedule_named(on_a[0], {"spin_ns", {int64_t{0}}});
-  b.will_wait_for(b.make_context(on_b[0]), pending);
-  auto behind = b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}});
-  a->kill9();
+  b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
+  auto pending = b.schedule_named(a0, {"spin_ns", {int64_t{0}}});
+  b.will_wait_for(b.make_context(b0), pending);
+  auto behind = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
+  na->kill9();
   try {
     test_support::bounded([&] { b.sync(behind); }, "sync behind the dead node");
     BOOST_ERROR("work behind a wait on a dead node succeeded");
@@ -761,22 +784,22 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_wait_between_two_nodes_names_the_dead_owner_an
     BOOST_TEST(contains(e.what(), "a/multidev_cpu"), e.what());
     BOOST_TEST(contains(e.what(), "b/"), e.what());
   }
-  BOOST_TEST(b.recover(on_b[0]));
+  BOOST_TEST(b.recover(b0));
   caf::scoped_actor self{c.sys};
   std::string refusal;
-  self->request(device_actor_of(b, on_b[0]), 30s, atoms::depend_atom::value,
-                caf::actor_cast<caf::actor>(device_actor_of(b, on_a[0])), pending.seq(),
+  self->request(device_actor_of(b, b0), 30s, atoms::depend_atom::value,
+                caf::actor_cast<caf::actor>(device_actor_of(b, a0)), pending.seq(),
                 std::string{"a/multidev_cpu:0:0"})
     .receive([&](uint64_t) {}, [&](caf::error& e) { refusal = describe_error(e); });
   BOOST_TEST(contains(refusal, "it is down"), refusal);
   // The work sent after the refused depend does not run as if it had
   // waited: it fails. Recovered, the device works again.
   BOOST_CHECK_THROW(
-    test_support::bounded([&] { b.sync(b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}})); },
+    test_support::bounded([&] { b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}})); },
                           "sync after the refused depend"),
     device_error);
-  BOOST_TEST(b.recover(on_b[0]));
-  b.sync(b.schedule_named(on_b[0], {"spin_ns", {int64_t{0}}}));
+  BOOST_TEST(b.recover(b0));
+  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_live_progress_survives_a_node_killed_mid_run) {
@@ -1082,19 +1105,13 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_request_that_changes_a_node_has_no_timeout_and
   BOOST_TEST(p.client.get_used_memory(d) >= 4096u);
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_chain_between_two_nodes_goes_straight_from_node_to_node) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_chain_between_two_nodes_goes_straight_from_node_to_node, two_nodes) {
   // A chain that crosses between nodes a and b 200 times, built while a
   // waits on a held local task, then released: each crossing is a wait of
   // one node's device on the other's event. Its messages go straight between
   // the nodes, so this process receives next to nothing while the chain runs
   // (through this process, each crossing's reply would pass here: ~100 bytes
   // each, ~20 KB in all).
-  node_process na{tool(), 1, "a", true};
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
-  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
   auto local = b.get_device(0);
   auto release = hold(b, local);
   auto ctx_a = b.make_context(a0), ctx_b = b.make_context(b0);
@@ -1118,21 +1135,18 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_chain_between_two_nodes_goes_straight_from_nod
   BOOST_TEST(received < 2048u, received << " bytes passed through this process");
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_64MiB_copy_between_two_nodes_goes_straight_and_the_call_returns_at_once) {
+struct a_64MiB_node_on_each : a_node_on_each {
+  static constexpr std::size_t bytes = std::size_t{64} << 20;
+  a_64MiB_node_on_each() : a_node_on_each(bytes) {
+  }
+};
+
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_64MiB_copy_between_two_nodes_goes_straight_and_the_call_returns_at_once,
+                        a_64MiB_node_on_each) {
   // 64 MiB on a/0 (a pattern written there), copied to b/0 while a/0 waits
   // on a held local task: device_to_device returns before a/0 has read a
   // byte, the bytes go from a to b without passing through this process,
   // and b/0's copy hashes as a/0's original does.
-  node_process na{tool(), 1, "a", true};
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
-  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
-  constexpr std::size_t bytes = std::size_t{64} << 20;
-  tnode t{1, "t", bytes, memory_mode::on_device};
-  auto ca = b.alloc_node(b.make_context(a0), t);
-  auto cb = b.alloc_node(b.make_context(b0), t);
   buffer_arg on_a{ca.buffers.at(t), bytes}, on_b{cb.buffers.at(t), bytes};
   b.schedule_named(a0, {"iota", {on_a, 0.5}});
   b.schedule_named(b0, {"fill", {on_b, 0.0}});
@@ -1159,59 +1173,33 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_64MiB_copy_between_two_nodes_goes_straight_and
   BOOST_TEST((*ra == *rb));
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_copy_between_two_nodes_fails_with_its_source) {
+struct a_4KiB_node_on_each : a_node_on_each {
+  a_4KiB_node_on_each() : a_node_on_each(4096) {
+  }
+};
+
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_copy_between_two_nodes_fails_with_its_source, a_4KiB_node_on_each) {
   // The read on a/0 fails (a/0 failed before it): b/0's write fails with
   // a/0's failure, and b/0 can be recovered.
-  node_process na{tool(), 1, "a", true};
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
-  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
-  tnode t{1, "t", 4096, memory_mode::on_device};
-  auto ca = b.alloc_node(b.make_context(a0), t);
-  auto cb = b.alloc_node(b.make_context(b0), t);
   b.schedule_named(a0, {"spin_ns", {int64_t{100'000'000}}});
   b.schedule_named(a0, {"fail", {std::string{"source boom"}}});
   BOOST_TEST(b.device_to_device(t, merge_buffer_use::no, cb, ca).has_value());
-  auto copied = b.all_work(b0);
-  try {
-    test_support::bounded([&] { b.sync(copied); }, "sync on the failed copy");
-    BOOST_ERROR("a copy from a failed device succeeded");
-  } catch (const device_error& e) {
-    BOOST_TEST(contains(e.what(), "source boom"), e.what());
-  }
-  BOOST_TEST(b.recover(b0));
-  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
+  expect_copy_fails_and_b0_recovers(*this, b.all_work(b0), "source boom", "sync on the failed copy",
+                                    "a copy from a failed device succeeded");
 }
 
-BOOST_AUTO_TEST_CASE(test_nodes_a_copy_from_a_node_killed_before_it_read_fails_naming_it) {
+BOOST_FIXTURE_TEST_CASE(test_nodes_a_copy_from_a_node_killed_before_it_read_fails_naming_it, a_4KiB_node_on_each) {
   // a/0 is busy for 30 s when a copy a -> b is asked (the call returns at
   // once), then node a is killed: b/0's write, which waits for a's bytes,
   // fails naming a/0 instead of waiting forever, and b/0 recovers.
-  auto na = std::make_unique<node_process>(tool(), 1, "a", true);
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  auto& b = c.b;
-  auto a0 = attach_node(b, "127.0.0.1", na->port()).at(0);
-  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
-  tnode t{1, "t", 4096, memory_mode::on_device};
-  auto ca = b.alloc_node(b.make_context(a0), t);
-  auto cb = b.alloc_node(b.make_context(b0), t);
   b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
   test_support::bounded(
     [&] { BOOST_TEST(b.device_to_device(t, merge_buffer_use::no, cb, ca).has_value()); },
     "device_to_device from a busy node", 10s);
   auto copied = b.all_work(b0);
   na->kill9();
-  try {
-    test_support::bounded([&] { b.sync(copied); }, "sync on a copy from a killed node");
-    BOOST_ERROR("a copy from a killed node succeeded");
-  } catch (const device_error& e) {
-    BOOST_TEST(contains(e.what(), "a/multidev_cpu"), e.what());
-  }
-  BOOST_TEST(b.recover(b0));
-  b.sync(b.schedule_named(b0, {"spin_ns", {int64_t{0}}}));
+  expect_copy_fails_and_b0_recovers(*this, copied, "a/multidev_cpu", "sync on a copy from a killed node",
+                                    "a copy from a killed node succeeded");
 }
 
 namespace {

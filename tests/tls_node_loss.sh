@@ -9,10 +9,8 @@
 set -euo pipefail
 tool=$1
 src=$2
-if ! command -v openssl >/dev/null; then
-  echo "SKIPPED: the openssl command is not installed (Debian package openssl)"
-  exit 77
-fi
+. "$(dirname "$0")/node_lib.sh" # need_openssl
+need_openssl
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if ! "$src/scripts/make-test-certs.sh" "$work/certs" >/dev/null 2>&1; then
