@@ -1624,8 +1624,6 @@ public:
   node_pair& operator=(const node_pair&) = delete;
 
   backend& client() { return *client_; }
-  /// Node a's own backend (its device is `a` here).
-  backend& node_a() { return *node_a_; }
 
   device a, b;
 
@@ -1650,14 +1648,19 @@ private:
 /// us per crossing of a chain of waits that goes back and forth between the
 /// devices of nodes a and b, scheduled by the client: each crossing is a
 /// wait of one node's device on the other's event, which the nodes resolve
-/// between them. Built while a's device is held (by its node's backend),
-/// then timed from the release to the last event, like `remote_us_per_hop`.
+/// between them. Built while a's device waits on an event of the client's
+/// own device, which is held, then timed from the release to the last
+/// event, like `remote_us_per_hop` (one client -> a hop more in the
+/// time). The hold cannot be on a's node backend: the client's work runs
+/// in a session of its own there (docs/design.md, "Sessions and leases").
 double node_us_per_hop(node_pair& p, int crossings) {
   register_bench_noop();
   auto& c = p.client();
   context ca = c.make_context(p.a), cb = c.make_context(p.b);
   const task_spec noop{"bench_noop", {}};
-  runner_hold hold{p.node_a(), p.node_a().get_device(0)};
+  auto here = c.get_device(0);
+  runner_hold hold{c, here};
+  c.will_wait_for(ca, c.schedule_named(here, noop)); // a on the held client
   event last;
   for (int i = 0; i < crossings / 2; ++i) {
     c.will_wait_for(cb, c.schedule_named(p.a, noop)); // b on a
