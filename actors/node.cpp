@@ -296,6 +296,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
                                        sexp::field("id", std::to_string(id)),
                                        sexp::field("client", s.client),
                                        sexp::field("lease_left_ms", std::to_string(left)),
+                                       // Where the lease ends, in this node's steady
+                                       // clock: what a renewal moved (tests read it).
+                                       sexp::field("lease_until_ns",
+                                                   std::to_string(s.lease->load())),
                                        sexp::field("used_memory", std::to_string(used)),
                                        sexp::field("queued", std::to_string(queued))}));
       }

@@ -543,7 +543,8 @@ BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answe
   auto busy = b.schedule_named(d, {"spin_ns", {int64_t{20'000'000'000}}});
   auto queued = b.schedule_named(d, {"spin_ns", {int64_t{0}}});
   silent.pause();
-  // Each answer within 500 ms (the heartbeat needs 3 s to drop the node).
+  // Each answer well before the heartbeat drops the node (3 s): one that
+  // waited on the silent node would take that long or longer.
   auto at_once = [](const char* what, auto f) {
     auto start = std::chrono::steady_clock::now();
     std::optional<decltype(f())> r;
@@ -553,7 +554,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answe
       BOOST_ERROR(what << " threw: " << e.what());
     }
     auto took = std::chrono::steady_clock::now() - start;
-    BOOST_TEST((took < 500ms),
+    BOOST_TEST((took < 2000ms),
                what << " took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                     << " ms");
     return r;
@@ -1325,44 +1326,68 @@ BOOST_DATA_TEST_CASE(test_nodes_over_tcp_one_nodes_loss_fails_only_its_work,
 BOOST_AUTO_TEST_CASE(test_nodes_a_renewal_whose_acknowledgement_was_lost_extends_no_lease) {
   // A client counts its lease from the last acknowledgement it received; a
   // node that extended the lease from a renewal whose acknowledgement never
-  // arrived would run the session's items after the client's verdict. Here
-  // the client keeps renewing but says it heard no acknowledgement (acked
-  // 0, the open): the lease still ends one lease after the open. Renewals
-  // that name their acknowledged predecessor keep it (the control case).
+  // arrived would run the session's items after the client's verdict. The
+  // node says where each session's lease ends (`lease_until_ns`, its steady
+  // clock), so this reads what each renewal moved, with no timing: renewals
+  // saying they heard no acknowledgement (acked 0, the open) leave it where
+  // the open put it; one naming an acknowledged predecessor moves it to that
+  // one's receipt plus the lease. The lease is long: nothing here expires.
   backend srv{{.num_devices = 1}};
   auto node = spawn_node_actor(srv, "n");
   caf::scoped_actor self{srv.system()};
-  constexpr auto lease = 400ms;
-  auto open = [&] {
-    uint64_t id = 0;
-    self->request(node, 10s, atoms::open_atom::value, std::string{"test"},
-                  int64_t{std::chrono::nanoseconds{lease}.count()})
-      .receive([&](std::string&, std::string&, uint64_t s, int64_t, std::vector<caf::actor>&) { id = s; },
-               [&](caf::error& e) { BOOST_ERROR("open: " << srv.system().render(e)); });
-    return id;
+  constexpr auto lease = 60s;
+  constexpr int64_t lease_ns = std::chrono::nanoseconds{lease}.count();
+  auto steady_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
   };
-  // Renews every 50 ms until refused or `limit`; how long the lease held.
-  auto renew_until_refused = [&](uint64_t id, bool acks_lost, std::chrono::milliseconds limit) {
-    auto start = std::chrono::steady_clock::now();
-    uint64_t n = 0, acked = 0;
-    while (std::chrono::steady_clock::now() - start < limit) {
-      bool refused = false;
-      ++n;
-      self->request(node, 10s, atoms::renew_atom::value, id, n, acks_lost ? uint64_t{0} : acked)
-        .receive([&](int64_t) { acked = n; }, [&](caf::error&) { refused = true; });
-      if (refused)
-        return std::chrono::steady_clock::now() - start;
-      std::this_thread::sleep_for(50ms); // the client's renewal interval, not a synchronization
-    }
-    return std::chrono::steady_clock::now() - start;
+  uint64_t id = 0;
+  auto before_open = steady_ns();
+  self->request(node, 10s, atoms::open_atom::value, std::string{"test"}, lease_ns)
+    .receive([&](std::string&, std::string&, uint64_t s, int64_t, std::vector<caf::actor>&) { id = s; },
+             [&](caf::error& e) { BOOST_ERROR("open: " << srv.system().render(e)); });
+  auto after_open = steady_ns();
+  BOOST_TEST_REQUIRE(id != 0);
+  // Where the node says session `id`'s lease ends.
+  auto until = [&] {
+    std::string text;
+    self->request(node, 10s, atoms::debug_atom::value)
+      .receive([&](std::string& t) { text = std::move(t); },
+               [&](caf::error& e) { BOOST_ERROR("debug: " << srv.system().render(e)); });
+    auto at = text.find("(session (id " + std::to_string(id) + ")");
+    BOOST_TEST_REQUIRE(at != std::string::npos, text);
+    auto field = text.find("(lease_until_ns ", at);
+    BOOST_TEST_REQUIRE(field != std::string::npos, text);
+    return std::stoll(text.substr(field + std::strlen("(lease_until_ns ")));
   };
-  auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
-  auto lost = renew_until_refused(open(), true, 5 * lease);
-  BOOST_TEST((lost < 5 * lease), "renewals whose acknowledgements were lost kept the lease for "
-                                   << ms(lost) << " ms (lease " << ms(lease) << " ms)");
-  BOOST_TEST((lost >= lease - 60ms), ms(lost));
-  auto kept = renew_until_refused(open(), false, 5 * lease);
-  BOOST_TEST((kept >= 5 * lease), "acknowledged renewals lost the lease after " << ms(kept) << " ms");
+  auto renew = [&](uint64_t n, uint64_t acked) {
+    bool granted = false;
+    self->request(node, 10s, atoms::renew_atom::value, id, n, acked)
+      .receive([&](int64_t) { granted = true; },
+               [&](caf::error& e) { BOOST_ERROR("renew " << n << ": " << srv.system().render(e)); });
+    return granted;
+  };
+  auto opened = until();
+  BOOST_TEST((opened >= before_open + lease_ns && opened <= after_open + lease_ns), opened);
+  // Renewals 1 and 2, their acknowledgements lost (the client says 0).
+  BOOST_TEST(renew(1, 0));
+  BOOST_TEST(renew(2, 0));
+  auto before_3 = steady_ns();
+  BOOST_TEST(renew(3, 0));
+  auto after_3 = steady_ns();
+  BOOST_TEST(until() == opened, "renewals whose acknowledgements were lost moved the lease by "
+                                  << (until() - opened) << " ns");
+  // Renewal 4 says it heard 3 acknowledged: the lease runs from 3's receipt.
+  BOOST_TEST(renew(4, 3));
+  auto moved = until();
+  BOOST_TEST((moved >= before_3 + lease_ns && moved <= after_3 + lease_ns),
+             "renewal 3's receipt plus the lease is in [" << before_3 + lease_ns << ", "
+                                                          << after_3 + lease_ns << "], the lease ends at "
+                                                          << moved);
+  // A renewal naming one the node never heard (or already replaced) moves nothing.
+  BOOST_TEST(renew(5, 99));
+  BOOST_TEST(until() == moved);
   caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
 }
 
@@ -1480,7 +1505,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_killed_client_s_session_is_freed_within_its_le
   // A client (a process of its own) holds 1 MiB and queued work on the
   // node; kill -9 of it: the node ends its session (cancels the queue,
   // frees the pool) within the lease (1 s) and margin (0.5 s).
-  node_process node{tool(), 1, "b", true};
+  node_process node{tool(), 1, "b"}; // its stderr kept: it says why the session ended
   cluster c;
   setenv(helper_port_env, std::to_string(node.port()).c_str(), 1);
   auto& suite = boost::unit_test::framework::master_test_suite();
@@ -1534,7 +1559,11 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_killed_client_s_session_is_freed_within_its_le
     10s, std::chrono::milliseconds{20}),
     now);
   auto took = std::chrono::steady_clock::now() - killed;
-  BOOST_TEST((took < 1500ms + 500ms), // lease + margin, and the polls' slack
+  // Ended by its lease (1 s), not by anything slower: the node says so. The
+  // bound on the time is loose (a loaded machine delays the polls); before
+  // the fix the session never ended at all.
+  BOOST_TEST(contains(node.errors(1 << 16), "its lease of 1.000 s ran out"), node.errors(1 << 16));
+  BOOST_TEST((took < 1500ms + 3s), // lease + margin, and the polls' slack
              std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
 }
 
@@ -1669,7 +1698,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_attach_node_s_timeout_bounds_the_whole_attach) {
   auto took = std::chrono::steady_clock::now() - start;
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
   BOOST_TEST(ms >= 4400, ms << " ms");
-  BOOST_TEST(ms < 6000, ms << " ms");
+  BOOST_TEST(ms < 8000, ms << " ms"); // the timeout, and slack for a loaded machine
   // Resumed, it attaches.
   node.resume();
   auto ds = attach_node(c.b, "127.0.0.1", node.port(), 10s);
