@@ -25,7 +25,11 @@
 
 #include <openssl/err.h>
 
+#include <poll.h>
 #include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
 
 #include <cstring>
 #include <mutex>
@@ -88,6 +92,66 @@ caf::openssl::session_ptr make_clean_session(caf::actor_system& sys, native_sock
                                              bool accepted) {
   clean_error_queue clean;
   return caf::openssl::make_session(sys, fd, accepted);
+}
+
+/// How long `connect` may take to finish the TLS handshake and hear from
+/// the server: CAF's own connect has no bound but the peer's.
+constexpr auto tls_handshake_bound = std::chrono::seconds{5};
+
+/// Waits until `fd` has `events` (POLLIN, POLLOUT) or `deadline` passed;
+/// whether it has.
+bool wait_for(native_socket fd, short events, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      return false;
+    pollfd p{fd, events, 0};
+    auto r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
+    if (r > 0)
+      return true;
+    if (r < 0 && errno != EINTR)
+      return false;
+  }
+}
+
+/// Completes the client's TLS handshake on `fd` and waits until the server
+/// has sent something after it (its BASP handshake follows its TLS one at
+/// once), without reading it. Why: CAF 0.17.6's BASP broker files a
+/// connection it made under a context whose `last_seen` is the clock's epoch
+/// (basp_broker.cpp, `this->ctx[hdl]` in the `connect_atom` handler) and only
+/// moves it when data comes. Its next heartbeat tick (within one interval)
+/// then closes the connection as timed out unless the server's handshake
+/// came first. A TLS handshake run by the multiplexer after the broker took
+/// the connection, on a loaded machine, often did not: the connection was
+/// closed after the server had taken our client handshake, so the server
+/// routed to us over a connection that then closed and dropped every proxy
+/// of ours (`purge_state`): messages its actors sent through them (a copy's
+/// bytes) were lost. Done here, the broker takes a connection whose server
+/// handshake is already on its way, and reads it in its next poll.
+bool finish_client_handshake(caf::openssl::session& session, native_socket fd) {
+  auto deadline = std::chrono::steady_clock::now() + tls_handshake_bound;
+  for (;;) {
+    clean_error_queue clean;
+    size_t n = 0;
+    // With no bytes asked, `read_some` drives SSL_connect: `success` while
+    // it wants more, `indeterminate` once done, `failure` if it failed
+    // (caf::openssl::session::do_some).
+    switch (session.read_some(n, fd, nullptr, 0)) {
+      case rw_state::indeterminate:
+        return wait_for(fd, POLLIN, deadline);
+      case rw_state::failure:
+        return false;
+      case rw_state::success:
+        break;
+    }
+    // It wants the server's next flight; or room to send (rare, for a
+    // handshake): tried again after a short wait either way.
+    if (std::chrono::steady_clock::now() >= deadline)
+      return false;
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, 20);
+  }
 }
 
 class scribe_impl : public caf::io::scribe {
@@ -166,7 +230,7 @@ protected:
       return std::move(fd.error());
     caf::io::network::nonblocking(*fd, true);
     auto session = make_clean_session(system(), *fd, false);
-    if (!session) {
+    if (!session || !finish_client_handshake(*session, *fd)) {
       caf::io::network::close_socket(*fd);
       return caf::sec::cannot_connect_to_node;
     }

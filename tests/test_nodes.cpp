@@ -18,6 +18,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
@@ -26,6 +27,7 @@
 
 #include "actors/device_core.hpp"
 #include "actors/endpoint_remote.hpp"
+#include "actors/tls_middleman.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
 #include "test_support.hpp"
@@ -1315,6 +1317,47 @@ BOOST_DATA_TEST_CASE(test_nodes_over_tls_one_nodes_loss_fails_only_its_work,
   // (actors/tls_middleman.hpp): a and c failed with b.
   BOOST_TEST_REQUIRE(test_certificates().has_value());
   one_nodes_loss_fails_only_its_work(how, true);
+}
+
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(have_certificates))
+BOOST_AUTO_TEST_CASE(test_nodes_a_tls_connection_to_a_node_slower_than_a_heartbeat_is_kept) {
+  // CAF 0.17.6's BASP broker closes a connection it made at its next
+  // heartbeat tick unless the server's handshake came first
+  // (actors/tls_middleman.cpp, finish_client_handshake). Over TLS, with the
+  // handshake run after the broker took the connection, a route between
+  // two nodes made on a loaded machine was closed so, and the server
+  // dropped the proxies it had made over it: a copy's bytes were lost and
+  // its destination waited forever. Here the node is stopped while the
+  // connection is made and resumed after three heartbeat intervals: the
+  // connection is made (before the fix: connection_timeout).
+  BOOST_TEST_REQUIRE(test_certificates().has_value());
+  node_process node{tool(), 1, "slow", true, node_tls_args()};
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  register_types(cfg);
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds{500}});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{3}});
+  configure_tls(cfg, *test_certificates());
+  caf::actor_system sys{cfg};
+  multidev::detail::use_clean_tls(sys);
+  node.pause();
+  // The node's pause is the condition under test (a server slower than a
+  // heartbeat interval), not a synchronization.
+  std::thread resume{[&] {
+    std::this_thread::sleep_for(1500ms);
+    node.resume();
+  }};
+  std::string outcome;
+  {
+    caf::scoped_actor self{sys};
+    self->request(sys.openssl_manager().actor_handle(), 20s, caf::connect_atom_v,
+                  std::string{"127.0.0.1"}, node.port())
+      .receive([&](caf::node_id& id, caf::strong_actor_ptr&,
+                   std::set<std::string>&) { outcome = id ? "connected" : "no node id"; },
+               [&](caf::error& e) { outcome = sys.render(e); });
+  }
+  resume.join();
+  BOOST_TEST(outcome == "connected", outcome);
 }
 
 BOOST_DATA_TEST_CASE(test_nodes_over_tcp_one_nodes_loss_fails_only_its_work,
