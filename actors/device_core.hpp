@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "actors/gate.hpp"
+#include "actors/outcome_board.hpp"
 #include "actors/pool.hpp"
 #include "actors/result_board.hpp"
 #include "actors/spin.hpp"
@@ -70,11 +71,11 @@ class device_core : public std::enable_shared_from_this<device_core>,
                     private completion_sink {
 public:
   /// Why an event did not complete; shared by every event it resolves.
-  using failure_ptr = std::shared_ptr<const failure>;
+  using failure_ptr = outcome_board::failure_ptr;
   /// Called once an awaited seq is resolved: `cause == nullptr` when done,
   /// otherwise why it failed or was cancelled. Runs on whichever thread
   /// resolves it; must not block.
-  using resolver = std::function<void(const failure* cause)>;
+  using resolver = outcome_board::resolver;
   /// The same with the cause rendered (`describe()`), for callers that only
   /// pass a message on (`error == nullptr`: done).
   using waiter = std::function<void(const std::string* error)>;
@@ -169,16 +170,16 @@ public:
   /// Seq of the last item scheduled / resolved (done, failed or cancelled:
   /// the runner resolves items in seq order).
   uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
-  uint64_t finished() const noexcept;
+  uint64_t finished() const noexcept { return outcomes_.finished(); }
   /// Whether `seq` resolved to done. Once true, true forever, for every
   /// observer, whatever happens to the device later.
-  bool is_done(uint64_t seq) const noexcept;
+  bool is_done(uint64_t seq) const noexcept { return outcomes_.is_done(seq); }
   /// Whether `seq` resolved to failed or cancelled: it never will be done.
-  bool is_failed(uint64_t seq) const noexcept;
+  bool is_failed(uint64_t seq) const noexcept { return outcomes_.is_failed(seq); }
   /// Pending, done, failed or cancelled.
-  event_state state(uint64_t seq) const;
+  event_state state(uint64_t seq) const { return outcomes_.state(seq); }
   /// Why a resolved seq did not complete; null when it is done (or pending).
-  failure_ptr cause_of(uint64_t seq) const;
+  failure_ptr cause_of(uint64_t seq) const { return outcomes_.cause_of(seq); }
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
   bool is_idle() const noexcept { return finished() == scheduled() && !failed(); }
@@ -754,14 +755,14 @@ private:
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
   /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`, and wakes the runner. Call with mu_ held; no-op when nothing
-  /// new is scheduled. Throws only on allocation failure.
-  void drop_locked(const failure_ptr& cause);
+  /// `cause`. Call with mu_ held; no-op when nothing new is scheduled.
+  void drop_locked(const failure_ptr& cause) noexcept {
+    outcomes_.drop_through(scheduled_.load(std::memory_order_relaxed), cause);
+  }
   /// Fires the waiters of seqs up to `upto` with their outcomes; with
   /// `beyond`, also the waiters of seqs not resolved, with that cause (at
   /// shutdown). Never throws.
   void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
-  static void invoke(resolver& r, const failure* cause) noexcept;
   /// A failure of this device itself (no task): killed, shut down.
   failure_ptr device_failure(std::string message) const;
   void call_room_callback() noexcept;
@@ -810,18 +811,12 @@ private:
   // line: that one holds what every push touches.
   std::string queue_text_;
 
-  // Runner side: resolved seq; the least awaited seq, which lets the runner
-  // skip the waiter lock.
-  alignas(64) std::atomic<uint64_t> progress_{0};
-  std::atomic<uint64_t> min_waiter_{UINT64_MAX};
-  uint64_t executed_ = 0; // runner only: seq of the item it is running
+  // What became of each seq, and who is told (its own lines: the runner
+  // writes its first as it resolves items). Drops are made under mu_.
+  outcome_board outcomes_;
+  // Runner side.
+  alignas(64) uint64_t executed_ = 0; // runner only: seq of the item it is running
   uint64_t taken_ = 0; // items taken from queue_: written by the runner under mu_
-  // Items up to this seq are dropped, not run (cancel, kill, failure).
-  // Written under mu_, rarely; read by the runner once per item.
-  std::atomic<uint64_t> drop_upto_{0};
-  // The largest seq that resolved failed or cancelled (0: none), published
-  // before progress_ passes it, so is_done skips the lookup for later seqs.
-  std::atomic<uint64_t> bad_max_{0};
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
   std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
   // Host threads' blocking waits on this device; null when tracing is off.
@@ -847,27 +842,8 @@ private:
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed
-  // Guarded by mu_: (last seq, cause) of each drop, oldest first.
-  std::deque<std::pair<uint64_t, failure_ptr>> drops_;
-  // Made with the core: stands in when a cause cannot be made (out of memory).
-  failure_ptr oom_cause_;
-  // Seqs that resolved failed or cancelled, as ranges keyed by their first
-  // seq; consecutive seqs with one cause share a range.
-  struct bad_range {
-    uint64_t last;
-    failure_ptr cause;
-  };
-  mutable std::mutex bad_mu_;
-  std::map<uint64_t, bad_range> bad_;
   std::condition_variable_any room_; // producers waiting for room (rare)
   std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
-  // A spin lock: a host scheduling a chain registers each wait here while
-  // the runner fires the last one, and a std::mutex then slept in the kernel
-  // on both sides (futex wait and wake: 8% of a scheduled chain's samples).
-  // Its sections are short; the long ones (pruning gates_, debug info,
-  // cancelling) are rare, and a spinner yields after a while.
-  mutable spin_mutex waiters_mu_;
-  std::multimap<uint64_t, resolver> waiters_;
   /// A gate of another device (`waiter`) that opens once `seq` of this one
   /// is resolved: a local `will_wait_for`, registered without a resolver.
   /// A resolver and its multimap node were two allocations a wait, made by
@@ -884,24 +860,25 @@ private:
     const device_core* waiter_at = nullptr;
   };
   /// Sorted by seq from `gate_waiters_head_` on (the entries before it are
-  /// spent, compacted away in bulk); guarded by waiters_mu_. Storage is
-  /// reused: appending a wait allocates nothing once it has grown.
+  /// spent, compacted away in bulk); guarded by the waiter lock
+  /// (`outcomes_.waiters_mutex()`). Storage is reused: appending a wait
+  /// allocates nothing once it has grown.
   std::vector<gate_waiter> gate_waiters_;
   std::size_t gate_waiters_head_ = 0;
-  /// `min_waiter_` from both lists. Call under waiters_mu_. `raised`: the
-  /// caller only took waiters out (a firing), so the value can only go up,
-  /// and a release store does (see the definition).
+  /// Stores the waiters' minimum from both lists (`outcomes_`'s and the
+  /// gate waiters). Call under the waiter lock. `raised`: the caller only
+  /// took waiters out (a firing), so the value can only go up.
   void update_min_waiter_locked(bool raised = false) noexcept;
   /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
   /// `all`); `more`: whether the one after it is due too. Call under
-  /// waiters_mu_.
+  /// the waiter lock.
   bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
                                    bool& more) noexcept;
   /// Registers `w` with this (owner) device, or resolves it at once as
   /// `when_resolved` would call a resolver. Moves from `w` only once it is
   /// stored: when this throws (out of memory), `w` is as it was.
   void when_resolved(gate_waiter&& w);
-  /// Both `when_resolved`s: `enter()` under waiters_mu_ while `seq` is
+  /// Both `when_resolved`s: `enter()` under the waiter lock while `seq` is
   /// pending, else `resolve(cause)` at once (null cause: done).
   template <class Enter, class Resolve>
   void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
@@ -948,7 +925,7 @@ private:
   /// `pending_waits`: two counters, each with one writer at a time, rather
   /// than one that both sides change with a locked instruction, which a
   /// hop of a chain paid once per wait. `gates_pushed_` is written under
-  /// waiters_mu_; `gates_passed_` by the token holder (on an asynchronous
+  /// the waiter lock; `gates_passed_` by the token holder (on an asynchronous
   /// driver, under retire_mu_).
   std::atomic<uint64_t> gates_pushed_{0};
   std::atomic<uint64_t> gates_passed_{0};
@@ -957,14 +934,13 @@ private:
                         std::memory_order_release); // after its push, for debug_info
   }
   // The gate the device is parked at, if any: written by the token holder,
-  // read under waiters_mu_ and only compared with gates_' entries (a reader
+  // read under the waiter lock and only compared with gates_' entries (a reader
   // that dereferenced it could find it freed). Atomic, not guarded: a hop
   // of a chain parks and unparks both devices, and four mutex round trips a
   // hop showed in its cost.
   std::atomic<const gate*> parked_on_{nullptr};
-  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
-  std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
-  bool closed_ = false; // shut down; guarded by waiters_mu_
+  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by the waiter lock
+  std::size_t gates_prune_at_ = 64;        // guarded by the waiter lock
 
   // Pools: the table as of the end of the queue. A spin lock: every host
   // copy looks its pool up here, the sections are a map lookup or update,

@@ -28,8 +28,8 @@ sexp device_core::debug_info() const {
   std::size_t waiting;
   std::string parked;
   {
-    std::lock_guard guard{waiters_mu_};
-    waiting = waiters_.size() + (gate_waiters_.size() - gate_waiters_head_);
+    std::lock_guard guard{outcomes_.waiters_mutex()};
+    waiting = outcomes_.waiter_count_locked() + (gate_waiters_.size() - gate_waiters_head_);
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
     if (auto* p = parked_on_.load(std::memory_order_acquire))
