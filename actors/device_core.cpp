@@ -23,7 +23,7 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     results_(std::move(results)), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
     host_spans_(trace_capacity > 0 ? std::make_unique<host_span_log>(trace_capacity) : nullptr),
-    used_(std::make_shared<std::atomic<std::size_t>>(0)) {
+    pools_(name_) {
   room_until_.store(capacity_, std::memory_order_relaxed);
   stream_ = driver_->open_stream(ordinal_, *this);
   if (stream_) {
@@ -90,7 +90,6 @@ void device_core::shutdown() {
   } else {
     fire(finished());
   }
-  std::lock_guard guard{pools_mu_};
   pools_.clear();
 }
 

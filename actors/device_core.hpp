@@ -35,7 +35,7 @@
 
 #include "actors/gate.hpp"
 #include "actors/outcome_board.hpp"
-#include "actors/pool.hpp"
+#include "actors/pool_table.hpp"
 #include "actors/result_board.hpp"
 #include "actors/spin.hpp"
 #include "devices/driver.hpp"
@@ -328,13 +328,14 @@ public:
   /// done). Never waits for room.
   uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
   /// The pool now in the table, or nullptr.
-  std::shared_ptr<pool> try_pool(int id) const;
-  /// The pool now in the table that holds bytes `[offset, offset + size)`.
-  /// The one check of a pool span: throws `std::invalid_argument` starting
-  /// with `who` when the pool is not allocated or the span is outside it.
+  std::shared_ptr<pool> try_pool(int id) const { return pools_.find(id); }
+  /// The pool now in the table that holds bytes `[offset, offset + size)`;
+  /// see `pool_table::span`.
   std::shared_ptr<pool> pool_span(int id, std::size_t offset, std::size_t size,
-                                  std::string_view who) const;
-  std::size_t used_memory() const noexcept { return used_->load(); }
+                                  std::string_view who) const {
+    return pools_.span(id, offset, size, who);
+  }
+  std::size_t used_memory() const noexcept { return pools_.used_memory(); }
 
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
@@ -942,15 +943,9 @@ private:
   std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by the waiter lock
   std::size_t gates_prune_at_ = 64;        // guarded by the waiter lock
 
-  // Pools: the table as of the end of the queue. A spin lock: every host
-  // copy looks its pool up here, the sections are a map lookup or update,
-  // and a pthread mutex's lock and unlock were ~60 instructions a copy. On
-  // a line of its own: it was beside the waits counter and parked_on_, which
-  // the runner reads, and a sixth of try_pool's samples in a stream of host
-  // copies were on taking it (perf).
-  alignas(64) mutable spin_mutex pools_mu_;
-  std::map<int, std::shared_ptr<pool>> pools_;
-  std::shared_ptr<std::atomic<std::size_t>> used_;
+  // Pools: the table as of the end of the queue (its lock on a line of its
+  // own, away from what the runner reads).
+  pool_table pools_;
 
   // Asynchronous drivers (null stream_: the synchronous path). The window
   // holds the items between start and resolution, `seq % window_`.

@@ -39,16 +39,7 @@ sexp device_core::debug_info() const {
           break;
         }
   }
-  auto pools = sexp::list({sexp::atom("pools")});
-  {
-    std::lock_guard guard{pools_mu_};
-    for (const auto& [id, p] : pools_)
-      pools.push_back(sexp::list(
-        {sexp::atom("pool"), sexp::field("id", std::to_string(id)),
-         sexp::field("size", std::to_string(p->size)),
-         sexp::field("alignment", std::to_string(p->alignment)),
-         sexp::field("mode", p->mode ? to_string(*p->mode) : std::string{"none"})}));
-  }
+  auto pools = pools_.info();
   std::size_t spare;
   {
     std::lock_guard guard{spare_mu_};
