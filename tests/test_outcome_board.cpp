@@ -181,7 +181,8 @@ BOOST_AUTO_TEST_CASE(test_outcome_board_failed_and_cancelled_seqs_keep_their_pro
 
 BOOST_AUTO_TEST_CASE(test_outcome_board_ranges_end_where_their_seqs_do) {
   // 1-3 one cause (a range), 4 done, 5-6 another cause, 7 the first cause
-  // again: not joined to 1-3 across the others.
+  // again: not joined to 1-3 across the others; 8 done, 9 that cause again:
+  // not joined to 7 across the done seq.
   outcome_board b{"cpu:0:1"};
   auto first = task_failed(1, "first");
   auto second = task_failed(5, "second");
@@ -196,6 +197,9 @@ BOOST_AUTO_TEST_CASE(test_outcome_board_ranges_end_where_their_seqs_do) {
   }
   b.record_bad(7, first);
   b.publish(7);
+  b.publish(8);
+  b.record_bad(9, first);
+  b.publish(9);
   for (uint64_t s = 1; s <= 3; ++s)
     BOOST_TEST(b.cause_of(s).get() == first.get(), "seq " << s);
   BOOST_TEST(!b.cause_of(4));
@@ -203,6 +207,9 @@ BOOST_AUTO_TEST_CASE(test_outcome_board_ranges_end_where_their_seqs_do) {
   BOOST_TEST(b.cause_of(5).get() == second.get());
   BOOST_TEST(b.cause_of(6).get() == second.get());
   BOOST_TEST(b.cause_of(7).get() == first.get());
+  BOOST_TEST(b.is_done(8));
+  BOOST_TEST(!b.cause_of(8));
+  BOOST_TEST(b.cause_of(9).get() == first.get());
 }
 
 BOOST_AUTO_TEST_CASE(test_outcome_board_a_missing_cause_is_the_fallback_naming_the_device) {
