@@ -22,7 +22,6 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
     results_(std::move(results)), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
-    host_spans_(trace_capacity > 0 ? std::make_unique<host_span_log>(trace_capacity) : nullptr),
     pools_(name_) {
   room_until_.store(capacity_, std::memory_order_relaxed);
   stream_ = driver_->open_stream(ordinal_, *this);

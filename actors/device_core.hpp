@@ -46,7 +46,6 @@ namespace multidev::detail {
 
 class device_core;
 class trace_ring;
-class host_span_log;
 
 /// The device whose runner this thread is, if any (set by the runner thread,
 /// and by an asynchronous driver's stream thread while it runs that device's
@@ -676,8 +675,6 @@ private:
   /// Records an item the runner resolved without running it (cancelled,
   /// killed, behind a failure) as kind `cancel`, instead of its own record.
   void trace_dropped(const item& it, uint64_t seq) noexcept;
-  /// The trace's last records for debug_info.
-  sexp trace_info() const;
   /// The runner of an asynchronous driver: submits items to the device's
   /// stream without waiting for them, at most `window_` at a time; they are
   /// resolved in seq order as they complete.
@@ -819,9 +816,9 @@ private:
   alignas(64) uint64_t executed_ = 0; // runner only: seq of the item it is running
   uint64_t taken_ = 0; // items taken from queue_: written by the runner under mu_
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
-  std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
-  // Host threads' blocking waits on this device; null when tracing is off.
-  std::unique_ptr<host_span_log> host_spans_;
+  // The runner's records and host threads' blocking waits on this device;
+  // null when tracing is off; set once, at construction.
+  std::unique_ptr<trace_ring> trace_;
 
   // Orders' extras for reuse. A producer that allocates what the runner
   // frees contends with it for the allocator's arena lock on every item

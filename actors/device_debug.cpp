@@ -1,9 +1,15 @@
 // A device core's debug info, as an s-expression.
 #include "actors/device_core.hpp"
+#include "actors/trace.hpp"
 
 #include <fmt/format.h>
 
 namespace multidev::detail {
+
+namespace {
+/// Records of the trace that debug info shows.
+constexpr std::size_t debug_info_records = 8;
+} // namespace
 
 const char* device_core::hand_over_state() const noexcept {
   switch (exec_.load(std::memory_order_acquire)) {
@@ -64,7 +70,7 @@ sexp device_core::debug_info() const {
   if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
     info.push_back(std::move(extra));
   if (trace_)
-    info.push_back(trace_info());
+    info.push_back(trace_->info(debug_info_records));
   return info;
 }
 

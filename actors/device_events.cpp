@@ -253,8 +253,8 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     blocked_scope blocked{std::move(w)};
     // With tracing on, a host thread's wait goes in the trace (a task's
     // shows as its item).
-    host_wait_scope traced{current_runner == nullptr ? host_spans_.get() : nullptr, what, name_,
-                           seq};
+    host_wait_scope traced{current_runner == nullptr && trace_ ? &trace_->host_spans() : nullptr,
+                           what, name_, seq};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
     ring_deferred();
