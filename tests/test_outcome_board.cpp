@@ -3,19 +3,16 @@
 // drops and their causes, the out-of-memory stand-ins, and waiters that are
 // told exactly once -- without a device, a runner or a queue.
 //
-// This binary replaces the global operator new: an armed countdown on one
-// thread makes the k-th allocation from now on that thread throw bad_alloc.
+// This binary replaces the global operator new (failing_alloc.hpp): an
+// armed countdown on one thread makes the k-th allocation from now on that
+// thread throw bad_alloc.
 #define BOOST_TEST_MODULE outcome_board
-// The replaced operator new and delete below use malloc and free, which GCC
-// cannot see through when it inlines them into the standard allocators.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete" // see failing_alloc.hpp
 #include <boost/test/unit_test.hpp>
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <memory>
-#include <new>
 #include <ostream>
 #include <stdexcept>
 #include <thread>
@@ -23,19 +20,7 @@
 
 #include "actors/outcome_board.hpp"
 
-namespace {
-thread_local int alloc_countdown = 0;
-} // namespace
-
-void* operator new(std::size_t n) {
-  if (alloc_countdown > 0 && --alloc_countdown == 0)
-    throw std::bad_alloc{};
-  if (void* p = std::malloc(n == 0 ? 1 : n))
-    return p;
-  throw std::bad_alloc{};
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#include "failing_alloc.hpp"
 
 namespace multidev {
 // Found by Boost.Test through ADL: a failed check names the states.
@@ -47,6 +32,7 @@ std::ostream& boost_test_print_type(std::ostream& os, event_state s) {
 using multidev::event_state;
 using multidev::failure;
 using multidev::detail::outcome_board;
+using test_support::alloc_countdown;
 
 namespace {
 
