@@ -60,12 +60,15 @@ inline thread_local device_core* home_runner = nullptr;
 /// may sync on the device's earlier items, not on this one or later ones).
 inline thread_local uint64_t current_item = 0;
 
-/// The state a device actor owns. Its members are defined by job:
-/// device_core.cpp (life: start, stop, shutdown), device_queue.cpp (the
-/// producer side and backpressure), device_runner.cpp (the runner thread),
-/// device_gates.cpp (waits for other devices), device_events.cpp (progress,
-/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp,
-/// device_trace.cpp (the runner trace).
+/// The state a device actor owns. Pieces with their own state and rules:
+/// `outcome_board` (what became of each seq, and who is told),
+/// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on).
+/// Its members are defined by job: device_core.cpp (life: start, stop,
+/// shutdown), device_queue.cpp (the producer side and backpressure),
+/// device_runner.cpp (the runner thread), device_gates.cpp (waits for other
+/// devices), device_events.cpp (waiters and syncs over the outcome board),
+/// device_pools.cpp (pool operations ordered with the work),
+/// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
                     private completion_sink {
 public:
