@@ -20,12 +20,9 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
                          std::size_t max_in_flight, bool hand_over, bool pin_runner)
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     capacity_(queue_capacity == 0 ? 1 : queue_capacity),
-    results_(std::move(results)),
+    results_(std::move(results)), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
-    host_spans_(trace_capacity > 0 ? std::make_unique<host_span_log>(trace_capacity) : nullptr),
-    used_(std::make_shared<std::atomic<std::size_t>>(0)) {
-  oom_cause_ = std::make_shared<const failure>(
-    failure{failure::kind::failed, name_, {}, 0, "task failed", {}});
+    pools_(name_) {
   room_until_.store(capacity_, std::memory_order_relaxed);
   stream_ = driver_->open_stream(ordinal_, *this);
   if (stream_) {
@@ -77,8 +74,8 @@ void device_core::shutdown() {
     let_go_of_spent_pools();
   }
   {
-    std::lock_guard guard{waiters_mu_};
-    closed_ = true; // later waits for seqs not reached fail at once
+    std::lock_guard guard{outcomes_.waiters_mutex()};
+    outcomes_.close_locked(); // later waits for seqs not reached fail at once
   }
   // Anything still awaited can never complete now (shut down from its own
   // runner, which cannot drain itself).
@@ -92,18 +89,7 @@ void device_core::shutdown() {
   } else {
     fire(finished());
   }
-  std::lock_guard guard{pools_mu_};
   pools_.clear();
-}
-
-void device_core::drop_locked(const failure_ptr& cause) {
-  auto upto = scheduled_.load(std::memory_order_relaxed);
-  if (upto <= drop_upto_.load(std::memory_order_relaxed))
-    return;
-  // The watermark first: should recording the cause fail, the items still
-  // drop (with a generic cause) rather than run.
-  drop_upto_.store(upto, std::memory_order_seq_cst);
-  drops_.emplace_back(upto, cause);
 }
 
 uint64_t device_core::cancel(std::string why) {
@@ -114,9 +100,9 @@ uint64_t device_core::cancel(std::string why) {
   uint64_t upto = 0;
   {
     std::lock_guard guard{mu_};
-    if (scheduled_.load(std::memory_order_relaxed) > drop_upto_.load(std::memory_order_relaxed)) {
+    if (scheduled_.load(std::memory_order_relaxed) > outcomes_.dropped_upto(std::memory_order_relaxed)) {
       drop_locked(cause);
-      upto = drop_upto_.load(std::memory_order_relaxed);
+      upto = outcomes_.dropped_upto(std::memory_order_relaxed);
     }
   }
   // A runner parked on a wait sleeps on the bell: wake it to drop the wait.

@@ -34,7 +34,8 @@
 #include <vector>
 
 #include "actors/gate.hpp"
-#include "actors/pool.hpp"
+#include "actors/outcome_board.hpp"
+#include "actors/pool_table.hpp"
 #include "actors/result_board.hpp"
 #include "actors/spin.hpp"
 #include "devices/driver.hpp"
@@ -45,7 +46,6 @@ namespace multidev::detail {
 
 class device_core;
 class trace_ring;
-class host_span_log;
 
 /// The device whose runner this thread is, if any (set by the runner thread,
 /// and by an asynchronous driver's stream thread while it runs that device's
@@ -60,21 +60,24 @@ inline thread_local device_core* home_runner = nullptr;
 /// may sync on the device's earlier items, not on this one or later ones).
 inline thread_local uint64_t current_item = 0;
 
-/// The state a device actor owns. Its members are defined by job:
-/// device_core.cpp (life: start, stop, shutdown), device_queue.cpp (the
-/// producer side and backpressure), device_runner.cpp (the runner thread),
-/// device_gates.cpp (waits for other devices), device_events.cpp (progress,
-/// waiters, sync), device_pools.cpp (the pool table), device_debug.cpp,
-/// device_trace.cpp (the runner trace).
+/// The state a device actor owns. Pieces with their own state and rules:
+/// `outcome_board` (what became of each seq, and who is told),
+/// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on).
+/// Its members are defined by job: device_core.cpp (life: start, stop,
+/// shutdown), device_queue.cpp (the producer side and backpressure),
+/// device_runner.cpp (the runner thread), device_gates.cpp (waits for other
+/// devices), device_events.cpp (waiters and syncs over the outcome board),
+/// device_pools.cpp (pool operations ordered with the work),
+/// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
                     private completion_sink {
 public:
   /// Why an event did not complete; shared by every event it resolves.
-  using failure_ptr = std::shared_ptr<const failure>;
+  using failure_ptr = outcome_board::failure_ptr;
   /// Called once an awaited seq is resolved: `cause == nullptr` when done,
   /// otherwise why it failed or was cancelled. Runs on whichever thread
   /// resolves it; must not block.
-  using resolver = std::function<void(const failure* cause)>;
+  using resolver = outcome_board::resolver;
   /// The same with the cause rendered (`describe()`), for callers that only
   /// pass a message on (`error == nullptr`: done).
   using waiter = std::function<void(const std::string* error)>;
@@ -169,16 +172,16 @@ public:
   /// Seq of the last item scheduled / resolved (done, failed or cancelled:
   /// the runner resolves items in seq order).
   uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
-  uint64_t finished() const noexcept;
+  uint64_t finished() const noexcept { return outcomes_.finished(); }
   /// Whether `seq` resolved to done. Once true, true forever, for every
   /// observer, whatever happens to the device later.
-  bool is_done(uint64_t seq) const noexcept;
+  bool is_done(uint64_t seq) const noexcept { return outcomes_.is_done(seq); }
   /// Whether `seq` resolved to failed or cancelled: it never will be done.
-  bool is_failed(uint64_t seq) const noexcept;
+  bool is_failed(uint64_t seq) const noexcept { return outcomes_.is_failed(seq); }
   /// Pending, done, failed or cancelled.
-  event_state state(uint64_t seq) const;
+  event_state state(uint64_t seq) const { return outcomes_.state(seq); }
   /// Why a resolved seq did not complete; null when it is done (or pending).
-  failure_ptr cause_of(uint64_t seq) const;
+  failure_ptr cause_of(uint64_t seq) const { return outcomes_.cause_of(seq); }
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
   bool is_idle() const noexcept { return finished() == scheduled() && !failed(); }
@@ -327,13 +330,14 @@ public:
   /// done). Never waits for room.
   uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
   /// The pool now in the table, or nullptr.
-  std::shared_ptr<pool> try_pool(int id) const;
-  /// The pool now in the table that holds bytes `[offset, offset + size)`.
-  /// The one check of a pool span: throws `std::invalid_argument` starting
-  /// with `who` when the pool is not allocated or the span is outside it.
+  std::shared_ptr<pool> try_pool(int id) const { return pools_.find(id); }
+  /// The pool now in the table that holds bytes `[offset, offset + size)`;
+  /// see `pool_table::span`.
   std::shared_ptr<pool> pool_span(int id, std::size_t offset, std::size_t size,
-                                  std::string_view who) const;
-  std::size_t used_memory() const noexcept { return used_->load(); }
+                                  std::string_view who) const {
+    return pools_.span(id, offset, size, who);
+  }
+  std::size_t used_memory() const noexcept { return pools_.used_memory(); }
 
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
@@ -674,8 +678,6 @@ private:
   /// Records an item the runner resolved without running it (cancelled,
   /// killed, behind a failure) as kind `cancel`, instead of its own record.
   void trace_dropped(const item& it, uint64_t seq) noexcept;
-  /// The trace's last records for debug_info.
-  sexp trace_info() const;
   /// The runner of an asynchronous driver: submits items to the device's
   /// stream without waiting for them, at most `window_` at a time; they are
   /// resolved in seq order as they complete.
@@ -754,14 +756,14 @@ private:
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
   /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`, and wakes the runner. Call with mu_ held; no-op when nothing
-  /// new is scheduled. Throws only on allocation failure.
-  void drop_locked(const failure_ptr& cause);
+  /// `cause`. Call with mu_ held; no-op when nothing new is scheduled.
+  void drop_locked(const failure_ptr& cause) noexcept {
+    outcomes_.drop_through(scheduled_.load(std::memory_order_relaxed), cause);
+  }
   /// Fires the waiters of seqs up to `upto` with their outcomes; with
   /// `beyond`, also the waiters of seqs not resolved, with that cause (at
   /// shutdown). Never throws.
   void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
-  static void invoke(resolver& r, const failure* cause) noexcept;
   /// A failure of this device itself (no task): killed, shut down.
   failure_ptr device_failure(std::string message) const;
   void call_room_callback() noexcept;
@@ -810,22 +812,16 @@ private:
   // line: that one holds what every push touches.
   std::string queue_text_;
 
-  // Runner side: resolved seq; the least awaited seq, which lets the runner
-  // skip the waiter lock.
-  alignas(64) std::atomic<uint64_t> progress_{0};
-  std::atomic<uint64_t> min_waiter_{UINT64_MAX};
-  uint64_t executed_ = 0; // runner only: seq of the item it is running
+  // What became of each seq, and who is told (its own lines: the runner
+  // writes its first as it resolves items). Drops are made under mu_.
+  outcome_board outcomes_;
+  // Runner side.
+  alignas(64) uint64_t executed_ = 0; // runner only: seq of the item it is running
   uint64_t taken_ = 0; // items taken from queue_: written by the runner under mu_
-  // Items up to this seq are dropped, not run (cancel, kill, failure).
-  // Written under mu_, rarely; read by the runner once per item.
-  std::atomic<uint64_t> drop_upto_{0};
-  // The largest seq that resolved failed or cancelled (0: none), published
-  // before progress_ passes it, so is_done skips the lookup for later seqs.
-  std::atomic<uint64_t> bad_max_{0};
   std::atomic<bool> failed_flag_{false}; // mirrors failed_
-  std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
-  // Host threads' blocking waits on this device; null when tracing is off.
-  std::unique_ptr<host_span_log> host_spans_;
+  // The runner's records and host threads' blocking waits on this device;
+  // null when tracing is off; set once, at construction.
+  std::unique_ptr<trace_ring> trace_;
 
   // Orders' extras for reuse. A producer that allocates what the runner
   // frees contends with it for the allocator's arena lock on every item
@@ -847,27 +843,8 @@ private:
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed
-  // Guarded by mu_: (last seq, cause) of each drop, oldest first.
-  std::deque<std::pair<uint64_t, failure_ptr>> drops_;
-  // Made with the core: stands in when a cause cannot be made (out of memory).
-  failure_ptr oom_cause_;
-  // Seqs that resolved failed or cancelled, as ranges keyed by their first
-  // seq; consecutive seqs with one cause share a range.
-  struct bad_range {
-    uint64_t last;
-    failure_ptr cause;
-  };
-  mutable std::mutex bad_mu_;
-  std::map<uint64_t, bad_range> bad_;
   std::condition_variable_any room_; // producers waiting for room (rare)
   std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
-  // A spin lock: a host scheduling a chain registers each wait here while
-  // the runner fires the last one, and a std::mutex then slept in the kernel
-  // on both sides (futex wait and wake: 8% of a scheduled chain's samples).
-  // Its sections are short; the long ones (pruning gates_, debug info,
-  // cancelling) are rare, and a spinner yields after a while.
-  mutable spin_mutex waiters_mu_;
-  std::multimap<uint64_t, resolver> waiters_;
   /// A gate of another device (`waiter`) that opens once `seq` of this one
   /// is resolved: a local `will_wait_for`, registered without a resolver.
   /// A resolver and its multimap node were two allocations a wait, made by
@@ -884,24 +861,25 @@ private:
     const device_core* waiter_at = nullptr;
   };
   /// Sorted by seq from `gate_waiters_head_` on (the entries before it are
-  /// spent, compacted away in bulk); guarded by waiters_mu_. Storage is
-  /// reused: appending a wait allocates nothing once it has grown.
+  /// spent, compacted away in bulk); guarded by the waiter lock
+  /// (`outcomes_.waiters_mutex()`). Storage is reused: appending a wait
+  /// allocates nothing once it has grown.
   std::vector<gate_waiter> gate_waiters_;
   std::size_t gate_waiters_head_ = 0;
-  /// `min_waiter_` from both lists. Call under waiters_mu_. `raised`: the
-  /// caller only took waiters out (a firing), so the value can only go up,
-  /// and a release store does (see the definition).
+  /// Stores the waiters' minimum from both lists (`outcomes_`'s and the
+  /// gate waiters). Call under the waiter lock. `raised`: the caller only
+  /// took waiters out (a firing), so the value can only go up.
   void update_min_waiter_locked(bool raised = false) noexcept;
   /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
   /// `all`); `more`: whether the one after it is due too. Call under
-  /// waiters_mu_.
+  /// the waiter lock.
   bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
                                    bool& more) noexcept;
   /// Registers `w` with this (owner) device, or resolves it at once as
   /// `when_resolved` would call a resolver. Moves from `w` only once it is
   /// stored: when this throws (out of memory), `w` is as it was.
   void when_resolved(gate_waiter&& w);
-  /// Both `when_resolved`s: `enter()` under waiters_mu_ while `seq` is
+  /// Both `when_resolved`s: `enter()` under the waiter lock while `seq` is
   /// pending, else `resolve(cause)` at once (null cause: done).
   template <class Enter, class Resolve>
   void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
@@ -948,7 +926,7 @@ private:
   /// `pending_waits`: two counters, each with one writer at a time, rather
   /// than one that both sides change with a locked instruction, which a
   /// hop of a chain paid once per wait. `gates_pushed_` is written under
-  /// waiters_mu_; `gates_passed_` by the token holder (on an asynchronous
+  /// the waiter lock; `gates_passed_` by the token holder (on an asynchronous
   /// driver, under retire_mu_).
   std::atomic<uint64_t> gates_pushed_{0};
   std::atomic<uint64_t> gates_passed_{0};
@@ -957,24 +935,17 @@ private:
                         std::memory_order_release); // after its push, for debug_info
   }
   // The gate the device is parked at, if any: written by the token holder,
-  // read under waiters_mu_ and only compared with gates_' entries (a reader
+  // read under the waiter lock and only compared with gates_' entries (a reader
   // that dereferenced it could find it freed). Atomic, not guarded: a hop
   // of a chain parks and unparks both devices, and four mutex round trips a
   // hop showed in its cost.
   std::atomic<const gate*> parked_on_{nullptr};
-  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
-  std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
-  bool closed_ = false; // shut down; guarded by waiters_mu_
+  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by the waiter lock
+  std::size_t gates_prune_at_ = 64;        // guarded by the waiter lock
 
-  // Pools: the table as of the end of the queue. A spin lock: every host
-  // copy looks its pool up here, the sections are a map lookup or update,
-  // and a pthread mutex's lock and unlock were ~60 instructions a copy. On
-  // a line of its own: it was beside the waits counter and parked_on_, which
-  // the runner reads, and a sixth of try_pool's samples in a stream of host
-  // copies were on taking it (perf).
-  alignas(64) mutable spin_mutex pools_mu_;
-  std::map<int, std::shared_ptr<pool>> pools_;
-  std::shared_ptr<std::atomic<std::size_t>> used_;
+  // Pools: the table as of the end of the queue (its lock on a line of its
+  // own, away from what the runner reads).
+  pool_table pools_;
 
   // Asynchronous drivers (null stream_: the synchronous path). The window
   // holds the items between start and resolution, `seq % window_`.

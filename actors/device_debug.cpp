@@ -1,9 +1,15 @@
 // A device core's debug info, as an s-expression.
 #include "actors/device_core.hpp"
+#include "actors/trace.hpp"
 
 #include <fmt/format.h>
 
 namespace multidev::detail {
+
+namespace {
+/// Records of the trace that debug info shows.
+constexpr std::size_t debug_info_records = 8;
+} // namespace
 
 const char* device_core::hand_over_state() const noexcept {
   switch (exec_.load(std::memory_order_acquire)) {
@@ -28,8 +34,8 @@ sexp device_core::debug_info() const {
   std::size_t waiting;
   std::string parked;
   {
-    std::lock_guard guard{waiters_mu_};
-    waiting = waiters_.size() + (gate_waiters_.size() - gate_waiters_head_);
+    std::lock_guard guard{outcomes_.waiters_mutex()};
+    waiting = outcomes_.waiter_count_locked() + (gate_waiters_.size() - gate_waiters_head_);
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
     if (auto* p = parked_on_.load(std::memory_order_acquire))
@@ -39,16 +45,7 @@ sexp device_core::debug_info() const {
           break;
         }
   }
-  auto pools = sexp::list({sexp::atom("pools")});
-  {
-    std::lock_guard guard{pools_mu_};
-    for (const auto& [id, p] : pools_)
-      pools.push_back(sexp::list(
-        {sexp::atom("pool"), sexp::field("id", std::to_string(id)),
-         sexp::field("size", std::to_string(p->size)),
-         sexp::field("alignment", std::to_string(p->alignment)),
-         sexp::field("mode", p->mode ? to_string(*p->mode) : std::string{"none"})}));
-  }
+  auto pools = pools_.info();
   std::size_t spare;
   {
     std::lock_guard guard{spare_mu_};
@@ -73,7 +70,7 @@ sexp device_core::debug_info() const {
   if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
     info.push_back(std::move(extra));
   if (trace_)
-    info.push_back(trace_info());
+    info.push_back(trace_->info(debug_info_records));
   return info;
 }
 

@@ -14,10 +14,6 @@
 namespace multidev::detail {
 
 namespace {
-// Made at load time: it stands in when memory runs out.
-const failure unreadable_cause{failure::kind::failed, {}, {}, 0,
-                               "failed (its cause could not be read)", {}};
-
 /// How a resolver tells a blocked `sync_until` the outcome. Shared: the
 /// resolver may still be notifying after the sync saw the value.
 struct sync_signal {
@@ -58,56 +54,6 @@ struct sync_resolver {
 };
 } // namespace
 
-uint64_t device_core::finished() const noexcept {
-  return progress_.load(std::memory_order_acquire);
-}
-
-device_core::failure_ptr device_core::cause_of(uint64_t seq) const {
-  // progress_ is read first: bad_max_ is published before progress_ passes
-  // a bad seq, so a seq above bad_max_ that progress covers is done.
-  if (seq == 0 || seq > progress_.load(std::memory_order_acquire) ||
-      seq > bad_max_.load(std::memory_order_acquire))
-    return nullptr;
-  std::lock_guard guard{bad_mu_};
-  auto i = bad_.upper_bound(seq);
-  if (i == bad_.begin())
-    return nullptr;
-  --i;
-  return seq <= i->second.last ? i->second.cause : nullptr;
-}
-
-bool device_core::is_done(uint64_t seq) const noexcept {
-  if (seq > progress_.load(std::memory_order_acquire))
-    return false;
-  if (seq > bad_max_.load(std::memory_order_acquire)) [[likely]]
-    return true;
-  try {
-    return cause_of(seq) == nullptr;
-  } catch (...) {
-    return false; // a lock that throws: not known to be done
-  }
-}
-
-bool device_core::is_failed(uint64_t seq) const noexcept {
-  if (seq > progress_.load(std::memory_order_acquire) ||
-      seq > bad_max_.load(std::memory_order_acquire))
-    return false;
-  try {
-    return cause_of(seq) != nullptr;
-  } catch (...) {
-    return false;
-  }
-}
-
-event_state device_core::state(uint64_t seq) const {
-  if (seq > finished())
-    return event_state::pending;
-  auto c = cause_of(seq);
-  if (!c)
-    return event_state::done;
-  return c->is_cancellation() ? event_state::cancelled : event_state::failed;
-}
-
 void device_core::check_scheduled(uint64_t seq, const char* what) const {
   auto s = scheduled();
   if (seq > s)
@@ -116,37 +62,11 @@ void device_core::check_scheduled(uint64_t seq, const char* what) const {
       name_, s));
 }
 
-void device_core::invoke(resolver& r, const failure* cause) noexcept {
-  try {
-    r(cause);
-  } catch (...) {
-    // A waiter's own failure is its business: the others still fire.
-  }
-}
-
 void device_core::update_min_waiter_locked(bool raised) noexcept {
-  auto m = waiters_.empty() ? UINT64_MAX : waiters_.begin()->first;
+  auto m = outcomes_.first_waiter_locked();
   if (gate_waiters_head_ < gate_waiters_.size())
     m = std::min(m, gate_waiters_[gate_waiters_head_].seq);
-  // Only a change is stored. A host scheduling ahead appends waits behind
-  // the first, which stays the minimum, and the store (a locked instruction
-  // on the line the runner writes progress_ to, taken from it every wait)
-  // would write the value already there. Every writer holds waiters_mu_, so
-  // an unchanged value is one the runner reads already: a minimum at or
-  // below the new waiter's seq, whose firing takes this lock and finds it.
-  if (min_waiter_.load(std::memory_order_relaxed) == m)
-    return;
-  // A firing that took waiters out raises the minimum: every value stored
-  // while a waiter is listed is at most its seq (each is computed here from
-  // the lists), so a runner that reads an older value still fires for it,
-  // and whoever registers next reads this one through waiters_mu_. Only a
-  // registration's store pairs with a progress store (when_resolved_as,
-  // complete), and needs the sequentially consistent one; a firing's took an
-  // `xchg` on the progress line on every hop of a chain.
-  if (raised)
-    min_waiter_.store(m, std::memory_order_release);
-  else
-    min_waiter_.store(m, std::memory_order_seq_cst);
+  outcomes_.set_min_waiter_locked(m, raised);
 }
 
 bool device_core::take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
@@ -178,52 +98,36 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   // can throw half-way and strand a waiter. Due gate waiters are taken one
   // at a time (the first with the resolvers, the rest after), for the same
   // reason.
-  std::multimap<uint64_t, resolver> due;
+  outcome_board::waiter_list due;
   gate_waiter gw;
   bool has_gate;
   // Whether another gate waiter was due when the last one was taken: for
   // a firing of done items the list is looked at again only then. One that
   // registers later for a seq this covers is resolved by its own
-  // registration (`when_resolved_as` reads progress_ after it enters), so
+  // registration (`when_resolved_as` reads the progress after it enters), so
   // the second lock a firing took, which a hop of a chain paid every time,
   // found nothing there.
   bool more;
   {
-    std::lock_guard guard{waiters_mu_};
-    auto end = beyond ? waiters_.end() : waiters_.upper_bound(upto);
-    while (waiters_.begin() != end)
-      due.insert(waiters_.extract(waiters_.begin()));
+    std::lock_guard guard{outcomes_.waiters_mutex()};
+    outcomes_.take_due_locked(upto, beyond != nullptr, due);
     has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
     update_min_waiter_locked(true);
   }
   // Each seq gets its own outcome: a seq resolved done is done for every
   // observer, even when this fires because the device failed later.
   auto resolved = finished();
-  auto outcome = [&](uint64_t seq, auto&& call) {
-    if (seq > resolved) {
-      call(beyond);
-      return;
-    }
-    failure_ptr cause;
-    try {
-      cause = cause_of(seq);
-    } catch (...) {
-      call(&unreadable_cause);
-      return;
-    }
-    call(cause.get());
-  };
+  failure_ptr hold;
   for (auto& [seq, r] : due)
-    outcome(seq, [&](const failure* c) { invoke(r, c); });
+    outcome_board::invoke(r, outcomes_.outcome_for(seq, resolved, beyond, hold));
   while (has_gate) {
-    outcome(gw.seq, [&](const failure* c) {
-      if (c || !(try_claim(gw) || (runners_may_defer() && try_defer(gw))))
-        resolve_gate_waiter(gw, c);
-    });
+    const auto* c = outcomes_.outcome_for(gw.seq, resolved, beyond, hold);
+    if (c || !(try_claim(gw) || (runners_may_defer() && try_defer(gw))))
+      resolve_gate_waiter(gw, c);
     if (!more && !beyond)
       break;
     gw = gate_waiter{};
-    std::lock_guard guard{waiters_mu_};
+    std::lock_guard guard{outcomes_.waiters_mutex()};
     has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
     if (has_gate)
       update_min_waiter_locked(true);
@@ -231,8 +135,8 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
 }
 
 void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
-  std::lock_guard guard{waiters_mu_};
-  waiters_.emplace(seq, [w = std::move(w)](const failure* cause) mutable {
+  std::lock_guard guard{outcomes_.waiters_mutex()};
+  outcomes_.add_locked(seq, [w = std::move(w)](const failure* cause) mutable {
     if (!cause) {
       w(nullptr);
       return;
@@ -246,14 +150,13 @@ void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
 template <class Enter, class Resolve>
 void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve) {
   {
-    std::unique_lock guard{waiters_mu_};
-    auto p = progress_.load(std::memory_order_seq_cst);
-    if (p < seq && !closed_) {
+    std::unique_lock guard{outcomes_.waiters_mutex()};
+    if (outcomes_.accepts_locked(seq)) {
       enter();
       update_min_waiter_locked();
       // Re-check: the runner may have advanced between our load and store
       // without seeing the new minimum. Either it fires us, or we fire here.
-      p = progress_.load(std::memory_order_seq_cst);
+      auto p = outcomes_.progress_now();
       guard.unlock();
       if (p >= seq)
         fire(p);
@@ -271,8 +174,8 @@ void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolv
 
 void device_core::when_resolved(uint64_t seq, resolver r) {
   when_resolved_as(
-    seq, [&] { waiters_.emplace(seq, std::move(r)); },
-    [&](const failure* cause) { invoke(r, cause); });
+    seq, [&] { outcomes_.add_locked(seq, std::move(r)); },
+    [&](const failure* cause) { outcome_board::invoke(r, cause); });
 }
 
 void device_core::when_resolved(gate_waiter&& w) {
@@ -294,31 +197,18 @@ void device_core::when_resolved(gate_waiter&& w) {
 }
 
 std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>& pred) {
-  std::size_t n = 0;
-  std::lock_guard guard{waiters_mu_};
-  for (auto i = waiters_.begin(); i != waiters_.end();) {
-    if (pred(i->second)) {
-      i = waiters_.erase(i);
-      ++n;
-    } else {
-      ++i;
-    }
-  }
+  std::lock_guard guard{outcomes_.waiters_mutex()};
+  auto n = outcomes_.drop_waiters_locked(pred);
   update_min_waiter_locked();
   return n;
 }
 
 bool device_core::drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred) {
-  std::lock_guard guard{waiters_mu_};
-  auto [first, last] = waiters_.equal_range(seq);
-  for (auto i = first; i != last; ++i) {
-    if (pred(i->second)) {
-      waiters_.erase(i);
-      update_min_waiter_locked();
-      return true;
-    }
-  }
-  return false;
+  std::lock_guard guard{outcomes_.waiters_mutex()};
+  if (!outcomes_.drop_waiter_locked(seq, pred))
+    return false;
+  update_min_waiter_locked();
+  return true;
 }
 
 void device_core::when_done(uint64_t seq, waiter w) {
@@ -363,8 +253,8 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     blocked_scope blocked{std::move(w)};
     // With tracing on, a host thread's wait goes in the trace (a task's
     // shows as its item).
-    host_wait_scope traced{current_runner == nullptr ? host_spans_.get() : nullptr, what, name_,
-                           seq};
+    host_wait_scope traced{current_runner == nullptr && trace_ ? &trace_->host_spans() : nullptr,
+                           what, name_, seq};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
     ring_deferred();

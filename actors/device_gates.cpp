@@ -166,7 +166,7 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
   {
     // Registered before the push: `shutdown` sets stopping_ before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
-    std::lock_guard guard{waiters_mu_};
+    std::lock_guard guard{outcomes_.waiters_mutex()};
     // Spent gates are pruned only when the list has doubled since the last
     // pruning: a host running far ahead of a chain keeps thousands pending,
     // and a scan per push would make scheduling the chain quadratic.
@@ -185,7 +185,7 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
   try {
     g->seq = enqueue_wait(g);
   } catch (...) {
-    std::lock_guard guard{waiters_mu_};
+    std::lock_guard guard{outcomes_.waiters_mutex()};
     gates_pushed_.store(gates_pushed_.load(std::memory_order_relaxed) - 1,
                         std::memory_order_relaxed);
     throw;
@@ -220,7 +220,7 @@ void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause
 
 std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parked) const {
   std::vector<std::shared_ptr<gate>> out;
-  std::lock_guard guard{waiters_mu_};
+  std::lock_guard guard{outcomes_.waiters_mutex()};
   out.reserve(gates_.size());
   // A failed gate the runner has not reached yet is still a wait (it will
   // fail this device); one it has passed is history.
@@ -285,7 +285,7 @@ void device_core::cancel_gates(bool (*which)(const gate&), const std::string& wh
   // runner, which may be inside our when_done, waiting for this very lock.
   std::vector<std::shared_ptr<gate>> pending;
   {
-    std::lock_guard guard{waiters_mu_};
+    std::lock_guard guard{outcomes_.waiters_mutex()};
     for (auto& w : gates_)
       if (auto g = w.lock(); g && g->state.load() == gate::pending)
         pending.push_back(std::move(g));

@@ -210,7 +210,7 @@ void device_core::run_item(bool first_in_batch) {
 bool device_core::gate_ended(const gate& g, uint64_t seq) const noexcept {
   auto st = g.state.load(std::memory_order_seq_cst);
   return st == gate::open || st == gate::failed ||
-         seq <= drop_upto_.load(std::memory_order_seq_cst);
+         seq <= outcomes_.dropped_upto(std::memory_order_seq_cst);
 }
 
 gate* device_core::pending_gate_at_pos() const noexcept {
@@ -674,7 +674,7 @@ void device_core::lease_check_slow() noexcept {
     return;
   // Over for good: a renewal that comes later finds 0 and is refused.
   lease_->store(0, std::memory_order_release);
-  if (scheduled_.load(std::memory_order_acquire) > drop_upto_.load(std::memory_order_acquire)) {
+  if (scheduled_.load(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
     try {
       cancel(lease_why_);
     } catch (...) {
@@ -687,7 +687,7 @@ void device_core::lease_check_slow() noexcept {
   check_lease(); // a session's: nothing starts once its lease is over
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
-  if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
+  if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     drop(it, seq);
     return;
   }
@@ -717,7 +717,7 @@ void device_core::execute(item& it) {
   }
   check_lease();
   auto seq = ++executed_;
-  if (seq <= drop_upto_.load(std::memory_order_acquire)) [[unlikely]] {
+  if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
       mark_parked(nullptr); // it may be freed with the item (recycle)
     drop(it, seq);
@@ -727,7 +727,7 @@ void device_core::execute(item& it) {
     // Ended: the runner parked until it did (`park`).
     auto& g = *gp;
     mark_parked(nullptr);
-    if (g.state.load() != gate::open && seq <= drop_upto_.load()) {
+    if (g.state.load() != gate::open && seq <= outcomes_.dropped_upto(std::memory_order_seq_cst)) {
       drop(it, seq); // counts the gate off
       return;
     }
@@ -801,57 +801,29 @@ std::string device_core::task_name(const item& it, uint64_t seq) const {
 void device_core::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
     count_gate_passed();
-  failure_ptr cause;
-  {
-    std::lock_guard guard{mu_};
-    // The first segment that covers seq; those behind it are spent.
-    while (!drops_.empty() && drops_.front().first < seq)
-      drops_.pop_front();
-    if (!drops_.empty())
-      cause = drops_.front().second;
-  }
   if (trace_) [[unlikely]]
     trace_dropped(it, seq);
   it.work = nullptr;
   release_hold(it);
-  resolve_bad(seq, std::move(cause));
+  outcomes_.record_dropped(seq); // with the cause of the drop that covers it
+  complete(seq);
 }
 
 void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
-  if (!cause)
-    cause = oom_cause_;
-  try {
-    std::lock_guard guard{bad_mu_};
-    // Consecutive seqs with one cause share a range (a cancel of thousands
-    // of items is one entry).
-    auto extend = !bad_.empty() && std::prev(bad_.end())->second.last + 1 == seq &&
-                  std::prev(bad_.end())->second.cause == cause;
-    if (extend)
-      std::prev(bad_.end())->second.last = seq;
-    else
-      bad_.emplace(seq, bad_range{seq, std::move(cause)});
-    bad_max_.store(seq, std::memory_order_release);
-  } catch (...) {
-    // Out of memory recording the outcome: the seq must still resolve, and
-    // must not read as done. The previous range grows over it.
-    std::lock_guard guard{bad_mu_};
-    if (!bad_.empty())
-      std::prev(bad_.end())->second.last = seq;
-    bad_max_.store(seq, std::memory_order_release);
-  }
+  outcomes_.record_bad(seq, std::move(cause));
   complete(seq);
 }
 
 void device_core::complete(uint64_t seq) {
   if (trace_) [[unlikely]]
     trace_done(seq, false); // before the event is done, so whoever syncs sees it
-  // Store-then-load against `when_done`'s store-then-load of min_waiter_ and
-  // progress_ (Dekker): both sides need StoreLoad order, or a waiter that
-  // registers at this very moment and this check could both miss each other,
-  // and the event would stay unresolved -- forever if the next task waits for
-  // whoever is waiting on this event.
-  progress_.store(seq, std::memory_order_seq_cst);
-  if (seq >= min_waiter_.load(std::memory_order_seq_cst))
+  // Store-then-load against a registration's store-then-load of the
+  // waiters' minimum and the progress (Dekker, `outcome_board::publish`):
+  // both sides need StoreLoad order, or a waiter that registers at this very
+  // moment and this check could both miss each other, and the event would
+  // stay unresolved -- forever if the next task waits for whoever is waiting
+  // on this event.
+  if (outcomes_.publish(seq))
     fire(seq, nullptr);
 }
 
@@ -881,7 +853,7 @@ void device_core::run_async() {
     auto st = g.state.load(std::memory_order_seq_cst);
     return st == gate::open || st == gate::failed ||
            started_.load(std::memory_order_relaxed) + 1 <=
-             drop_upto_.load(std::memory_order_seq_cst);
+             outcomes_.dropped_upto(std::memory_order_seq_cst);
   };
   // A gate the driver ordered on the device (asked when the runner reaches
   // it, and again whenever the producer submitted more: reask_).
@@ -983,7 +955,7 @@ bool device_core::settle_gated() noexcept {
     return false;
   auto gs = f.it.as_gate()->state.load(std::memory_order_seq_cst);
   if (gs != gate::open && gs != gate::failed &&
-      f.seq > drop_upto_.load(std::memory_order_seq_cst))
+      f.seq > outcomes_.dropped_upto(std::memory_order_seq_cst))
     return false;
   f.state.store(flight::ran, std::memory_order_seq_cst);
   return true;
@@ -1065,7 +1037,7 @@ void device_core::start(item&& it, int64_t parked_ns, bool gate_on_device) {
     f.end_ns = 0;
   }
   f.kind = f.it.as_gate() ? flight::gate : flight::task;
-  if (seq <= drop_upto_.load(std::memory_order_acquire))
+  if (seq <= outcomes_.dropped_upto(std::memory_order_acquire))
     f.kind = flight::dropped;
   bool submit = f.kind == flight::task && f.it.work;
   // Settled here unless submitted (or a gate ordered on the device, settled
@@ -1091,8 +1063,8 @@ void device_core::run_on_stream(flight& f) {
   // resolved, the watermark it raised covers everything submitted before.
   auto failed_at = stream_failed_at_.load(std::memory_order_seq_cst);
   bool behind_failure = failed_at != 0 && f.seq > failed_at &&
-                        progress_.load(std::memory_order_seq_cst) < failed_at;
-  if (behind_failure || f.seq <= drop_upto_.load(std::memory_order_seq_cst)) {
+                        outcomes_.progress_now() < failed_at;
+  if (behind_failure || f.seq <= outcomes_.dropped_upto(std::memory_order_seq_cst)) {
     f.skipped_on_stream = true;
     return;
   }
@@ -1155,7 +1127,7 @@ void device_core::retire(flight& f) noexcept {
     break;
   case flight::gate: {
     auto& g = *f.it.as_gate();
-    if (g.state.load() != gate::open && seq <= drop_upto_.load()) {
+    if (g.state.load() != gate::open && seq <= outcomes_.dropped_upto(std::memory_order_seq_cst)) {
       drop(f.it, seq); // counts the gate off
       break;
     }
@@ -1197,7 +1169,7 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   try {
     cause = make();
   } catch (...) {
-    cause = oom_cause_;
+    cause = outcomes_.fallback_cause();
   }
   {
     std::lock_guard guard{mu_};
@@ -1206,13 +1178,9 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
       failed_flag_.store(true, std::memory_order_release);
       error_ = cause;
     }
-    // What is queued behind the failure fails with it, in order.
-    try {
-      drop_locked(cause);
-    } catch (...) {
-      // No memory for the segment: those items then resolve with a generic
-      // cause, but they still resolve.
-    }
+    // What is queued behind the failure fails with it, in order (with a
+    // generic cause, should there be no memory to record this one).
+    drop_locked(cause);
     room_.notify_all();
   }
   resolve_bad(seq, std::move(cause));

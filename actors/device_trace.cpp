@@ -9,11 +9,6 @@
 
 namespace multidev::detail {
 
-namespace {
-/// Records of the trace that debug info shows.
-constexpr std::size_t debug_info_records = 8;
-} // namespace
-
 void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
   auto& ring = *trace_;
   trace_ring::entry e{seq, trace_kind::cancel, 0, 0, true, 0};
@@ -82,21 +77,11 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
 }
 
 device_trace device_core::trace() const {
-  auto t = trace_ ? trace_->read() : device_trace{};
+  if (trace_)
+    return trace_->snapshot(name_);
+  device_trace t;
   t.device = name_;
-  if (host_spans_)
-    t.host = host_spans_->read();
   return t;
-}
-
-sexp device_core::trace_info() const {
-  auto t = trace_->read(debug_info_records);
-  auto last = sexp::list({sexp::atom("last")});
-  for (const auto& r : t.records)
-    last.push_back(to_sexp(r));
-  return sexp::list({sexp::atom("trace"), sexp::field("capacity", std::to_string(t.capacity)),
-                     sexp::field("recorded", std::to_string(trace_->written())),
-                     sexp::field("dropped", std::to_string(t.dropped)), last});
 }
 
 } // namespace multidev::detail

@@ -87,7 +87,24 @@ trace_clock::trace_clock() {
 
 trace_ring::trace_ring(std::size_t capacity)
   : clock_(trace_clock::get()), capacity_(std::max<std::size_t>(capacity, 1)),
-    slots_(std::make_unique<slot[]>(capacity_)) {}
+    slots_(std::make_unique<slot[]>(capacity_)), host_(capacity_) {}
+
+device_trace trace_ring::snapshot(std::string device) const {
+  auto t = read();
+  t.device = std::move(device);
+  t.host = host_.read();
+  return t;
+}
+
+sexp trace_ring::info(std::size_t last) const {
+  auto t = read(last);
+  auto records = sexp::list({sexp::atom("last")});
+  for (const auto& r : t.records)
+    records.push_back(to_sexp(r));
+  return sexp::list({sexp::atom("trace"), sexp::field("capacity", std::to_string(t.capacity)),
+                     sexp::field("recorded", std::to_string(written())),
+                     sexp::field("dropped", std::to_string(t.dropped)), records});
+}
 
 void trace_ring::write(const entry& e, std::string_view description,
                        std::string_view awaited_device) noexcept {

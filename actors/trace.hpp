@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "actors/spin.hpp"
+#include "multidev/sexp.hpp"
 #include "multidev/trace.hpp"
 
 #if defined(__x86_64__)
@@ -81,6 +82,28 @@ private:
 /// message says: `task#<seq>`, stable for the life of the device.
 std::string nameless_task_name(uint64_t seq);
 
+/// What this process saw of one device from outside its runner
+/// (`host_span`: host threads' blocking waits, its node's loss), kept with
+/// tracing on: the last `capacity` spans. Written off the hot path (by a
+/// thread that blocked, by the link that declared the device lost), under a
+/// mutex; copied out by `backend::trace`.
+class host_span_log {
+public:
+  /// `capacity` at least 1.
+  explicit host_span_log(std::size_t capacity) : capacity_(std::max<std::size_t>(capacity, 1)) {}
+
+  /// Appends `s`, dropping the oldest span when full. Never throws: a span
+  /// that cannot be stored (out of memory) is left out.
+  void add(host_span s) noexcept;
+  /// The spans held, in the order they were added.
+  std::vector<host_span> read() const;
+
+private:
+  mutable std::mutex mu_;
+  std::size_t capacity_;
+  std::deque<host_span> spans_;
+};
+
 /// The last `capacity` records of one runner, kept so that a reader can copy
 /// them while the runner goes on (`backend::trace`, `get_debug_info`).
 ///
@@ -99,6 +122,11 @@ std::string nameless_task_name(uint64_t seq);
 /// order.
 /// Slots keep their strings' capacity: once the ring has wrapped, writing a
 /// record allocates nothing unless a text is longer than the one it replaces.
+///
+/// A device's trace is its runner's records and what host threads saw of it
+/// (`host_span`): the ring keeps both, the spans in a `host_span_log` of the
+/// same capacity, so the device holds one trace object, null when tracing is
+/// off.
 class trace_ring {
 public:
   /// What one record holds besides its description, as the runner passes it.
@@ -163,6 +191,14 @@ public:
   /// that the ring no longer holds. Any thread; the runner waits at most for
   /// the copy of one record.
   device_trace read(std::size_t last = SIZE_MAX) const;
+  /// `read()` with the host spans, as the trace of `device`. Any thread.
+  device_trace snapshot(std::string device) const;
+  /// `(trace (capacity ..) (recorded ..) (dropped ..) (last <record>...))`
+  /// with the newest `last` records, for debug info. Any thread.
+  sexp info(std::size_t last) const;
+  /// The host threads' blocking waits on this device (`host_wait_scope`).
+  /// Any thread.
+  host_span_log& host_spans() noexcept { return host_; }
 
 private:
   /// `index` while a slot is written (and before its first record).
@@ -219,28 +255,8 @@ private:
   // Shared with readers.
   alignas(64) mutable spin_mutex mu_;
   std::atomic<uint64_t> written_{0};
-};
-
-/// What this process saw of one device from outside its runner
-/// (`host_span`: host threads' blocking waits, its node's loss), kept with
-/// tracing on: the last `capacity` spans. Written off the hot path (by a
-/// thread that blocked, by the link that declared the device lost), under a
-/// mutex; copied out by `backend::trace`.
-class host_span_log {
-public:
-  /// `capacity` at least 1.
-  explicit host_span_log(std::size_t capacity) : capacity_(std::max<std::size_t>(capacity, 1)) {}
-
-  /// Appends `s`, dropping the oldest span when full. Never throws: a span
-  /// that cannot be stored (out of memory) is left out.
-  void add(host_span s) noexcept;
-  /// The spans held, in the order they were added.
-  std::vector<host_span> read() const;
-
-private:
-  mutable std::mutex mu_;
-  std::size_t capacity_;
-  std::deque<host_span> spans_;
+  // Written by host threads, off the runner's lines.
+  alignas(64) host_span_log host_;
 };
 
 /// The calling thread's number in host spans: 1, 2, ... in the order

@@ -3,12 +3,11 @@
 // a waiter callback that throws. Nothing may kill the process, strand a
 // waiter or leave a gate half-open (issue 6, defects 5 and 7).
 //
-// This binary replaces the global operator new: an armed countdown on one
-// thread makes the k-th allocation from now on that thread throw bad_alloc.
+// This binary replaces the global operator new (failing_alloc.hpp): an
+// armed countdown on one thread makes the k-th allocation from now on that
+// thread throw bad_alloc.
 #define BOOST_TEST_MODULE faults
-// The replaced operator new and delete below use malloc and free, which GCC
-// cannot see through when it inlines them into the standard allocators.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete" // see failing_alloc.hpp
 #include <boost/test/unit_test.hpp>
 
 #include <multidev/multidev.hpp>
@@ -24,22 +23,10 @@
 #include <optional>
 #include <stdexcept>
 
-namespace {
-/// 0: off. k > 0: the k-th allocation from now on this thread fails.
-thread_local int alloc_countdown = 0;
-} // namespace
-
-void* operator new(std::size_t n) {
-  if (alloc_countdown > 0 && --alloc_countdown == 0)
-    throw std::bad_alloc{};
-  if (void* p = std::malloc(n == 0 ? 1 : n))
-    return p;
-  throw std::bad_alloc{};
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#include "failing_alloc.hpp"
 
 using namespace multidev;
+using test_support::alloc_countdown;
 using test_support::block_runner;
 using test_support::bounded;
 
