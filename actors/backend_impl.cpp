@@ -14,7 +14,7 @@
 #include <functional>
 #include <stdexcept>
 
-#include "actors/endpoint_remote.hpp"
+#include "actors/remote/endpoint_remote.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/reaper.hpp"
 

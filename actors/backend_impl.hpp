@@ -15,7 +15,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "actors/endpoint.hpp"
 #include "multidev/protocol.hpp"
 #include "multidev/backend.hpp"
@@ -83,7 +83,7 @@ struct backend_impl {
   /// This backend's node: its actor system's node id, interned.
   node_ref node;
 
-  /// A session's backend (actors/node.cpp): the lease its devices' runners
+  /// A session's backend (actors/remote/node.cpp): the lease its devices' runners
   /// check before each item (`device_core::set_lease`), and what their
   /// items cancelled past it say. Null for every other backend; set before
   /// the first `get_device`.
@@ -112,7 +112,7 @@ struct backend_impl {
     /// (docs/design.md, "Sessions"); session 0: a node without sessions.
     std::string identity;
     uint64_t session = 0;
-    /// The session's keeper (actors/node.cpp): renews its lease, declares
+    /// The session's keeper (actors/remote/node.cpp): renews its lease, declares
     /// the node lost; null once it stopped.
     caf::actor keeper;
     /// Set by the keeper once the session ended (lost, detached): the node

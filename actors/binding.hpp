@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "multidev/kernels.hpp"
 
 namespace multidev::detail {

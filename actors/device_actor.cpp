@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "actors/binding.hpp"
-#include "actors/endpoint_remote.hpp"
-#include "actors/reply_sink.hpp"
+#include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/reply_sink.hpp"
 #include "messages/tsan.hpp"
 
 namespace multidev::detail {

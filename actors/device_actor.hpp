@@ -11,7 +11,7 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "multidev/protocol.hpp"
 
 namespace caf {

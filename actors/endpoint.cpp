@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "actors/binding.hpp"
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "actors/logger_tie.hpp"
 
 namespace multidev::detail {

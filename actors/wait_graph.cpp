@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "actors/endpoint.hpp"
-#include "actors/gate.hpp"
+#include "actors/core/gate.hpp"
 
 namespace multidev::detail {
 

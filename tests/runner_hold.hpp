@@ -4,7 +4,7 @@
 // check never leaves a runner held.
 #pragma once
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 namespace test_support {
 

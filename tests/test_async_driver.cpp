@@ -8,7 +8,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/backend_impl.hpp"
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "devices/fake/fake_driver.hpp"
 #include "multidev/multidev.hpp"
 #include "test_support.hpp"

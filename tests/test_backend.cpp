@@ -6,7 +6,7 @@
 
 #include <multidev/multidev.hpp>
 
-#include "actors/device_core.hpp" // white box: the base of pools other than 0
+#include "actors/core/device_core.hpp" // white box: the base of pools other than 0
 #include "test_support.hpp"
 
 #include <atomic>

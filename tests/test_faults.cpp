@@ -12,7 +12,7 @@
 
 #include <multidev/multidev.hpp>
 
-#include "actors/device_core.hpp" // when_done: waiters on the runner thread
+#include "actors/core/device_core.hpp" // when_done: waiters on the runner thread
 
 #include "test_support.hpp"
 

@@ -14,7 +14,7 @@
 
 #include <multidev/multidev.hpp>
 
-#include "actors/device_core.hpp" // runner_sleeping; white-box for the runner hold
+#include "actors/core/device_core.hpp" // runner_sleeping; white-box for the runner hold
 #include "runner_hold.hpp"
 #include "test_support.hpp"
 

@@ -11,8 +11,8 @@
 
 #include <multidev/multidev.hpp>
 
-#include "actors/backstop.hpp"    // set_period_for_tests
-#include "actors/device_core.hpp" // pending_gates, runner_sleeping
+#include "actors/core/backstop.hpp"    // set_period_for_tests
+#include "actors/core/device_core.hpp" // pending_gates, runner_sleeping
 #include "runner_hold.hpp"
 #include "test_support.hpp"
 

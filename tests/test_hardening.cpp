@@ -16,7 +16,7 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
-#include "actors/device_core.hpp" // add_waiter_unchecked: the lost race, made deterministic
+#include "actors/core/device_core.hpp" // add_waiter_unchecked: the lost race, made deterministic
 
 #include "test_support.hpp"
 

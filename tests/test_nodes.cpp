@@ -25,9 +25,9 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
-#include "actors/device_core.hpp"
-#include "actors/endpoint_remote.hpp"
-#include "actors/tls_middleman.hpp"
+#include "actors/core/device_core.hpp"
+#include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/tls_middleman.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
 #include "test_support.hpp"
@@ -1314,7 +1314,7 @@ BOOST_DATA_TEST_CASE(test_nodes_over_tls_one_nodes_loss_fails_only_its_work,
                      boost::unit_test::data::make({loss::kill9, loss::sigterm, loss::sigstop}),
                      how) {
   // CAF 0.17's OpenSSL module closed every TLS connection once one ended
-  // (actors/tls_middleman.hpp): a and c failed with b.
+  // (actors/remote/tls_middleman.hpp): a and c failed with b.
   BOOST_TEST_REQUIRE(test_certificates().has_value());
   one_nodes_loss_fails_only_its_work(how, true);
 }
@@ -1323,7 +1323,7 @@ BOOST_TEST_DECORATOR(*boost::unit_test::precondition(have_certificates))
 BOOST_AUTO_TEST_CASE(test_nodes_a_tls_connection_to_a_node_slower_than_a_heartbeat_is_kept) {
   // CAF 0.17.6's BASP broker closes a connection it made at its next
   // heartbeat tick unless the server's handshake came first
-  // (actors/tls_middleman.cpp, finish_client_handshake). Over TLS, with the
+  // (actors/remote/tls_middleman.cpp, finish_client_handshake). Over TLS, with the
   // handshake run after the broker took the connection, a route between
   // two nodes made on a loaded machine was closed so, and the server
   // dropped the proxies it had made over it: a copy's bytes were lost and

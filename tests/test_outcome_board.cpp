@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/outcome_board.hpp"
+#include "actors/core/outcome_board.hpp"
 
 #include "failing_alloc.hpp"
 

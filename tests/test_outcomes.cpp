@@ -16,7 +16,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "multidev/multidev.hpp"
 #include "multidev/protocol.hpp"
 #include "test_support.hpp"

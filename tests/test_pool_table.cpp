@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/pool_table.hpp"
+#include "actors/core/pool_table.hpp"
 
 using multidev::memory_mode;
 using multidev::detail::allocation;

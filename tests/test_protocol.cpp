@@ -251,7 +251,7 @@ BOOST_AUTO_TEST_CASE(test_protocol_depend_holds_later_work_until_the_owner_resol
 
     // Let B finish seq 1. Its runner fires the waiter, which sends the reply
     // to A's request itself; the reply lands in A's reply sink
-    // (actors/reply_sink.hpp), which opens the gate on the delivering
+    // (actors/remote/reply_sink.hpp), which opens the gate on the delivering
     // thread: no actor is scheduled, and A's later task runs without a
     // single message stepped.
     BOOST_TEST(!later_ran->load());

@@ -10,7 +10,7 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
-#include "actors/device_core.hpp" // runner_sleeping()
+#include "actors/core/device_core.hpp" // runner_sleeping()
 
 #include "test_support.hpp"
 

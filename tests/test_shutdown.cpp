@@ -14,8 +14,8 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
-#include "actors/device_core.hpp" // white box: pool memory after shutdown
-#include "actors/reply_sink.hpp"  // white box: a sink that dies in its own reply
+#include "actors/core/device_core.hpp" // white box: pool memory after shutdown
+#include "actors/remote/reply_sink.hpp"  // white box: a sink that dies in its own reply
 #include "test_support.hpp"
 
 #include <atomic>

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/spin.hpp"
+#include "actors/core/spin.hpp"
 
 using multidev::detail::usable_cpus;
 

@@ -12,8 +12,8 @@
 #include <multidev/multidev.hpp>
 #include <nlohmann/json.hpp>
 
-#include "actors/device_core.hpp"
-#include "actors/trace.hpp"
+#include "actors/core/device_core.hpp"
+#include "actors/core/trace.hpp"
 #include "test_support.hpp"
 
 #include <unistd.h>

@@ -5,7 +5,7 @@
 # (SIGSTOP), and a still serves. Then examples/scenarios/two_nodes.scn
 # (kill -9 of b, then a cut off) over TLS. Before the fix, CAF 0.17's OpenSSL
 # module closed every TLS connection of the run once one peer's ended
-# (actors/tls_middleman.hpp). Usage: tls_node_loss.sh MULTIDEV_TOOL SOURCE_DIR
+# (actors/remote/tls_middleman.hpp). Usage: tls_node_loss.sh MULTIDEV_TOOL SOURCE_DIR
 set -euo pipefail
 tool=$1
 src=$2

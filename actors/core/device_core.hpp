@@ -33,11 +33,11 @@
 #include <utility>
 #include <vector>
 
-#include "actors/gate.hpp"
-#include "actors/outcome_board.hpp"
-#include "actors/pool_table.hpp"
-#include "actors/result_board.hpp"
-#include "actors/spin.hpp"
+#include "actors/core/gate.hpp"
+#include "actors/core/outcome_board.hpp"
+#include "actors/core/pool_table.hpp"
+#include "actors/core/result_board.hpp"
+#include "actors/core/spin.hpp"
 #include "devices/driver.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/task.hpp"
@@ -270,7 +270,7 @@ public:
   /// not interrupted; a runner parked on a wait leaves it). The device stays
   /// usable. Returns the last seq cancelled (0 when there was nothing).
   uint64_t cancel(std::string why = {});
-  /// Makes the device a session's (actors/node.cpp): its runner starts an
+  /// Makes the device a session's (actors/remote/node.cpp): its runner starts an
   /// item only while `*deadline` (steady-clock nanoseconds) is in the
   /// future; past it, it stores 0 there (the lease is over for good: a
   /// renewal is refused) and cancels everything not started, saying `why`.

@@ -5,7 +5,7 @@
 // Charousset), with a policy that brackets each OpenSSL call with
 // ERR_clear_error(); the session (handshake, certificates, cipher list) is
 // CAF's own `caf::openssl::session`.
-#include "actors/tls_middleman.hpp"
+#include "actors/remote/tls_middleman.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>

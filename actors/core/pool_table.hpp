@@ -12,8 +12,8 @@
 #include <string>
 #include <string_view>
 
-#include "actors/pool.hpp"
-#include "actors/spin.hpp"
+#include "actors/core/pool.hpp"
+#include "actors/core/spin.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/types.hpp"
 

@@ -1,5 +1,5 @@
 // The ring behind the runner trace.
-#include "actors/trace.hpp"
+#include "actors/core/trace.hpp"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // A device's pool operations, ordered with its work: allocate, replace,
 // free, zero, and copies in and out (the table itself: pool_table.cpp).
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // The producer side of a device's queue: appending, backpressure, flow
 // control for producers that must not block, and waking the runner.
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
 

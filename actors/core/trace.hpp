@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/spin.hpp"
+#include "actors/core/spin.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/trace.hpp"
 

@@ -1,4 +1,4 @@
-#include "actors/reply_sink.hpp"
+#include "actors/remote/reply_sink.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_companion.hpp>

@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-#include "actors/spin.hpp"
+#include "actors/core/spin.hpp"
 #include "multidev/types.hpp"
 
 namespace multidev::detail {

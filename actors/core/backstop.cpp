@@ -1,5 +1,5 @@
 // The backstop for deferred wake-ups (see backstop.hpp).
-#include "actors/backstop.hpp"
+#include "actors/core/backstop.hpp"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -8,7 +8,7 @@
 #include <atomic>
 #include <thread>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 namespace multidev::detail {
 

@@ -2,9 +2,9 @@
 // (spawn_node_actor), and a backend attaches all the devices of a node at
 // once (attach_node), after its own in ordinal order.
 #include "actors/backend_impl.hpp"
-#include "actors/endpoint_remote.hpp"
+#include "actors/remote/endpoint_remote.hpp"
 #include "actors/logger_tie.hpp"
-#include "actors/tls_middleman.hpp"
+#include "actors/remote/tls_middleman.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
@@ -30,7 +30,7 @@
 #include <caf/send.hpp>
 #include <fmt/ranges.h>
 
-#include "actors/endpoint_remote.hpp"
+#include "actors/remote/endpoint_remote.hpp"
 #include "actors/reaper.hpp"
 
 #include <multidev/protocol.hpp>

@@ -1,7 +1,7 @@
 // Progress and outcomes: what is done, what failed or was cancelled and why,
 // who is told, and blocking syncs.
-#include "actors/device_core.hpp"
-#include "actors/trace.hpp"
+#include "actors/core/device_core.hpp"
+#include "actors/core/trace.hpp"
 #include "actors/wait_graph.hpp"
 
 #include <fmt/format.h>

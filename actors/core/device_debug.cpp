@@ -1,6 +1,6 @@
 // A device core's debug info, as an s-expression.
-#include "actors/device_core.hpp"
-#include "actors/trace.hpp"
+#include "actors/core/device_core.hpp"
+#include "actors/core/trace.hpp"
 
 #include <fmt/format.h>
 

@@ -2,14 +2,14 @@
 // on an asynchronous driver, submits them to the device's stream and
 // resolves them in order as they complete), parks on gates, completes items
 // and fails the device when a task throws.
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "actors/backstop.hpp"
-#include "actors/trace.hpp"
+#include "actors/core/backstop.hpp"
+#include "actors/core/trace.hpp"
 
 namespace multidev::detail {
 

@@ -1,5 +1,5 @@
 // The pool table: ids to shared pools, and the memory they hold.
-#include "actors/pool_table.hpp"
+#include "actors/core/pool_table.hpp"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // The outcome board: what became of each seq, why, and who is told.
-#include "actors/outcome_board.hpp"
+#include "actors/core/outcome_board.hpp"
 
 namespace multidev::detail {
 

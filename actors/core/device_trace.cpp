@@ -1,11 +1,11 @@
 // The runner trace of a device core: timing the items the runner executes,
 // and copying the records out for the public API and debug info.
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 #include <algorithm>
 
 #include "actors/backend_impl.hpp"
-#include "actors/trace.hpp"
+#include "actors/core/trace.hpp"
 
 namespace multidev::detail {
 

@@ -1,6 +1,6 @@
 // Waits for other devices' events: gates in the queue, how they are
 // pushed, resolved and cancelled.
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "actors/spin.hpp"
+#include "actors/core/spin.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

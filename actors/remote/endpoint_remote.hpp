@@ -48,7 +48,7 @@ struct remote_device {
 /// `trace_capacity` > 0 (the attaching backend traces): the endpoint keeps
 /// that many host spans (host threads' waits on the device, its loss) for
 /// its `trace`.
-/// `session`: the device is a node session's (actors/node.cpp): when its
+/// `session`: the device is a node session's (actors/remote/node.cpp): when its
 /// actor goes down, its calls wait until the session's keeper sends the link
 /// `(lost, why)`, which fails them all (a node keeps running a session's work
 /// until its lease ends). `timeout`: for the round trip (default: the query

@@ -1,11 +1,11 @@
 // A device core's life: start, stop accepting, cancel what may never be
 // answered, drain, join.
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
 
-#include "actors/backstop.hpp"
-#include "actors/trace.hpp"
+#include "actors/core/backstop.hpp"
+#include "actors/core/trace.hpp"
 
 namespace multidev::detail {
 

@@ -1,4 +1,4 @@
-#include "actors/result_board.hpp"
+#include "actors/core/result_board.hpp"
 
 namespace multidev::detail {
 

@@ -1,6 +1,6 @@
 // The endpoint of a device of another actor system: requests through one
 // link actor per device (see endpoint_remote.hpp).
-#include "actors/endpoint_remote.hpp"
+#include "actors/remote/endpoint_remote.hpp"
 #include "actors/wait_graph.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -32,10 +32,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "actors/device_core.hpp"
+#include "actors/core/device_core.hpp"
 #include "actors/logger_tie.hpp"
-#include "actors/reply_sink.hpp"
-#include "actors/trace.hpp"
+#include "actors/remote/reply_sink.hpp"
+#include "actors/core/trace.hpp"
 #include "messages/tsan.hpp"
 
 namespace multidev::detail {
@@ -88,7 +88,7 @@ struct link_shared {
   /// waits on the device, and its loss. Null when tracing is off.
   std::unique_ptr<host_span_log> spans;
   /// A device of a session (set once, before the link starts): its loss is
-  /// declared by the session's keeper (actors/node.cpp), not by its actor
+  /// declared by the session's keeper (actors/remote/node.cpp), not by its actor
   /// going down.
   bool session = false;
   /// When the last reply from the device arrived (`trace_clock`): where a
