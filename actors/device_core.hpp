@@ -37,6 +37,7 @@
 #include "actors/pool.hpp"
 #include "actors/result_board.hpp"
 #include "actors/spin.hpp"
+#include "actors/work_queue.hpp"
 #include "devices/driver.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/task.hpp"
@@ -168,7 +169,7 @@ public:
 
   /// Seq of the last item scheduled / resolved (done, failed or cancelled:
   /// the runner resolves items in seq order).
-  uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
+  uint64_t scheduled() const noexcept { return queue_.scheduled(); }
   uint64_t finished() const noexcept;
   /// Whether `seq` resolved to done. Once true, true forever, for every
   /// observer, whatever happens to the device later.
@@ -187,10 +188,10 @@ public:
   uint64_t running_item() const noexcept { return stream_ ? current_item : executed_; }
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
-  bool runner_sleeping() const noexcept { return sleeping_.load() != awake; }
+  bool runner_sleeping() const noexcept { return queue_.sleeping() != work_queue_t::awake; }
   /// How many times the runner's doorbell rang (`ring` finding it asleep,
   /// or a stop); for tests.
-  uint32_t doorbell_rings() const noexcept { return bell_.load(std::memory_order_relaxed); }
+  uint32_t doorbell_rings() const noexcept { return queue_.rings(); }
   /// The CPU this device's runner pinned itself to (`pin_runners`), or -1
   /// (not pinned, or not yet started).
   int runner_cpu() const noexcept { return cpu_.load(std::memory_order_relaxed); }
@@ -508,10 +509,14 @@ private:
       auto* x = extra.order_or_wait();
       return x ? x->g.get() : nullptr;
     }
+    /// Whether the runner looks at an entry with `e` before it runs it (an
+    /// order's or a wait's; not a described task's): see `work_queue`.
+    static bool flags(const extra_ptr& e) noexcept { return e.order_or_wait() != nullptr; }
   };
+  using work_queue_t = work_queue<item>;
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
-  static constexpr std::size_t prefetch_items = 6;
+  static constexpr std::size_t prefetch_items = queue_prefetch_items;
   /// How many entries ahead the runner prefetches an entry's extra.
   static constexpr std::size_t prefetch_extras = 3;
   /// On an asynchronous driver: one item between its start and its
@@ -550,29 +555,19 @@ private:
   /// next `take_batch` to hand back, having released its pool.
   void recycle(item& it) noexcept;
   /// Appends an item built in its queue slot from `work` and the extra
-  /// `make_extra()` returns, called with mu_ held; returns its seq.
+  /// `make_extra(text)` returns (`text`: the queue's, see `append_text`),
+  /// called with the queue's lock held; returns its seq.
   template <class MakeExtra>
   uint64_t enqueue(std::function<void()>&& work, MakeExtra&& make_extra, bool may_wait);
-  /// With mu_ held: appends `description` to the queue's text; its place
-  /// there, or null (no room left to address it: the caller makes a
-  /// `named_extra`).
-  extra_ptr append_text(std::string_view description, trace_kind kind);
-  /// Room for another entry, or a failed or stopping device (a push then
-  /// fails at once). Call with mu_ held.
-  bool has_room_locked() const noexcept {
-    return queue_.size() < capacity_ || failed_ || stopping_;
-  }
-  /// Waits on room_ until `has_room_locked()`; returns at once on a runner
-  /// thread. Call with mu_ held in `lk`.
-  void wait_for_room_locked(std::unique_lock<spin_mutex>& lk);
-  /// A push's way out of line (cold, so that the push itself stays small):
-  /// waits for room with mu_ held (and still held after); returns the
-  /// queue's size then.
-  [[gnu::noinline, gnu::cold]] std::size_t wait_for_room_held();
-  /// Throws `refusal_locked()`. Call with mu_ held.
+  /// With the queue's lock held: appends `description` to the queue's
+  /// `text`; its place there, or null (no room left to address it: the
+  /// caller makes a `named_extra`).
+  static extra_ptr append_text(std::string& text, std::string_view description,
+                               trace_kind kind);
+  /// Throws `refusal_locked()`. Call with the queue's lock held.
   [[noreturn, gnu::noinline, gnu::cold]] void throw_refusal_locked() const;
   /// The error a push gets from a failed, killed or stopped device. Call
-  /// with mu_ held.
+  /// with the queue's lock held.
   device_error refusal_locked() const;
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
@@ -644,8 +639,6 @@ private:
   /// Runner only, before it sleeps: frees the spare extras beyond
   /// `spare_extras_max`, kept through a burst.
   void trim_spare_extras() noexcept;
-  /// Sleeps until the queue has items; false when it is empty and stopping.
-  bool sleep_until_work();
   void execute(item& it);
   /// `execute` for an item without an order's or a wait's extra (a bare
   /// closure, or a described task).
@@ -754,7 +747,7 @@ private:
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
   /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`, and wakes the runner. Call with mu_ held; no-op when nothing
+  /// `cause`, and wakes the runner. Call with the queue's lock held; no-op when nothing
   /// new is scheduled. Throws only on allocation failure.
   void drop_locked(const failure_ptr& cause);
   /// Fires the waiters of seqs up to `upto` with their outcomes; with
@@ -764,65 +757,37 @@ private:
   static void invoke(resolver& r, const failure* cause) noexcept;
   /// A failure of this device itself (no task): killed, shut down.
   failure_ptr device_failure(std::string message) const;
-  void call_room_callback() noexcept;
   /// Fails the pending gates `which` selects, with `why`.
   void cancel_gates(bool (*which)(const gate&), const std::string& why);
   /// Wakes the runner if it sleeps.
-  void ring();
-  /// Wakes the runner, whose sleeping_ the caller has just cleared.
-  void ring_bell();
+  void ring() noexcept { queue_.ring(); }
 
   std::string name_;
   int ordinal_;
   std::shared_ptr<driver> driver_;
-  std::size_t capacity_;
   std::shared_ptr<result_board> results_;
 
   // The fields are grouped by who writes them on the hot path, one cache
   // line apart, so a producer pushing and a runner finishing items do not
   // move each other's lines back and forth.
 
-  // Producer side: append under mu_; the runner swaps the whole vector out.
-  alignas(64) mutable spin_mutex mu_;
-  std::vector<item> queue_;
-  // Entries in queue_ with an order's or a wait's extra (not counting
-  // described tasks': those run on the short path of bare closures).
-  std::size_t extras_queued_ = 0;
-  std::atomic<uint64_t> scheduled_{0};
-  // The runner sleeps on bell_ when sleeping_ is set; whoever clears it
-  // rings. A producer rings only a runner that sleeps for work: one parked
-  // on a wait needs the wait's resolution (or a cancel, kill or stop), and
-  // waking it for each push (a host scheduling a chain ahead of its
-  // devices) would cost a futex wake per push for nothing.
-  enum sleep_state : uint8_t { awake, for_work, on_gate };
-  std::atomic<uint8_t> sleeping_{awake};
-  std::atomic<uint32_t> bell_{0};
-  // While scheduled_ is below it, the queue has room (`wait_for_room`
-  // without mu_): `taken_ + capacity_` as of the last look under mu_, a
-  // bound that only grows. Written under mu_, read without it.
-  std::atomic<uint64_t> room_until_{0};
-  int producers_waiting_ = 0;
-  bool stopping_ = false;
-  bool failed_ = false;
-  bool killed_ = false;
-  // The descriptions of the described tasks in queue_ (see extra_ptr);
-  // swapped with the batch's as the runner takes it. Not on the first
-  // line: that one holds what every push touches.
-  std::string queue_text_;
+  // Producer side: the queue, its backpressure and the runner's doorbell.
+  // Its lock also guards killed_, error_ and drops_ below.
+  work_queue_t queue_;
+  bool killed_ = false; // guarded by queue_'s lock
 
   // Runner side: resolved seq; the least awaited seq, which lets the runner
   // skip the waiter lock.
   alignas(64) std::atomic<uint64_t> progress_{0};
   std::atomic<uint64_t> min_waiter_{UINT64_MAX};
   uint64_t executed_ = 0; // runner only: seq of the item it is running
-  uint64_t taken_ = 0; // items taken from queue_: written by the runner under mu_
   // Items up to this seq are dropped, not run (cancel, kill, failure).
-  // Written under mu_, rarely; read by the runner once per item.
+  // Written under queue_'s lock, rarely; read by the runner once per item.
   std::atomic<uint64_t> drop_upto_{0};
   // The largest seq that resolved failed or cancelled (0: none), published
   // before progress_ passes it, so is_done skips the lookup for later seqs.
   std::atomic<uint64_t> bad_max_{0};
-  std::atomic<bool> failed_flag_{false}; // mirrors failed_
+  std::atomic<bool> failed_flag_{false}; // mirrors queue_.failed_locked()
   std::unique_ptr<trace_ring> trace_; // null when tracing is off; set once, at construction
   // Host threads' blocking waits on this device; null when tracing is off.
   std::unique_ptr<host_span_log> host_spans_;
@@ -846,8 +811,8 @@ private:
   alignas(64) std::vector<std::unique_ptr<item_extra>> spent_; // for spare_
 
   // Cold: errors, backpressure, waiters, pools.
-  alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed
-  // Guarded by mu_: (last seq, cause) of each drop, oldest first.
+  alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
+  // Guarded by queue_'s lock: (last seq, cause) of each drop, oldest first.
   std::deque<std::pair<uint64_t, failure_ptr>> drops_;
   // Made with the core: stands in when a cause cannot be made (out of memory).
   failure_ptr oom_cause_;
@@ -859,8 +824,6 @@ private:
   };
   mutable std::mutex bad_mu_;
   std::map<uint64_t, bad_range> bad_;
-  std::condition_variable_any room_; // producers waiting for room (rare)
-  std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
   // A spin lock: a host scheduling a chain registers each wait here while
   // the runner fires the last one, and a std::mutex then slept in the kernel
   // on both sides (futex wait and wake: 8% of a scheduled chain's samples).
@@ -1046,10 +1009,6 @@ private:
   void mark_parked(const gate* g) noexcept;
   /// The runner's wait at a pending gate when hand-over is off.
   void wait_at_gate(const gate& g, uint64_t seq);
-  /// The runner, parked: sleeps on its doorbell, marked `on_gate`, until
-  /// `ready()` holds (checked after each ring).
-  template <class Pred>
-  void sleep_on_gate_until(Pred ready);
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
   std::atomic<uint64_t> run_by_others_{0};

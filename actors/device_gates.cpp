@@ -164,7 +164,7 @@ std::string gate::what() const noexcept {
 
 void device_core::push_gate(const std::shared_ptr<gate>& g) {
   {
-    // Registered before the push: `shutdown` sets stopping_ before it collects
+    // Registered before the push: `shutdown` stops the queue before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
     std::lock_guard guard{waiters_mu_};
     // Spent gates are pruned only when the list has doubled since the last

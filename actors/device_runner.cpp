@@ -37,7 +37,7 @@ void device_core::run() {
     run_async();
     return;
   }
-  auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
+  auto pending = [&] { return queue_.untaken(); };
   for (;;) {
     if (pos_ < batch_.size()) {
       // Parked at a wait: back with the token once it ended, or once a
@@ -51,7 +51,7 @@ void device_core::run() {
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
       let_go_of_spent_pools(); // an idle device holds no pool
       trim_spare_extras();
-      if (!sleep_until_work())
+      if (!queue_.sleep_until_work())
         return;
     } else if (pending() < coalesce_items) {
       // A producer in a burst is appending right now: taking the lock for
@@ -228,19 +228,6 @@ void device_core::mark_parked(const gate* g) noexcept {
   parked_on_.store(g, std::memory_order_release);
 }
 
-template <class Pred>
-void device_core::sleep_on_gate_until(Pred ready) {
-  for (;;) {
-    auto b = bell_.load();
-    sleeping_.store(on_gate, std::memory_order_seq_cst);
-    if (ready())
-      break;
-    runner_asleep asleep;
-    bell_sleep(bell_, b);
-  }
-  sleeping_.store(awake, std::memory_order_relaxed);
-}
-
 void device_core::park() {
   for (;;) {
     auto* g = pending_gate_at_pos();
@@ -278,7 +265,7 @@ void device_core::park() {
         spinning_.store(false, std::memory_order_relaxed);
       }
       if (!spin) {
-        sleep_on_gate_until(ready);
+        queue_.sleep_on_gate_until(ready);
         if (hold_after_wake_.load(std::memory_order_relaxed)) [[unlikely]]
           hold_after_wake_.wait(true, std::memory_order_acquire);
       }
@@ -296,7 +283,7 @@ void device_core::wait_at_gate(const gate& g, uint64_t seq) {
   // A cancel or kill while parked ends the wait too (it rings the bell).
   auto ended = [&] { return gate_ended(g, seq); };
   if (!spin_on_gate(ended))
-    sleep_on_gate_until(ended);
+    queue_.sleep_on_gate_until(ended);
 }
 
 uint32_t device_core::release_parked(gate& g) noexcept {
@@ -322,8 +309,7 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   // token, and batch_[pos_] is its next item.
   if (!hand_over_ || current_runner != this || serving_other || claimed_)
     return false;
-  if (pos_ == batch_.size() && spent_batch_.empty() &&
-      scheduled_.load(std::memory_order_acquire) != taken_) {
+  if (pos_ == batch_.size() && spent_batch_.empty() && queue_.has_untaken()) {
     // The next item is queued, not yet taken: take it now. The item running
     // (in this batch) stays where it is until `run_batch` frees the batch.
     batch_.swap(spent_batch_);
@@ -404,7 +390,7 @@ bool device_core::try_defer(const gate_waiter& w) noexcept {
   // Asleep, parked at exactly this gate, the token left there: only a ring
   // or a helper gets its items run. Awake (spinning, or rung already), it
   // takes them up itself.
-  if (other->sleeping_.load(std::memory_order_seq_cst) != on_gate ||
+  if (other->queue_.sleeping(std::memory_order_seq_cst) != work_queue_t::on_gate ||
       other->exec_.load(std::memory_order_relaxed) != lendable ||
       other->parked_on_.load(std::memory_order_acquire) != w.g.get())
     return false;
@@ -508,7 +494,7 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
 }
 
 void device_core::hand_back() noexcept {
-  if (pos_ == batch_.size() && scheduled_.load(std::memory_order_acquire) != taken_) {
+  if (pos_ == batch_.size() && queue_.has_untaken()) {
     // Where the device stands is in the items queued since: most often the
     // next wait of a chain, where it parks lendable again.
     batch_.clear();
@@ -525,61 +511,24 @@ void device_core::hand_back() noexcept {
   if (pos_ == batch_.size()) {
     batch_.clear(); // what the items held goes now, not when the runner wakes
     pos_ = 0;
-    std::lock_guard guard{mu_};
-    exec_.store(returned, std::memory_order_seq_cst);
-    if (queue_.empty() && !stopping_) {
-      // Nothing to run: a producer rings the runner as for any idle device.
-      auto expected = uint8_t{on_gate};
-      sleeping_.compare_exchange_strong(expected, for_work, std::memory_order_seq_cst);
+    // Nothing to run: a producer rings the runner as for any idle device.
+    if (queue_.settle_idle_runner([&] { exec_.store(returned, std::memory_order_seq_cst); }))
       return;
-    }
   } else {
     exec_.store(returned, std::memory_order_seq_cst);
   }
   ring();
 }
 
-bool device_core::sleep_until_work() {
-  std::unique_lock lk{mu_};
-  while (queue_.empty()) {
-    if (stopping_)
-      return false;
-    auto b = bell_.load();
-    sleeping_.store(for_work, std::memory_order_seq_cst);
-    lk.unlock();
-    {
-      // Idle: polls a little (and yields) before it sleeps, so that a
-      // producer in a burst rarely pays a futex wake-up. At a wait, by
-      // contrast, the runner never yields (`sleep_on_gate_until`).
-      runner_asleep asleep;
-      bell_sleep_polled(bell_, b);
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
-    lk.lock();
-  }
-  return true;
-}
-
 bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
-  bool wants_room;
-  {
-    std::lock_guard guard{mu_};
-    if (queue_.empty())
-      return false;
-    batch.swap(queue_);
-    text.swap(queue_text_);
-    queue_text_.clear(); // the last batch's, done with
-    taken_ += batch.size();
-    batch_has_extras_ = extras_queued_ != 0;
-    extras_queued_ = 0;
-    if (producers_waiting_ > 0)
-      room_.notify_all();
-    wants_room = static_cast<bool>(room_cb_);
-  }
+  auto t = queue_.take(batch, text);
+  if (!t.took)
+    return false;
+  batch_has_extras_ = t.flagged;
   if (spent_.size() >= hand_back_extras)
     hand_back_extras_to_producers();
-  if (wants_room)
-    call_room_callback();
+  if (t.wants_room)
+    queue_.call_room_callback();
   return true;
 }
 
@@ -587,7 +536,7 @@ void device_core::hand_back_extras_to_producers() noexcept {
   let_go_of_spent_pools();
   // A group at a time, under a lock of their own: handing back each one
   // moves spare_'s lines to this thread and back for every order, and under
-  // mu_ it would take the queue's line from the producers once more. spare_
+  // the queue's lock it would take the queue's line from the producers once more. spare_
   // is sized once, its first time, and grows past that only in a burst;
   // out of memory, what does not fit is freed.
   {
@@ -674,7 +623,7 @@ void device_core::lease_check_slow() noexcept {
     return;
   // Over for good: a renewal that comes later finds 0 and is refused.
   lease_->store(0, std::memory_order_release);
-  if (scheduled_.load(std::memory_order_acquire) > drop_upto_.load(std::memory_order_acquire)) {
+  if (queue_.scheduled(std::memory_order_acquire) > drop_upto_.load(std::memory_order_acquire)) {
     try {
       cancel(lease_why_);
     } catch (...) {
@@ -803,7 +752,7 @@ void device_core::drop(item& it, uint64_t seq) noexcept {
     count_gate_passed();
   failure_ptr cause;
   {
-    std::lock_guard guard{mu_};
+    std::lock_guard guard{queue_.mutex()};
     // The first segment that covers seq; those behind it are spent.
     while (!drops_.empty() && drops_.front().first < seq)
       drops_.pop_front();
@@ -902,7 +851,7 @@ void device_core::run_async() {
       }
       return g == on_device;
     }
-    return scheduled_.load(std::memory_order_acquire) != taken_;
+    return queue_.has_untaken();
   };
   // Nothing in flight, nothing taken (the stream may have resolved the
   // last items while the runner looked elsewhere).
@@ -945,8 +894,8 @@ void device_core::run_async() {
     }
     if (idle()) {
       // Wait for work like the synchronous runner.
-      auto queued = [&] { return scheduled_.load(std::memory_order_acquire) != taken_; };
-      if (!spin_until(queued, 16) && !sleep_until_work())
+      auto queued = [&] { return queue_.has_untaken(); };
+      if (!spin_until(queued, 16) && !queue_.sleep_until_work())
         return;
       continue;
     }
@@ -957,18 +906,11 @@ void device_core::run_async() {
     if (spin_until(ready, 16))
       continue;
     // Sleep until a completion, a gate or a cancel rings, or a producer
-    // (which tests sleeping_ under mu_) brings work. A stop rings too, and
-    // is seen once idle.
-    auto b = bell_.load();
-    {
-      std::lock_guard guard{mu_};
-      sleeping_.store(for_work, std::memory_order_seq_cst);
-    }
-    if (!ready()) {
-      runner_asleep asleep;
-      bell_sleep_polled(bell_, b); // as in sleep_until_work
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
+    // (which tests the runner's mark under the queue's lock) brings work. A
+    // stop rings too, and is seen once idle. Polled, as in sleep_until_work.
+    queue_.sleep_for_work_unless(ready, [](const auto& bell, uint32_t seen) {
+      bell_sleep_polled(bell, seen);
+    });
   }
 }
 
@@ -1011,20 +953,16 @@ bool device_core::serve_started_until(const std::atomic<uint32_t>& flag,
     if (now >= deadline)
       return false;
     // As run_async sleeps: whoever ends a gate, reports an item or resolves
-    // the awaited seq (the sync's resolver) rings once sleeping_ is set.
-    auto b = bell_.load();
-    {
-      std::lock_guard guard{mu_};
-      sleeping_.store(for_work, std::memory_order_seq_cst);
-    }
-    if (flag.load(std::memory_order_seq_cst) == 0 && !resolve()) {
-      runner_asleep asleep;
-      if (deadline == std::chrono::steady_clock::time_point::max())
-        bell_sleep(bell_, b);
-      else
-        bell_sleep_for(bell_, b, deadline - now);
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
+    // the awaited seq (the sync's resolver) rings once the runner is marked
+    // asleep.
+    queue_.sleep_for_work_unless(
+      [&] { return flag.load(std::memory_order_seq_cst) != 0 || resolve(); },
+      [&](const auto& bell, uint32_t seen) {
+        if (deadline == std::chrono::steady_clock::time_point::max())
+          bell_sleep(bell, seen);
+        else
+          bell_sleep_for(bell, seen, deadline - now);
+      });
   }
 }
 
@@ -1200,9 +1138,9 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
     cause = oom_cause_;
   }
   {
-    std::lock_guard guard{mu_};
+    std::lock_guard guard{queue_.mutex()};
     if (!killed_) {
-      failed_ = true;
+      queue_.refuse_locked(false, true); // wakes the producers waiting for room
       failed_flag_.store(true, std::memory_order_release);
       error_ = cause;
     }
@@ -1213,10 +1151,9 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
       // No memory for the segment: those items then resolve with a generic
       // cause, but they still resolve.
     }
-    room_.notify_all();
   }
   resolve_bad(seq, std::move(cause));
-  call_room_callback();
+  queue_.call_room_callback();
 }
 
 } // namespace multidev::detail
