@@ -12,7 +12,7 @@
 /// thread. One thread at a time executes items (or, on an asynchronous
 /// driver, submits them to the device's stream) and resolves them: the
 /// runner, or on a synchronous driver whichever runner holds the device's
-/// token (`exec_`, "hand-over"); "runner only" below means that thread.
+/// token (`token_`, "hand-over"); "runner only" below means that thread.
 
 #include <atomic>
 #include <chrono>
@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/exec_token.hpp"
 #include "actors/gate.hpp"
 #include "actors/pool.hpp"
 #include "actors/result_board.hpp"
@@ -198,15 +199,11 @@ public:
   /// Items of this device that another device's runner ran, having opened
   /// the wait this device was parked on (see `hand_over`); for tests and
   /// diagnostics.
-  uint64_t items_run_by_others() const noexcept {
-    return run_by_others_.load(std::memory_order_relaxed);
-  }
+  uint64_t items_run_by_others() const noexcept { return token_.run_by_others(); }
   /// Times another runner opened this device's wait and left its sleeping
   /// runner asleep, to run its items itself (`try_defer`); for tests and
   /// diagnostics.
-  uint64_t deferred_wakes() const noexcept {
-    return deferred_wakes_.load(std::memory_order_relaxed);
-  }
+  uint64_t deferred_wakes() const noexcept { return token_.deferred_wakes(); }
   /// The backstop (and a host that blocks on this device): rings the runner
   /// if its wake-up deferred with `stamp` is still deferred (nobody took its
   /// items up). Whether it rang.
@@ -214,7 +211,7 @@ public:
   /// Rings the runner if its wake-up is deferred now, whatever the stamp:
   /// for whoever needs this device's items and will not run them itself.
   void ring_deferred() noexcept {
-    if (auto stamp = deferred_.load(std::memory_order_relaxed))
+    if (auto stamp = token_.deferred())
       ring_if_deferred(stamp);
   }
   /// Rings the runner: the resolver of a task's sync on its own runner
@@ -594,8 +591,8 @@ private:
   /// back from a device that ran this one's items. Returns holding the token.
   void park();
   /// Token holder, parked at the pending gate `g`: lets a device that opens
-  /// it run this one's items (`exec_` lendable). Returns the park's number
-  /// (`parks_`).
+  /// it run this one's items (`token_` lendable). Returns the park's number
+  /// (`exec_token::park_at`).
   uint32_t release_parked(gate& g) noexcept;
   /// Token holder, at the gate `g` (item `seq`), which the caller keeps
   /// alive: makes the token lendable, and rings the runner if `g` ended
@@ -892,12 +889,6 @@ private:
     return live_runners.load(std::memory_order_relaxed) >=
            defer_min_runners.load(std::memory_order_relaxed);
   }
-  /// Whoever takes this device's token from its parked runner: a deferred
-  /// wake-up is taken up, no longer the backstop's to ring.
-  void take_up_deferral() noexcept {
-    if (deferred_.load(std::memory_order_relaxed) != 0)
-      deferred_.store(0, std::memory_order_relaxed);
-  }
   /// The runner, about to park at the pending gate `g` (a wait on another
   /// device of this process): if that device is lendable and can run (its
   /// own wait ended, its runner rung but not yet back), takes its token and
@@ -905,7 +896,7 @@ private:
   bool try_help(const gate& g);
   /// Token holder of a lendable device it found with nothing to run for it
   /// (still parked at a pending gate, or past the awaited item): gives the
-  /// token back as it was (`parks_` unchanged).
+  /// token back as it was (its park number unchanged).
   void relend() noexcept;
   /// Waits queued and waits passed (run or dropped), for debug info's
   /// `pending_waits`: two counters, each with one writer at a time, rather
@@ -956,15 +947,9 @@ private:
   // Destroyed before the members its completions touch, after the runner.
   std::unique_ptr<stream> stream_;
 
-  // Hand-over (sync drivers): who runs this device's items. A device's items
-  // run one at a time, in order, by whoever holds its token: its runner
-  // (`held`), or, while the runner is parked at a wait (`lendable`), the
-  // runner of the device that opens the wait when that runner would itself
-  // park next on a wait for this device (`lent`): a dependency hop between
-  // two devices then stays on one thread, as a message between two CAF
-  // actors of one worker does. `returned`: the runner takes it back.
-  enum exec_state : uint8_t { held, lendable, lent, returned };
-  bool hand_over_ = true; // set before the runner starts
+  // Hand-over (sync drivers): whether this device lends its token (see
+  // exec_token.hpp). Set before the runner starts.
+  bool hand_over_ = true;
   // A session's lease (`set_lease`); null for a device without one. Read
   // by the runner before each item; its owner and text are kept at the end.
   std::atomic<int64_t>* lease_ = nullptr;
@@ -977,15 +962,9 @@ private:
   bool pin_runner_ = false; // set before the runner starts
   // The CPU the runner pinned itself to, -1 when not pinned (debug info).
   std::atomic<int> cpu_{-1};
-  alignas(64) std::atomic<uint8_t> exec_{held};
-  // The runner's, a hint for `try_help`: it spins at a wait, and will take
-  // the token back itself once the wait ends.
-  std::atomic<bool> spinning_{false};
-  std::atomic<bool> hold_after_wake_{false}; // see hold_after_wake
-  // The stamp of the deferred wake-up of this device's runner (0: none):
-  // set by the runner that deferred it, cleared by whoever takes the token
-  // up or rings it (`ring_if_deferred`).
-  std::atomic<uint64_t> deferred_{0};
+  // Who may run this device's items now, the parked gate and the deferred
+  // wake-up: the hand-over state machine.
+  exec_token token_;
   // The batch being run and the next item in it, and whether any of its
   // entries has an order's or a wait's extra (bare closures and described
   // tasks need no look ahead at those): the token holder's.
@@ -996,14 +975,6 @@ private:
   // The runner's: the batch `try_claim` replaced while its last item ran.
   std::vector<item> spent_batch_;
   std::string spent_batch_text_;
-  // The token holder's: the gate it left this device parked at (lendable),
-  // and when the device parked there (for the trace; 0 when not tracing).
-  gate* parked_gate_ = nullptr;
-  int64_t parked_ns_ = 0;
-  // Counts the parks that made the token lendable: the runner waiting
-  // without the token tells from it whether the device is still parked
-  // where it left it.
-  std::atomic<uint32_t> parks_{0};
   /// The token holder: records `g` as the wait this device is parked at
   /// (`parked_on_`, for the wait graph and debug info).
   void mark_parked(const gate* g) noexcept;
@@ -1011,8 +982,6 @@ private:
   void wait_at_gate(const gate& g, uint64_t seq);
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
-  std::atomic<uint64_t> run_by_others_{0};
-  std::atomic<uint64_t> deferred_wakes_{0};
 
   // What `lease_` points to, and why items dropped past it are cancelled.
   std::shared_ptr<std::atomic<int64_t>> lease_holder_;

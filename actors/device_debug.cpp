@@ -6,16 +6,7 @@
 namespace multidev::detail {
 
 const char* device_core::hand_over_state() const noexcept {
-  switch (exec_.load(std::memory_order_acquire)) {
-  case lendable:
-    return "lendable";
-  case lent:
-    return "lent";
-  case returned:
-    return "returned";
-  default:
-    return "runner";
-  }
+  return token_.state_name();
 }
 
 sexp device_core::debug_info() const {

@@ -83,7 +83,7 @@ void device_core::run_batch(bool first) {
     if (claimed_) [[unlikely]] {
       // The last item opened the wait of a device that this one waits for
       // next: run that device's items here rather than wake its runner and
-      // sleep (see exec_).
+      // sleep (see exec_token).
       auto other = std::move(claimed_);
       if (auto* g = pending_gate_at_pos()) {
         mark_parked(g);
@@ -191,7 +191,7 @@ void device_core::run_bare_items_traced(bool first) {
 void device_core::run_item(bool first_in_batch) {
   auto& it = batch_[pos_++];
   if (trace_) [[unlikely]] {
-    auto start = it.as_gate() ? std::exchange(parked_ns_, 0) : 0;
+    auto start = it.as_gate() ? std::exchange(token_.parked_ns(), 0) : 0;
     execute_traced(it, first_in_batch, start);
   } else {
     execute(it);
@@ -224,7 +224,7 @@ void device_core::mark_parked(const gate* g) noexcept {
   if (parked_on_.load(std::memory_order_relaxed) == g)
     return;
   if (g && trace_) [[unlikely]]
-    parked_ns_ = trace_->clock().now();
+    token_.parked_ns() = trace_->clock().now();
   parked_on_.store(g, std::memory_order_release);
 }
 
@@ -242,39 +242,27 @@ void device_core::park() {
     // Kept alive while this thread waits without the token: whoever holds
     // it may take a new batch and free this one.
     auto keep = batch_[pos_].extra.order_or_wait()->g;
-    spinning_.store(true, std::memory_order_relaxed); // before the token is lendable
+    token_.set_spinning(true); // before the token is lendable
     auto mine = release_parked(*g);
-    // Whether to take the token back: it was returned, or this runner's wait
-    // ended, or someone that ran items here parked the device at another
-    // wait (which only the token holder may look at).
     auto ready = [&] {
-      auto st = exec_.load(std::memory_order_seq_cst);
-      return st == returned ||
-             (st == lendable && (parks_.load(std::memory_order_seq_cst) != mine ||
-                                 gate_ended(*keep, seq)));
+      return token_.may_take_back(mine, [&] { return gate_ended(*keep, seq); });
     };
     // Spins only while the wait is this runner's own: once the token is
     // lent, whoever holds it rings this runner when it must act.
-    auto lent_or_ready = [&] {
-      return exec_.load(std::memory_order_relaxed) == lent || ready();
-    };
+    auto lent_or_ready = [&] { return token_.lent_now() || ready(); };
     bool spin = true;
     for (;;) {
       if (spin) {
         spin = spin_on_gate(lent_or_ready) && ready();
-        spinning_.store(false, std::memory_order_relaxed);
+        token_.set_spinning(false);
       }
       if (!spin) {
         queue_.sleep_on_gate_until(ready);
-        if (hold_after_wake_.load(std::memory_order_relaxed)) [[unlikely]]
-          hold_after_wake_.wait(true, std::memory_order_acquire);
+        token_.wait_if_held_after_wake();
       }
       spin = false;
-      auto st = exec_.load(std::memory_order_seq_cst);
-      if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst)) {
-        take_up_deferral();
+      if (token_.try_take_back())
         break; // holding the token again: look at where the device is now
-      }
     }
   }
 }
@@ -288,15 +276,13 @@ void device_core::wait_at_gate(const gate& g, uint64_t seq) {
 
 uint32_t device_core::release_parked(gate& g) noexcept {
   auto seq = executed_ + 1;
-  parked_gate_ = &g;
-  auto n = parks_.load(std::memory_order_relaxed) + 1;
-  parks_.store(n, std::memory_order_relaxed); // published by the token's release
+  auto n = token_.park_at(&g);
   lend_at(g, seq);
   return n;
 }
 
 void device_core::lend_at(const gate& g, uint64_t seq) noexcept {
-  exec_.store(lendable, std::memory_order_seq_cst);
+  token_.lend();
   // Against an opener that found the token held or lent and fell back to
   // ringing (Dekker: it stores the gate's state, then tries the token): a
   // runner that slept through that ring must see the wait ended.
@@ -327,14 +313,13 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   auto other = w.waiter.lock();
   if (!other || !other->hand_over_)
     return false;
-  auto st = uint8_t{lendable};
-  if (!other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
+  if (!other->token_.try_borrow())
     return false;
-  other->take_up_deferral();
+  other->token_.take_up_deferral();
   // Holding its token: it stays where it is.
   // Opened without ringing its runner.
   int expected = gate::pending;
-  if (other->parked_gate_ != w.g.get() ||
+  if (other->token_.parked_gate() != w.g.get() ||
       !w.g->state.compare_exchange_strong(expected, gate::open)) {
     other->hand_back();
     return false;
@@ -391,34 +376,32 @@ bool device_core::try_defer(const gate_waiter& w) noexcept {
   // or a helper gets its items run. Awake (spinning, or rung already), it
   // takes them up itself.
   if (other->queue_.sleeping(std::memory_order_seq_cst) != work_queue_t::on_gate ||
-      other->exec_.load(std::memory_order_relaxed) != lendable ||
+      other->token_.state(std::memory_order_relaxed) != exec_token::lendable ||
       other->parked_on_.load(std::memory_order_acquire) != w.g.get())
     return false;
   auto stamp = wake_backstop::next_stamp();
-  other->deferred_.store(stamp, std::memory_order_seq_cst);
+  other->token_.defer(stamp);
   int expected = gate::pending;
   if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
     // Resolved meanwhile (a cancel): whoever did rang it.
     other->ring_if_deferred(stamp);
     return true;
   }
-  other->deferred_wakes_.fetch_add(1, std::memory_order_relaxed);
+  other->token_.count_deferred_wake();
   if (!wake_backstop::instance().deferred(other.get(), stamp))
     other->ring_if_deferred(stamp); // no backstop: rung now, as without deferral
   return true;
 }
 
 bool device_core::ring_if_deferred(uint64_t stamp) noexcept {
-  if (!deferred_.compare_exchange_strong(stamp, 0, std::memory_order_seq_cst))
+  if (!token_.clear_deferral(stamp))
     return false;
   ring();
   return true;
 }
 
 void device_core::hold_after_wake(bool on) noexcept {
-  hold_after_wake_.store(on, std::memory_order_release);
-  if (!on)
-    hold_after_wake_.notify_all();
+  token_.hold_after_wake(on);
 }
 
 bool device_core::try_help(const gate& g) {
@@ -429,16 +412,11 @@ bool device_core::try_help(const gate& g) {
   if (!other || other.get() == this || !other->hand_over_)
     return false;
   // Lendable means parked at a wait: its runner left the token there. Not
-  // while that runner spins there: it takes the token back itself as soon
-  // as its wait ends, and a token lent even briefly would end its spin and
-  // send it to sleep. Asleep, rung or not, it may be a context switch away
-  // (a hint: a runner that starts spinning now finds the token lent and
-  // sleeps, as for any lent token). Looks first, so that a device that is
-  // running costs no write here.
-  auto st = uint8_t{lendable};
-  if (other->spinning_.load(std::memory_order_relaxed) ||
-      other->exec_.load(std::memory_order_relaxed) != lendable ||
-      !other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
+  // while that runner spins there (see try_borrow_unless_spinning). Asleep,
+  // rung or not, it may be a context switch away (a hint: a runner that
+  // starts spinning now finds the token lent and sleeps, as for any lent
+  // token).
+  if (!other->token_.try_borrow_unless_spinning())
     return false;
   if (other->pending_gate_at_pos() || other->executed_ >= g.owner_seq) {
     other->relend(); // still held there, or past what g waits for: left as it was
@@ -447,7 +425,7 @@ bool device_core::try_help(const gate& g) {
   // Its wait has ended, and its runner (rung, or its wake-up deferred) has
   // not taken the token back yet: the items it would run are those this
   // runner waits for.
-  other->take_up_deferral();
+  other->token_.take_up_deferral();
   mark_parked(&g);
   other->serve(*this, g, executed_ + 1);
   return true;
@@ -486,8 +464,7 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
     if (lender.gate_ended(until, until_seq))
       break;
   }
-  run_by_others_.store(run_by_others_.load(std::memory_order_relaxed) + ran,
-                       std::memory_order_relaxed);
+  token_.count_run_by_others(ran);
   serving_other = false;
   current_runner = &lender;
   hand_back();
@@ -512,10 +489,10 @@ void device_core::hand_back() noexcept {
     batch_.clear(); // what the items held goes now, not when the runner wakes
     pos_ = 0;
     // Nothing to run: a producer rings the runner as for any idle device.
-    if (queue_.settle_idle_runner([&] { exec_.store(returned, std::memory_order_seq_cst); }))
+    if (queue_.settle_idle_runner([&] { token_.give_back(); }))
       return;
   } else {
-    exec_.store(returned, std::memory_order_seq_cst);
+    token_.give_back();
   }
   ring();
 }
