@@ -35,6 +35,7 @@
 
 #include "actors/exec_token.hpp"
 #include "actors/gate.hpp"
+#include "actors/gate_list.hpp"
 #include "actors/pool.hpp"
 #include "actors/result_board.hpp"
 #include "actors/spin.hpp"
@@ -898,26 +899,9 @@ private:
   /// (still parked at a pending gate, or past the awaited item): gives the
   /// token back as it was (its park number unchanged).
   void relend() noexcept;
-  /// Waits queued and waits passed (run or dropped), for debug info's
-  /// `pending_waits`: two counters, each with one writer at a time, rather
-  /// than one that both sides change with a locked instruction, which a
-  /// hop of a chain paid once per wait. `gates_pushed_` is written under
-  /// waiters_mu_; `gates_passed_` by the token holder (on an asynchronous
-  /// driver, under retire_mu_).
-  std::atomic<uint64_t> gates_pushed_{0};
-  std::atomic<uint64_t> gates_passed_{0};
-  void count_gate_passed() noexcept {
-    gates_passed_.store(gates_passed_.load(std::memory_order_relaxed) + 1,
-                        std::memory_order_release); // after its push, for debug_info
-  }
-  // The gate the device is parked at, if any: written by the token holder,
-  // read under waiters_mu_ and only compared with gates_' entries (a reader
-  // that dereferenced it could find it freed). Atomic, not guarded: a hop
-  // of a chain parks and unparks both devices, and four mutex round trips a
-  // hop showed in its cost.
-  std::atomic<const gate*> parked_on_{nullptr};
-  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by waiters_mu_
-  std::size_t gates_prune_at_ = 64;        // guarded by waiters_mu_
+  // The gates queued here, pending or passed (counted), and the one the
+  // device is parked at. Guarded by waiters_mu_ (the list; see gate_list).
+  gate_list gates_;
   bool closed_ = false; // shut down; guarded by waiters_mu_
 
   // Pools: the table as of the end of the queue. A spin lock: every host
@@ -976,7 +960,7 @@ private:
   std::vector<item> spent_batch_;
   std::string spent_batch_text_;
   /// The token holder: records `g` as the wait this device is parked at
-  /// (`parked_on_`, for the wait graph and debug info).
+  /// (`gate_list::parked_on`, for the wait graph and debug info).
   void mark_parked(const gate* g) noexcept;
   /// The runner's wait at a pending gate when hand-over is off.
   void wait_at_gate(const gate& g, uint64_t seq);

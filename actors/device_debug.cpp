@@ -12,10 +12,7 @@ const char* device_core::hand_over_state() const noexcept {
 sexp device_core::debug_info() const {
   auto s = scheduled();
   auto f = finished();
-  // Passed first: a wait is counted pushed before it can be passed, so the
-  // difference read this way is never negative.
-  auto passed = gates_passed_.load(std::memory_order_acquire);
-  auto pending_waits = gates_pushed_.load(std::memory_order_acquire) - passed;
+  auto pending_waits = gates_.pending_waits();
   std::size_t waiting;
   std::string parked;
   {
@@ -23,12 +20,13 @@ sexp device_core::debug_info() const {
     waiting = waiters_.size() + (gate_waiters_.size() - gate_waiters_head_);
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
-    if (auto* p = parked_on_.load(std::memory_order_acquire))
-      for (const auto& w : gates_)
-        if (auto g = w.lock(); g && g.get() == p) {
-          parked = g->what();
-          break;
-        }
+    if (auto* p = gates_.parked_on(std::memory_order_acquire))
+      gates_.find_locked([&](const std::shared_ptr<gate>& g) {
+        if (g.get() != p)
+          return false;
+        parked = g->what();
+        return true;
+      });
   }
   auto pools = sexp::list({sexp::atom("pools")});
   {

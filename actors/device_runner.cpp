@@ -221,11 +221,11 @@ gate* device_core::pending_gate_at_pos() const noexcept {
 }
 
 void device_core::mark_parked(const gate* g) noexcept {
-  if (parked_on_.load(std::memory_order_relaxed) == g)
+  if (gates_.parked_on(std::memory_order_relaxed) == g)
     return;
   if (g && trace_) [[unlikely]]
     token_.parked_ns() = trace_->clock().now();
-  parked_on_.store(g, std::memory_order_release);
+  gates_.set_parked_on(g);
 }
 
 void device_core::park() {
@@ -377,7 +377,7 @@ bool device_core::try_defer(const gate_waiter& w) noexcept {
   // takes them up itself.
   if (other->queue_.sleeping(std::memory_order_seq_cst) != work_queue_t::on_gate ||
       other->token_.state(std::memory_order_relaxed) != exec_token::lendable ||
-      other->parked_on_.load(std::memory_order_acquire) != w.g.get())
+      other->gates_.parked_on(std::memory_order_acquire) != w.g.get())
     return false;
   auto stamp = wake_backstop::next_stamp();
   other->token_.defer(stamp);
@@ -657,7 +657,7 @@ void device_core::execute(item& it) {
       drop(it, seq); // counts the gate off
       return;
     }
-    count_gate_passed();
+    gates_.count_passed();
     if (g.state.load() == gate::failed) {
       poison(seq, [&] { return gate_failure(g); });
       return;
@@ -726,7 +726,7 @@ std::string device_core::task_name(const item& it, uint64_t seq) const {
 
 void device_core::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
-    count_gate_passed();
+    gates_.count_passed();
   failure_ptr cause;
   {
     std::lock_guard guard{queue_.mutex()};
@@ -842,7 +842,7 @@ void device_core::run_async() {
       return;
     if (g && trace_) [[unlikely]]
       parked_ns = trace_->clock().now();
-    parked_on_.store(parked = g, std::memory_order_release);
+    gates_.set_parked_on(parked = g);
   };
   for (;;) {
     settle_gated();
@@ -1074,7 +1074,7 @@ void device_core::retire(flight& f) noexcept {
       drop(f.it, seq); // counts the gate off
       break;
     }
-    count_gate_passed();
+    gates_.count_passed();
     if (g.state.load() == gate::failed) {
       poison(seq, [&] { return gate_failure(g); });
       failed_behind_ = started_.load(std::memory_order_seq_cst);
