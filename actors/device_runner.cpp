@@ -56,7 +56,7 @@ void device_core::run() {
     } else if (pending() < coalesce_items) {
       // A producer in a burst is appending right now: taking the lock for
       // each item would move its cache line back and forth on every push.
-      // Reading scheduled_ pulls the producer's cache line, so look rarely.
+      // Reading the queue's scheduled count pulls the producer's cache line, so look rarely.
       for (int i = 0; i < coalesce_pauses && pending() < coalesce_items; i += 16)
         for (int j = 0; j < 16; ++j)
           cpu_relax();
