@@ -10,6 +10,10 @@
 namespace multidev::detail {
 
 namespace {
+// Runner threads (of any device) never wait for room in a queue.
+bool on_a_runner() noexcept {
+  return current_runner != nullptr;
+}
 // Made at load time: it stands in when memory runs out.
 const failure shut_down_cause{failure::kind::failed, {}, {}, 0, "device is shut down", {}};
 } // namespace
@@ -19,11 +23,9 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
                          std::shared_ptr<result_board> results, std::size_t trace_capacity,
                          std::size_t max_in_flight, bool hand_over, bool pin_runner)
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
-    capacity_(queue_capacity == 0 ? 1 : queue_capacity),
-    results_(std::move(results)), outcomes_(name_),
+    results_(std::move(results)), queue_(queue_capacity, on_a_runner), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
     pools_(name_) {
-  room_until_.store(capacity_, std::memory_order_relaxed);
   stream_ = driver_->open_stream(ordinal_, *this);
   if (stream_) {
     window_ = max_in_flight == 0 ? 1 : max_in_flight;
@@ -43,22 +45,21 @@ device_core::~device_core() {
 
 void device_core::request_stop() {
   {
-    std::lock_guard guard{mu_};
-    if (stopping_)
+    std::lock_guard guard{queue_.mutex()};
+    if (queue_.stopping_locked())
       return;
-    stopping_ = true;
-    room_.notify_all();
+    queue_.refuse_locked(true, false);
   }
   // Remote answers may never come once we stop: cancel those waits.
   static const std::string why = "the wait was cancelled at shutdown";
   cancel_remote_waits(why);
-  call_room_callback();
+  queue_.call_room_callback();
   ring();
 }
 
 bool device_core::stopping() const {
-  std::lock_guard guard{mu_};
-  return stopping_;
+  std::lock_guard guard{queue_.mutex()};
+  return queue_.stopping_locked();
 }
 
 void device_core::shutdown() {
@@ -99,14 +100,14 @@ uint64_t device_core::cancel(std::string why) {
   cause->message = why.empty() ? std::string{"cancelled"} : std::move(why);
   uint64_t upto = 0;
   {
-    std::lock_guard guard{mu_};
-    if (scheduled_.load(std::memory_order_relaxed) > outcomes_.dropped_upto(std::memory_order_relaxed)) {
+    std::lock_guard guard{queue_.mutex()};
+    if (queue_.scheduled(std::memory_order_relaxed) > outcomes_.dropped_upto(std::memory_order_relaxed)) {
       drop_locked(cause);
       upto = outcomes_.dropped_upto(std::memory_order_relaxed);
     }
   }
   // A runner parked on a wait sleeps on the bell: wake it to drop the wait.
-  bell_ring(bell_);
+  queue_.ring_bell();
   return upto;
 }
 
@@ -119,29 +120,28 @@ void device_core::set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std:
 void device_core::kill(std::string reason) {
   auto cause = device_failure("killed: " + reason);
   {
-    std::lock_guard guard{mu_};
+    std::lock_guard guard{queue_.mutex()};
     // Killed already, or shut down with nothing left: nothing to fail.
-    if (killed_ || (stopping_ && finished() == scheduled_.load(std::memory_order_relaxed)))
+    if (killed_ ||
+        (queue_.stopping_locked() && finished() == queue_.scheduled(std::memory_order_relaxed)))
       return;
     killed_ = true;
-    stopping_ = true;
-    failed_ = true;
+    queue_.refuse_locked(true, true); // wakes the producers waiting for room
     failed_flag_.store(true, std::memory_order_release);
     error_ = cause;
     drop_locked(cause);
-    room_.notify_all();
   }
   static const std::string why = "the device was killed";
   cancel_remote_waits(why);
-  call_room_callback();
-  bell_ring(bell_);
+  queue_.call_room_callback();
+  queue_.ring_bell();
 }
 
 bool device_core::recover() {
-  std::lock_guard guard{mu_};
-  if (!failed_ || killed_ || stopping_)
+  std::lock_guard guard{queue_.mutex()};
+  if (!queue_.failed_locked() || killed_ || queue_.stopping_locked())
     return false;
-  failed_ = false;
+  queue_.accept_again_locked();
   failed_flag_.store(false, std::memory_order_release);
   error_.reset();
   return true;

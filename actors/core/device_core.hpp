@@ -12,7 +12,7 @@
 /// thread. One thread at a time executes items (or, on an asynchronous
 /// driver, submits them to the device's stream) and resolves them: the
 /// runner, or on a synchronous driver whichever runner holds the device's
-/// token (`exec_`, "hand-over"); "runner only" below means that thread.
+/// token (`token_`, "hand-over"); "runner only" below means that thread.
 
 #include <atomic>
 #include <chrono>
@@ -33,11 +33,14 @@
 #include <utility>
 #include <vector>
 
+#include "actors/core/exec_token.hpp"
 #include "actors/core/gate.hpp"
+#include "actors/core/gate_list.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
 #include "actors/core/spin.hpp"
+#include "actors/core/work_queue.hpp"
 #include "devices/driver.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/task.hpp"
@@ -171,7 +174,7 @@ public:
 
   /// Seq of the last item scheduled / resolved (done, failed or cancelled:
   /// the runner resolves items in seq order).
-  uint64_t scheduled() const noexcept { return scheduled_.load(std::memory_order_acquire); }
+  uint64_t scheduled() const noexcept { return queue_.scheduled(); }
   uint64_t finished() const noexcept { return outcomes_.finished(); }
   /// Whether `seq` resolved to done. Once true, true forever, for every
   /// observer, whatever happens to the device later.
@@ -190,25 +193,21 @@ public:
   uint64_t running_item() const noexcept { return stream_ ? current_item : executed_; }
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
-  bool runner_sleeping() const noexcept { return sleeping_.load() != awake; }
+  bool runner_sleeping() const noexcept { return queue_.sleeping() != work_queue_t::awake; }
   /// How many times the runner's doorbell rang (`ring` finding it asleep,
   /// or a stop); for tests.
-  uint32_t doorbell_rings() const noexcept { return bell_.load(std::memory_order_relaxed); }
+  uint32_t doorbell_rings() const noexcept { return queue_.rings(); }
   /// The CPU this device's runner pinned itself to (`pin_runners`), or -1
   /// (not pinned, or not yet started).
   int runner_cpu() const noexcept { return cpu_.load(std::memory_order_relaxed); }
   /// Items of this device that another device's runner ran, having opened
   /// the wait this device was parked on (see `hand_over`); for tests and
   /// diagnostics.
-  uint64_t items_run_by_others() const noexcept {
-    return run_by_others_.load(std::memory_order_relaxed);
-  }
+  uint64_t items_run_by_others() const noexcept { return token_.run_by_others(); }
   /// Times another runner opened this device's wait and left its sleeping
   /// runner asleep, to run its items itself (`try_defer`); for tests and
   /// diagnostics.
-  uint64_t deferred_wakes() const noexcept {
-    return deferred_wakes_.load(std::memory_order_relaxed);
-  }
+  uint64_t deferred_wakes() const noexcept { return token_.deferred_wakes(); }
   /// The backstop (and a host that blocks on this device): rings the runner
   /// if its wake-up deferred with `stamp` is still deferred (nobody took its
   /// items up). Whether it rang.
@@ -216,7 +215,7 @@ public:
   /// Rings the runner if its wake-up is deferred now, whatever the stamp:
   /// for whoever needs this device's items and will not run them itself.
   void ring_deferred() noexcept {
-    if (auto stamp = deferred_.load(std::memory_order_relaxed))
+    if (auto stamp = token_.deferred())
       ring_if_deferred(stamp);
   }
   /// Rings the runner: the resolver of a task's sync on its own runner
@@ -399,7 +398,7 @@ private:
   };
   /// An entry's extra: none (a bare closure), an `item_extra` (an order or
   /// a wait, owned), a `named_extra` (owned), or a described task's text:
-  /// where its description is in the text of the entry's batch (`queue_text_`
+  /// where its description is in the text of the entry's batch (the queue's text,
   /// as it was pushed, `batch_text_` as it runs), and its kind. One word,
   /// so that an entry stays 40 bytes: the low bits say which (the two kinds
   /// of allocation are at least 8-aligned), the rest is the pointer or the
@@ -512,10 +511,14 @@ private:
       auto* x = extra.order_or_wait();
       return x ? x->g.get() : nullptr;
     }
+    /// Whether the runner looks at an entry with `e` before it runs it (an
+    /// order's or a wait's; not a described task's): see `work_queue`.
+    static bool flags(const extra_ptr& e) noexcept { return e.order_or_wait() != nullptr; }
   };
+  using work_queue_t = work_queue<item>;
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
-  static constexpr std::size_t prefetch_items = 6;
+  static constexpr std::size_t prefetch_items = queue_prefetch_items;
   /// How many entries ahead the runner prefetches an entry's extra.
   static constexpr std::size_t prefetch_extras = 3;
   /// On an asynchronous driver: one item between its start and its
@@ -554,29 +557,19 @@ private:
   /// next `take_batch` to hand back, having released its pool.
   void recycle(item& it) noexcept;
   /// Appends an item built in its queue slot from `work` and the extra
-  /// `make_extra()` returns, called with mu_ held; returns its seq.
+  /// `make_extra(text)` returns (`text`: the queue's, see `append_text`),
+  /// called with the queue's lock held; returns its seq.
   template <class MakeExtra>
   uint64_t enqueue(std::function<void()>&& work, MakeExtra&& make_extra, bool may_wait);
-  /// With mu_ held: appends `description` to the queue's text; its place
-  /// there, or null (no room left to address it: the caller makes a
-  /// `named_extra`).
-  extra_ptr append_text(std::string_view description, trace_kind kind);
-  /// Room for another entry, or a failed or stopping device (a push then
-  /// fails at once). Call with mu_ held.
-  bool has_room_locked() const noexcept {
-    return queue_.size() < capacity_ || failed_ || stopping_;
-  }
-  /// Waits on room_ until `has_room_locked()`; returns at once on a runner
-  /// thread. Call with mu_ held in `lk`.
-  void wait_for_room_locked(std::unique_lock<spin_mutex>& lk);
-  /// A push's way out of line (cold, so that the push itself stays small):
-  /// waits for room with mu_ held (and still held after); returns the
-  /// queue's size then.
-  [[gnu::noinline, gnu::cold]] std::size_t wait_for_room_held();
-  /// Throws `refusal_locked()`. Call with mu_ held.
+  /// With the queue's lock held: appends `description` to the queue's
+  /// `text`; its place there, or null (no room left to address it: the
+  /// caller makes a `named_extra`).
+  static extra_ptr append_text(std::string& text, std::string_view description,
+                               trace_kind kind);
+  /// Throws `refusal_locked()`. Call with the queue's lock held.
   [[noreturn, gnu::noinline, gnu::cold]] void throw_refusal_locked() const;
   /// The error a push gets from a failed, killed or stopped device. Call
-  /// with mu_ held.
+  /// with the queue's lock held.
   device_error refusal_locked() const;
   void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
@@ -603,8 +596,8 @@ private:
   /// back from a device that ran this one's items. Returns holding the token.
   void park();
   /// Token holder, parked at the pending gate `g`: lets a device that opens
-  /// it run this one's items (`exec_` lendable). Returns the park's number
-  /// (`parks_`).
+  /// it run this one's items (`token_` lendable). Returns the park's number
+  /// (`exec_token::park_at`).
   uint32_t release_parked(gate& g) noexcept;
   /// Token holder, at the gate `g` (item `seq`), which the caller keeps
   /// alive: makes the token lendable, and rings the runner if `g` ended
@@ -648,8 +641,6 @@ private:
   /// Runner only, before it sleeps: frees the spare extras beyond
   /// `spare_extras_max`, kept through a burst.
   void trim_spare_extras() noexcept;
-  /// Sleeps until the queue has items; false when it is empty and stopping.
-  bool sleep_until_work();
   void execute(item& it);
   /// `execute` for an item without an order's or a wait's extra (a bare
   /// closure, or a described task).
@@ -756,9 +747,10 @@ private:
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
   /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`. Call with mu_ held; no-op when nothing new is scheduled.
+  /// `cause`. Call with the queue's lock held; no-op when nothing new is
+  /// scheduled.
   void drop_locked(const failure_ptr& cause) noexcept {
-    outcomes_.drop_through(scheduled_.load(std::memory_order_relaxed), cause);
+    outcomes_.drop_through(queue_.scheduled(std::memory_order_relaxed), cause);
   }
   /// Fires the waiters of seqs up to `upto` with their outcomes; with
   /// `beyond`, also the waiters of seqs not resolved, with that cause (at
@@ -766,59 +758,32 @@ private:
   void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
   /// A failure of this device itself (no task): killed, shut down.
   failure_ptr device_failure(std::string message) const;
-  void call_room_callback() noexcept;
   /// Fails the pending gates `which` selects, with `why`.
   void cancel_gates(bool (*which)(const gate&), const std::string& why);
   /// Wakes the runner if it sleeps.
-  void ring();
-  /// Wakes the runner, whose sleeping_ the caller has just cleared.
-  void ring_bell();
+  void ring() noexcept { queue_.ring(); }
 
   std::string name_;
   int ordinal_;
   std::shared_ptr<driver> driver_;
-  std::size_t capacity_;
   std::shared_ptr<result_board> results_;
 
   // The fields are grouped by who writes them on the hot path, one cache
   // line apart, so a producer pushing and a runner finishing items do not
   // move each other's lines back and forth.
 
-  // Producer side: append under mu_; the runner swaps the whole vector out.
-  alignas(64) mutable spin_mutex mu_;
-  std::vector<item> queue_;
-  // Entries in queue_ with an order's or a wait's extra (not counting
-  // described tasks': those run on the short path of bare closures).
-  std::size_t extras_queued_ = 0;
-  std::atomic<uint64_t> scheduled_{0};
-  // The runner sleeps on bell_ when sleeping_ is set; whoever clears it
-  // rings. A producer rings only a runner that sleeps for work: one parked
-  // on a wait needs the wait's resolution (or a cancel, kill or stop), and
-  // waking it for each push (a host scheduling a chain ahead of its
-  // devices) would cost a futex wake per push for nothing.
-  enum sleep_state : uint8_t { awake, for_work, on_gate };
-  std::atomic<uint8_t> sleeping_{awake};
-  std::atomic<uint32_t> bell_{0};
-  // While scheduled_ is below it, the queue has room (`wait_for_room`
-  // without mu_): `taken_ + capacity_` as of the last look under mu_, a
-  // bound that only grows. Written under mu_, read without it.
-  std::atomic<uint64_t> room_until_{0};
-  int producers_waiting_ = 0;
-  bool stopping_ = false;
-  bool failed_ = false;
-  bool killed_ = false;
-  // The descriptions of the described tasks in queue_ (see extra_ptr);
-  // swapped with the batch's as the runner takes it. Not on the first
-  // line: that one holds what every push touches.
-  std::string queue_text_;
+  // Producer side: the queue, its backpressure and the runner's doorbell.
+  // Its lock also guards killed_, error_ and drops_ below.
+  work_queue_t queue_;
+  bool killed_ = false; // guarded by queue_'s lock
 
   // What became of each seq, and who is told (its own lines: the runner
-  // writes its first as it resolves items). Drops are made under mu_.
+  // writes its first as it resolves items). Drops are made under the
+  // queue's lock.
   outcome_board outcomes_;
   // Runner side.
   alignas(64) uint64_t executed_ = 0; // runner only: seq of the item it is running
-  uint64_t taken_ = 0; // items taken from queue_: written by the runner under mu_
-  std::atomic<bool> failed_flag_{false}; // mirrors failed_
+  std::atomic<bool> failed_flag_{false}; // mirrors queue_.failed_locked()
   // The runner's records and host threads' blocking waits on this device;
   // null when tracing is off; set once, at construction.
   std::unique_ptr<trace_ring> trace_;
@@ -842,9 +807,7 @@ private:
   alignas(64) std::vector<std::unique_ptr<item_extra>> spent_; // for spare_
 
   // Cold: errors, backpressure, waiters, pools.
-  alignas(64) failure_ptr error_;   // guarded by mu_: why the device failed
-  std::condition_variable_any room_; // producers waiting for room (rare)
-  std::function<void()> room_cb_;    // guarded by mu_; see notify_when_room
+  alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
   /// A gate of another device (`waiter`) that opens once `seq` of this one
   /// is resolved: a local `will_wait_for`, registered without a resolver.
   /// A resolver and its multimap node were two allocations a wait, made by
@@ -907,12 +870,6 @@ private:
     return live_runners.load(std::memory_order_relaxed) >=
            defer_min_runners.load(std::memory_order_relaxed);
   }
-  /// Whoever takes this device's token from its parked runner: a deferred
-  /// wake-up is taken up, no longer the backstop's to ring.
-  void take_up_deferral() noexcept {
-    if (deferred_.load(std::memory_order_relaxed) != 0)
-      deferred_.store(0, std::memory_order_relaxed);
-  }
   /// The runner, about to park at the pending gate `g` (a wait on another
   /// device of this process): if that device is lendable and can run (its
   /// own wait ended, its runner rung but not yet back), takes its token and
@@ -920,28 +877,12 @@ private:
   bool try_help(const gate& g);
   /// Token holder of a lendable device it found with nothing to run for it
   /// (still parked at a pending gate, or past the awaited item): gives the
-  /// token back as it was (`parks_` unchanged).
+  /// token back as it was (its park number unchanged).
   void relend() noexcept;
-  /// Waits queued and waits passed (run or dropped), for debug info's
-  /// `pending_waits`: two counters, each with one writer at a time, rather
-  /// than one that both sides change with a locked instruction, which a
-  /// hop of a chain paid once per wait. `gates_pushed_` is written under
-  /// the waiter lock; `gates_passed_` by the token holder (on an asynchronous
-  /// driver, under retire_mu_).
-  std::atomic<uint64_t> gates_pushed_{0};
-  std::atomic<uint64_t> gates_passed_{0};
-  void count_gate_passed() noexcept {
-    gates_passed_.store(gates_passed_.load(std::memory_order_relaxed) + 1,
-                        std::memory_order_release); // after its push, for debug_info
-  }
-  // The gate the device is parked at, if any: written by the token holder,
-  // read under the waiter lock and only compared with gates_' entries (a reader
-  // that dereferenced it could find it freed). Atomic, not guarded: a hop
-  // of a chain parks and unparks both devices, and four mutex round trips a
-  // hop showed in its cost.
-  std::atomic<const gate*> parked_on_{nullptr};
-  std::vector<std::weak_ptr<gate>> gates_; // pending gates; guarded by the waiter lock
-  std::size_t gates_prune_at_ = 64;        // guarded by the waiter lock
+  // The gates queued here, pending or passed (counted), and the one the
+  // device is parked at. Guarded by the waiter lock (outcomes_.waiters_mutex();
+  // see gate_list).
+  gate_list gates_;
 
   // Pools: the table as of the end of the queue (its lock on a line of its
   // own, away from what the runner reads).
@@ -964,15 +905,9 @@ private:
   // Destroyed before the members its completions touch, after the runner.
   std::unique_ptr<stream> stream_;
 
-  // Hand-over (sync drivers): who runs this device's items. A device's items
-  // run one at a time, in order, by whoever holds its token: its runner
-  // (`held`), or, while the runner is parked at a wait (`lendable`), the
-  // runner of the device that opens the wait when that runner would itself
-  // park next on a wait for this device (`lent`): a dependency hop between
-  // two devices then stays on one thread, as a message between two CAF
-  // actors of one worker does. `returned`: the runner takes it back.
-  enum exec_state : uint8_t { held, lendable, lent, returned };
-  bool hand_over_ = true; // set before the runner starts
+  // Hand-over (sync drivers): whether this device lends its token (see
+  // exec_token.hpp). Set before the runner starts.
+  bool hand_over_ = true;
   // A session's lease (`set_lease`); null for a device without one. Read
   // by the runner before each item; its owner and text are kept at the end.
   std::atomic<int64_t>* lease_ = nullptr;
@@ -985,15 +920,9 @@ private:
   bool pin_runner_ = false; // set before the runner starts
   // The CPU the runner pinned itself to, -1 when not pinned (debug info).
   std::atomic<int> cpu_{-1};
-  alignas(64) std::atomic<uint8_t> exec_{held};
-  // The runner's, a hint for `try_help`: it spins at a wait, and will take
-  // the token back itself once the wait ends.
-  std::atomic<bool> spinning_{false};
-  std::atomic<bool> hold_after_wake_{false}; // see hold_after_wake
-  // The stamp of the deferred wake-up of this device's runner (0: none):
-  // set by the runner that deferred it, cleared by whoever takes the token
-  // up or rings it (`ring_if_deferred`).
-  std::atomic<uint64_t> deferred_{0};
+  // Who may run this device's items now, the parked gate and the deferred
+  // wake-up: the hand-over state machine.
+  exec_token token_;
   // The batch being run and the next item in it, and whether any of its
   // entries has an order's or a wait's extra (bare closures and described
   // tasks need no look ahead at those): the token holder's.
@@ -1004,27 +933,13 @@ private:
   // The runner's: the batch `try_claim` replaced while its last item ran.
   std::vector<item> spent_batch_;
   std::string spent_batch_text_;
-  // The token holder's: the gate it left this device parked at (lendable),
-  // and when the device parked there (for the trace; 0 when not tracing).
-  gate* parked_gate_ = nullptr;
-  int64_t parked_ns_ = 0;
-  // Counts the parks that made the token lendable: the runner waiting
-  // without the token tells from it whether the device is still parked
-  // where it left it.
-  std::atomic<uint32_t> parks_{0};
   /// The token holder: records `g` as the wait this device is parked at
-  /// (`parked_on_`, for the wait graph and debug info).
+  /// (`gate_list::parked_on`, for the wait graph and debug info).
   void mark_parked(const gate* g) noexcept;
   /// The runner's wait at a pending gate when hand-over is off.
   void wait_at_gate(const gate& g, uint64_t seq);
-  /// The runner, parked: sleeps on its doorbell, marked `on_gate`, until
-  /// `ready()` holds (checked after each ring).
-  template <class Pred>
-  void sleep_on_gate_until(Pred ready);
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
-  std::atomic<uint64_t> run_by_others_{0};
-  std::atomic<uint64_t> deferred_wakes_{0};
 
   // What `lease_` points to, and why items dropped past it are cancelled.
   std::shared_ptr<std::atomic<int64_t>> lease_holder_;

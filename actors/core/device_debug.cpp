@@ -12,25 +12,13 @@ constexpr std::size_t debug_info_records = 8;
 } // namespace
 
 const char* device_core::hand_over_state() const noexcept {
-  switch (exec_.load(std::memory_order_acquire)) {
-  case lendable:
-    return "lendable";
-  case lent:
-    return "lent";
-  case returned:
-    return "returned";
-  default:
-    return "runner";
-  }
+  return token_.state_name();
 }
 
 sexp device_core::debug_info() const {
   auto s = scheduled();
   auto f = finished();
-  // Passed first: a wait is counted pushed before it can be passed, so the
-  // difference read this way is never negative.
-  auto passed = gates_passed_.load(std::memory_order_acquire);
-  auto pending_waits = gates_pushed_.load(std::memory_order_acquire) - passed;
+  auto pending_waits = gates_.pending_waits();
   std::size_t waiting;
   std::string parked;
   {
@@ -38,12 +26,13 @@ sexp device_core::debug_info() const {
     waiting = outcomes_.waiter_count_locked() + (gate_waiters_.size() - gate_waiters_head_);
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
-    if (auto* p = parked_on_.load(std::memory_order_acquire))
-      for (const auto& w : gates_)
-        if (auto g = w.lock(); g && g.get() == p) {
-          parked = g->what();
-          break;
-        }
+    if (auto* p = gates_.parked_on(std::memory_order_acquire))
+      gates_.find_locked([&](const std::shared_ptr<gate>& g) {
+        if (g.get() != p)
+          return false;
+        parked = g->what();
+        return true;
+      });
   }
   auto pools = pools_.info();
   std::size_t spare;

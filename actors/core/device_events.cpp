@@ -328,10 +328,10 @@ device_core::failure_ptr device_core::device_failure(std::string message) const 
 }
 
 std::optional<std::string> device_core::error() const {
-  std::lock_guard guard{mu_};
-  if (failed_ && error_)
+  std::lock_guard guard{queue_.mutex()};
+  if (queue_.failed_locked() && error_)
     return error_->describe_reason();
-  if (failed_)
+  if (queue_.failed_locked())
     return std::string{"failed"};
   return std::nullopt;
 }
@@ -339,8 +339,8 @@ std::optional<std::string> device_core::error() const {
 void device_core::check() const {
   failure_ptr e;
   {
-    std::lock_guard guard{mu_};
-    if (!failed_)
+    std::lock_guard guard{queue_.mutex()};
+    if (!queue_.failed_locked())
       return;
     e = error_;
   }

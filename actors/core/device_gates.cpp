@@ -164,30 +164,16 @@ std::string gate::what() const noexcept {
 
 void device_core::push_gate(const std::shared_ptr<gate>& g) {
   {
-    // Registered before the push: `shutdown` sets stopping_ before it collects
+    // Registered before the push: `shutdown` stops the queue before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
     std::lock_guard guard{outcomes_.waiters_mutex()};
-    // Spent gates are pruned only when the list has doubled since the last
-    // pruning: a host running far ahead of a chain keeps thousands pending,
-    // and a scan per push would make scheduling the chain quadratic.
-    if (gates_.size() >= gates_prune_at_) {
-      // Gates gone only: looking at a live one's state took a reference, two
-      // locked instructions for each gate still listed, and a host running
-      // ahead of a chain lists thousands. A resolved gate goes as its wait
-      // is passed, soon after.
-      std::erase_if(gates_, [](const auto& w) { return w.expired(); });
-      gates_prune_at_ = std::max<std::size_t>(64, 2 * gates_.size());
-    }
-    gates_.push_back(g);
-    gates_pushed_.store(gates_pushed_.load(std::memory_order_relaxed) + 1,
-                        std::memory_order_relaxed);
+    gates_.add_locked(g);
   }
   try {
     g->seq = enqueue_wait(g);
   } catch (...) {
     std::lock_guard guard{outcomes_.waiters_mutex()};
-    gates_pushed_.store(gates_pushed_.load(std::memory_order_relaxed) - 1,
-                        std::memory_order_relaxed);
+    gates_.take_back_locked();
     throw;
   }
 }
@@ -221,18 +207,20 @@ void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause
 std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parked) const {
   std::vector<std::shared_ptr<gate>> out;
   std::lock_guard guard{outcomes_.waiters_mutex()};
-  out.reserve(gates_.size());
+  out.reserve(gates_.size_locked());
   // A failed gate the runner has not reached yet is still a wait (it will
   // fail this device); one it has passed is history.
   auto passed = finished();
-  for (const auto& w : gates_)
-    if (auto g = w.lock(); g && g->state.load() != gate::open) {
+  gates_.find_locked([&](std::shared_ptr<gate> g) {
+    if (g->state.load() != gate::open) {
       auto at = g->seq.load();
       if (at == 0 || at > passed)
         out.push_back(std::move(g));
     }
+    return false;
+  });
   if (parked)
-    *parked = parked_on_.load(std::memory_order_acquire);
+    *parked = gates_.parked_on(std::memory_order_acquire);
   return out;
 }
 
@@ -286,9 +274,11 @@ void device_core::cancel_gates(bool (*which)(const gate&), const std::string& wh
   std::vector<std::shared_ptr<gate>> pending;
   {
     std::lock_guard guard{outcomes_.waiters_mutex()};
-    for (auto& w : gates_)
-      if (auto g = w.lock(); g && g->state.load() == gate::pending)
+    gates_.find_locked([&](std::shared_ptr<gate> g) {
+      if (g->state.load() == gate::pending)
         pending.push_back(std::move(g));
+      return false;
+    });
   }
   for (auto& g : pending)
     if (which(*g))

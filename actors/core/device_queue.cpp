@@ -17,40 +17,7 @@ template <class MakeExtra>
 [[gnu::always_inline]] inline uint64_t device_core::enqueue(std::function<void()>&& work,
                                                             MakeExtra&& make_extra,
                                                             bool may_wait) {
-  bool wake;
-  uint64_t seq;
-  {
-    std::lock_guard guard{mu_};
-    // The vector's size and capacity are each a division (an entry is 40
-    // bytes): read once.
-    auto n = queue_.size();
-    if (may_wait && n >= capacity_) [[unlikely]]
-      n = wait_for_room_held(); // returns at once on a runner thread
-    if (failed_ || stopping_) [[unlikely]]
-      throw_refusal_locked();
-    extra_ptr extra = make_extra();
-    extras_queued_ += extra.order_or_wait() != nullptr;
-    auto cap = queue_.capacity(); // unchanged by this push when n < cap
-    // Built in its slot: a closure moved once, not into an item and again.
-    queue_.emplace_back(std::move(work), std::move(extra));
-    // The next entries' lines were last read by the runner (the buffers swap
-    // back and forth): ask for them now, so the transfer overlaps this push.
-    if (auto ahead = n + 1 + prefetch_items; ahead < cap)
-      prefetch_for_write(queue_.data() + ahead);
-    seq = scheduled_.load(std::memory_order_relaxed) + 1;
-    scheduled_.store(seq, std::memory_order_release);
-    // The runner sets sleeping_ for an empty queue under mu_, so a plain
-    // load suffices to skip the read-modify-write on the common path. A
-    // runner parked on a wait is left asleep (see sleeping_).
-    // Compare-and-swap, not exchange: a runner that woke meanwhile and
-    // parked on a wait must keep its on_gate, or the wait's ring is lost.
-    auto expected = uint8_t{for_work};
-    wake = sleeping_.load(std::memory_order_relaxed) == for_work &&
-           sleeping_.compare_exchange_strong(expected, awake);
-  }
-  if (wake)
-    ring_bell();
-  return seq;
+  return queue_.push(may_wait, std::move(work), make_extra, [this] { throw_refusal_locked(); });
 }
 
 std::unique_ptr<device_core::item_extra> device_core::reused_extra() {
@@ -111,12 +78,13 @@ void device_core::extra_ptr::destroy() noexcept {
     delete order_or_wait();
 }
 
-device_core::extra_ptr device_core::append_text(std::string_view description, trace_kind kind) {
-  auto offset = queue_text_.size();
+device_core::extra_ptr device_core::append_text(std::string& text, std::string_view description,
+                                                trace_kind kind) {
+  auto offset = text.size();
   if (description.size() > extra_ptr::max_text ||
       offset + description.size() > extra_ptr::max_text_end) [[unlikely]]
     return {};
-  queue_text_.append(description);
+  text.append(description);
   return extra_ptr::text(offset, description.size(), kind);
 }
 
@@ -137,7 +105,7 @@ uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_vi
       return [drv, op] { drv->zero(op->dst, op->bytes); };
     return {};
   };
-  return enqueue(work(), [&] { return extra_ptr{std::move(extra)}; }, false);
+  return enqueue(work(), [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
 }
 
 uint64_t device_core::enqueue_wait(std::shared_ptr<gate> g) {
@@ -149,13 +117,13 @@ uint64_t device_core::enqueue_wait(std::shared_ptr<gate> g) {
   extra->kind = trace_kind::gate;
   // A wait never waits for room: will_wait_for returns at once, and an
   // actor handler must not block.
-  return enqueue(nullptr, [&] { return extra_ptr{std::move(extra)}; }, false);
+  return enqueue(nullptr, [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
 }
 
 uint64_t device_core::push(task&& t, bool may_wait) {
   // A bare closure, the common case, carries nothing else: no extra.
   if (t.description.empty() && !t.keep_alive && t.kind == trace_kind::task) [[likely]]
-    return enqueue(std::move(t.work), [] { return extra_ptr{}; }, may_wait);
+    return enqueue(std::move(t.work), [](std::string&) { return extra_ptr{}; }, may_wait);
   // A described task: its text goes into the queue's (see extra_ptr),
   // unless it holds a value (released as it resolves) or its text is too
   // long to place there; then it takes a named_extra, freed if the push
@@ -165,10 +133,10 @@ uint64_t device_core::push(task&& t, bool may_wait) {
     named = extra_ptr{named_extra::make(t.description, std::move(t.keep_alive), t.kind)};
   return enqueue(
     std::move(t.work),
-    [&] {
+    [&](std::string& text) {
       if (named)
         return std::move(named);
-      if (auto e = append_text(t.description, t.kind)) [[likely]]
+      if (auto e = append_text(text, t.description, t.kind)) [[likely]]
         return e;
       // The queue's text is full (1 TiB): an allocation of its own.
       return extra_ptr{named_extra::make(t.description, nullptr, t.kind)};
@@ -177,21 +145,9 @@ uint64_t device_core::push(task&& t, bool may_wait) {
 }
 
 void device_core::throw_if_failed() const {
-  std::lock_guard guard{mu_};
-  if (failed_)
+  std::lock_guard guard{queue_.mutex()};
+  if (queue_.failed_locked())
     throw refusal_locked();
-}
-
-std::size_t device_core::wait_for_room_held() {
-  std::unique_lock lk{mu_, std::adopt_lock};
-  try {
-    wait_for_room_locked(lk);
-  } catch (...) {
-    lk.release(); // still held: the caller's guard unlocks it
-    throw;
-  }
-  lk.release();
-  return queue_.size();
 }
 
 void device_core::throw_refusal_locked() const {
@@ -202,84 +158,23 @@ device_error device_core::refusal_locked() const {
   if (killed_)
     return device_error(name_, fmt::format("{}; no new work is accepted",
                                            error_ ? error_->message : "killed"));
-  if (failed_) {
+  if (queue_.failed_locked()) {
     // The cause as it is: the device refuses work until `recover`.
     return error_ ? device_error(error_) : device_error(name_, "failed");
   }
   return device_error(name_, "device is shut down; no new work is accepted");
 }
 
-void device_core::wait_for_room_locked(std::unique_lock<spin_mutex>& lk) {
-  // Backpressure: wait for room, never drop. Runner threads (of any device)
-  // and actor handlers never wait: a runner waiting for room in a queue
-  // parked on its own next event, or an actor that must first process the
-  // reply opening that queue's gate, would wait forever.
-  if (has_room_locked() || current_runner != nullptr) // the common case first
-    return;
-  while (!has_room_locked()) {
-    ++producers_waiting_;
-    room_.wait(lk);
-    --producers_waiting_;
-  }
-}
-
 void device_core::wait_for_room() {
-  // Without the lock while the last look still vouches for room: a host copy
-  // checks room before it takes its records' locks and pushes, and taking
-  // mu_ twice took the queue's line from the runner (polling scheduled_
-  // beside it) twice.
-  if (current_runner != nullptr ||
-      scheduled_.load(std::memory_order_relaxed) < room_until_.load(std::memory_order_relaxed))
-    return;
-  std::unique_lock lk{mu_};
-  wait_for_room_locked(lk);
-  // Here, not in wait_for_room_locked: a bare push calls that one, and
-  // reading taken_ (on the runner's line) there cost every push.
-  room_until_.store(taken_ + capacity_, std::memory_order_relaxed);
+  queue_.wait_for_room();
 }
 
 bool device_core::has_room() const noexcept {
-  std::lock_guard guard{mu_};
-  return has_room_locked();
+  return queue_.has_room();
 }
 
 bool device_core::notify_when_room(std::function<void()> cb) {
-  std::lock_guard guard{mu_};
-  if (has_room_locked())
-    return false;
-  room_cb_ = std::move(cb);
-  return true;
-}
-
-void device_core::call_room_callback() noexcept {
-  std::function<void()> cb;
-  {
-    std::lock_guard guard{mu_};
-    cb.swap(room_cb_);
-  }
-  if (cb) {
-    try {
-      cb();
-    } catch (...) {
-      // A producer that cannot be told keeps its work deferred; it asks again
-      // on its next message.
-    }
-  }
-}
-
-void device_core::ring() {
-  // Looks before it writes: a runner that is awake (the common case for a
-  // wait opened while its device runs) costs no locked instruction here.
-  // Safe against a runner going to sleep: it stores sleeping_ (seq_cst)
-  // before it looks at what it waits for, and whoever rings stored that
-  // (seq_cst) before this load, so one of the two sees the other.
-  if (sleeping_.load(std::memory_order_seq_cst) != awake &&
-      sleeping_.exchange(awake, std::memory_order_seq_cst) != awake)
-    ring_bell();
-}
-
-void device_core::ring_bell() {
-  bell_ring(bell_);
+  return queue_.notify_when_room(std::move(cb));
 }
 
 } // namespace multidev::detail

@@ -37,7 +37,7 @@ void device_core::run() {
     run_async();
     return;
   }
-  auto pending = [&] { return scheduled_.load(std::memory_order_acquire) - taken_; };
+  auto pending = [&] { return queue_.untaken(); };
   for (;;) {
     if (pos_ < batch_.size()) {
       // Parked at a wait: back with the token once it ended, or once a
@@ -51,12 +51,12 @@ void device_core::run() {
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
       let_go_of_spent_pools(); // an idle device holds no pool
       trim_spare_extras();
-      if (!sleep_until_work())
+      if (!queue_.sleep_until_work())
         return;
     } else if (pending() < coalesce_items) {
       // A producer in a burst is appending right now: taking the lock for
       // each item would move its cache line back and forth on every push.
-      // Reading scheduled_ pulls the producer's cache line, so look rarely.
+      // Reading the queue's scheduled count pulls the producer's cache line, so look rarely.
       for (int i = 0; i < coalesce_pauses && pending() < coalesce_items; i += 16)
         for (int j = 0; j < 16; ++j)
           cpu_relax();
@@ -83,7 +83,7 @@ void device_core::run_batch(bool first) {
     if (claimed_) [[unlikely]] {
       // The last item opened the wait of a device that this one waits for
       // next: run that device's items here rather than wake its runner and
-      // sleep (see exec_).
+      // sleep (see exec_token).
       auto other = std::move(claimed_);
       if (auto* g = pending_gate_at_pos()) {
         mark_parked(g);
@@ -191,7 +191,7 @@ void device_core::run_bare_items_traced(bool first) {
 void device_core::run_item(bool first_in_batch) {
   auto& it = batch_[pos_++];
   if (trace_) [[unlikely]] {
-    auto start = it.as_gate() ? std::exchange(parked_ns_, 0) : 0;
+    auto start = it.as_gate() ? std::exchange(token_.parked_ns(), 0) : 0;
     execute_traced(it, first_in_batch, start);
   } else {
     execute(it);
@@ -221,24 +221,11 @@ gate* device_core::pending_gate_at_pos() const noexcept {
 }
 
 void device_core::mark_parked(const gate* g) noexcept {
-  if (parked_on_.load(std::memory_order_relaxed) == g)
+  if (gates_.parked_on(std::memory_order_relaxed) == g)
     return;
   if (g && trace_) [[unlikely]]
-    parked_ns_ = trace_->clock().now();
-  parked_on_.store(g, std::memory_order_release);
-}
-
-template <class Pred>
-void device_core::sleep_on_gate_until(Pred ready) {
-  for (;;) {
-    auto b = bell_.load();
-    sleeping_.store(on_gate, std::memory_order_seq_cst);
-    if (ready())
-      break;
-    runner_asleep asleep;
-    bell_sleep(bell_, b);
-  }
-  sleeping_.store(awake, std::memory_order_relaxed);
+    token_.parked_ns() = trace_->clock().now();
+  gates_.set_parked_on(g);
 }
 
 void device_core::park() {
@@ -255,39 +242,27 @@ void device_core::park() {
     // Kept alive while this thread waits without the token: whoever holds
     // it may take a new batch and free this one.
     auto keep = batch_[pos_].extra.order_or_wait()->g;
-    spinning_.store(true, std::memory_order_relaxed); // before the token is lendable
+    token_.set_spinning(true); // before the token is lendable
     auto mine = release_parked(*g);
-    // Whether to take the token back: it was returned, or this runner's wait
-    // ended, or someone that ran items here parked the device at another
-    // wait (which only the token holder may look at).
     auto ready = [&] {
-      auto st = exec_.load(std::memory_order_seq_cst);
-      return st == returned ||
-             (st == lendable && (parks_.load(std::memory_order_seq_cst) != mine ||
-                                 gate_ended(*keep, seq)));
+      return token_.may_take_back(mine, [&] { return gate_ended(*keep, seq); });
     };
     // Spins only while the wait is this runner's own: once the token is
     // lent, whoever holds it rings this runner when it must act.
-    auto lent_or_ready = [&] {
-      return exec_.load(std::memory_order_relaxed) == lent || ready();
-    };
+    auto lent_or_ready = [&] { return token_.lent_now() || ready(); };
     bool spin = true;
     for (;;) {
       if (spin) {
         spin = spin_on_gate(lent_or_ready) && ready();
-        spinning_.store(false, std::memory_order_relaxed);
+        token_.set_spinning(false);
       }
       if (!spin) {
-        sleep_on_gate_until(ready);
-        if (hold_after_wake_.load(std::memory_order_relaxed)) [[unlikely]]
-          hold_after_wake_.wait(true, std::memory_order_acquire);
+        queue_.sleep_on_gate_until(ready);
+        token_.wait_if_held_after_wake();
       }
       spin = false;
-      auto st = exec_.load(std::memory_order_seq_cst);
-      if (st != lent && exec_.compare_exchange_strong(st, held, std::memory_order_seq_cst)) {
-        take_up_deferral();
+      if (token_.try_take_back())
         break; // holding the token again: look at where the device is now
-      }
     }
   }
 }
@@ -296,20 +271,18 @@ void device_core::wait_at_gate(const gate& g, uint64_t seq) {
   // A cancel or kill while parked ends the wait too (it rings the bell).
   auto ended = [&] { return gate_ended(g, seq); };
   if (!spin_on_gate(ended))
-    sleep_on_gate_until(ended);
+    queue_.sleep_on_gate_until(ended);
 }
 
 uint32_t device_core::release_parked(gate& g) noexcept {
   auto seq = executed_ + 1;
-  parked_gate_ = &g;
-  auto n = parks_.load(std::memory_order_relaxed) + 1;
-  parks_.store(n, std::memory_order_relaxed); // published by the token's release
+  auto n = token_.park_at(&g);
   lend_at(g, seq);
   return n;
 }
 
 void device_core::lend_at(const gate& g, uint64_t seq) noexcept {
-  exec_.store(lendable, std::memory_order_seq_cst);
+  token_.lend();
   // Against an opener that found the token held or lent and fell back to
   // ringing (Dekker: it stores the gate's state, then tries the token): a
   // runner that slept through that ring must see the wait ended.
@@ -322,8 +295,7 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   // token, and batch_[pos_] is its next item.
   if (!hand_over_ || current_runner != this || serving_other || claimed_)
     return false;
-  if (pos_ == batch_.size() && spent_batch_.empty() &&
-      scheduled_.load(std::memory_order_acquire) != taken_) {
+  if (pos_ == batch_.size() && spent_batch_.empty() && queue_.has_untaken()) {
     // The next item is queued, not yet taken: take it now. The item running
     // (in this batch) stays where it is until `run_batch` frees the batch.
     batch_.swap(spent_batch_);
@@ -341,14 +313,13 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
   auto other = w.waiter.lock();
   if (!other || !other->hand_over_)
     return false;
-  auto st = uint8_t{lendable};
-  if (!other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
+  if (!other->token_.try_borrow())
     return false;
-  other->take_up_deferral();
+  other->token_.take_up_deferral();
   // Holding its token: it stays where it is.
   // Opened without ringing its runner.
   int expected = gate::pending;
-  if (other->parked_gate_ != w.g.get() ||
+  if (other->token_.parked_gate() != w.g.get() ||
       !w.g->state.compare_exchange_strong(expected, gate::open)) {
     other->hand_back();
     return false;
@@ -404,35 +375,33 @@ bool device_core::try_defer(const gate_waiter& w) noexcept {
   // Asleep, parked at exactly this gate, the token left there: only a ring
   // or a helper gets its items run. Awake (spinning, or rung already), it
   // takes them up itself.
-  if (other->sleeping_.load(std::memory_order_seq_cst) != on_gate ||
-      other->exec_.load(std::memory_order_relaxed) != lendable ||
-      other->parked_on_.load(std::memory_order_acquire) != w.g.get())
+  if (other->queue_.sleeping(std::memory_order_seq_cst) != work_queue_t::on_gate ||
+      other->token_.state(std::memory_order_relaxed) != exec_token::lendable ||
+      other->gates_.parked_on(std::memory_order_acquire) != w.g.get())
     return false;
   auto stamp = wake_backstop::next_stamp();
-  other->deferred_.store(stamp, std::memory_order_seq_cst);
+  other->token_.defer(stamp);
   int expected = gate::pending;
   if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
     // Resolved meanwhile (a cancel): whoever did rang it.
     other->ring_if_deferred(stamp);
     return true;
   }
-  other->deferred_wakes_.fetch_add(1, std::memory_order_relaxed);
+  other->token_.count_deferred_wake();
   if (!wake_backstop::instance().deferred(other.get(), stamp))
     other->ring_if_deferred(stamp); // no backstop: rung now, as without deferral
   return true;
 }
 
 bool device_core::ring_if_deferred(uint64_t stamp) noexcept {
-  if (!deferred_.compare_exchange_strong(stamp, 0, std::memory_order_seq_cst))
+  if (!token_.clear_deferral(stamp))
     return false;
   ring();
   return true;
 }
 
 void device_core::hold_after_wake(bool on) noexcept {
-  hold_after_wake_.store(on, std::memory_order_release);
-  if (!on)
-    hold_after_wake_.notify_all();
+  token_.hold_after_wake(on);
 }
 
 bool device_core::try_help(const gate& g) {
@@ -443,16 +412,11 @@ bool device_core::try_help(const gate& g) {
   if (!other || other.get() == this || !other->hand_over_)
     return false;
   // Lendable means parked at a wait: its runner left the token there. Not
-  // while that runner spins there: it takes the token back itself as soon
-  // as its wait ends, and a token lent even briefly would end its spin and
-  // send it to sleep. Asleep, rung or not, it may be a context switch away
-  // (a hint: a runner that starts spinning now finds the token lent and
-  // sleeps, as for any lent token). Looks first, so that a device that is
-  // running costs no write here.
-  auto st = uint8_t{lendable};
-  if (other->spinning_.load(std::memory_order_relaxed) ||
-      other->exec_.load(std::memory_order_relaxed) != lendable ||
-      !other->exec_.compare_exchange_strong(st, lent, std::memory_order_seq_cst))
+  // while that runner spins there (see try_borrow_unless_spinning). Asleep,
+  // rung or not, it may be a context switch away (a hint: a runner that
+  // starts spinning now finds the token lent and sleeps, as for any lent
+  // token).
+  if (!other->token_.try_borrow_unless_spinning())
     return false;
   if (other->pending_gate_at_pos() || other->executed_ >= g.owner_seq) {
     other->relend(); // still held there, or past what g waits for: left as it was
@@ -461,7 +425,7 @@ bool device_core::try_help(const gate& g) {
   // Its wait has ended, and its runner (rung, or its wake-up deferred) has
   // not taken the token back yet: the items it would run are those this
   // runner waits for.
-  other->take_up_deferral();
+  other->token_.take_up_deferral();
   mark_parked(&g);
   other->serve(*this, g, executed_ + 1);
   return true;
@@ -500,15 +464,14 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
     if (lender.gate_ended(until, until_seq))
       break;
   }
-  run_by_others_.store(run_by_others_.load(std::memory_order_relaxed) + ran,
-                       std::memory_order_relaxed);
+  token_.count_run_by_others(ran);
   serving_other = false;
   current_runner = &lender;
   hand_back();
 }
 
 void device_core::hand_back() noexcept {
-  if (pos_ == batch_.size() && scheduled_.load(std::memory_order_acquire) != taken_) {
+  if (pos_ == batch_.size() && queue_.has_untaken()) {
     // Where the device stands is in the items queued since: most often the
     // next wait of a chain, where it parks lendable again.
     batch_.clear();
@@ -525,61 +488,24 @@ void device_core::hand_back() noexcept {
   if (pos_ == batch_.size()) {
     batch_.clear(); // what the items held goes now, not when the runner wakes
     pos_ = 0;
-    std::lock_guard guard{mu_};
-    exec_.store(returned, std::memory_order_seq_cst);
-    if (queue_.empty() && !stopping_) {
-      // Nothing to run: a producer rings the runner as for any idle device.
-      auto expected = uint8_t{on_gate};
-      sleeping_.compare_exchange_strong(expected, for_work, std::memory_order_seq_cst);
+    // Nothing to run: a producer rings the runner as for any idle device.
+    if (queue_.settle_idle_runner([&] { token_.give_back(); }))
       return;
-    }
   } else {
-    exec_.store(returned, std::memory_order_seq_cst);
+    token_.give_back();
   }
   ring();
 }
 
-bool device_core::sleep_until_work() {
-  std::unique_lock lk{mu_};
-  while (queue_.empty()) {
-    if (stopping_)
-      return false;
-    auto b = bell_.load();
-    sleeping_.store(for_work, std::memory_order_seq_cst);
-    lk.unlock();
-    {
-      // Idle: polls a little (and yields) before it sleeps, so that a
-      // producer in a burst rarely pays a futex wake-up. At a wait, by
-      // contrast, the runner never yields (`sleep_on_gate_until`).
-      runner_asleep asleep;
-      bell_sleep_polled(bell_, b);
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
-    lk.lock();
-  }
-  return true;
-}
-
 bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
-  bool wants_room;
-  {
-    std::lock_guard guard{mu_};
-    if (queue_.empty())
-      return false;
-    batch.swap(queue_);
-    text.swap(queue_text_);
-    queue_text_.clear(); // the last batch's, done with
-    taken_ += batch.size();
-    batch_has_extras_ = extras_queued_ != 0;
-    extras_queued_ = 0;
-    if (producers_waiting_ > 0)
-      room_.notify_all();
-    wants_room = static_cast<bool>(room_cb_);
-  }
+  auto t = queue_.take(batch, text);
+  if (!t.took)
+    return false;
+  batch_has_extras_ = t.flagged;
   if (spent_.size() >= hand_back_extras)
     hand_back_extras_to_producers();
-  if (wants_room)
-    call_room_callback();
+  if (t.wants_room)
+    queue_.call_room_callback();
   return true;
 }
 
@@ -587,7 +513,7 @@ void device_core::hand_back_extras_to_producers() noexcept {
   let_go_of_spent_pools();
   // A group at a time, under a lock of their own: handing back each one
   // moves spare_'s lines to this thread and back for every order, and under
-  // mu_ it would take the queue's line from the producers once more. spare_
+  // the queue's lock it would take the queue's line from the producers once more. spare_
   // is sized once, its first time, and grows past that only in a burst;
   // out of memory, what does not fit is freed.
   {
@@ -674,7 +600,7 @@ void device_core::lease_check_slow() noexcept {
     return;
   // Over for good: a renewal that comes later finds 0 and is refused.
   lease_->store(0, std::memory_order_release);
-  if (scheduled_.load(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
+  if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
     try {
       cancel(lease_why_);
     } catch (...) {
@@ -731,7 +657,7 @@ void device_core::execute(item& it) {
       drop(it, seq); // counts the gate off
       return;
     }
-    count_gate_passed();
+    gates_.count_passed();
     if (g.state.load() == gate::failed) {
       poison(seq, [&] { return gate_failure(g); });
       return;
@@ -800,7 +726,7 @@ std::string device_core::task_name(const item& it, uint64_t seq) const {
 
 void device_core::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
-    count_gate_passed();
+    gates_.count_passed();
   if (trace_) [[unlikely]]
     trace_dropped(it, seq);
   it.work = nullptr;
@@ -874,7 +800,7 @@ void device_core::run_async() {
       }
       return g == on_device;
     }
-    return scheduled_.load(std::memory_order_acquire) != taken_;
+    return queue_.has_untaken();
   };
   // Nothing in flight, nothing taken (the stream may have resolved the
   // last items while the runner looked elsewhere).
@@ -888,7 +814,7 @@ void device_core::run_async() {
       return;
     if (g && trace_) [[unlikely]]
       parked_ns = trace_->clock().now();
-    parked_on_.store(parked = g, std::memory_order_release);
+    gates_.set_parked_on(parked = g);
   };
   for (;;) {
     settle_gated();
@@ -917,8 +843,8 @@ void device_core::run_async() {
     }
     if (idle()) {
       // Wait for work like the synchronous runner.
-      auto queued = [&] { return scheduled_.load(std::memory_order_acquire) != taken_; };
-      if (!spin_until(queued, 16) && !sleep_until_work())
+      auto queued = [&] { return queue_.has_untaken(); };
+      if (!spin_until(queued, 16) && !queue_.sleep_until_work())
         return;
       continue;
     }
@@ -929,18 +855,11 @@ void device_core::run_async() {
     if (spin_until(ready, 16))
       continue;
     // Sleep until a completion, a gate or a cancel rings, or a producer
-    // (which tests sleeping_ under mu_) brings work. A stop rings too, and
-    // is seen once idle.
-    auto b = bell_.load();
-    {
-      std::lock_guard guard{mu_};
-      sleeping_.store(for_work, std::memory_order_seq_cst);
-    }
-    if (!ready()) {
-      runner_asleep asleep;
-      bell_sleep_polled(bell_, b); // as in sleep_until_work
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
+    // (which tests the runner's mark under the queue's lock) brings work. A
+    // stop rings too, and is seen once idle. Polled, as in sleep_until_work.
+    queue_.sleep_for_work_unless(ready, [](const auto& bell, uint32_t seen) {
+      bell_sleep_polled(bell, seen);
+    });
   }
 }
 
@@ -983,20 +902,16 @@ bool device_core::serve_started_until(const std::atomic<uint32_t>& flag,
     if (now >= deadline)
       return false;
     // As run_async sleeps: whoever ends a gate, reports an item or resolves
-    // the awaited seq (the sync's resolver) rings once sleeping_ is set.
-    auto b = bell_.load();
-    {
-      std::lock_guard guard{mu_};
-      sleeping_.store(for_work, std::memory_order_seq_cst);
-    }
-    if (flag.load(std::memory_order_seq_cst) == 0 && !resolve()) {
-      runner_asleep asleep;
-      if (deadline == std::chrono::steady_clock::time_point::max())
-        bell_sleep(bell_, b);
-      else
-        bell_sleep_for(bell_, b, deadline - now);
-    }
-    sleeping_.store(awake, std::memory_order_relaxed);
+    // the awaited seq (the sync's resolver) rings once the runner is marked
+    // asleep.
+    queue_.sleep_for_work_unless(
+      [&] { return flag.load(std::memory_order_seq_cst) != 0 || resolve(); },
+      [&](const auto& bell, uint32_t seen) {
+        if (deadline == std::chrono::steady_clock::time_point::max())
+          bell_sleep(bell, seen);
+        else
+          bell_sleep_for(bell, seen, deadline - now);
+      });
   }
 }
 
@@ -1131,7 +1046,7 @@ void device_core::retire(flight& f) noexcept {
       drop(f.it, seq); // counts the gate off
       break;
     }
-    count_gate_passed();
+    gates_.count_passed();
     if (g.state.load() == gate::failed) {
       poison(seq, [&] { return gate_failure(g); });
       failed_behind_ = started_.load(std::memory_order_seq_cst);
@@ -1172,19 +1087,18 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
     cause = outcomes_.fallback_cause();
   }
   {
-    std::lock_guard guard{mu_};
+    std::lock_guard guard{queue_.mutex()};
     if (!killed_) {
-      failed_ = true;
+      queue_.refuse_locked(false, true); // wakes the producers waiting for room
       failed_flag_.store(true, std::memory_order_release);
       error_ = cause;
     }
     // What is queued behind the failure fails with it, in order (with a
     // generic cause, should there be no memory to record this one).
     drop_locked(cause);
-    room_.notify_all();
   }
   resolve_bad(seq, std::move(cause));
-  call_room_callback();
+  queue_.call_room_callback();
 }
 
 } // namespace multidev::detail
