@@ -213,10 +213,14 @@ std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* 
       continue;
     }
     auto ahead = seq - finished - 1;
+    // The task it runs, by its description when the trace holds it.
+    auto what = d->running_description(finished + 1);
+    auto running = what.empty() ? fmt::format("is running its seq {}", finished + 1)
+                                : fmt::format("is running '{}' (its seq {})", what, finished + 1);
     if (ahead == 0)
-      return out + fmt::format("is running its seq {}", seq);
-    return out + fmt::format("is running its seq {}, {} item{} before seq {}", finished + 1,
-                             ahead, ahead == 1 ? "" : "s", seq);
+      return out + running;
+    return out + fmt::format("{}, {} item{} before seq {}", running, ahead, ahead == 1 ? "" : "s",
+                             seq);
   }
   return out + "... (the chain goes on)";
 }

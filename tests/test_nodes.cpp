@@ -602,10 +602,12 @@ BOOST_FIXTURE_TEST_CASE(test_nodes_diagnosis_follows_waits_into_other_nodes_and_
     return {};
   };
   auto from_b = b0.name() + " waits on event " + s(busy) + " of " + a0.name() + ", which ";
-  BOOST_TEST(chain_of(behind) == from_b + "is running its seq " + s(busy));
+  // The task a0 runs, by its description (the node's trace keeps it).
+  auto running = "is running '(spin_ns 20000000000)' (its seq " + s(busy) + ")";
+  BOOST_TEST(chain_of(behind) == from_b + running);
   BOOST_TEST(chain_of(last) == local.name() + " waits on event " + s(behind) + " of " + b0.name()
                                  + ", which waits on event " + s(busy) + " of " + a0.name()
-                                 + ", which is running its seq " + s(busy));
+                                 + ", which " + running);
   // The nodes' wait-for graphs, in this process's names.
   auto global = b.get_global_debug_info();
   auto attached = global.find("attached");

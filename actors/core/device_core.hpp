@@ -191,6 +191,10 @@ public:
   /// On this device's runner thread (or its stream's): the seq of the item
   /// the calling thread runs. Only for that thread.
   uint64_t running_item() const noexcept { return stream_ ? current_item : executed_; }
+  /// The description of the task at `seq` while the runner runs it, when
+  /// the trace is on and the task has one (a described task); empty
+  /// otherwise. Any thread (a deadline's chain).
+  std::string running_description(uint64_t seq) const;
   /// Whether the runner thread is asleep on its doorbell (not polling, not
   /// running); for tests and diagnostics.
   bool runner_sleeping() const noexcept { return queue_.sleeping() != work_queue_t::awake; }
@@ -721,6 +725,9 @@ private:
   /// bare closure and a gate. A description in the batch's text is read
   /// from `batch_text_`: `it` is in `batch_` (the token holder's).
   std::string description_of(const item& it) const;
+  /// Notes `it`'s text (a described task's) as running at `seq` in the
+  /// trace (`running_description`); trace on only.
+  void note_running_text(const item& it, uint64_t seq) noexcept;
   /// A described task's description in the batch's text (`it.extra` is a
   /// place there), `it` in `batch_` or, on an asynchronous driver, just
   /// taken from the runner's batch.

@@ -135,6 +135,11 @@ template <bool bare>
   if (start_ns == 0)
     start_ns = first_in_batch ? ring.clock().now() : ring.last_end_ns();
   ring.begin(&it, start_ns);
+  // A described task's text, for a deadline's chain ("is running ..."):
+  // read while it runs, so noted before (the seq `execute` gives it). A
+  // bare closure's entry (the bench's traced loop) checks one word.
+  if (it.extra && !it.as_gate()) [[unlikely]]
+    note_running_text(it, executed_ + 1);
   if constexpr (bare)
     execute_bare(it);
   else
@@ -634,6 +639,24 @@ void device_core::complete_described(item& it, uint64_t seq) {
   if (auto* n = it.extra.named_holding())
     n->keep_alive.reset();
   complete(seq); // records it in the trace, its description read there
+}
+
+void device_core::note_running_text(const item& it, uint64_t seq) noexcept {
+  if (it.extra.is_text()) {
+    trace_->note_running(seq, text_of(it));
+  } else if (auto* n = it.extra.named()) {
+    trace_->note_running(seq, n->description());
+  } else {
+    try {
+      trace_->note_running(seq, description_of(it)); // an order's, built now
+    } catch (...) {
+      // Out of memory: the chain says its seq only.
+    }
+  }
+}
+
+std::string device_core::running_description(uint64_t seq) const {
+  return trace_ ? trace_->running_text(seq) : std::string{};
 }
 
 void device_core::execute(item& it) {

@@ -106,6 +106,21 @@ sexp trace_ring::info(std::size_t last) const {
                      sexp::field("dropped", std::to_string(t.dropped)), records});
 }
 
+void trace_ring::note_running(uint64_t seq, std::string_view text) noexcept {
+  std::lock_guard guard{mu_};
+  try {
+    running_text_.assign(text);
+    running_seq_ = seq;
+  } catch (...) {
+    running_seq_ = 0; // out of memory: no text for it
+  }
+}
+
+std::string trace_ring::running_text(uint64_t seq) const {
+  std::lock_guard guard{mu_};
+  return seq != 0 && running_seq_ == seq ? running_text_ : std::string{};
+}
+
 void trace_ring::write(const entry& e, std::string_view description,
                        std::string_view awaited_device) noexcept {
   if (description.empty() && awaited_device.empty()) {

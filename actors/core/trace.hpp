@@ -174,6 +174,16 @@ public:
     running_start_ = start_ns;
     running_end_ = end_ns;
   }
+  /// Notes `text`, the description of item `seq` the runner is about to
+  /// run, for a reader that asks what runs now (`running_text`): a
+  /// deadline's chain names the task a device is running. Writer only;
+  /// described items only (a bare closure has no text and takes no lock).
+  /// Never throws: a text that cannot be copied is left out.
+  void note_running(uint64_t seq, std::string_view text) noexcept;
+  /// The description `note_running` noted for `seq`, if that is the last
+  /// item it noted; empty otherwise. Any thread.
+  std::string running_text(uint64_t seq) const;
+
   /// The item `begin` set, which is then forgotten; null when none.
   const void* take_running() noexcept { return std::exchange(running_, nullptr); }
   bool running() const noexcept { return running_ != nullptr; }
@@ -254,6 +264,9 @@ private:
   int64_t running_end_ = 0;
   // Shared with readers.
   alignas(64) mutable spin_mutex mu_;
+  // The last described item the runner began, and its text; under mu_.
+  uint64_t running_seq_ = 0;
+  std::string running_text_;
   std::atomic<uint64_t> written_{0};
   // Written by host threads, off the runner's lines.
   alignas(64) host_span_log host_;
