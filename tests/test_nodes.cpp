@@ -106,14 +106,20 @@ buffer_arg buffer(int pool, std::size_t bytes) {
   return buffer_arg{buffer_loc{pool, 0}, bytes};
 }
 
+/// The one device of `node`, attached to `b`; the test stops unless the
+/// node has exactly one.
+device attach_one(backend& b, const node_process& node) {
+  auto ds = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  return ds[0];
+}
+
 /// A node "b" of one device `d`, attached to `b`, for batches of
 /// `y += 1 * x`: pool 1000 on it holds y (offset 0) and x = 1 (offset 4);
 /// y is set to 0 by `y_zeroed`, not waited for.
 struct axpy_on_a_node {
   axpy_on_a_node() {
-    auto ds = attach_node(b, "127.0.0.1", node.port());
-    BOOST_TEST_REQUIRE(ds.size() == 1u);
-    d = ds[0];
+    d = attach_one(b, node);
     b.alloc_pool(d, 1000, 8, 64);
     b.schedule_named(d, {"fill", {buffer(1000, 8), 1.0}});
     y_zeroed = b.schedule_named(d, {"fill", {y, 0.0}});
@@ -507,11 +513,10 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_silent_node_fails_its_work_by_heartbeat) {
   node_process silent{tool(), 1, "s", true};
   cluster c;
   auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", silent.port());
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  auto remote = attach_one(b, silent);
   auto local = b.get_device(0);
-  b.schedule_named(ds[0], {"spin_ns", {int64_t{20'000'000'000}}});
-  auto pending = b.schedule_named(ds[0], {"spin_ns", {int64_t{0}}});
+  b.schedule_named(remote, {"spin_ns", {int64_t{20'000'000'000}}});
+  auto pending = b.schedule_named(remote, {"spin_ns", {int64_t{0}}});
   b.will_wait_for(b.make_context(local), pending);
   b.schedule_task(local, {"dependent", [] {}});
   auto dependent = b.all_work(local);
@@ -537,9 +542,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_state_is_done_and_is_idle_on_a_silent_node_answe
   node_process silent{tool(), 1, "s", true};
   cluster c;
   auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", silent.port());
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  auto d = ds[0];
+  auto d = attach_one(b, silent);
   auto done = b.schedule_named(d, {"spin_ns", {int64_t{0}}});
   b.sync(done);
   auto busy = b.schedule_named(d, {"spin_ns", {int64_t{20'000'000'000}}});
@@ -1003,9 +1006,7 @@ BOOST_AUTO_TEST_CASE(test_nodes_refusals_of_a_nodes_device_name_it_with_its_node
   node_process node{tool(), 1, "n", true};
   cluster c;
   auto& b = c.b;
-  auto ds = attach_node(b, "127.0.0.1", node.port());
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  auto d = ds[0];
+  auto d = attach_one(b, node);
   auto ours = d.name();
   BOOST_TEST_REQUIRE(ours.starts_with("n/"));
   auto theirs = ours.substr(2);
@@ -1227,12 +1228,7 @@ void one_nodes_loss_fails_only_its_work(loss how, bool tls) {
     configure_tls(cfg, *test_certificates());
   caf::actor_system sys{cfg};
   backend b{sys, {.num_devices = 1}};
-  auto on = [&](node_process& n) {
-    auto ds = attach_node(b, "127.0.0.1", n.port());
-    BOOST_TEST_REQUIRE(ds.size() == 1u);
-    return ds[0];
-  };
-  auto a = on(na), bd = on(nb), c = on(nc);
+  auto a = attach_one(b, na), bd = attach_one(b, nb), c = attach_one(b, nc);
   // Work on a, b and c waits on a local task the test holds open.
   auto local = b.get_device(0);
   std::atomic<bool> open{false};
