@@ -20,7 +20,7 @@ template <class MakeExtra>
   return queue_.push(may_wait, std::move(work), make_extra, [this] { throw_refusal_locked(); });
 }
 
-std::unique_ptr<device_core::item_extra> device_core::reused_extra() {
+std::unique_ptr<item_extra> device_core::reused_extra() {
   {
     std::lock_guard guard{spare_mu_};
     if (!spare_.empty()) {
@@ -55,7 +55,7 @@ void device_core::recycle(item& it) noexcept {
   }
 }
 
-device_core::named_extra* device_core::named_extra::make(std::string_view description,
+named_extra* named_extra::make(std::string_view description,
                                                          std::shared_ptr<const void> keep_alive,
                                                          trace_kind kind) {
   if (description.size() > UINT32_MAX)
@@ -66,19 +66,19 @@ device_core::named_extra* device_core::named_extra::make(std::string_view descri
   return x;
 }
 
-void device_core::named_extra::destroy(named_extra* x) noexcept {
+void named_extra::destroy(named_extra* x) noexcept {
   x->~named_extra();
   ::operator delete(static_cast<void*>(x));
 }
 
-void device_core::extra_ptr::destroy() noexcept {
+void extra_ptr::destroy() noexcept {
   if (auto* n = named())
     named_extra::destroy(n);
   else
     delete order_or_wait();
 }
 
-device_core::extra_ptr device_core::append_text(std::string& text, std::string_view description,
+extra_ptr device_core::append_text(std::string& text, std::string_view description,
                                                 trace_kind kind) {
   auto offset = text.size();
   if (description.size() > extra_ptr::max_text ||
