@@ -242,7 +242,7 @@ bool backend::is_done(const event& e) const {
 
 event_state backend::state(const event& e) const {
   if (auto& c = e.core())
-    return c->state(e.seq());
+    return c->outcomes().state(e.seq());
   auto ep = e.endpoint();
   if (!ep) {
     if (e.key() == device_key{})
@@ -382,7 +382,7 @@ void backend::await(const device& d, std::chrono::steady_clock::time_point deadl
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core()) {
     try {
-      c->sync_until(c->scheduled(), deadline, "await");
+      c->sync_until(c->queue().scheduled(), deadline, "await");
     } catch (const device_error&) {
       // The last item failed; a device recovered since is not failed, and
       // the failure stays on the items' own events.
@@ -399,7 +399,7 @@ void backend::await(const device& d, std::chrono::steady_clock::time_point deadl
 event backend::all_work(const device& d) const {
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core())
-    return event{rec.r.endpoint(), c->scheduled()};
+    return event{rec.r.endpoint(), c->queue().scheduled()};
   return event{rec.r.endpoint(), rec.ep().all_work()};
 }
 

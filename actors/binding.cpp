@@ -65,7 +65,7 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
   // Pool 0 as of now: a merge-buffer kernel reads this one even if pool 0 is
   // freed or replaced before it runs (pool changes are ordered like
   // cudaFreeAsync).
-  auto merge = def->merge_buffer_param >= 0 || def->check ? core->try_pool(0) : nullptr;
+  auto merge = def->merge_buffer_param >= 0 || def->check ? core->pools().find(0) : nullptr;
   check_preconditions(*def, kernel_args{spec, merge ? std::optional{merge->size}
                                                     : std::nullopt});
   if (def->merge_buffer_param < 0)
@@ -87,7 +87,7 @@ bound_task bind_spec(const std::shared_ptr<device_core>& core, const task_spec& 
       spans[i] = {merge->base(), b->size_in_bytes};
       continue;
     }
-    auto p = core->pool_span(b->loc.pool_id, b->loc.offset, b->size_in_bytes,
+    auto p = core->pools().span(b->loc.pool_id, b->loc.offset, b->size_in_bytes,
                              fmt::format("kernel '{}' argument {}", spec.kernel, i));
     // A device kernel reads whole elements: one at an address that is not
     // a multiple of the element size faults on a GPU (for CUDA the sticky

@@ -510,7 +510,7 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
       throw std::invalid_argument(
         fmt::format("depend on {}: the owner is an invalid actor handle", c->name()));
     if (owner == caf::actor_cast<caf::actor>(self))
-      return c->scheduled(); // waiting on our own schedule: a no-op
+      return c->queue().scheduled(); // waiting on our own schedule: a no-op
     auto& dead = self->state.dead_owners;
     auto who = owner_name.empty() ? fmt::format("actor {}", owner.id()) : owner_name;
     if (std::find(dead.begin(), dead.end(), owner.address()) != dead.end()) {
@@ -611,7 +611,7 @@ caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t of
           != st.dead_owners.end())
         throw device_error(c->name(), fmt::format("cannot copy from {}: it is down",
                                                   source_name));
-      auto p = c->pool_span(id, offset, size, fmt::format("copy_from {}", source_name));
+      auto p = c->pools().span(id, offset, size, fmt::format("copy_from {}", source_name));
       auto transfer = ++st.last_transfer;
       auto g = make_gate();
       g->remote = true;
@@ -718,7 +718,7 @@ caf::result<uint64_t> copy_to(self_ptr self, int32_t id, uint64_t offset, uint64
       throw std::invalid_argument(
         fmt::format("copy_to on {}: the destination is an invalid actor handle", c->name()));
     try {
-      auto p = c->pool_span(id, offset, size, "copy_to");
+      auto p = c->pools().span(id, offset, size, "copy_to");
       // The parts go as they are read; a failure or a cancellation (of the
       // read, or of an item before it) goes after the parts sent, if any.
       auto seq = c->push(task{fmt::format("copy pool {} [{}, {}) to actor {}", id, offset,
@@ -836,7 +836,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // remote_waiters, shared with the down handler
       auto& st = self->state;
-      if (st.core->is_done(seq))
+      if (st.core->outcomes().is_done(seq))
         return seq;
       auto c = st.core;
       const auto& sender = self->current_sender();
@@ -939,7 +939,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         if (mode >= 0 && mode <= static_cast<int32_t>(memory_mode::materialized))
           m = static_cast<memory_mode>(mode);
         c->alloc_pool(id, size, alignment, m);
-        return static_cast<uint64_t>(c->used_memory());
+        return static_cast<uint64_t>(c->pools().used_memory());
       });
     },
     [self](free_atom, int32_t id) -> caf::result<uint64_t> {
@@ -947,7 +947,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto c = self->state.core;
       return ordered(self, [c, id] {
         c->free_pool(id);
-        return static_cast<uint64_t>(c->used_memory());
+        return static_cast<uint64_t>(c->pools().used_memory());
       });
     },
     [self](memset_atom, int32_t id, uint64_t offset,
@@ -981,7 +981,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
           // Sized here, inside `attempt`: a size no pool holds is refused
           // (read_bytes checks the span; an impossible allocation throws
           // before it), never fatal to the actor.
-          c->pool_span(id, offset, size, "read");
+          c->pools().span(id, offset, size, "read");
           auto out = std::make_shared<std::string>(size, '\0');
           auto seq = c->read_bytes(id, offset, out);
           c->when_resolved(seq, [to, out](const failure* cause) mutable {
@@ -1000,13 +1000,13 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     [self](all_work_atom) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
-      return ordered(self, [c] { return c->scheduled(); });
+      return ordered(self, [c] { return c->queue().scheduled(); });
     },
     [self](idle_atom) -> bool {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return self->state.deferred.empty() && self->state.core->is_idle();
     },
-    [self](memory_atom) -> uint64_t { return self->state.core->used_memory(); },
+    [self](memory_atom) -> uint64_t { return self->state.core->pools().used_memory(); },
     [self](debug_atom) -> std::string {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto info = self->state.core->debug_info();
@@ -1044,9 +1044,9 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& c = *self->state.core;
       // Scheduled first: a seq resolved after this read is still counted.
-      auto scheduled = c.scheduled();
-      auto state = static_cast<uint8_t>(c.state(seq));
-      return caf::make_result(state, c.finished(), scheduled);
+      auto scheduled = c.queue().scheduled();
+      auto state = static_cast<uint8_t>(c.outcomes().state(seq));
+      return caf::make_result(state, c.outcomes().finished(), scheduled);
     },
     [self](cancel_atom) -> uint64_t {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)

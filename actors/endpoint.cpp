@@ -123,10 +123,10 @@ public:
   local_endpoint(device_key key, std::shared_ptr<device_core> core, caf::actor_addr actor)
     : endpoint(key, core->name(), core), c_(*core), actor_(std::move(actor)) {}
 
-  bool known_done(uint64_t seq) const noexcept override { return c_.is_done(seq); }
-  bool is_done(uint64_t seq) override { return c_.is_done(seq); }
-  bool is_failed(uint64_t seq) override { return c_.is_failed(seq); }
-  event_state state(uint64_t seq) override { return c_.state(seq); }
+  bool known_done(uint64_t seq) const noexcept override { return c_.outcomes().is_done(seq); }
+  bool is_done(uint64_t seq) override { return c_.outcomes().is_done(seq); }
+  bool is_failed(uint64_t seq) override { return c_.outcomes().is_failed(seq); }
+  event_state state(uint64_t seq) override { return c_.outcomes().state(seq); }
   void sync(uint64_t seq) override { c_.sync(seq); }
   void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
     c_.sync_until(seq, deadline);
@@ -144,13 +144,13 @@ public:
   std::vector<uint64_t> schedule_batch(std::span<const task_spec> specs) override {
     return push_batch(core(), specs, true);
   }
-  uint64_t all_work() override { return c_.scheduled(); }
+  uint64_t all_work() override { return c_.queue().scheduled(); }
   void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
   void await_until(std::chrono::steady_clock::time_point deadline) override {
-    c_.sync_until(c_.scheduled(), deadline, "await");
+    c_.sync_until(c_.queue().scheduled(), deadline, "await");
   }
   bool is_idle() override { return c_.is_idle(); }
-  std::size_t queue_length() override { return c_.scheduled() - c_.finished(); }
+  std::size_t queue_length() override { return c_.queue().scheduled() - c_.outcomes().finished(); }
 
   void flush() override {
     if (current_runner != nullptr)
@@ -232,7 +232,7 @@ public:
     c_.sync(c_.read_bytes(id, offset, out));
     return std::move(*out);
   }
-  std::size_t used_memory() override { return c_.used_memory(); }
+  std::size_t used_memory() override { return c_.pools().used_memory(); }
   sexp debug_info() override { return c_.debug_info(); }
   device_trace trace() override { return c_.trace(); }
   std::optional<kernel_result> result(const std::string& name) override {

@@ -70,7 +70,7 @@ runner::runner(std::shared_ptr<detail::endpoint> ep)
 
 std::size_t runner::queue_length() const {
   if (core_)
-    return core_->scheduled() - core_->finished();
+    return core_->queue().scheduled() - core_->outcomes().finished();
   return ep_ ? ep_->queue_length() : 0;
 }
 
@@ -121,7 +121,7 @@ std::shared_ptr<detail::endpoint> reach(const event& e, const char* what) {
 bool event::is_done() const {
   if (ep_) {
     if (auto* c = ep_->core().get())
-      return c->is_done(seq_);
+      return c->outcomes().is_done(seq_);
     return ep_->is_done(seq_);
   }
   auto ep = reach(*this, "is_done");
@@ -182,7 +182,7 @@ const std::string& device::name() const { return record_of(*this).name; }
 
 std::optional<buffer_ptr> device::merge_buffer() const {
   auto* c = record_of(*this).r.local_core();
-  auto p = c ? c->try_pool(0) : nullptr;
+  auto p = c ? c->pools().find(0) : nullptr;
   if (!p)
     return std::nullopt;
   return p->base();

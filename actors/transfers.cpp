@@ -45,10 +45,10 @@ std::string node_name(const tnode& t) {
 std::shared_ptr<detail::pool> pool_for(detail::device_core& core, const tnode& t,
                                        const buffer_loc& loc, const char* what) {
   // The error text only when there is an error: this is on every copy's path.
-  if (auto p = core.try_pool(loc.pool_id);
+  if (auto p = core.pools().find(loc.pool_id);
       p && loc.offset <= p->size && t.size_in_bytes <= p->size - loc.offset)
     return p;
-  return core.pool_span(loc.pool_id, loc.offset, t.size_in_bytes,
+  return core.pools().span(loc.pool_id, loc.offset, t.size_in_bytes,
                         fmt::format("{}: node {}", what, node_name(t)));
 }
 
@@ -63,7 +63,7 @@ void check_size(const tnode& t, std::size_t n, const char* what) {
 /// cancelled. A reader that failed reads no more, like one that finished.
 bool read_over(const event& e) {
   const auto& c = e.core();
-  return c ? e.seq() <= c->finished() : e.is_done();
+  return c ? e.seq() <= c->outcomes().finished() : e.is_done();
 }
 
 /// Drops the readers that are over, so the lists stay short.
@@ -313,7 +313,7 @@ event backend::run(const routine& r) {
       r.name));
   auto& rec = local_record(r.context.device, "run", use_named);
   for (const auto& pin : r.pinned_pools) {
-    if (pin.core->try_pool(pin.pool_id) != pin.pool)
+    if (pin.core->pools().find(pin.pool_id) != pin.pool)
       throw std::invalid_argument(fmt::format(
         "run: routine '{}' uses pool {} of {}, which was freed or replaced after "
         "linking; link it again",
@@ -537,7 +537,7 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
     // lives until the work before it is done), then resolve pool 0 now: the
     // copy writes this pool even if pool 0 is freed or replaced before it
     // runs, as every pool change is ordered like cudaFreeAsync.
-    auto mb = dcore->try_pool(0);
+    auto mb = dcore->pools().find(0);
     bool grow;
     {
       std::lock_guard guard{drec.mu};
@@ -545,7 +545,7 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
     }
     if (grow) {
       alloc_pool(dst.device, 0, n, node_alignment, memory_mode::device_only);
-      mb = dcore->try_pool(0);
+      mb = dcore->pools().find(0);
       if (!mb || mb->size < n)
         throw std::invalid_argument(fmt::format(
           "device_to_device: the merge buffer of {} was freed or replaced while "

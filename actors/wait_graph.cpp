@@ -87,7 +87,7 @@ void refuse_cycle(const wait_table& t, const blocked_wait& w,
   std::unordered_map<const device_core*, uint64_t> explored;
   for (std::size_t i = 0; i < steps.size() && steps.size() < max_steps; ++i) {
     auto [d, seq] = std::pair{steps[i].dev, steps[i].seq};
-    if (seq <= d->finished())
+    if (seq <= d->outcomes().finished())
       continue;
     if (auto e = explored.find(d); e != explored.end() && e->second >= seq)
       continue;
@@ -166,7 +166,7 @@ std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* 
   for (int hop = 0; hop < 64; ++hop) {
     if (hop > 0)
       out += ", which ";
-    auto finished = d->finished();
+    auto finished = d->outcomes().finished();
     if (seq <= finished)
       return out + fmt::format("has finished seq {} now", seq);
     if (auto err = d->error())
@@ -235,13 +235,13 @@ sexp event_info(const device_core* d, const std::string& name, uint64_t seq) {
     e.push_back(sexp::field("state", "unknown"));
     return e;
   }
-  auto st = d->state(seq);
+  auto st = d->outcomes().state(seq);
   e.push_back(sexp::field("state", to_string(st)));
   if (st == event_state::pending) {
-    auto f = d->finished();
+    auto f = d->outcomes().finished();
     e.push_back(sexp::list({sexp::atom("held_by"), sexp::field("device", name),
                             sexp::field("running_seq", std::to_string(f + 1))}));
-  } else if (auto c = d->cause_of(seq)) {
+  } else if (auto c = d->outcomes().cause_of(seq)) {
     e.push_back(sexp::list({sexp::atom("poisoned_by"), sexp::field("device", c->device),
                             sexp::field("task", c->task.empty() ? "none" : c->task),
                             sexp::field("message", c->message)}));

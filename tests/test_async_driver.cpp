@@ -97,7 +97,7 @@ BOOST_AUTO_TEST_CASE(test_async_driver_out_of_order_completions_resolve_in_seq_o
   for (int i = 0; i < n; ++i)
     b.schedule_task(d, {"t" + std::to_string(i), [] {}});
   await_stream(f, 0, [](auto& s) { return s.held == n; }, "every item ran, completions held");
-  BOOST_TEST(core->finished() == 0u);
+  BOOST_TEST(core->outcomes().finished() == 0u);
 
   std::mutex mu;
   std::vector<uint64_t> order;
@@ -122,9 +122,9 @@ BOOST_AUTO_TEST_CASE(test_async_driver_out_of_order_completions_resolve_in_seq_o
     uint64_t prefix = 0;
     while (reported.contains(prefix + 1))
       ++prefix;
-    prefix_only = prefix_only && core->finished() == prefix;
+    prefix_only = prefix_only && core->outcomes().finished() == prefix;
     for (uint64_t seq = 1; seq <= n; ++seq)
-      prefix_only = prefix_only && core->is_done(seq) == (seq <= prefix);
+      prefix_only = prefix_only && core->outcomes().is_done(seq) == (seq <= prefix);
   }
   BOOST_TEST(prefix_only);
   std::vector<uint64_t> expected(n);
@@ -148,9 +148,9 @@ BOOST_AUTO_TEST_CASE(test_async_driver_keeps_at_most_max_in_flight_without_waiti
   // (rather than spinning) until one is reported.
   await_stream(f, 0, [](auto& s) { return s.submitted >= k && s.held >= k; },
                "k items submitted and run");
-  BOOST_TEST_REQUIRE(eventually([&] { return core->runner_sleeping(); }));
+  BOOST_TEST_REQUIRE(eventually([&] { return (core->queue().sleeping() != multidev::detail::device_core::work_queue_t::awake); }));
   BOOST_TEST(f.stats(0).submitted == k);
-  BOOST_TEST(core->finished() == 0u);
+  BOOST_TEST(core->outcomes().finished() == 0u);
   f.hold_completions(0, false);
   bounded([&] { b.await(d); }, "await");
   auto s = f.stats(0);
@@ -183,7 +183,7 @@ BOOST_AUTO_TEST_CASE(test_async_driver_wait_holds_back_what_follows_it) {
   auto ea = schedule_marks(b, d1, after, "after");
   // What precedes the wait completes; nothing behind it is submitted.
   bounded([&] { b.sync(eb.back()); }, "sync before the wait");
-  BOOST_TEST_REQUIRE(eventually([&] { return core1->runner_sleeping(); }));
+  BOOST_TEST_REQUIRE(eventually([&] { return (core1->queue().sleeping() != multidev::detail::device_core::work_queue_t::awake); }));
   BOOST_TEST(f.stats(1).submitted == 3u);
   BOOST_TEST(!ea.front().is_done());
   BOOST_TEST(std::none_of(after.begin(), after.end(), [](auto& r) { return r->load(); }));

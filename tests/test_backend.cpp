@@ -46,7 +46,7 @@ std::size_t num_field(const sexp& s, const std::string& key) {
 }
 
 std::byte* pool_base(const multidev::device& d, int pool_id) {
-  auto p = d.get_runner().core()->try_pool(pool_id);
+  auto p = d.get_runner().core()->pools().find(pool_id);
   BOOST_TEST_REQUIRE(p != nullptr, "pool " << pool_id << " is not allocated");
   return p->base();
 }

@@ -14,7 +14,7 @@
 
 #include <multidev/multidev.hpp>
 
-#include "actors/core/device_core.hpp" // runner_sleeping; white-box for the runner hold
+#include "actors/core/device_core.hpp" // queue().sleeping(); white-box for the runner hold
 #include "runner_hold.hpp"
 #include "test_support.hpp"
 
@@ -88,7 +88,7 @@ struct two_devices {
     auto parked = hand_over ? "lendable" : "runner";
     BOOST_REQUIRE(test_support::eventually([&] {
       return field(1, "parked_on") != "none" && field(1, "run_by") == parked &&
-             (!hand_over || core(1).runner_sleeping());
+             (!hand_over || (core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake));
     }));
     // Device 1's own runner may take its token back whenever it finds it
     // lendable, and the chain then goes on from its thread: correct, but
@@ -98,7 +98,7 @@ struct two_devices {
     // each hop is then decided by hand-over alone.
     if (hand_over)
       hold.emplace(core(1));
-    rings_at_release = core(1).doorbell_rings();
+    rings_at_release = core(1).queue().rings();
     release->open();
     return last;
   }
@@ -148,7 +148,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_a_chain_between_two_devices_stays_on_one_thr
   // Each of device 1's waits was opened by device 0's runner claiming it
   // (`try_claim`), never by ringing device 1's runner, asleep since its
   // first wait (and held, were it woken; `try_help` would then run it).
-  BOOST_TEST(t.core(1).doorbell_rings() == t.rings_at_release);
+  BOOST_TEST(t.core(1).queue().rings() == t.rings_at_release);
   for (int i = 0; i <= hops; ++i)
     BOOST_TEST(t.order[static_cast<std::size_t>(i)] == i, "hop " << i << " ran in place "
                                                                   << t.order[static_cast<std::size_t>(i)]);

@@ -484,7 +484,7 @@ BOOST_AUTO_TEST_CASE(test_hardening_no_pool_is_allocated_on_a_shut_down_device) 
   auto core = b->get_device(0).get_runner().core();
   b.reset();
   BOOST_CHECK_THROW(core->alloc_pool(1, 64, 64, std::nullopt), device_error);
-  BOOST_TEST(core->used_memory() == 0u);
+  BOOST_TEST(core->pools().used_memory() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(test_hardening_flush_from_a_task_is_refused) {

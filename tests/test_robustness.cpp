@@ -10,7 +10,7 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
-#include "actors/core/device_core.hpp" // runner_sleeping()
+#include "actors/core/device_core.hpp" // queue().sleeping()
 
 #include "test_support.hpp"
 
@@ -42,7 +42,7 @@ BOOST_AUTO_TEST_CASE(test_robustness_failed_device_runner_goes_to_sleep) {
   BOOST_CHECK_THROW(bounded([&] { b.await(d); }, "await"), device_error);
   // The dropped items must not look pending to the runner forever.
   auto core = d.get_runner().core();
-  BOOST_TEST(eventually([&] { return core->runner_sleeping(); }));
+  BOOST_TEST(eventually([&] { return (core->queue().sleeping() != multidev::detail::device_core::work_queue_t::awake); }));
 }
 
 BOOST_AUTO_TEST_CASE(test_robustness_runner_never_waits_for_room_in_another_queue) {

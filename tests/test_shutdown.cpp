@@ -101,9 +101,9 @@ BOOST_AUTO_TEST_CASE(test_shutdown_destroying_backend_finishes_queued_work) {
     BOOST_TEST(e.is_done());
     BOOST_TEST(!e.is_failed());
   }
-  bounded([&] { kept.get_runner().core()->sync(kept.get_runner().core()->scheduled()); });
+  bounded([&] { kept.get_runner().core()->sync(kept.get_runner().core()->queue().scheduled()); });
   BOOST_TEST(kept.get_runner().queue_length() == 0u);
-  BOOST_TEST(kept.get_runner().core()->used_memory() == 0u); // pools freed
+  BOOST_TEST(kept.get_runner().core()->pools().used_memory() == 0u); // pools freed
   // Runners and the backend's own actor system threads are gone.
   BOOST_TEST(eventually([&] { return thread_count() <= baseline; }),
              "threads: " << thread_count() << ", before the backend: " << baseline);
@@ -225,7 +225,7 @@ BOOST_AUTO_TEST_CASE(test_shutdown_kept_device_handle_does_not_block_exit) {
   });
   BOOST_TEST(ran.load());
   BOOST_TEST(static_cast<bool>(kept));
-  BOOST_TEST(kept.get_runner().core()->used_memory() == 0u); // pools freed
+  BOOST_TEST(kept.get_runner().core()->pools().used_memory() == 0u); // pools freed
   BOOST_TEST(!kept.merge_buffer());
   // Work offered to a device whose backend is gone is refused, not lost.
   backend other{backend_options{.num_devices = 1}};

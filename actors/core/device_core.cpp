@@ -80,7 +80,7 @@ void device_core::shutdown() {
   }
   // Anything still awaited can never complete now (shut down from its own
   // runner, which cannot drain itself).
-  if (finished() < scheduled()) {
+  if (outcomes_.finished() < queue_.scheduled()) {
     try {
       auto cause = device_failure("device is shut down");
       fire(UINT64_MAX, cause.get());
@@ -88,7 +88,7 @@ void device_core::shutdown() {
       fire(UINT64_MAX, &shut_down_cause);
     }
   } else {
-    fire(finished());
+    fire(outcomes_.finished());
   }
   pools_.clear();
 }
@@ -123,7 +123,7 @@ void device_core::kill(std::string reason) {
     std::lock_guard guard{queue_.mutex()};
     // Killed already, or shut down with nothing left: nothing to fail.
     if (killed_ ||
-        (queue_.stopping_locked() && finished() == queue_.scheduled(std::memory_order_relaxed)))
+        (queue_.stopping_locked() && outcomes_.finished() == queue_.scheduled(std::memory_order_relaxed)))
       return;
     killed_ = true;
     queue_.refuse_locked(true, true); // wakes the producers waiting for room

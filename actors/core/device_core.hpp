@@ -101,6 +101,22 @@ public:
   driver& drv() const noexcept { return *driver_; }
   result_board& results() const noexcept { return *results_; }
 
+  // -- The pieces, for what they answer on their own ---------------------------
+
+  using work_queue_t = work_queue<item>;
+  /// What became of each seq: `finished()`, `is_done(seq)` (once true, true
+  /// forever, for every observer), `is_failed`, `state`, `cause_of`. Any thread.
+  const outcome_board& outcomes() const noexcept { return outcomes_; }
+  /// The queue: `scheduled()` (the last seq scheduled), whether the runner
+  /// sleeps (`sleeping()`), how often its doorbell rang (`rings()`). Any thread.
+  const work_queue_t& queue() const noexcept { return queue_; }
+  /// The pools as of the end of the queue: `find(id)`, `span(...)`,
+  /// `used_memory()`. Any thread.
+  const pool_table& pools() const noexcept { return pools_; }
+  /// Who may run this device's items (`state_name()`), and the hand-over's
+  /// counters (`run_by_others()`, `deferred_wakes()`). Any thread.
+  const exec_token& token() const noexcept { return token_; }
+
   // -- Work ------------------------------------------------------------------
 
   /// Appends a task; returns its seq. When the queue is full and `may_wait`,
@@ -153,22 +169,11 @@ public:
   /// thread, when it next makes room, fails or stops. `cb` must not block.
   bool notify_when_room(std::function<void()> cb);
 
-  /// Seq of the last item scheduled / resolved (done, failed or cancelled:
-  /// the runner resolves items in seq order).
-  uint64_t scheduled() const noexcept { return queue_.scheduled(); }
-  uint64_t finished() const noexcept { return outcomes_.finished(); }
-  /// Whether `seq` resolved to done. Once true, true forever, for every
-  /// observer, whatever happens to the device later.
-  bool is_done(uint64_t seq) const noexcept { return outcomes_.is_done(seq); }
-  /// Whether `seq` resolved to failed or cancelled: it never will be done.
-  bool is_failed(uint64_t seq) const noexcept { return outcomes_.is_failed(seq); }
-  /// Pending, done, failed or cancelled.
-  event_state state(uint64_t seq) const { return outcomes_.state(seq); }
-  /// Why a resolved seq did not complete; null when it is done (or pending).
-  failure_ptr cause_of(uint64_t seq) const { return outcomes_.cause_of(seq); }
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
-  bool is_idle() const noexcept { return finished() == scheduled() && !failed(); }
+  bool is_idle() const noexcept {
+    return outcomes_.finished() == queue_.scheduled() && !failed();
+  }
   /// On this device's runner thread (or its stream's): the seq of the item
   /// the calling thread runs. Only for that thread.
   uint64_t running_item() const noexcept { return stream_ ? current_item : executed_; }
@@ -176,23 +181,9 @@ public:
   /// the trace is on and the task has one (a described task); empty
   /// otherwise. Any thread (a deadline's chain).
   std::string running_description(uint64_t seq) const;
-  /// Whether the runner thread is asleep on its doorbell (not polling, not
-  /// running); for tests and diagnostics.
-  bool runner_sleeping() const noexcept { return queue_.sleeping() != work_queue_t::awake; }
-  /// How many times the runner's doorbell rang (`ring` finding it asleep,
-  /// or a stop); for tests.
-  uint32_t doorbell_rings() const noexcept { return queue_.rings(); }
   /// The CPU this device's runner pinned itself to (`pin_runners`), or -1
   /// (not pinned, or not yet started).
   int runner_cpu() const noexcept { return cpu_.load(std::memory_order_relaxed); }
-  /// Items of this device that another device's runner ran, having opened
-  /// the wait this device was parked on (see `hand_over`); for tests and
-  /// diagnostics.
-  uint64_t items_run_by_others() const noexcept { return token_.run_by_others(); }
-  /// Times another runner opened this device's wait and left its sleeping
-  /// runner asleep, to run its items itself (`try_defer`); for tests and
-  /// diagnostics.
-  uint64_t deferred_wakes() const noexcept { return token_.deferred_wakes(); }
   /// The backstop (and a host that blocks on this device): rings the runner
   /// if its wake-up deferred with `stamp` is still deferred (nobody took its
   /// items up). Whether it rang.
@@ -214,11 +205,6 @@ public:
   /// holds there before it takes its token back, as a runner the kernel has
   /// not scheduled yet would (see `try_help`). Turning it off releases it.
   void hold_after_wake(bool on) noexcept;
-  /// Who may run this device's items now: `"runner"` (its runner thread),
-  /// `"lendable"` (parked at a wait: whoever opens it may), `"lent"`
-  /// (another device's runner runs them), `"returned"` (back to the runner,
-  /// which has yet to take it). For tests and diagnostics.
-  const char* hand_over_state() const noexcept;
   /// Blocks until `seq` is done; throws `device_error` if it failed,
   /// `deadlock_error` when called from this runner on a seq ahead of it,
   /// `std::invalid_argument` when `seq` was never scheduled.
@@ -313,15 +299,6 @@ public:
   /// ordered with the work; returns its seq (`*out` is filled once it is
   /// done). Never waits for room.
   uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
-  /// The pool now in the table, or nullptr.
-  std::shared_ptr<pool> try_pool(int id) const { return pools_.find(id); }
-  /// The pool now in the table that holds bytes `[offset, offset + size)`;
-  /// see `pool_table::span`.
-  std::shared_ptr<pool> pool_span(int id, std::size_t offset, std::size_t size,
-                                  std::string_view who) const {
-    return pools_.span(id, offset, size, who);
-  }
-  std::size_t used_memory() const noexcept { return pools_.used_memory(); }
 
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
@@ -339,7 +316,6 @@ public:
   device_trace trace() const;
 
 private:
-  using work_queue_t = work_queue<item>;
   /// How many queue entries ahead a producer prefetches for writing, and the
   /// runner for reading.
   static constexpr std::size_t prefetch_items = queue_prefetch_items;

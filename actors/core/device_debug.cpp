@@ -11,13 +11,9 @@ namespace {
 constexpr std::size_t debug_info_records = 8;
 } // namespace
 
-const char* device_core::hand_over_state() const noexcept {
-  return token_.state_name();
-}
-
 sexp device_core::debug_info() const {
-  auto s = scheduled();
-  auto f = finished();
+  auto s = queue_.scheduled();
+  auto f = outcomes_.finished();
   auto pending_waits = gates_.pending_waits();
   std::size_t waiting;
   std::string parked;
@@ -49,10 +45,10 @@ sexp device_core::debug_info() const {
                           sexp::field("waiters", std::to_string(waiting)),
                           sexp::field("parked_on", parked.empty() ? "none" : parked),
                           sexp::field("error", err ? *err : std::string{"none"}),
-                          sexp::field("used_memory", std::to_string(used_memory())),
+                          sexp::field("used_memory", std::to_string(pools_.used_memory())),
                           sexp::field("spare_extras", std::to_string(spare)),
-                          sexp::field("run_by", hand_over_state()),
-                          sexp::field("run_by_others", std::to_string(items_run_by_others())),
+                          sexp::field("run_by", token_.state_name()),
+                          sexp::field("run_by_others", std::to_string(token_.run_by_others())),
                           sexp::field("cpu", runner_cpu() < 0 ? std::string{"any"}
                                                               : std::to_string(runner_cpu())),
                           pools});

@@ -55,7 +55,7 @@ struct sync_resolver {
 } // namespace
 
 void device_core::check_scheduled(uint64_t seq, const char* what) const {
-  auto s = scheduled();
+  auto s = queue_.scheduled();
   if (seq > s)
     throw std::invalid_argument(fmt::format(
       "{}: seq {} was never scheduled on {} (it has scheduled {} so far)", what, seq,
@@ -116,7 +116,7 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   }
   // Each seq gets its own outcome: a seq resolved done is done for every
   // observer, even when this fires because the device failed later.
-  auto resolved = finished();
+  auto resolved = outcomes_.finished();
   failure_ptr hold;
   for (auto& [seq, r] : due)
     outcome_board::invoke(r, outcomes_.outcome_for(seq, resolved, beyond, hold));
@@ -163,8 +163,8 @@ void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolv
       return;
     }
   }
-  if (finished() >= seq) {
-    auto cause = cause_of(seq);
+  if (outcomes_.finished() >= seq) {
+    auto cause = outcomes_.cause_of(seq);
     resolve(cause.get());
   } else {
     auto cause = device_failure("device is shut down");
@@ -228,17 +228,17 @@ void device_core::sync(uint64_t seq) {
 
 void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
                              const char* what) {
-  if (is_done(seq))
+  if (outcomes_.is_done(seq))
     return;
   check_scheduled(seq, what);
-  if (seq > finished()) {
+  if (seq > outcomes_.finished()) {
     // A task may wait for its device's earlier items (on an asynchronous
     // driver they may have run and not yet be resolved), never for its own.
     if (current_runner == this && (!stream_ || seq >= current_item))
       throw deadlock_error(fmt::format(
         "{} on {} seq {} from a task of the same device, which has finished "
         "only up to seq {}: waiting would deadlock",
-        what, name_, seq, finished()));
+        what, name_, seq, outcomes_.finished()));
     // Registered in the wait graph while blocked; from a task, registering
     // refuses a wait that closes a cycle of runners.
     blocked_wait w;
@@ -304,7 +304,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
       return;
     throw_failure(sig->cause);
   }
-  if (auto cause = cause_of(seq))
+  if (auto cause = outcomes_.cause_of(seq))
     throw_failure(std::move(cause));
 }
 

@@ -118,13 +118,13 @@ std::shared_ptr<gate> make_gate() {
 
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
                             wait_kind kind) {
-  if (owner.get() == this || owner->is_done(seq))
+  if (owner.get() == this || owner->outcomes().is_done(seq))
     return false;
   // An ordering-only wait on an item that failed or was cancelled: nothing
   // to wait for.
-  if (kind == wait_kind::order && seq <= owner->finished())
+  if (kind == wait_kind::order && seq <= owner->outcomes().finished())
     return false;
-  if (auto s = owner->scheduled(); seq > s)
+  if (auto s = owner->queue().scheduled(); seq > s)
     throw std::invalid_argument(fmt::format(
       "will_wait_for: seq {} was never scheduled on {} (it has scheduled {} so far); a wait "
       "on work not yet scheduled could close a cycle of waits, so it is refused",
@@ -210,7 +210,7 @@ std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parke
   out.reserve(gates_.size_locked());
   // A failed gate the runner has not reached yet is still a wait (it will
   // fail this device); one it has passed is history.
-  auto passed = finished();
+  auto passed = outcomes_.finished();
   gates_.find_locked([&](std::shared_ptr<gate> g) {
     if (g->state.load() != gate::open) {
       auto at = g->seq.load();

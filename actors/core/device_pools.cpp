@@ -48,7 +48,7 @@ void device_core::free_pool(int id) {
 }
 
 uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) {
-  auto p = pool_span(id, offset, size, "memset_zero");
+  auto p = pools_.span(id, offset, size, "memset_zero");
   order o;
   o.dst = p->base() + offset;
   o.bytes = size;
@@ -61,7 +61,7 @@ uint64_t device_core::memset_zero(int id, std::size_t offset, std::size_t size) 
 
 uint64_t device_core::write_bytes(int id, std::size_t offset,
                                   std::shared_ptr<const std::string> bytes) {
-  auto p = pool_span(id, offset, bytes->size(), "write");
+  auto p = pools_.span(id, offset, bytes->size(), "write");
   auto* d = driver_.get();
   auto n = bytes->size();
   return push(task{fmt::format("write pool {} [{}, {})", id, offset, offset + n),
@@ -75,7 +75,7 @@ uint64_t device_core::write_bytes(int id, std::size_t offset,
 }
 
 uint64_t device_core::read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out) {
-  auto p = pool_span(id, offset, out->size(), "read");
+  auto p = pools_.span(id, offset, out->size(), "read");
   auto* d = driver_.get();
   auto n = out->size();
   return push(task{fmt::format("read pool {} [{}, {})", id, offset, offset + n),
