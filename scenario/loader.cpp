@@ -131,6 +131,7 @@ public:
                            fmt::format("fail-at: device {} runs only {} kernel(s), never a "
                                        "kernel number {}",
                                        device, kernels_on_[device], step_no));
+    resolve_aimed_faults();
     if (prog_.devices == 0)
       throw script_error(at(forms.front()), "the script never declares its devices: add "
                                             "(devices N) before anything else");
@@ -284,13 +285,18 @@ private:
   void local_only(const sexp& at_, int d, const char* what) const {
     if (d < prog_.local_devices)
       return;
+    fail(at_, on_a_node(d, what));
+  }
+
+  /// Why `what` is refused on device `d`, a device of a node.
+  std::string on_a_node(int d, const char* what) const {
     const auto& n = *std::find_if(prog_.nodes.begin(), prog_.nodes.end(), [&](const auto& x) {
       return d >= x.first && d < x.first + x.devices;
     });
-    fail(at_, fmt::format("{} needs a closure on the device's runner, which does not travel: "
-                          "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
-                          "waits, pools and memsets work there)",
-                          what, d, n.name, d - n.first, n.name));
+    return fmt::format("{} needs a closure on the device's runner, which does not travel: "
+                       "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
+                       "waits, pools and memsets work there)",
+                       what, d, n.name, d - n.first, n.name);
   }
 
   static bool looks_numeric(const std::string& t) {
@@ -548,6 +554,8 @@ private:
       return release_form(s, out);
     if (head == "fail-at")
       return fail_at_form(s);
+    if (head == "delay-at" || head == "cancel-at")
+      return aimed_fault_form(s);
     if (head == "nodes")
       return nodes_form(s);
     if (head == "kill-node" || head == "cut-node" || head == "detach" || head == "attach")
@@ -1015,7 +1023,9 @@ private:
   }
 
   void fail_at_form(const sexp& s) {
-    auto f = split(s, 3, 3, {}, "(fail-at DEVICE STEP MESSAGE)");
+    auto f = split(s, 2, 3, {}, "(fail-at EVENT MESSAGE) or (fail-at DEVICE STEP MESSAGE)");
+    if (f.pos.size() == 2)
+      return aimed_fault_form(s);
     int d = device(*f.pos[0]);
     auto n = integer_in(*f.pos[1], "the step (the device's n-th kernel, from 1)", 1, INT64_MAX);
     if (n <= static_cast<int64_t>(kernels_on_[d]))
@@ -1026,6 +1036,104 @@ private:
     if (faults.count(static_cast<uint64_t>(n)))
       fail(s, fmt::format("fail-at: step {} of device {} already fails", n, d));
     faults[static_cast<uint64_t>(n)] = {text(*f.pos[2], "a message", false), at(s)};
+  }
+
+  /// `(fail-at EVENT MESSAGE)`, `(delay-at EVENT MS)`, `(cancel-at EVENT)`:
+  /// a fault aimed at the item that makes EVENT. The event may be made by a
+  /// later step, so the name is resolved once the whole script is read
+  /// (`resolve_aimed_faults`).
+  void aimed_fault_form(const sexp& s) {
+    const auto& head = s.items()[0].as_atom();
+    aimed_fault a;
+    a.head = head;
+    if (head == "fail-at") {
+      auto f = split(s, 2, 2, {}, "(fail-at EVENT MESSAGE)");
+      a.message = text(*f.pos[1], "a message", false);
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+    } else if (head == "delay-at") {
+      auto f = split(s, 2, 2, {}, "(delay-at EVENT MS)");
+      a.ms = real(*f.pos[1], "the delay in milliseconds");
+      if (a.ms <= 0 || a.ms > 60'000)
+        fail(*f.pos[1], fmt::format("delay-at: a delay must be above 0 and at most 60000 ms, "
+                                    "got {}",
+                                    a.ms));
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+    } else {
+      auto f = split(s, 1, 1, {}, "(cancel-at EVENT)");
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+    }
+    a.where = at(s);
+    a.text = substituted(s);
+    aimed_.push_back(std::move(a));
+  }
+
+  /// Aims each `fail-at`/`delay-at`/`cancel-at` by name at the task step
+  /// that makes its event (in the script or as an expected action).
+  void resolve_aimed_faults() {
+    if (aimed_.empty())
+      return;
+    std::vector<step*> maker(prog_.events.size(), nullptr);
+    auto note = [&](step& st) {
+      if (st.as >= 0)
+        maker[static_cast<std::size_t>(st.as)] = &st;
+    };
+    for (auto& st : prog_.steps) {
+      note(st);
+      if (st.action)
+        note(*st.action);
+    }
+    std::map<const step*, const aimed_fault*> taken;
+    for (const auto& a : aimed_) {
+      auto it = names_.find(a.name);
+      if (it == names_.end())
+        throw script_error(a.name_at, fmt::format("{}: unknown event '{}': no step of the "
+                                                  "script makes it",
+                                                  a.head, a.name));
+      if (it->second.kind != sym::event)
+        throw script_error(a.name_at,
+                           fmt::format("{}: '{}' is {} (declared at {}:{}), not an event: {} "
+                                       "aims at the task that a step makes with (as EVENT)",
+                                       a.head, a.name, sym_name(it->second.kind),
+                                       it->second.where.line, it->second.where.column, a.head));
+      step* st = maker[static_cast<std::size_t>(it->second.id)];
+      if (!st || (st->kind != op::kernel && st->kind != op::delay && st->kind != op::sync_in)) {
+        auto head = st ? st->text.substr(0, st->text.find_first_of(" )")) + " ...)" : "?";
+        throw script_error(a.name_at,
+                           fmt::format("{}: event '{}' is made by {} at {}:{}, which is not a "
+                                       "task: {} aims at kernel, checksum, delay, sync-in and "
+                                       "random-dag tasks",
+                                       a.head, a.name, head, st ? st->where.line : 0,
+                                       st ? st->where.column : 0, a.head));
+      }
+      if (st->fail_with || st->held_ms > 0 || st->cancel_here) {
+        auto t = taken.find(st);
+        throw script_error(a.where,
+                           fmt::format("{}: the task of event '{}' already has a fault, {}: a "
+                                       "task takes one",
+                                       a.head, a.name,
+                                       t != taken.end()
+                                         ? fmt::format("{} at {}:{}", t->second->text,
+                                                       t->second->where.line,
+                                                       t->second->where.column)
+                                         : fmt::format("a (fail-at {} K ...) that counts "
+                                                       "its kernels",
+                                                       st->device)));
+      }
+      if (a.head != "fail-at" && st->device >= prog_.local_devices)
+        throw script_error(a.where, on_a_node(st->device, a.head.c_str()));
+      taken[st] = &a;
+      if (a.head == "fail-at") {
+        st->fail_with = a.message;
+      } else if (a.head == "delay-at") {
+        st->held_ms = a.ms;
+      } else {
+        st->cancel_here = true;
+        prog_.items[static_cast<std::size_t>(st->device)] += 1; // the hold before it
+      }
+    }
   }
 
   void repeat_form(const sexp& s, std::vector<step>& out) {
@@ -1331,6 +1439,17 @@ private:
     std::vector<step>* steps;
   };
   std::vector<forward_event> forward_events_;
+  /// A fault aimed at an event by name, resolved at the end of the load.
+  struct aimed_fault {
+    std::string head; // fail-at, delay-at or cancel-at
+    std::string name;
+    location name_at;
+    location where;
+    std::string text;
+    std::string message;
+    double ms = 0;
+  };
+  std::vector<aimed_fault> aimed_;
   std::map<std::string, int64_t> vars_;
   std::vector<int> ctx_device_;
   std::vector<std::set<int>> ctx_nodes_;

@@ -73,8 +73,12 @@ struct step {
   double ms = 0;
   std::string kernel;
   std::vector<link_arg> args;
-  /// A kernel item a `fail-at` turned into a failure: the message it throws.
+  /// A task item a `fail-at` turned into a failure: the message it throws.
   std::optional<std::string> fail_with;
+  /// `(delay-at EV MS)`: the task sleeps MS ms on its runner before its work.
+  double held_ms = 0;
+  /// `(cancel-at EV)`: the item is queued behind a hold and cancelled alone.
+  bool cancel_here = false;
   /// `copy ... (into merge)`.
   bool into_merge = false;
   std::string message; // kill reason
