@@ -139,6 +139,18 @@ public:
   }
 
 private:
+  /// A fault aimed at an event by name, resolved at the end of the load.
+  struct aimed_fault {
+    std::string head; // fail-at, delay-at, cancel-at, kill-node-at, cut-node-at
+    std::string name;
+    location name_at;
+    location where;
+    std::string text;
+    std::string message;
+    double ms = 0;
+    int node = -1; // kill-node-at, cut-node-at: the node given, if any
+  };
+
   // -- positions and errors ----------------------------------------------------
 
   location at(const sexp& s) const {
@@ -554,7 +566,8 @@ private:
       return release_form(s, out);
     if (head == "fail-at")
       return fail_at_form(s);
-    if (head == "delay-at" || head == "cancel-at")
+    if (head == "delay-at" || head == "cancel-at" || head == "kill-node-at"
+        || head == "cut-node-at")
       return aimed_fault_form(s);
     if (head == "nodes")
       return nodes_form(s);
@@ -1060,10 +1073,17 @@ private:
                                     a.ms));
       a.name = text(*f.pos[0], "an event");
       a.name_at = at(*f.pos[0]);
-    } else {
+    } else if (head == "cancel-at") {
       auto f = split(s, 1, 1, {}, "(cancel-at EVENT)");
       a.name = text(*f.pos[0], "an event");
       a.name_at = at(*f.pos[0]);
+    } else {
+      auto usage = fmt::format("({} EVENT [NODE])", head);
+      auto f = split(s, 1, 2, {}, usage.c_str());
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+      if (f.pos.size() > 1)
+        a.node = lookup(*f.pos[1], sym::node).id;
     }
     a.where = at(s);
     a.text = substituted(s);
@@ -1099,6 +1119,13 @@ private:
                                        a.head, a.name, sym_name(it->second.kind),
                                        it->second.where.line, it->second.where.column, a.head));
       step* st = maker[static_cast<std::size_t>(it->second.id)];
+      if (!st)
+        throw script_error(a.name_at, fmt::format("{}: no step makes event '{}'", a.head,
+                                                  a.name));
+      if (a.head == "kill-node-at" || a.head == "cut-node-at") {
+        aim_node_fault(a, *st);
+        continue;
+      }
       if (!st || (st->kind != op::kernel && st->kind != op::delay && st->kind != op::sync_in)) {
         auto head = st ? st->text.substr(0, st->text.find_first_of(" )")) + " ...)" : "?";
         throw script_error(a.name_at,
@@ -1134,6 +1161,33 @@ private:
         prog_.items[static_cast<std::size_t>(st->device)] += 1; // the hold before it
       }
     }
+  }
+
+  /// `(kill-node-at EV [NODE])`, `(cut-node-at EV [NODE])`: NODE, by
+  /// default the node of EV's device, is stopped right after the step `st`
+  /// that makes EV.
+  void aim_node_fault(const aimed_fault& a, step& st) {
+    int node = a.node;
+    if (node < 0) {
+      for (std::size_t n = 0; n < prog_.nodes.size(); ++n)
+        if (st.device >= prog_.nodes[n].first
+            && st.device < prog_.nodes[n].first + prog_.nodes[n].devices)
+          node = static_cast<int>(n);
+      if (node < 0)
+        throw script_error(a.name_at,
+                           fmt::format("{}: event '{}' is made on {}, not on a node's device: "
+                                       "name the node, ({} {} NODE)",
+                                       a.head, a.name,
+                                       st.device >= 0 ? fmt::format("device {}", st.device)
+                                                      : std::string{"no device"},
+                                       a.head, a.name));
+    }
+    if (st.node_fault >= 0)
+      throw script_error(a.where, fmt::format("{}: the step that makes event '{}' already stops "
+                                              "node {} after it: a step takes one",
+                                              a.head, a.name, prog_.nodes[st.node_fault].name));
+    st.node_fault = node;
+    st.node_cut = a.head == "cut-node-at";
   }
 
   void repeat_form(const sexp& s, std::vector<step>& out) {
@@ -1439,16 +1493,6 @@ private:
     std::vector<step>* steps;
   };
   std::vector<forward_event> forward_events_;
-  /// A fault aimed at an event by name, resolved at the end of the load.
-  struct aimed_fault {
-    std::string head; // fail-at, delay-at or cancel-at
-    std::string name;
-    location name_at;
-    location where;
-    std::string text;
-    std::string message;
-    double ms = 0;
-  };
   std::vector<aimed_fault> aimed_;
   std::map<std::string, int64_t> vars_;
   std::vector<int> ctx_device_;

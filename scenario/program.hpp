@@ -79,6 +79,10 @@ struct step {
   double held_ms = 0;
   /// `(cancel-at EV)`: the item is queued behind a hold and cancelled alone.
   bool cancel_here = false;
+  /// `(kill-node-at EV [NODE])`/`(cut-node-at ...)`: the node (an index into
+  /// program::nodes) stopped right after this step; -1 for none.
+  int node_fault = -1;
+  bool node_cut = false;
   /// `copy ... (into merge)`.
   bool into_merge = false;
   std::string message; // kill reason

@@ -529,8 +529,17 @@ private:
 
   void execute(const step& st) {
     if (st.cancel_here)
-      return cancel_alone(st);
-    execute_step(st);
+      cancel_alone(st);
+    else
+      execute_step(st);
+    if (st.node_fault >= 0) {
+      // (kill-node-at EV [NODE]) or (cut-node-at ...): right after the step
+      // that makes EV, as a (kill-node NODE) written after it would.
+      step stop;
+      stop.kind = st.node_cut ? op::cut_node : op::kill_node;
+      stop.host = st.node_fault;
+      kill_node(stop);
+    }
   }
 
   void execute_step(const step& st) {

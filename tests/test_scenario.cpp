@@ -825,3 +825,43 @@ BOOST_AUTO_TEST_CASE(test_scenario_faults_aimed_by_name_are_checked_at_load) {
   e = error_of("(devices 1)\n(fail-at 0 \"x\" \"y\" \"z\")\n");
   BOOST_TEST(starts_with(e, "2:1: (fail-at ...) takes 2 to 3 arguments"), e);
 }
+
+BOOST_AUTO_TEST_CASE(test_scenario_kill_node_at_an_event_stops_the_node_right_after_its_step) {
+  // Node b is killed right after the step that makes m1 (m1 is running a
+  // 5 s kernel then): m0, synced before, is done; m1 is lost with the node;
+  // the step itself was accepted (no unexpected failure at line 6), and the
+  // local device goes on. cut-node-at shares the path (a SIGSTOP instead).
+  auto p = scn::load("(devices 1)\n(nodes (b 1))\n"
+                     "(kill-node-at m1)\n"
+                     "(kernel b/0 spin_ns 0 (as m0))\n"
+                     "(sync m0)\n"
+                     "(kernel b/0 spin_ns 5000000000 (as m1))\n"
+                     "(expect (sync m1) (fails (matches \"b/multidev_cpu\")))\n"
+                     "(expect (state m0) done)\n"
+                     "(expect (kernel 0 spin_ns 0) ok)\n",
+                     "kill_node_at.scn");
+  BOOST_TEST(p->steps[2].node_fault == 0);
+  BOOST_TEST(!p->steps[2].node_cut);
+  BOOST_TEST(p->steps[0].node_fault == -1);
+  auto e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k))\n(kill-node-at k)\n");
+  BOOST_TEST(e == "3:15: kill-node-at: event 'k' is made on device 0, not on a node's device: "
+                  "name the node, (kill-node-at k NODE)",
+             e);
+  e = error_of("(devices 1)\n(nodes (b 1))\n(kernel 0 spin_ns 0 (as k))\n(cut-node-at k c)\n");
+  BOOST_TEST(e == "4:16: unknown node 'c'", e);
+  e = error_of("(devices 1)\n(nodes (b 1))\n(kernel b/0 spin_ns 0)\n(cut-node-at gone)\n");
+  BOOST_TEST(e == "4:14: cut-node-at: unknown event 'gone': no step of the script makes it", e);
+  auto& suite = boost::unit_test::framework::master_test_suite();
+  BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
+  scn::run_options o;
+  o.spawn_nodes = true;
+  o.tool = suite.argv[1];
+  o.step_timeout_s = 20;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  BOOST_TEST(r.unexpected.empty());
+  bool killed_on_host = false;
+  for (const auto& s : r.tl.slices)
+    killed_on_host |= s.kind == "host" && s.name == "kill-node b";
+  BOOST_TEST(killed_on_host);
+}
