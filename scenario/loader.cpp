@@ -564,6 +564,8 @@ private:
       return sync_in_form(s, out);
     if (head == "release")
       return release_form(s, out);
+    if (head == "sleep")
+      return sleep_form(s, out);
     if (head == "fail-at")
       return fail_at_form(s);
     if (head == "delay-at" || head == "cancel-at" || head == "kill-node-at"
@@ -1028,6 +1030,50 @@ private:
     push(out, std::move(st));
   }
 
+  /// A time in milliseconds: a number of milliseconds (`5`, `0.5`, `(* 2
+  /// $i)`), or a number with its unit, `ns`, `us`, `ms` or `s` (`5ms`,
+  /// `250us`, `1.5s`).
+  double milliseconds(const sexp& s, const char* what) const {
+    if (s.is_atom()) {
+      auto t = text(s, what);
+      static const std::pair<const char*, double> units[] = {
+        {"ns", 1e-6}, {"us", 1e-3}, {"ms", 1.0}, {"s", 1e3}};
+      for (const auto& [unit, scale] : units) {
+        std::string_view u{unit};
+        if (t.size() > u.size() && t.compare(t.size() - u.size(), u.size(), u) == 0
+            && (std::isdigit(static_cast<unsigned char>(t[t.size() - u.size() - 1]))
+                || t[t.size() - u.size() - 1] == '.')) {
+          auto num = t.substr(0, t.size() - u.size());
+          double v = 0;
+          auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+          if (ec != std::errc{} || end != num.data() + num.size() || !std::isfinite(v))
+            fail(s, fmt::format("{} must be a number of milliseconds or a time such as 5ms, "
+                                "250us, 1.5s, got '{}'",
+                                what, t));
+          return v * scale;
+        }
+      }
+      double v = 0;
+      auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+      if (ec != std::errc{} || end != t.data() + t.size() || !std::isfinite(v))
+        fail(s, fmt::format("{} must be a number of milliseconds or a time such as 5ms, 250us, "
+                            "1.5s, got '{}'",
+                            what, t));
+      return v;
+    }
+    return real(s, what);
+  }
+
+  /// `(sleep TIME)`: the script waits that long before its next step.
+  void sleep_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(sleep TIME), e.g. (sleep 5ms)");
+    auto st = make(s, op::sleep);
+    st.ms = milliseconds(*f.pos[0], "the time to sleep");
+    if (st.ms < 0 || st.ms > 60'000)
+      fail(*f.pos[0], fmt::format("a sleep must be 0 to 60000 ms, got {} ms", st.ms));
+    push(out, std::move(st));
+  }
+
   void release_form(const sexp& s, std::vector<step>& out) {
     auto f = split(s, 1, 1, {}, "(release HOLD)");
     auto st = make(s, op::release);
@@ -1065,8 +1111,8 @@ private:
       a.name = text(*f.pos[0], "an event");
       a.name_at = at(*f.pos[0]);
     } else if (head == "delay-at") {
-      auto f = split(s, 2, 2, {}, "(delay-at EVENT MS)");
-      a.ms = real(*f.pos[1], "the delay in milliseconds");
+      auto f = split(s, 2, 2, {}, "(delay-at EVENT TIME), e.g. (delay-at e 3ms)");
+      a.ms = milliseconds(*f.pos[1], "the delay");
       if (a.ms <= 0 || a.ms > 60'000)
         fail(*f.pos[1], fmt::format("delay-at: a delay must be above 0 and at most 60000 ms, "
                                     "got {}",
@@ -1402,6 +1448,18 @@ private:
       st.pred = predicate::before;
       st.ev = event(subj.items()[1]);
       st.ev2 = event(subj.items()[2]);
+    } else if (head == "resolved") {
+      args(1, "(resolved EVENT)");
+      preds(0, 1);
+      st.what = subject::resolved;
+      st.ev = event(subj.items()[1]);
+      st.pred = predicate::is_true;
+      if (xs.size() == 3) {
+        auto b = text(xs[2], "true or false");
+        if (b != "true" && b != "false")
+          fail(xs[2], fmt::format("expected true or false, got '{}'", b));
+        st.pred = b == "true" ? predicate::is_true : predicate::is_false;
+      }
     } else if (head == "idle") {
       args(1, "(idle DEVICE)");
       preds(0, 1);
@@ -1451,9 +1509,9 @@ private:
         "sync", "await", "sync-device", "kernel", "checksum", "wait", "memset", "pool",
         "free-pool", "from-host", "to-host", "copy", "alloc", "cancel", "recover", "delay"};
       if (!actions.count(head))
-        fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, before, "
-                                          "idle, memory, checksum, host, or an action (sync, "
-                                          "await, kernel, ...)",
+        fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, "
+                                          "resolved, before, idle, memory, checksum, host, or an "
+                                          "action (sync, await, kernel, ...)",
                                           head));
       preds(0, 1);
       std::vector<step> inner;

@@ -28,6 +28,7 @@ enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
   delay, hold, release, expect, kill_node, cut_node, sync_in, detach_node, attach_node,
+  sleep,
 };
 
 /// Host data for `from-host`.
@@ -38,7 +39,7 @@ struct host_data {
 };
 
 /// What an expectation looks at.
-enum class subject : uint8_t { action, state, before, idle, memory, checksum, host };
+enum class subject : uint8_t { action, state, before, idle, memory, checksum, host, resolved };
 
 /// What it expects of it.
 enum class predicate : uint8_t {

@@ -670,6 +670,16 @@ private:
       case op::release:
         holds_[st.hold]->release();
         break;
+      case op::sleep: {
+        if (st.ms > opts_.step_timeout_s * 1e3)
+          throw std::invalid_argument(fmt::format("a sleep of {} ms is longer than the step "
+                                                  "timeout ({} s)",
+                                                  st.ms, opts_.step_timeout_s));
+        auto start = trace_clock_ns();
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(st.ms));
+        host_slice(fmt::format("sleep {} ms", st.ms), start, false);
+        break;
+      }
       case op::sync_in:
         sync_in(st);
         break;
@@ -909,6 +919,13 @@ private:
         deferred_.emplace_back(&st, result_.expectations.size());
         record(st, false, "not checked");
         return;
+      case subject::resolved: {
+        // At once, without waiting: the event's state now.
+        auto got = b_.state(ev(st.ev));
+        bool resolved = got != event_state::pending;
+        return record(st, resolved == (st.pred == predicate::is_true),
+                      resolved ? fmt::format("resolved: {}", to_string(got)) : "pending");
+      }
       case subject::idle: {
         bool idle = b_.is_idle(dev(st.device));
         return record(st, idle == (st.pred == predicate::is_true), idle ? "idle" : "busy");

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -864,4 +865,74 @@ BOOST_AUTO_TEST_CASE(test_scenario_kill_node_at_an_event_stops_the_node_right_af
   for (const auto& s : r.tl.slices)
     killed_on_host |= s.kind == "host" && s.name == "kill-node b";
   BOOST_TEST(killed_on_host);
+}
+
+// -- host steps: sleep and resolved (issue 42 point 2) --------------------------
+
+BOOST_AUTO_TEST_CASE(test_scenario_sleep_waits_on_the_host_for_its_time) {
+  auto p = scn::load("(devices 1)\n(kernel 0 spin_ns 0 (as a))\n(sleep 30ms)\n"
+                     "(kernel 0 spin_ns 0 (as b))\n(sleep 250us)\n(sleep 0.002s)\n(sleep 1)\n"
+                     "(delay-at b 3ms)\n(expect (sync b) ok)\n",
+                     "sleep.scn");
+  std::vector<double> ms;
+  for (const auto& st : p->steps)
+    if (starts_with(st.text, "(sleep "))
+      ms.push_back(st.ms);
+  std::vector<double> expected{30, 0.25, 2, 1};
+  BOOST_TEST(ms == expected, boost::test_tools::per_element());
+  BOOST_TEST(p->steps[2].held_ms == 3.0);
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  const scn::slice* nap = nullptr;
+  for (const auto& s : r.tl.slices)
+    if (s.kind == "host" && s.name == "sleep 30 ms")
+      nap = &s;
+  BOOST_TEST_REQUIRE(nap != nullptr);
+  BOOST_TEST(nap->end_ns - nap->start_ns >= 30'000'000);
+  // b was queued after the sleep: it cannot have started before it ended.
+  BOOST_TEST(slice_of(r, "b").start_ns >= nap->end_ns);
+  auto e = error_of("(devices 1)\n(sleep 5min)\n");
+  BOOST_TEST(starts_with(e, "2:8: the time to sleep must be a number of milliseconds or a time "
+                            "such as 5ms"),
+             e);
+  e = error_of("(devices 1)\n(sleep 61s)\n");
+  BOOST_TEST(e == "2:8: a sleep must be 0 to 60000 ms, got 61000 ms", e);
+  e = error_of("(devices 1)\n(sleep)\n");
+  BOOST_TEST(starts_with(e, "2:1: (sleep ...) takes 1 argument: (sleep TIME)"), e);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_resolved_is_checked_at_once_with_what_was_seen) {
+  // k is queued behind a hold: (resolved k) says pending at once (had it
+  // waited, the hold would have made it time out: the step timeout is 5 s
+  // and nothing releases the hold before it). After the release and a sync,
+  // done; a failed event is resolved too.
+  auto p = scn::load("(devices 1)\n(hold 0 (as h))\n(kernel 0 spin_ns 0 (as k))\n"
+                     "(expect (resolved k) false)\n"  // 0: holds
+                     "(expect (resolved k))\n"        // 1: fails, pending
+                     "(release h)\n(sync k)\n"
+                     "(expect (resolved k))\n"        // 2: holds, done
+                     "(expect (resolved k) false)\n"  // 3: fails, done
+                     "(fail-at f \"boom\")\n(kernel 0 spin_ns 0 (as f))\n"
+                     "(expect (sync f) (fails (matches \"boom\")))\n" // 4
+                     "(expect (resolved f))\n",       // 5: holds, failed
+                     "resolved.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = scn::run(*p, o);
+  bool quick = std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4);
+  BOOST_TEST(quick);
+  BOOST_TEST_REQUIRE(r.expectations.size() == 6u);
+  std::vector<std::string> got;
+  for (const auto& x : r.expectations)
+    got.push_back((x.held ? "held " : "FAILED ") + x.observed);
+  std::vector<std::string> expected{"held pending", "FAILED pending", "held resolved: done",
+                                    "FAILED resolved: done", got[4], "held resolved: failed"};
+  BOOST_TEST(got == expected, boost::test_tools::per_element());
+  BOOST_TEST(r.expectations[4].held);
+  BOOST_TEST(r.expectations[1].where.str() == "resolved.scn:5:1");
+  auto e = error_of("(devices 1)\n(hold 0 (as h))\n(expect (resolved h))\n");
+  BOOST_TEST(starts_with(e, "3:19: 'h' is a hold (declared at 2:13), expected an event"), e);
+  e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k))\n(expect (resolved k) maybe)\n");
+  BOOST_TEST(e == "3:22: expected true or false, got 'maybe'", e);
 }
