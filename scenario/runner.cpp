@@ -765,7 +765,8 @@ private:
     auto r = b_.link(c, st.kernel, st.args);
     // Errors name the task as the script wrote it: "task 'scale w 2' failed".
     r.schedule.description = describe_kernel(st);
-    r.schedule.work = faulted(st, std::move(r.schedule.work));
+    if (st.fail_with || st.held_ms > 0)
+      r.schedule.work = faulted(st, std::move(r.schedule.work));
     auto before = last_seq(st.device);
     auto e = b_.run(r);
     int idx = add_item(st.device, before, "task", describe_kernel(st), st.as, st);
