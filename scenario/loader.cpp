@@ -1034,34 +1034,26 @@ private:
   /// $i)`), or a number with its unit, `ns`, `us`, `ms` or `s` (`5ms`,
   /// `250us`, `1.5s`).
   double milliseconds(const sexp& s, const char* what) const {
-    if (s.is_atom()) {
-      auto t = text(s, what);
-      static const std::pair<const char*, double> units[] = {
-        {"ns", 1e-6}, {"us", 1e-3}, {"ms", 1.0}, {"s", 1e3}};
-      for (const auto& [unit, scale] : units) {
-        std::string_view u{unit};
-        if (t.size() > u.size() && t.compare(t.size() - u.size(), u.size(), u) == 0
-            && (std::isdigit(static_cast<unsigned char>(t[t.size() - u.size() - 1]))
-                || t[t.size() - u.size() - 1] == '.')) {
-          auto num = t.substr(0, t.size() - u.size());
-          double v = 0;
-          auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
-          if (ec != std::errc{} || end != num.data() + num.size() || !std::isfinite(v))
-            fail(s, fmt::format("{} must be a number of milliseconds or a time such as 5ms, "
-                                "250us, 1.5s, got '{}'",
-                                what, t));
-          return v * scale;
-        }
+    if (s.is_list())
+      return real(s, what);
+    auto t = text(s, what);
+    std::string_view num{t};
+    double scale = 1.0;
+    static const std::pair<const char*, double> units[] = {
+      {"ns", 1e-6}, {"us", 1e-3}, {"ms", 1.0}, {"s", 1e3}};
+    for (const auto& [unit, factor] : units)
+      if (num.ends_with(unit)) {
+        num.remove_suffix(std::string_view{unit}.size());
+        scale = factor;
+        break;
       }
-      double v = 0;
-      auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-      if (ec != std::errc{} || end != t.data() + t.size() || !std::isfinite(v))
-        fail(s, fmt::format("{} must be a number of milliseconds or a time such as 5ms, 250us, "
-                            "1.5s, got '{}'",
-                            what, t));
-      return v;
-    }
-    return real(s, what);
+    double v = 0;
+    auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+    if (num.empty() || ec != std::errc{} || end != num.data() + num.size() || !std::isfinite(v))
+      fail(s, fmt::format("{} must be a number of milliseconds or a time such as 5ms, 250us, "
+                          "1.5s, got '{}'",
+                          what, t));
+    return v * scale;
   }
 
   /// `(sleep TIME)`: the script waits that long before its next step.
@@ -1414,6 +1406,14 @@ private:
       fail(p, fmt::format("({} ...) takes one value", k));
   }
 
+  /// `true` or `false`, the predicate of `(idle D)` and `(resolved EV)`.
+  predicate true_or_false(const sexp& s) const {
+    auto b = text(s, "true or false");
+    if (b != "true" && b != "false")
+      fail(s, fmt::format("expected true or false, got '{}'", b));
+    return b == "true" ? predicate::is_true : predicate::is_false;
+  }
+
   void expect_form(const sexp& s, std::vector<step>& out) {
     const auto& xs = s.items();
     if (xs.size() < 2 || !xs[1].is_list() || xs[1].items().empty() || !xs[1].items()[0].is_atom())
@@ -1453,25 +1453,13 @@ private:
       preds(0, 1);
       st.what = subject::resolved;
       st.ev = event(subj.items()[1]);
-      st.pred = predicate::is_true;
-      if (xs.size() == 3) {
-        auto b = text(xs[2], "true or false");
-        if (b != "true" && b != "false")
-          fail(xs[2], fmt::format("expected true or false, got '{}'", b));
-        st.pred = b == "true" ? predicate::is_true : predicate::is_false;
-      }
+      st.pred = xs.size() == 3 ? true_or_false(xs[2]) : predicate::is_true;
     } else if (head == "idle") {
       args(1, "(idle DEVICE)");
       preds(0, 1);
       st.what = subject::idle;
       st.device = device(subj.items()[1]);
-      st.pred = predicate::is_true;
-      if (xs.size() == 3) {
-        auto b = text(xs[2], "true or false");
-        if (b != "true" && b != "false")
-          fail(xs[2], fmt::format("expected true or false, got '{}'", b));
-        st.pred = b == "true" ? predicate::is_true : predicate::is_false;
-      }
+      st.pred = xs.size() == 3 ? true_or_false(xs[2]) : predicate::is_true;
     } else if (head == "memory") {
       args(1, "(memory DEVICE)");
       preds(1, 1);

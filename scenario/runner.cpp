@@ -58,6 +58,12 @@ struct hold_latch {
     }
     cv.notify_all();
   }
+
+  /// Blocks the calling runner until `release`.
+  void wait() {
+    std::unique_lock lock{mu};
+    cv.wait(lock, [&] { return open; });
+  }
 };
 
 /// An event a `(sync-in ...)` task waits for: the host makes it (maybe after
@@ -510,8 +516,7 @@ private:
     auto desc = "cancel-at " + p_.events[st.as].name;
     b_.schedule_task(dev(st.device), {desc, [latch, in] {
                                         in->store(true);
-                                        std::unique_lock lock{latch->mu};
-                                        latch->cv.wait(lock, [&] { return latch->open; });
+                                        latch->wait();
                                       }});
     add_item(st.device, before, "task", desc, -1, st);
     auto hold = b_.all_work(dev(st.device));
@@ -660,10 +665,7 @@ private:
         auto latch = holds_[st.hold];
         auto desc = "hold " + p_.holds[st.hold];
         // Open at (release ...), or at the end of the run at the latest.
-        b_.schedule_task(dev(st.device), {desc, [latch] {
-                                            std::unique_lock lock{latch->mu};
-                                            latch->cv.wait(lock, [&] { return latch->open; });
-                                          }});
+        b_.schedule_task(dev(st.device), {desc, [latch] { latch->wait(); }});
         add_item(st.device, before, "task", desc, -1, st);
         break;
       }
