@@ -745,10 +745,11 @@ BOOST_AUTO_TEST_CASE(test_scenario_delay_at_holds_only_the_named_item) {
     return static_cast<double>(s.end_ns - s.start_ns) / 1e6;
   };
   BOOST_TEST(ms("k1") >= 60.0);
-  // Nothing else is held (generous: a loaded machine may pause a runner).
-  BOOST_TEST(ms("k0") < 30.0);
-  BOOST_TEST(ms("k2") < 30.0);
-  BOOST_TEST(ms("other") < 30.0);
+  // Nothing else is held (well under the 60 ms, generous for a loaded or
+  // sanitized build, where a runner may be paused).
+  BOOST_TEST(ms("k0") < 45.0);
+  BOOST_TEST(ms("k2") < 45.0);
+  BOOST_TEST(ms("other") < 45.0);
   BOOST_TEST(slice_of(r, "k2").start_ns >= slice_of(r, "k1").end_ns);
 }
 
