@@ -689,10 +689,13 @@ BOOST_AUTO_TEST_CASE(test_scenario_fail_at_an_event_fails_that_loop_iteration_on
   // fail-at mark3 comes before the loop that makes mark0..mark5: exactly
   // the fourth kernel throws (those before it ran, the one after fails only
   // because the device failed, from mark3's origin). fail-at after the step
-  // works too, on a delay task and on an expected action.
+  // works too, on a delay task and on an expected action. Device 0 is held
+  // until the loop is queued (a failed device would refuse mark4).
   auto p = scn::load("(devices 2)\n"
                      "(fail-at mark3 \"boom $i\")\n"
+                     "(hold 0 (as h))\n"
                      "(repeat 6 (kernel 0 spin_ns 0 (as mark$i)))\n"
+                     "(release h)\n"
                      "(expect (state mark2) done)\n"
                      "(expect (sync mark3) (fails (matches \"boom \\\\$i$\") (origin 0) "
                      "(task \"spin_ns 0\")))\n"
@@ -756,15 +759,19 @@ BOOST_AUTO_TEST_CASE(test_scenario_delay_at_holds_only_the_named_item) {
 BOOST_AUTO_TEST_CASE(test_scenario_cancel_at_cancels_only_the_named_item) {
   // k1 resolves cancelled; k0 was queued behind a 20 ms kernel, so a
   // (cancel 0) right before k1 would have dropped it too: it must run. k2,
-  // queued after k1, runs; device 1, waiting on k1, fails from the cancel.
+  // queued after k1, runs; device 1, waiting on k1, fails from the cancel
+  // (held until dependent is queued: k1 is cancelled already when the wait
+  // is, and a device that failed would refuse dependent).
   auto p = scn::load("(devices 2)\n"
                      "(cancel-at k1)\n"
                      "(kernel 0 spin_ns 20000000 (as slow))\n"
                      "(kernel 0 spin_ns 0 (as k0))\n"
                      "(kernel 0 spin_ns 0 (as k1))\n"
                      "(kernel 0 spin_ns 0 (as k2))\n"
+                     "(hold 1 (as h1))\n"
                      "(wait 1 k1)\n"
                      "(kernel 1 spin_ns 0 (as dependent))\n"
+                     "(release h1)\n"
                      "(expect (state k0) done)\n"
                      "(expect (sync k1) (fails (cancelled)))\n"
                      "(expect (state k2) done)\n"
