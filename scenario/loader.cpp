@@ -131,6 +131,7 @@ public:
                            fmt::format("fail-at: device {} runs only {} kernel(s), never a "
                                        "kernel number {}",
                                        device, kernels_on_[device], step_no));
+    resolve_aimed_faults();
     if (prog_.devices == 0)
       throw script_error(at(forms.front()), "the script never declares its devices: add "
                                             "(devices N) before anything else");
@@ -138,6 +139,18 @@ public:
   }
 
 private:
+  /// A fault aimed at an event by name, resolved at the end of the load.
+  struct aimed_fault {
+    std::string head; // fail-at, delay-at, cancel-at, kill-node-at, cut-node-at
+    std::string name;
+    location name_at;
+    location where;
+    std::string text;
+    std::string message;
+    double ms = 0;
+    int node = -1; // kill-node-at, cut-node-at: the node given, if any
+  };
+
   // -- positions and errors ----------------------------------------------------
 
   location at(const sexp& s) const {
@@ -284,13 +297,18 @@ private:
   void local_only(const sexp& at_, int d, const char* what) const {
     if (d < prog_.local_devices)
       return;
+    fail(at_, on_a_node(d, what));
+  }
+
+  /// Why `what` is refused on device `d`, a device of a node.
+  std::string on_a_node(int d, const char* what) const {
     const auto& n = *std::find_if(prog_.nodes.begin(), prog_.nodes.end(), [&](const auto& x) {
       return d >= x.first && d < x.first + x.devices;
     });
-    fail(at_, fmt::format("{} needs a closure on the device's runner, which does not travel: "
-                          "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
-                          "waits, pools and memsets work there)",
-                          what, d, n.name, d - n.first, n.name));
+    return fmt::format("{} needs a closure on the device's runner, which does not travel: "
+                       "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
+                       "waits, pools and memsets work there)",
+                       what, d, n.name, d - n.first, n.name);
   }
 
   static bool looks_numeric(const std::string& t) {
@@ -546,8 +564,13 @@ private:
       return sync_in_form(s, out);
     if (head == "release")
       return release_form(s, out);
+    if (head == "sleep")
+      return sleep_form(s, out);
     if (head == "fail-at")
       return fail_at_form(s);
+    if (head == "delay-at" || head == "cancel-at" || head == "kill-node-at"
+        || head == "cut-node-at")
+      return aimed_fault_form(s);
     if (head == "nodes")
       return nodes_form(s);
     if (head == "kill-node" || head == "cut-node" || head == "detach" || head == "attach")
@@ -1007,6 +1030,42 @@ private:
     push(out, std::move(st));
   }
 
+  /// A time in milliseconds: a number of milliseconds (`5`, `0.5`, `(* 2
+  /// $i)`), or a number with its unit, `ns`, `us`, `ms` or `s` (`5ms`,
+  /// `250us`, `1.5s`).
+  double milliseconds(const sexp& s, const char* what) const {
+    if (s.is_list())
+      return real(s, what);
+    auto t = text(s, what);
+    std::string_view num{t};
+    double scale = 1.0;
+    static const std::pair<const char*, double> units[] = {
+      {"ns", 1e-6}, {"us", 1e-3}, {"ms", 1.0}, {"s", 1e3}};
+    for (const auto& [unit, factor] : units)
+      if (num.ends_with(unit)) {
+        num.remove_suffix(std::string_view{unit}.size());
+        scale = factor;
+        break;
+      }
+    double v = 0;
+    auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+    if (num.empty() || ec != std::errc{} || end != num.data() + num.size() || !std::isfinite(v))
+      fail(s, fmt::format("{} must be a number of milliseconds or a time such as 5ms, 250us, "
+                          "1.5s, got '{}'",
+                          what, t));
+    return v * scale;
+  }
+
+  /// `(sleep TIME)`: the script waits that long before its next step.
+  void sleep_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(sleep TIME), e.g. (sleep 5ms)");
+    auto st = make(s, op::sleep);
+    st.ms = milliseconds(*f.pos[0], "the time to sleep");
+    if (st.ms < 0 || st.ms > 60'000)
+      fail(*f.pos[0], fmt::format("a sleep must be 0 to 60000 ms, got {} ms", st.ms));
+    push(out, std::move(st));
+  }
+
   void release_form(const sexp& s, std::vector<step>& out) {
     auto f = split(s, 1, 1, {}, "(release HOLD)");
     auto st = make(s, op::release);
@@ -1015,7 +1074,9 @@ private:
   }
 
   void fail_at_form(const sexp& s) {
-    auto f = split(s, 3, 3, {}, "(fail-at DEVICE STEP MESSAGE)");
+    auto f = split(s, 2, 3, {}, "(fail-at EVENT MESSAGE) or (fail-at DEVICE STEP MESSAGE)");
+    if (f.pos.size() == 2)
+      return aimed_fault_form(s);
     int d = device(*f.pos[0]);
     auto n = integer_in(*f.pos[1], "the step (the device's n-th kernel, from 1)", 1, INT64_MAX);
     if (n <= static_cast<int64_t>(kernels_on_[d]))
@@ -1026,6 +1087,145 @@ private:
     if (faults.count(static_cast<uint64_t>(n)))
       fail(s, fmt::format("fail-at: step {} of device {} already fails", n, d));
     faults[static_cast<uint64_t>(n)] = {text(*f.pos[2], "a message", false), at(s)};
+  }
+
+  /// `(fail-at EVENT MESSAGE)`, `(delay-at EVENT MS)`, `(cancel-at EVENT)`:
+  /// a fault aimed at the item that makes EVENT. The event may be made by a
+  /// later step, so the name is resolved once the whole script is read
+  /// (`resolve_aimed_faults`).
+  void aimed_fault_form(const sexp& s) {
+    const auto& head = s.items()[0].as_atom();
+    aimed_fault a;
+    a.head = head;
+    if (head == "fail-at") {
+      auto f = split(s, 2, 2, {}, "(fail-at EVENT MESSAGE)");
+      a.message = text(*f.pos[1], "a message", false);
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+    } else if (head == "delay-at") {
+      auto f = split(s, 2, 2, {}, "(delay-at EVENT TIME), e.g. (delay-at e 3ms)");
+      a.ms = milliseconds(*f.pos[1], "the delay");
+      if (a.ms <= 0 || a.ms > 60'000)
+        fail(*f.pos[1], fmt::format("delay-at: a delay must be above 0 and at most 60000 ms, "
+                                    "got {}",
+                                    a.ms));
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+    } else if (head == "cancel-at") {
+      auto f = split(s, 1, 1, {}, "(cancel-at EVENT)");
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+    } else {
+      auto usage = fmt::format("({} EVENT [NODE])", head);
+      auto f = split(s, 1, 2, {}, usage.c_str());
+      a.name = text(*f.pos[0], "an event");
+      a.name_at = at(*f.pos[0]);
+      if (f.pos.size() > 1)
+        a.node = lookup(*f.pos[1], sym::node).id;
+    }
+    a.where = at(s);
+    a.text = substituted(s);
+    aimed_.push_back(std::move(a));
+  }
+
+  /// Aims each `fail-at`/`delay-at`/`cancel-at` by name at the task step
+  /// that makes its event (in the script or as an expected action).
+  void resolve_aimed_faults() {
+    if (aimed_.empty())
+      return;
+    std::vector<step*> maker(prog_.events.size(), nullptr);
+    auto note = [&](step& st) {
+      if (st.as >= 0)
+        maker[static_cast<std::size_t>(st.as)] = &st;
+    };
+    for (auto& st : prog_.steps) {
+      note(st);
+      if (st.action)
+        note(*st.action);
+    }
+    std::map<const step*, const aimed_fault*> taken;
+    for (const auto& a : aimed_) {
+      auto it = names_.find(a.name);
+      if (it == names_.end())
+        throw script_error(a.name_at, fmt::format("{}: unknown event '{}': no step of the "
+                                                  "script makes it",
+                                                  a.head, a.name));
+      if (it->second.kind != sym::event)
+        throw script_error(a.name_at,
+                           fmt::format("{}: '{}' is {} (declared at {}:{}), not an event: {} "
+                                       "aims at the task that a step makes with (as EVENT)",
+                                       a.head, a.name, sym_name(it->second.kind),
+                                       it->second.where.line, it->second.where.column, a.head));
+      step* st = maker[static_cast<std::size_t>(it->second.id)];
+      if (!st)
+        throw script_error(a.name_at, fmt::format("{}: no step makes event '{}'", a.head,
+                                                  a.name));
+      if (a.head == "kill-node-at" || a.head == "cut-node-at") {
+        aim_node_fault(a, *st);
+        continue;
+      }
+      if (!st || (st->kind != op::kernel && st->kind != op::delay && st->kind != op::sync_in)) {
+        auto head = st ? st->text.substr(0, st->text.find_first_of(" )")) + " ...)" : "?";
+        throw script_error(a.name_at,
+                           fmt::format("{}: event '{}' is made by {} at {}:{}, which is not a "
+                                       "task: {} aims at kernel, checksum, delay, sync-in and "
+                                       "random-dag tasks",
+                                       a.head, a.name, head, st ? st->where.line : 0,
+                                       st ? st->where.column : 0, a.head));
+      }
+      if (st->fail_with || st->held_ms > 0 || st->cancel_here) {
+        auto t = taken.find(st);
+        throw script_error(a.where,
+                           fmt::format("{}: the task of event '{}' already has a fault, {}: a "
+                                       "task takes one",
+                                       a.head, a.name,
+                                       t != taken.end()
+                                         ? fmt::format("{} at {}:{}", t->second->text,
+                                                       t->second->where.line,
+                                                       t->second->where.column)
+                                         : fmt::format("a (fail-at {} K ...) that counts "
+                                                       "its kernels",
+                                                       st->device)));
+      }
+      if (a.head != "fail-at" && st->device >= prog_.local_devices)
+        throw script_error(a.where, on_a_node(st->device, a.head.c_str()));
+      taken[st] = &a;
+      if (a.head == "fail-at") {
+        st->fail_with = a.message;
+      } else if (a.head == "delay-at") {
+        st->held_ms = a.ms;
+      } else {
+        st->cancel_here = true;
+        prog_.items[static_cast<std::size_t>(st->device)] += 1; // the hold before it
+      }
+    }
+  }
+
+  /// `(kill-node-at EV [NODE])`, `(cut-node-at EV [NODE])`: NODE, by
+  /// default the node of EV's device, is stopped right after the step `st`
+  /// that makes EV.
+  void aim_node_fault(const aimed_fault& a, step& st) {
+    int node = a.node;
+    if (node < 0) {
+      for (std::size_t n = 0; n < prog_.nodes.size(); ++n)
+        if (st.device >= prog_.nodes[n].first
+            && st.device < prog_.nodes[n].first + prog_.nodes[n].devices)
+          node = static_cast<int>(n);
+      if (node < 0)
+        throw script_error(a.name_at,
+                           fmt::format("{}: event '{}' is made on {}, not on a node's device: "
+                                       "name the node, ({} {} NODE)",
+                                       a.head, a.name,
+                                       st.device >= 0 ? fmt::format("device {}", st.device)
+                                                      : std::string{"no device"},
+                                       a.head, a.name));
+    }
+    if (st.node_fault >= 0)
+      throw script_error(a.where, fmt::format("{}: the step that makes event '{}' already stops "
+                                              "node {} after it: a step takes one",
+                                              a.head, a.name, prog_.nodes[st.node_fault].name));
+    st.node_fault = node;
+    st.node_cut = a.head == "cut-node-at";
   }
 
   void repeat_form(const sexp& s, std::vector<step>& out) {
@@ -1206,6 +1406,14 @@ private:
       fail(p, fmt::format("({} ...) takes one value", k));
   }
 
+  /// `true` or `false`, the predicate of `(idle D)` and `(resolved EV)`.
+  predicate true_or_false(const sexp& s) const {
+    auto b = text(s, "true or false");
+    if (b != "true" && b != "false")
+      fail(s, fmt::format("expected true or false, got '{}'", b));
+    return b == "true" ? predicate::is_true : predicate::is_false;
+  }
+
   void expect_form(const sexp& s, std::vector<step>& out) {
     const auto& xs = s.items();
     if (xs.size() < 2 || !xs[1].is_list() || xs[1].items().empty() || !xs[1].items()[0].is_atom())
@@ -1240,18 +1448,18 @@ private:
       st.pred = predicate::before;
       st.ev = event(subj.items()[1]);
       st.ev2 = event(subj.items()[2]);
+    } else if (head == "resolved") {
+      args(1, "(resolved EVENT)");
+      preds(0, 1);
+      st.what = subject::resolved;
+      st.ev = event(subj.items()[1]);
+      st.pred = xs.size() == 3 ? true_or_false(xs[2]) : predicate::is_true;
     } else if (head == "idle") {
       args(1, "(idle DEVICE)");
       preds(0, 1);
       st.what = subject::idle;
       st.device = device(subj.items()[1]);
-      st.pred = predicate::is_true;
-      if (xs.size() == 3) {
-        auto b = text(xs[2], "true or false");
-        if (b != "true" && b != "false")
-          fail(xs[2], fmt::format("expected true or false, got '{}'", b));
-        st.pred = b == "true" ? predicate::is_true : predicate::is_false;
-      }
+      st.pred = xs.size() == 3 ? true_or_false(xs[2]) : predicate::is_true;
     } else if (head == "memory") {
       args(1, "(memory DEVICE)");
       preds(1, 1);
@@ -1289,9 +1497,9 @@ private:
         "sync", "await", "sync-device", "kernel", "checksum", "wait", "memset", "pool",
         "free-pool", "from-host", "to-host", "copy", "alloc", "cancel", "recover", "delay"};
       if (!actions.count(head))
-        fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, before, "
-                                          "idle, memory, checksum, host, or an action (sync, "
-                                          "await, kernel, ...)",
+        fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, "
+                                          "resolved, before, idle, memory, checksum, host, or an "
+                                          "action (sync, await, kernel, ...)",
                                           head));
       preds(0, 1);
       std::vector<step> inner;
@@ -1331,6 +1539,7 @@ private:
     std::vector<step>* steps;
   };
   std::vector<forward_event> forward_events_;
+  std::vector<aimed_fault> aimed_;
   std::map<std::string, int64_t> vars_;
   std::vector<int> ctx_device_;
   std::vector<std::set<int>> ctx_nodes_;

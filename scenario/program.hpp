@@ -28,6 +28,7 @@ enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
   delay, hold, release, expect, kill_node, cut_node, sync_in, detach_node, attach_node,
+  sleep,
 };
 
 /// Host data for `from-host`.
@@ -38,7 +39,7 @@ struct host_data {
 };
 
 /// What an expectation looks at.
-enum class subject : uint8_t { action, state, before, idle, memory, checksum, host };
+enum class subject : uint8_t { action, state, before, idle, memory, checksum, host, resolved };
 
 /// What it expects of it.
 enum class predicate : uint8_t {
@@ -73,8 +74,16 @@ struct step {
   double ms = 0;
   std::string kernel;
   std::vector<link_arg> args;
-  /// A kernel item a `fail-at` turned into a failure: the message it throws.
+  /// A task item a `fail-at` turned into a failure: the message it throws.
   std::optional<std::string> fail_with;
+  /// `(delay-at EV MS)`: the task sleeps MS ms on its runner before its work.
+  double held_ms = 0;
+  /// `(cancel-at EV)`: the item is queued behind a hold and cancelled alone.
+  bool cancel_here = false;
+  /// `(kill-node-at EV [NODE])`/`(cut-node-at ...)`: the node (an index into
+  /// program::nodes) stopped right after this step; -1 for none.
+  int node_fault = -1;
+  bool node_cut = false;
   /// `copy ... (into merge)`.
   bool into_merge = false;
   std::string message; // kill reason

@@ -58,6 +58,12 @@ struct hold_latch {
     }
     cv.notify_all();
   }
+
+  /// Blocks the calling runner until `release`.
+  void wait() {
+    std::unique_lock lock{mu};
+    cv.wait(lock, [&] { return open; });
+  }
 };
 
 /// An event a `(sync-in ...)` task waits for: the host makes it (maybe after
@@ -409,7 +415,7 @@ private:
     auto desc = "sync-in " + name;
     auto timeout = opts_.step_timeout_s;
     const backend* b = &b_;
-    b_.schedule_task(dev(st.device), {desc, [slot, b, timeout, name] {
+    b_.schedule_task(dev(st.device), {desc, faulted(st, [slot, b, timeout, name] {
                                         auto e = slot->wait(timeout);
                                         if (!e)
                                           throw std::runtime_error(fmt::format(
@@ -418,7 +424,7 @@ private:
                                             "is missing)",
                                             name));
                                         b->sync(*e);
-                                      }});
+                                      })});
     add_item(st.device, before, "task", desc, st.as, st);
   }
 
@@ -478,7 +484,70 @@ private:
     host_slice(name, start, false);
   }
 
+  /// The work of a task item with the fault a `fail-at EV` or `delay-at EV`
+  /// aimed at it: throwing its message instead, or sleeping first.
+  std::function<void()> faulted(const step& st, std::function<void()> work) const {
+    if (st.fail_with) {
+      auto msg = *st.fail_with;
+      return [msg] { throw std::runtime_error(msg); };
+    }
+    if (st.held_ms > 0) {
+      if (st.held_ms > opts_.step_timeout_s * 1e3)
+        throw std::invalid_argument(fmt::format("delay-at: a delay of {} ms is longer than the "
+                                                "step timeout ({} s)",
+                                                st.held_ms, opts_.step_timeout_s));
+      return [ms = st.held_ms, work = std::move(work)] {
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+        work();
+      };
+    }
+    return work;
+  }
+
+  /// `(cancel-at EV)`: the step that makes EV, its item cancelled alone. A
+  /// hold queued before it blocks the device's runner; once the runner is
+  /// in it (everything queued before has run), the step queues its item,
+  /// `cancel` drops exactly that (the only work queued and not started),
+  /// and the hold opens.
+  void cancel_alone(const step& st) {
+    auto latch = std::make_shared<hold_latch>();
+    auto in = std::make_shared<std::atomic<bool>>(false);
+    auto before = last_seq(st.device);
+    auto desc = "cancel-at " + p_.events[st.as].name;
+    b_.schedule_task(dev(st.device), {desc, [latch, in] {
+                                        in->store(true);
+                                        latch->wait();
+                                      }});
+    add_item(st.device, before, "task", desc, -1, st);
+    auto hold = b_.all_work(dev(st.device));
+    struct opener {
+      std::shared_ptr<hold_latch> l;
+      ~opener() { l->release(); }
+    } open{latch};
+    // A hold that failed (the device failed before it) never runs: the
+    // step then meets the failed device as it would without the fault.
+    bounded(desc.c_str(), [&] { return in->load() || b_.state(hold) != event_state::pending; });
+    execute_step(st);
+    if (in->load())
+      b_.cancel(dev(st.device));
+  }
+
   void execute(const step& st) {
+    if (st.cancel_here)
+      cancel_alone(st);
+    else
+      execute_step(st);
+    if (st.node_fault >= 0) {
+      // (kill-node-at EV [NODE]) or (cut-node-at ...): right after the step
+      // that makes EV, as a (kill-node NODE) written after it would.
+      step stop;
+      stop.kind = st.node_cut ? op::cut_node : op::kill_node;
+      stop.host = st.node_fault;
+      kill_node(stop);
+    }
+  }
+
+  void execute_step(const step& st) {
     switch (st.kind) {
       case op::make_context:
         contexts_[st.ctx] = b_.make_context(dev(st.device));
@@ -586,8 +655,8 @@ private:
         auto ms = st.ms;
         auto desc = fmt::format("delay {} ms", ms);
         b_.schedule_task(dev(st.device),
-                         {desc, [ms] { std::this_thread::sleep_for(
-                                         std::chrono::duration<double, std::milli>(ms)); }});
+                         {desc, faulted(st, [ms] { std::this_thread::sleep_for(
+                                                     std::chrono::duration<double, std::milli>(ms)); })});
         add_item(st.device, before, "task", desc, st.as, st);
         break;
       }
@@ -596,16 +665,23 @@ private:
         auto latch = holds_[st.hold];
         auto desc = "hold " + p_.holds[st.hold];
         // Open at (release ...), or at the end of the run at the latest.
-        b_.schedule_task(dev(st.device), {desc, [latch] {
-                                            std::unique_lock lock{latch->mu};
-                                            latch->cv.wait(lock, [&] { return latch->open; });
-                                          }});
+        b_.schedule_task(dev(st.device), {desc, [latch] { latch->wait(); }});
         add_item(st.device, before, "task", desc, -1, st);
         break;
       }
       case op::release:
         holds_[st.hold]->release();
         break;
+      case op::sleep: {
+        if (st.ms > opts_.step_timeout_s * 1e3)
+          throw std::invalid_argument(fmt::format("a sleep of {} ms is longer than the step "
+                                                  "timeout ({} s)",
+                                                  st.ms, opts_.step_timeout_s));
+        auto start = trace_clock_ns();
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(st.ms));
+        host_slice(fmt::format("sleep {} ms", st.ms), start, false);
+        break;
+      }
       case op::sync_in:
         sync_in(st);
         break;
@@ -691,10 +767,8 @@ private:
     auto r = b_.link(c, st.kernel, st.args);
     // Errors name the task as the script wrote it: "task 'scale w 2' failed".
     r.schedule.description = describe_kernel(st);
-    if (st.fail_with) {
-      auto msg = *st.fail_with;
-      r.schedule.work = [msg] { throw std::runtime_error(msg); };
-    }
+    if (st.fail_with || st.held_ms > 0)
+      r.schedule.work = faulted(st, std::move(r.schedule.work));
     auto before = last_seq(st.device);
     auto e = b_.run(r);
     int idx = add_item(st.device, before, "task", describe_kernel(st), st.as, st);
@@ -848,6 +922,13 @@ private:
         deferred_.emplace_back(&st, result_.expectations.size());
         record(st, false, "not checked");
         return;
+      case subject::resolved: {
+        // At once, without waiting: the event's state now.
+        auto got = b_.state(ev(st.ev));
+        bool resolved = got != event_state::pending;
+        return record(st, resolved == (st.pred == predicate::is_true),
+                      resolved ? fmt::format("resolved: {}", to_string(got)) : "pending");
+      }
       case subject::idle: {
         bool idle = b_.is_idle(dev(st.device));
         return record(st, idle == (st.pred == predicate::is_true), idle ? "idle" : "busy");
