@@ -35,11 +35,7 @@ sexp device_core::debug_info() const {
       });
   }
   auto pools = pools_.info();
-  std::size_t spare;
-  {
-    std::lock_guard guard{spare_mu_};
-    spare = spare_.size();
-  }
+  auto spare = extras_.spare_count();
   auto err = error();
   auto info = sexp::list({sexp::atom("device"), sexp::field("name", name_),
                           sexp::field("queue_length", std::to_string(s - f)),
