@@ -37,6 +37,7 @@
 #include "actors/core/extra_cache.hpp"
 #include "actors/core/gate.hpp"
 #include "actors/core/gate_list.hpp"
+#include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
@@ -597,36 +598,10 @@ private:
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
-  /// A gate of another device (`waiter`) that opens once `seq` of this one
-  /// is resolved: a local `will_wait_for`, registered without a resolver.
-  /// A resolver and its multimap node were two allocations a wait, made by
-  /// the host and freed by this runner; in glibc that cross-thread pattern
-  /// (consolidation, unsorted-bin sorting) was most of the host's time in a
-  /// chain scheduled while it runs.
-  struct gate_waiter {
-    uint64_t seq = 0;
-    std::shared_ptr<gate> g;
-    std::weak_ptr<device_core> waiter;
-    /// `waiter`'s address, to tell without a reference whether it is the
-    /// device whose runner thread fires it (`home_runner`); never
-    /// dereferenced.
-    const device_core* waiter_at = nullptr;
-  };
-  /// Sorted by seq from `gate_waiters_head_` on (the entries before it are
-  /// spent, compacted away in bulk); guarded by the waiter lock
-  /// (`outcomes_.waiters_mutex()`). Storage is reused: appending a wait
-  /// allocates nothing once it has grown.
-  std::vector<gate_waiter> gate_waiters_;
-  std::size_t gate_waiters_head_ = 0;
-  /// Stores the waiters' minimum from both lists (`outcomes_`'s and the
-  /// gate waiters). Call under the waiter lock. `raised`: the caller only
-  /// took waiters out (a firing), so the value can only go up.
-  void update_min_waiter_locked(bool raised = false) noexcept;
-  /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
-  /// `all`); `more`: whether the one after it is due too. Call under
-  /// the waiter lock.
-  bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
-                                   bool& more) noexcept;
+  /// Local waits of other devices on this one's seqs, registered without a
+  /// resolver (see gate_waiters.hpp); guarded by the waiter lock
+  /// (`outcomes_.waiters_mutex()`), whose minimum covers them.
+  gate_waiters gate_waiters_;
   /// Registers `w` with this (owner) device, or resolves it at once as
   /// `when_resolved` would call a resolver. Moves from `w` only once it is
   /// stored: when this throws (out of memory), `w` is as it was.
@@ -635,8 +610,6 @@ private:
   /// pending, else `resolve(cause)` at once (null cause: done).
   template <class Enter, class Resolve>
   void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
-  /// Opens (or fails) `w`'s gate on its waiting device, if that still lives.
-  static void resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept;
   /// In `fire`, on this device's own runner: if the next item here is a
   /// pending gate on `w`'s device, and that device is parked at `w`'s gate,
   /// takes its token and opens the gate without waking its runner; this

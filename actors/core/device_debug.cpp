@@ -23,7 +23,7 @@ sexp device_core::debug_info() const {
   std::string parked;
   {
     std::lock_guard guard{outcomes_.waiters_mutex()};
-    waiting = outcomes_.waiter_count_locked() + (gate_waiters_.size() - gate_waiters_head_);
+    waiting = outcomes_.waiter_count_locked() + gate_waiters_.size_locked();
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
     if (auto* p = gates_.parked_on(std::memory_order_acquire))
