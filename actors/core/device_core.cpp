@@ -72,7 +72,7 @@ void device_core::shutdown() {
     thread_.join();
     stream_.reset(); // the runner resolved everything it submitted
     // Its orders' pools, if it stopped without going idle: the memory goes now.
-    let_go_of_spent_pools();
+    extras_.let_go_of_spent_pools();
   }
   {
     std::lock_guard guard{outcomes_.waiters_mutex()};

@@ -34,8 +34,10 @@
 #include <vector>
 
 #include "actors/core/exec_token.hpp"
+#include "actors/core/extra_cache.hpp"
 #include "actors/core/gate.hpp"
 #include "actors/core/gate_list.hpp"
+#include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
@@ -132,7 +134,7 @@ public:
   /// `kind`: `copy` copies, `memset` zeroes, `pool` does nothing (it releases
   /// `hold` in its turn). `label` names a node (`order::node`). Allocates
   /// nothing once the runner has handed back an item of a label as long
-  /// (see `spare_`). Throws like `push`.
+  /// (see `extra_cache`). Throws like `push`.
   uint64_t push_order(const order& o, trace_kind kind, std::string_view label,
                       std::shared_ptr<const void> hold);
   /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
@@ -350,12 +352,6 @@ private:
   /// Appends the wait `g` (see push_gate) as an item of its own; never waits
   /// for room. Returns its seq.
   uint64_t enqueue_wait(std::shared_ptr<gate> g);
-  /// An extra for an order or a wait: one the runner handed back (holding no
-  /// pool and no gate, its other fields stale: the caller sets them), or a new one.
-  std::unique_ptr<item_extra> reused_extra();
-  /// Runner only, once the order or wait `it` is resolved: keeps its extra for the
-  /// next `take_batch` to hand back, having released its pool.
-  void recycle(item& it) noexcept;
   /// Appends an item built in its queue slot from `work` and the extra
   /// `make_extra(text)` returns (`text`: the queue's, see `append_text`),
   /// called with the queue's lock held; returns its seq.
@@ -420,27 +416,6 @@ private:
     spent_batch_.clear();
     spent_batch_text_.clear();
   }
-  /// Runner only: moves spent_ into spare_ (all of it, while memory lasts),
-  /// letting go of the pools their orders held.
-  void hand_back_extras_to_producers() noexcept;
-  /// Runner only (or once it is gone): the spent extras let go of the pools
-  /// their orders held, and stay spent. As a group is handed back, at a
-  /// release, when the runner goes idle (an idle device holds no pool; its
-  /// extras are handed back with the next batch, as ever, so that a host
-  /// syncing on each copy still finds 16 or more spare ones), at shutdown.
-  void let_go_of_spent_pools() noexcept;
-  /// Runner only, as an item with an extra resolves: lets go of what it
-  /// held, except an order on a pool (a copy, a zeroing: `op.dst` set),
-  /// whose pool stays held until its extra is handed back. A release (an
-  /// order without `dst`) first makes the spent orders let go of theirs, so
-  /// that its pool's memory is gone before its event is done.
-  void release_hold(item_extra& x) noexcept;
-  /// The same for whatever extra `it` has (a described task's `keep_alive`
-  /// goes at once).
-  void release_hold(item& it) noexcept;
-  /// Runner only, before it sleeps: frees the spare extras beyond
-  /// `spare_extras_max`, kept through a burst.
-  void trim_spare_extras() noexcept;
   void execute(item& it);
   /// `execute` for an item without an order's or a wait's extra (a bare
   /// closure, or a described task).
@@ -591,56 +566,18 @@ private:
   // null when tracing is off; set once, at construction.
   std::unique_ptr<trace_ring> trace_;
 
-  // Orders' extras for reuse. A producer that allocates what the runner
-  // frees contends with it for the allocator's arena lock on every item
-  // (half of a 4 KiB host copy's time went there): the runner hands back the
-  // extras of its last batch's orders as it takes the next (`take_batch`),
-  // and producers of orders take them one by one. All of them, however many
-  // a burst had in flight: had the runner freed those beyond a limit while a
-  // producer ahead of it allocated new ones, the two would again contend for
-  // the arena lock on every order (seen as a futex storm that tripled
-  // `copy_4KiB` for a whole sample). The runner frees the excess over
-  // `spare_extras_max` when it goes idle. Kept off the hot lines above:
+  // Orders' and waits' extras for reuse (see extra_cache.hpp): producers
+  // take them, the runner hands them back as it takes a batch. Two lines of
+  // their own (the class is 64-aligned), kept off the hot lines above:
   // tasks that are neither orders nor waits never touch them.
-  static constexpr std::size_t spare_extras_max = 1024;
-  static constexpr std::size_t hand_back_extras = 16;
-  alignas(64) mutable spin_mutex spare_mu_;
-  std::vector<std::unique_ptr<item_extra>> spare_; // guarded by spare_mu_
-  // Runner only, written for every order: a line of its own.
-  alignas(64) std::vector<std::unique_ptr<item_extra>> spent_; // for spare_
+  extra_cache extras_;
 
   // Cold: errors, backpressure, waiters, pools.
   alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
-  /// A gate of another device (`waiter`) that opens once `seq` of this one
-  /// is resolved: a local `will_wait_for`, registered without a resolver.
-  /// A resolver and its multimap node were two allocations a wait, made by
-  /// the host and freed by this runner; in glibc that cross-thread pattern
-  /// (consolidation, unsorted-bin sorting) was most of the host's time in a
-  /// chain scheduled while it runs.
-  struct gate_waiter {
-    uint64_t seq = 0;
-    std::shared_ptr<gate> g;
-    std::weak_ptr<device_core> waiter;
-    /// `waiter`'s address, to tell without a reference whether it is the
-    /// device whose runner thread fires it (`home_runner`); never
-    /// dereferenced.
-    const device_core* waiter_at = nullptr;
-  };
-  /// Sorted by seq from `gate_waiters_head_` on (the entries before it are
-  /// spent, compacted away in bulk); guarded by the waiter lock
-  /// (`outcomes_.waiters_mutex()`). Storage is reused: appending a wait
-  /// allocates nothing once it has grown.
-  std::vector<gate_waiter> gate_waiters_;
-  std::size_t gate_waiters_head_ = 0;
-  /// Stores the waiters' minimum from both lists (`outcomes_`'s and the
-  /// gate waiters). Call under the waiter lock. `raised`: the caller only
-  /// took waiters out (a firing), so the value can only go up.
-  void update_min_waiter_locked(bool raised = false) noexcept;
-  /// Takes the first gate waiter if it is due (`seq <= upto`, or any when
-  /// `all`); `more`: whether the one after it is due too. Call under
-  /// the waiter lock.
-  bool take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
-                                   bool& more) noexcept;
+  /// Local waits of other devices on this one's seqs, registered without a
+  /// resolver (see gate_waiters.hpp); guarded by the waiter lock
+  /// (`outcomes_.waiters_mutex()`), whose minimum covers them.
+  gate_waiters gate_waiters_;
   /// Registers `w` with this (owner) device, or resolves it at once as
   /// `when_resolved` would call a resolver. Moves from `w` only once it is
   /// stored: when this throws (out of memory), `w` is as it was.
@@ -649,8 +586,6 @@ private:
   /// pending, else `resolve(cause)` at once (null cause: done).
   template <class Enter, class Resolve>
   void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
-  /// Opens (or fails) `w`'s gate on its waiting device, if that still lives.
-  static void resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept;
   /// In `fire`, on this device's own runner: if the next item here is a
   /// pending gate on `w`'s device, and that device is parked at `w`'s gate,
   /// takes its token and opens the gate without waking its runner; this

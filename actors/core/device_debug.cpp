@@ -19,7 +19,7 @@ sexp device_core::debug_info() const {
   std::string parked;
   {
     std::lock_guard guard{outcomes_.waiters_mutex()};
-    waiting = outcomes_.waiter_count_locked() + (gate_waiters_.size() - gate_waiters_head_);
+    waiting = outcomes_.waiter_count_locked() + gate_waiters_.size_locked();
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
     if (auto* p = gates_.parked_on(std::memory_order_acquire))
@@ -31,11 +31,7 @@ sexp device_core::debug_info() const {
       });
   }
   auto pools = pools_.info();
-  std::size_t spare;
-  {
-    std::lock_guard guard{spare_mu_};
-    spare = spare_.size();
-  }
+  auto spare = extras_.spare_count();
   auto err = error();
   auto info = sexp::list({sexp::atom("device"), sexp::field("name", name_),
                           sexp::field("queue_length", std::to_string(s - f)),

@@ -62,37 +62,6 @@ void device_core::check_scheduled(uint64_t seq, const char* what) const {
       name_, s));
 }
 
-void device_core::update_min_waiter_locked(bool raised) noexcept {
-  auto m = outcomes_.first_waiter_locked();
-  if (gate_waiters_head_ < gate_waiters_.size())
-    m = std::min(m, gate_waiters_[gate_waiters_head_].seq);
-  outcomes_.set_min_waiter_locked(m, raised);
-}
-
-bool device_core::take_due_gate_waiter_locked(uint64_t upto, bool all, gate_waiter& out,
-                                              bool& more) noexcept {
-  more = false;
-  if (gate_waiters_head_ == gate_waiters_.size())
-    return false;
-  auto& first = gate_waiters_[gate_waiters_head_];
-  if (!all && first.seq > upto)
-    return false;
-  out = std::move(first);
-  more = gate_waiters_head_ + 1 < gate_waiters_.size() &&
-         (all || gate_waiters_[gate_waiters_head_ + 1].seq <= upto);
-  // Spent entries are erased in bulk, once they are half of the list (and
-  // at once when it empties): a move per entry, amortized, no allocation.
-  if (++gate_waiters_head_ == gate_waiters_.size()) {
-    gate_waiters_.clear();
-    gate_waiters_head_ = 0;
-  } else if (gate_waiters_head_ >= 64 && 2 * gate_waiters_head_ >= gate_waiters_.size()) {
-    gate_waiters_.erase(gate_waiters_.begin(),
-                        gate_waiters_.begin() + static_cast<std::ptrdiff_t>(gate_waiters_head_));
-    gate_waiters_head_ = 0;
-  }
-  return true;
-}
-
 void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   // The due waiters' nodes move to a local map: no allocation, so nothing
   // can throw half-way and strand a waiter. Due gate waiters are taken one
@@ -111,8 +80,8 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   {
     std::lock_guard guard{outcomes_.waiters_mutex()};
     outcomes_.take_due_locked(upto, beyond != nullptr, due);
-    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
-    update_min_waiter_locked(true);
+    has_gate = gate_waiters_.take_due_locked(upto, beyond != nullptr, gw, more);
+    gate_waiters_.update_min_locked(outcomes_, true);
   }
   // Each seq gets its own outcome: a seq resolved done is done for every
   // observer, even when this fires because the device failed later.
@@ -123,14 +92,14 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   while (has_gate) {
     const auto* c = outcomes_.outcome_for(gw.seq, resolved, beyond, hold);
     if (c || !(try_claim(gw) || (runners_may_defer() && try_defer(gw))))
-      resolve_gate_waiter(gw, c);
+      gate_waiters::resolve(gw, c);
     if (!more && !beyond)
       break;
     gw = gate_waiter{};
     std::lock_guard guard{outcomes_.waiters_mutex()};
-    has_gate = take_due_gate_waiter_locked(upto, beyond != nullptr, gw, more);
+    has_gate = gate_waiters_.take_due_locked(upto, beyond != nullptr, gw, more);
     if (has_gate)
-      update_min_waiter_locked(true);
+      gate_waiters_.update_min_locked(outcomes_, true);
   }
 }
 
@@ -144,7 +113,7 @@ void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
     auto text = cause->describe();
     w(&text);
   });
-  update_min_waiter_locked();
+  gate_waiters_.update_min_locked(outcomes_);
 }
 
 template <class Enter, class Resolve>
@@ -153,7 +122,7 @@ void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolv
     std::unique_lock guard{outcomes_.waiters_mutex()};
     if (outcomes_.accepts_locked(seq)) {
       enter();
-      update_min_waiter_locked();
+      gate_waiters_.update_min_locked(outcomes_);
       // Re-check: the runner may have advanced between our load and store
       // without seeing the new minimum. Either it fires us, or we fire here.
       auto p = outcomes_.progress_now();
@@ -181,25 +150,14 @@ void device_core::when_resolved(uint64_t seq, resolver r) {
 void device_core::when_resolved(gate_waiter&& w) {
   const auto seq = w.seq;
   when_resolved_as(
-    seq,
-    [&] {
-      // Kept in seq order: appended in the common case.
-      if (gate_waiters_head_ == gate_waiters_.size() || gate_waiters_.back().seq <= seq) {
-        gate_waiters_.push_back(std::move(w));
-        return;
-      }
-      auto at = std::upper_bound(
-        gate_waiters_.begin() + static_cast<std::ptrdiff_t>(gate_waiters_head_),
-        gate_waiters_.end(), seq, [](uint64_t s, const gate_waiter& x) { return s < x.seq; });
-      gate_waiters_.insert(at, std::move(w));
-    },
-    [&](const failure* cause) { resolve_gate_waiter(w, cause); });
+    seq, [&] { gate_waiters_.add_locked(std::move(w)); },
+    [&](const failure* cause) { gate_waiters::resolve(w, cause); });
 }
 
 std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>& pred) {
   std::lock_guard guard{outcomes_.waiters_mutex()};
   auto n = outcomes_.drop_waiters_locked(pred);
-  update_min_waiter_locked();
+  gate_waiters_.update_min_locked(outcomes_);
   return n;
 }
 
@@ -207,7 +165,7 @@ bool device_core::drop_waiter(uint64_t seq, const std::function<bool(const resol
   std::lock_guard guard{outcomes_.waiters_mutex()};
   if (!outcomes_.drop_waiter_locked(seq, pred))
     return false;
-  update_min_waiter_locked();
+  gate_waiters_.update_min_locked(outcomes_);
   return true;
 }
 

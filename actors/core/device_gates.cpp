@@ -116,6 +116,10 @@ std::shared_ptr<gate> make_gate() {
   return std::allocate_shared<gate>(gate_allocator<gate>{});
 }
 
+const std::shared_ptr<const failure>& unknown_gate_cause() noexcept {
+  return unknown_cause();
+}
+
 bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
                             wait_kind kind) {
   if (owner.get() == this || owner->outcomes().is_done(seq))
@@ -176,32 +180,6 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
     gates_.take_back_locked();
     throw;
   }
-}
-
-void device_core::resolve_gate_waiter(const gate_waiter& w, const failure* cause) noexcept {
-  // On the waiter's own runner thread (a chain's hop, run here by hand-over,
-  // opening the wait of the device that lent this thread), the waiter
-  // outlives this call: no reference taken, two locked instructions a hop
-  // fewer.
-  std::shared_ptr<device_core> held;
-  device_core* me = home_runner;
-  if (!me || w.waiter_at != me) {
-    held = w.waiter.lock();
-    me = held.get();
-  }
-  if (!me)
-    return;
-  // An ordering-only wait ends however the awaited item resolved.
-  if (!cause || w.g->order_only) {
-    me->resolve_gate(*w.g, failure_ptr{});
-    return;
-  }
-  failure_ptr shared;
-  try {
-    shared = std::make_shared<const failure>(*cause);
-  } catch (...) {
-  }
-  me->resolve_gate(*w.g, shared ? shared : unknown_cause());
 }
 
 std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parked) const {

@@ -20,41 +20,6 @@ template <class MakeExtra>
   return queue_.push(may_wait, std::move(work), make_extra, [this] { throw_refusal_locked(); });
 }
 
-std::unique_ptr<item_extra> device_core::reused_extra() {
-  {
-    std::lock_guard guard{spare_mu_};
-    if (!spare_.empty()) {
-      auto x = std::move(spare_.back());
-      spare_.pop_back();
-      // The runner read the next one last: ask for the two lines a push
-      // writes now, so their transfer overlaps this push, not the next.
-      if (!spare_.empty()) {
-        auto* next = reinterpret_cast<const char*>(spare_.back().get());
-        prefetch_for_write(next);
-        prefetch_for_write(next + 64);
-      }
-      return x;
-    }
-  }
-  return std::make_unique<item_extra>();
-}
-
-void device_core::recycle(item& it) noexcept {
-  it.work = nullptr; // its closure points into the extra
-  // Only what must not outlive the item, and only when set: the other
-  // fields stay as they are for the producer to overwrite, their lines
-  // untouched here. An order's pool is let go of later, with the other
-  // spent orders' (`let_go_of_spent_pools`: at a hand-back, a release, idle).
-  if (auto& x = *it.extra.order_or_wait(); x.g)
-    x.g.reset(); // a wait's gate goes with the wait
-  auto x = it.extra.take_order_or_wait();
-  try {
-    spent_.push_back(std::move(x));
-  } catch (...) {
-    // Out of memory: freed instead (x, as it goes).
-  }
-}
-
 named_extra* named_extra::make(std::string_view description,
                                                          std::shared_ptr<const void> keep_alive,
                                                          trace_kind kind) {
@@ -90,7 +55,7 @@ extra_ptr device_core::append_text(std::string& text, std::string_view descripti
 
 uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_view label,
                                  std::shared_ptr<const void> hold) {
-  auto extra = reused_extra();
+  auto extra = extras_.take();
   extra->keep_alive = std::move(hold);
   extra->op = o;
   extra->kind = kind; // the description is unused
@@ -109,8 +74,8 @@ uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_vi
 }
 
 uint64_t device_core::enqueue_wait(std::shared_ptr<gate> g) {
-  // A wait's extra is reused, as an order's is (see recycle).
-  auto extra = reused_extra();
+  // A wait's extra is reused, as an order's is (see extra_cache).
+  auto extra = extras_.take();
   extra->keep_alive.reset();
   extra->op.what = ""; // not an order
   extra->g = std::move(g);

@@ -49,8 +49,8 @@ void device_core::run() {
     batch_.clear();
     pos_ = 0;
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
-      let_go_of_spent_pools(); // an idle device holds no pool
-      trim_spare_extras();
+      extras_.let_go_of_spent_pools(); // an idle device holds no pool
+      extras_.trim_spare_extras();
       if (!queue_.sleep_until_work())
         return;
     } else if (pending() < coalesce_items) {
@@ -201,7 +201,7 @@ void device_core::run_item(bool first_in_batch) {
   } else {
     execute(it);
   }
-  // Orders' and waits' extras are kept for reuse (see spare_). A wait's
+  // Orders' and waits' extras are kept for reuse (see extra_cache). A wait's
   // extra freed here, on another thread than the host that allocated it,
   // took glibc's arena lock against that host's next allocation: with a
   // host scheduling a chain while it runs, futex waits and wakes on both
@@ -209,7 +209,7 @@ void device_core::run_item(bool first_in_batch) {
   // 1,950-2,150 ns against 2,600-3,100, and a prebuilt one 250-300 against
   // 450-640 (tools chain, this machine).
   if (it.extra.order_or_wait())
-    recycle(it);
+    extras_.recycle(it);
 }
 
 bool device_core::gate_ended(const gate& g, uint64_t seq) const noexcept {
@@ -507,81 +507,10 @@ bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
   if (!t.took)
     return false;
   batch_has_extras_ = t.flagged;
-  if (spent_.size() >= hand_back_extras)
-    hand_back_extras_to_producers();
+  extras_.hand_back_if_due();
   if (t.wants_room)
     queue_.call_room_callback();
   return true;
-}
-
-void device_core::hand_back_extras_to_producers() noexcept {
-  let_go_of_spent_pools();
-  // A group at a time, under a lock of their own: handing back each one
-  // moves spare_'s lines to this thread and back for every order, and under
-  // the queue's lock it would take the queue's line from the producers once more. spare_
-  // is sized once, its first time, and grows past that only in a burst;
-  // out of memory, what does not fit is freed.
-  {
-    std::lock_guard guard{spare_mu_};
-    // Doubling: reserve alone grows to exactly what is asked, and a burst
-    // handed back 16 at a time would move the whole list every time.
-    if (auto need = spare_.size() + spent_.size(); need > spare_.capacity()) {
-      try {
-        spare_.reserve(std::max({need, 2 * spare_.capacity(), spare_extras_max}));
-      } catch (...) {
-      }
-    }
-    while (!spent_.empty() && spare_.size() < spare_.capacity()) {
-      spare_.push_back(std::move(spent_.back()));
-      spent_.pop_back();
-    }
-  }
-  spent_.clear(); // only when memory ran out
-}
-
-void device_core::trim_spare_extras() noexcept {
-  // A slice at a time, so that a producer taking an extra meanwhile waits
-  // for a short section only.
-  constexpr std::size_t slice = 256;
-  static_assert(slice <= spare_extras_max); // so n - slice below cannot wrap
-  for (;;) {
-    std::lock_guard guard{spare_mu_};
-    auto n = spare_.size();
-    if (n <= spare_extras_max) {
-      if (spare_.capacity() > 4 * spare_extras_max) {
-        try {
-          spare_.shrink_to_fit();
-        } catch (...) {
-        }
-      }
-      return;
-    }
-    spare_.resize(std::max(spare_extras_max, n - slice));
-  }
-}
-
-void device_core::let_go_of_spent_pools() noexcept {
-  // In a row: the count's cache line moves from the host once for the
-  // group, where letting go as each order ran moved it back and forth on
-  // every copy (the host takes the same count for its next copy).
-  for (auto& x : spent_)
-    if (x->keep_alive) // else its line is left as it is
-      x->keep_alive.reset();
-}
-
-void device_core::release_hold(item& it) noexcept {
-  if (auto* n = it.extra.named_holding())
-    n->keep_alive.reset();
-  else if (auto* x = it.extra.order_or_wait())
-    release_hold(*x);
-}
-
-void device_core::release_hold(item_extra& x) noexcept {
-  if (!x.keep_alive || (x.is_order() && x.op.dst))
-    return;
-  if (x.is_order())
-    let_go_of_spent_pools();
-  x.keep_alive.reset();
 }
 
 [[gnu::always_inline]] inline bool device_core::call_work(item& it, uint64_t seq) {
@@ -668,7 +597,7 @@ void device_core::execute(item& it) {
   auto seq = ++executed_;
   if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
-      mark_parked(nullptr); // it may be freed with the item (recycle)
+      mark_parked(nullptr); // it may be freed with the item (extras_.recycle)
     drop(it, seq);
     return;
   }
@@ -691,7 +620,7 @@ void device_core::execute(item& it) {
   // Release what an order held (a freed pool's memory) before its event is
   // done, so whoever syncs on it sees the memory gone.
   it.work = nullptr;
-  release_hold(*it.extra.order_or_wait());
+  extras_.release_hold(*it.extra.order_or_wait());
   complete(seq);
 }
 
@@ -753,7 +682,7 @@ void device_core::drop(item& it, uint64_t seq) noexcept {
   if (trace_) [[unlikely]]
     trace_dropped(it, seq);
   it.work = nullptr;
-  release_hold(it);
+  extras_.release_hold(it);
   outcomes_.record_dropped(seq); // with the cause of the drop that covers it
   complete(seq);
 }

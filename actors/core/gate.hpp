@@ -68,4 +68,8 @@ struct gate {
 /// process-wide cache of gates freed before (see device_gates.cpp).
 std::shared_ptr<gate> make_gate();
 
+/// The cause of a failed gate whose real cause could not be copied (out of
+/// memory); made at load time (see device_gates.cpp).
+const std::shared_ptr<const failure>& unknown_gate_cause() noexcept;
+
 } // namespace multidev::detail

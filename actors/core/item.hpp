@@ -48,12 +48,13 @@ struct work_order {
 /// description is built from `op` when asked (`description_of`).
 /// The runner reads and writes only the first cache line (the pool held,
 /// the gate, the order's pointers and size) unless a trace or an error asks
-/// for names: these extras are reused (`recycle`), and the lines a
+/// for names: these extras are reused (`extra_cache`), and the lines a
 /// producer fills are then still in its cache.
 /// A push writes the first two lines (the second: the order's id and
-/// offset, the kind, the node label), which `reused_extra` fetches ahead.
+/// offset, the kind, the node label), which `extra_cache::take` fetches ahead.
 struct alignas(64) item_extra {
-  /// The pool an order holds; see `release_hold` for when it lets go.
+  /// The pool an order holds; see `extra_cache::release_hold` for when it
+  /// lets go.
   std::shared_ptr<const void> keep_alive;
   std::shared_ptr<gate> g;
   work_order op;
