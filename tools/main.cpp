@@ -25,6 +25,7 @@
 #include <multidev/protocol.hpp>
 
 #include "bench.hpp"
+#include "bind_check.hpp"
 #include "node_command.hpp"
 #include "run_command.hpp"
 #include "terminal.hpp"
@@ -218,8 +219,9 @@ int main(int argc, char** argv) {
             "'listening on ADDR:PORT' when ready; SIGINT or SIGTERM stops it");
   node->fallthrough();
   multidev::tools::node_command_options nopts;
-  node->add_option("--bind", nopts.bind, "the address to listen on (default 127.0.0.1; one that "
-                                         "is not loopback needs --allow-remote)")
+  node->add_option("--bind", nopts.bind, "the address or name to listen on (default 127.0.0.1; "
+                                         "unless every address it resolves to is loopback, "
+                                         "it needs --allow-remote)")
     ->type_name("ADDR");
   std::string node_port;
   auto* node_port_opt =
@@ -335,9 +337,10 @@ int main(int argc, char** argv) {
       return usage(*bad);
     nopts.cpu_devices = static_cast<int>(count);
   }
-  if (*node && !allow_remote && !multidev::tools::is_loopback(nopts.bind))
-    return usage("--bind " + nopts.bind + " is not a loopback address: other machines could "
-                 "drive this node's devices; say --allow-remote to mean it");
+  // Every address the name resolves to, not its text (issue 38 point 5).
+  if (*node && !allow_remote)
+    if (auto bad = multidev::tools::non_loopback_bind(nopts.bind))
+      return usage(*bad);
   if (*node && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("node serves --cpu-devices N devices; -n and --queue-capacity do not apply to it");
   for (const auto& spec : node_addresses) {

@@ -17,10 +17,6 @@
 
 namespace multidev::tools {
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
-
 int serve_node(caf::actor_system& sys, const node_command_options& opts) {
   auto name = opts.name.empty() ? "node-" + std::to_string(getpid()) : opts.name;
   int status = 0;

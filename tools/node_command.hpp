@@ -21,9 +21,6 @@ struct node_command_options {
   bool stop_with_parent = false;
 };
 
-/// Whether `addr` is a loopback address (127.0.0.0/8, ::1, localhost).
-bool is_loopback(const std::string& addr);
-
 /// Publishes a node actor listing `cpu_devices` CPU devices on `sys` (which
 /// has the middleman loaded), prints `listening on ADDR:PORT`, and serves
 /// until SIGINT or SIGTERM, which the caller blocked before `sys` started
