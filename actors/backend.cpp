@@ -185,7 +185,7 @@ device backend::get_device(int ordinal) {
   device_actor a;
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
-    a = detail::spawn_device_actor(*impl_->sys, core, {id, impl_->opts.driver});
+    a = detail::spawn_device_actor(*impl_->sys, core, {id, impl_->opts.driver}, impl_->guard);
   }
   rec->r = runner{detail::make_local_endpoint(device_key{impl_->node, id}, core, a.address())};
   slot = device{rec};

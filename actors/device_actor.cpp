@@ -1065,10 +1065,76 @@ device_actor_full::behavior_type device_impl(self_ptr self,
   };
 }
 
+/// A session's device actor (peer_guard): the device actor, which drops
+/// what the guard does not admit before it reaches the mailbox.
+class guarded_device : public caf::stateful_actor<device_state, device_actor_full::base> {
+public:
+  using super = caf::stateful_actor<device_state, device_actor_full::base>;
+
+  guarded_device(caf::actor_config& cfg, std::shared_ptr<device_core> core,
+                 std::shared_ptr<const device_identity> id,
+                 std::shared_ptr<const peer_guard> guard)
+    : super(cfg), core_(std::move(core)), id_(std::move(id)), guard_(std::move(guard)) {}
+
+  behavior_type make_behavior() override {
+    return device_impl(this, std::move(core_), std::move(id_));
+  }
+
+  using super::enqueue;
+
+  void enqueue(caf::mailbox_element_ptr x, caf::execution_unit* host) override {
+    if (x && !admitted(*x, host)) {
+      refuse(*x, host);
+      return; // dropped here: no handler sees it
+    }
+    super::enqueue(std::move(x), host);
+  }
+
+private:
+  bool admitted(const caf::mailbox_element& x, caf::execution_unit* host) const {
+    if (!x.sender)
+      return host == nullptr; // see peer_guard
+    return guard_->admits(x.sender->node());
+  }
+
+  /// A request gets an error reply, so its sender does not wait forever.
+  void refuse(caf::mailbox_element& x, caf::execution_unit* host) const {
+    if (!x.sender || !x.mid.is_request())
+      return;
+    try {
+      auto why = fmt::format("refused a message from node {}: only the session's client "
+                             "(and the nodes it vouched for) may send to its devices",
+                             caf::to_string(x.sender->node()));
+      x.sender->enqueue(nullptr, x.mid.response_id(),
+                        caf::make_message(make_error(errc::invalid_argument, guard_->who, why)),
+                        host);
+    } catch (...) {
+      // Out of memory: the requester's timeout ends its wait.
+    }
+  }
+
+  std::shared_ptr<device_core> core_;
+  std::shared_ptr<const device_identity> id_;
+  std::shared_ptr<const peer_guard> guard_;
+};
+
 } // namespace
 
+bool peer_guard::admits(const caf::node_id& n) const {
+  if (n == home || n == client)
+    return true;
+  std::lock_guard guard{mu_};
+  return std::find(vouched_.begin(), vouched_.end(), n) != vouched_.end();
+}
+
+void peer_guard::vouch(const caf::node_id& n) {
+  std::lock_guard guard{mu_};
+  if (std::find(vouched_.begin(), vouched_.end(), n) == vouched_.end())
+    vouched_.push_back(n);
+}
+
 device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,
-                                device_identity id) {
+                                device_identity id, std::shared_ptr<const peer_guard> guard) {
   // What this thread did before spawn() happens before device_impl runs, but
   // CAF's scheduler hands the new actor to a worker through atomics
   // ThreadSanitizer never sees (see tsan.hpp). `id` travels behind a pointer
@@ -1076,6 +1142,8 @@ device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_c
   // CAF's argument forwarding before it.
   auto shared_id = std::make_shared<const device_identity>(std::move(id));
   tsan_release(core.get());
+  if (guard)
+    return sys.spawn<guarded_device>(std::move(core), std::move(shared_id), std::move(guard));
   return sys.spawn(device_impl, std::move(core), std::move(shared_id));
 }
 

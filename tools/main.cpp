@@ -241,9 +241,16 @@ int main(int argc, char** argv) {
                  "allow a --bind address that is not loopback (other machines can then drive "
                  "this node's devices)");
 
-  // TLS between nodes: the same three files on `node` and on `run`.
+  // TLS between nodes: the same three files on `node` and on `run`; and the
+  // cookie that opens a session.
   multidev::tls_files tls;
+  std::string cookie_file;
   for (auto* sub : {run, node}) {
+    sub->add_option("--cookie-file", cookie_file,
+                    "the secret a client must present to open a session on a node (default "
+                    "$XDG_CONFIG_HOME/multidev/cookie or ~/.config/multidev/cookie, made on "
+                    "first use with mode 0600; refused when others can read it)")
+      ->type_name("FILE");
     sub->add_option("--tls-cert", tls.certificate,
                     "TLS between nodes: this side's certificate (PEM); with --tls-key and "
                     "--tls-ca")
@@ -369,6 +376,20 @@ int main(int argc, char** argv) {
     // The nodes a run starts speak TLS with the same files.
     ropts.node_args = {"--tls-cert", tls.certificate, "--tls-key", tls.key, "--tls-ca",
                        tls.ca_file};
+  }
+  if (!cookie_file.empty()) {
+    // The nodes a run starts ask for the same cookie.
+    ropts.node_args.insert(ropts.node_args.end(), {"--cookie-file", cookie_file});
+    ropts.cookie_file = cookie_file;
+    nopts.cookie_file = cookie_file;
+  }
+  // A cookie file that cannot be used is named now (made on first use).
+  if (*node || (*run && (ropts.spawn_nodes || !ropts.nodes.empty()))) {
+    try {
+      multidev::load_cookie(cookie_file);
+    } catch (const std::invalid_argument& e) {
+      return usage(e.what());
+    }
   }
 
   // The long options that apply: the top level's and the given command's.

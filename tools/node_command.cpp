@@ -31,7 +31,13 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
                     .on_destroy = backend_options::destroy_policy::cancel,
                     .trace_capacity = std::size_t{1} << 16,
                     .pin_runners = false}};
-    auto node = spawn_node_actor(b, name);
+    node_actor node;
+    try {
+      node = spawn_node_actor(b, name, opts.cookie_file);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "multidev node: " << e.what() << "\n";
+      return 2;
+    }
     auto port = publish_node(node, opts.port, opts.bind);
     if (!port) {
       std::cerr << "multidev node: cannot listen on " << opts.bind << ":" << opts.port << ": "

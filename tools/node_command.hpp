@@ -19,6 +19,9 @@ struct node_command_options {
   /// Stop (as on SIGTERM) once nobody reads stdout any more: the process
   /// that started this node through a pipe is gone.
   bool stop_with_parent = false;
+  /// The cookie clients must present to open a session (empty: the default
+  /// file, `multidev::default_cookie_file()`).
+  std::string cookie_file;
 };
 
 /// Publishes a node actor listing `cpu_devices` CPU devices on `sys` (which
