@@ -181,6 +181,8 @@ device backend::get_device(int ordinal) {
     impl_->opts.pin_runners && local >= 2); // one device: no runner waits on another
   if (impl_->lease)
     core->set_lease(impl_->lease, impl_->lease_why);
+  if (impl_->guard)
+    impl_->guard->count(core); // the session's memory quota
   auto id = static_cast<uint32_t>(rec->device_id);
   device_actor a;
   {

@@ -94,7 +94,7 @@ struct backend_impl {
   /// A session's backend: who may send its device actors messages (its
   /// client and the nodes it vouches for); null for every other backend.
   /// Set before the first `get_device`.
-  std::shared_ptr<const peer_guard> guard;
+  std::shared_ptr<peer_guard> guard;
 
   mutable std::mutex mu;
   std::vector<device> devices;            // by ordinal; empty until first use

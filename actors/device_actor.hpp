@@ -4,6 +4,7 @@
 /// and the actor's private messages, which stay off the public protocol.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -60,10 +61,22 @@ struct peer_guard {
   void vouch(const caf::node_id& n);
   /// The devices' name prefix for the refusals, e.g. "session 3 of node b".
   std::string who;
+  /// The session's memory quota in bytes (issue 38 point 2; 0: none), and
+  /// what its devices' pools hold now: an `alloc` that would take the
+  /// session past the quota is refused, naming the session, the request and
+  /// the limit. Two devices of one session allocating at once may both
+  /// pass: the quota is exceeded by at most one allocation per device.
+  std::size_t memory_limit = 0;
+  /// Counts `core` (a device of the session, made by its backend) in
+  /// `used_memory`.
+  void count(std::shared_ptr<const device_core> core);
+  /// What the pools of the session's devices hold, in bytes.
+  std::size_t used_memory() const;
 
 private:
   mutable std::mutex mu_;
   std::vector<caf::node_id> vouched_;
+  std::vector<std::weak_ptr<const device_core>> cores_; // the backend owns them
 };
 
 /// Spawns the device actor of `core`. The actor answers the protocol of

@@ -27,6 +27,7 @@
 
 #include "actors/core/device_core.hpp"
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/reply_sink.hpp"
 #include "actors/remote/tls_middleman.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
@@ -1927,4 +1928,94 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_peer_with_another_session_s_device_handle_reac
   // The peer's own session works as ever.
   test_support::sync(b2, b2.schedule_named(d2, {"spin_ns", {int64_t{0}}}));
   sys2.middleman().unpublish(caf::actor_cast<caf::actor>(peer), *box);
+}
+
+// -- forged replies (issue 38 point 2) ------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_reply_from_another_owner_does_not_open_a_wait) {
+  // A device's waits on remote owners share one reply sink, whose request
+  // ids are sequential. Owner 2, asked for its own wait (id 2), answers it
+  // and forges a reply to id 1 (owner 1's wait), named and anonymous; the
+  // wait on owner 1 must stay pending until owner 1 answers.
+  caf::actor_system sys{cluster::make_cfg()};
+  using promise_t = caf::typed_response_promise<uint64_t>;
+  auto held = std::make_shared<std::promise<promise_t>>();
+  auto held_future = held->get_future();
+  // Arguments, though unused: CAF 0.17 spawns a function without one
+  // through a null tuple pointer (UBSan, `sanitize` preset).
+  auto owner1 = sys.spawn(
+    [held](caf::event_based_actor* self, int) -> caf::behavior {
+      return {[self, held](atoms::wait_atom, uint64_t) -> caf::result<uint64_t> {
+        auto rp = self->make_response_promise<uint64_t>();
+        held->set_value(rp); // answered by the test, later
+        return rp;
+      }};
+    },
+    0);
+  auto owner2 = sys.spawn(
+    [](caf::event_based_actor* self, int) -> caf::behavior {
+      return {[self](atoms::wait_atom, uint64_t seq) -> uint64_t {
+        auto to = self->current_sender();
+        auto mine = self->current_message_id().request_id().integer_value();
+        auto other = caf::make_message_id(mine - 1).response_id();
+        to->enqueue(self->ctrl(), other, caf::make_message(uint64_t{7}), self->context());
+        to->enqueue(nullptr, other, caf::make_message(uint64_t{7}), self->context());
+        return seq;
+      }};
+    },
+    0);
+  auto sink = detail::reply_sink::make(sys);
+  std::atomic<bool> opened{false};
+  std::promise<uint64_t> first, second;
+  auto first_done = first.get_future(), second_done = second.get_future();
+  BOOST_TEST_REQUIRE(sink->wait(owner1, 7, [&](const caf::message& m) {
+    opened = true;
+    first.set_value(m.match_elements<uint64_t>() ? m.get_as<uint64_t>(0) : 0);
+  }));
+  BOOST_TEST_REQUIRE(sink->wait(owner2, 8, [&](const caf::message& m) {
+    second.set_value(m.match_elements<uint64_t>() ? m.get_as<uint64_t>(0) : 0);
+  }));
+  // Owner 2's own reply came after its forgeries, on the same thread.
+  BOOST_TEST_REQUIRE((second_done.wait_for(30s) == std::future_status::ready));
+  BOOST_TEST(second_done.get() == 8u);
+  BOOST_TEST(!opened.load(), "owner 2's forged reply opened the wait on owner 1");
+  // Owner 1's own reply opens it.
+  BOOST_TEST_REQUIRE((held_future.wait_for(30s) == std::future_status::ready));
+  held_future.get().deliver(uint64_t{7});
+  BOOST_TEST_REQUIRE((first_done.wait_for(30s) == std::future_status::ready));
+  BOOST_TEST(first_done.get() == 7u);
+  sink->close(caf::make_error(caf::sec::request_receiver_down));
+  caf::anon_send_exit(owner1, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(owner2, caf::exit_reason::user_shutdown);
+}
+
+// -- per-session memory quota (issue 38 point 2) -----------------------------------
+
+BOOST_AUTO_TEST_CASE(test_nodes_an_allocation_past_the_session_s_memory_limit_is_refused) {
+  // A node of two devices, 1 MiB per session: one session's pools on both
+  // devices count together; another session has a quota of its own.
+  node_process node{tool(), 2, "q", false, {"--memory-limit", "1M"}};
+  caf::actor_system sys1{cluster::make_cfg()}, sys2{cluster::make_cfg()};
+  backend b1{sys1, {.num_devices = 1}}, b2{sys2, {.num_devices = 1}};
+  auto d1 = attach_node(b1, "127.0.0.1", node.port());
+  auto d2 = attach_node(b2, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(d1.size() == 2u);
+  BOOST_TEST_REQUIRE(d2.size() == 2u);
+  b1.alloc_pool(d1[0], 1, 600 * 1024, 64);
+  std::string refusal;
+  try {
+    b1.alloc_pool(d1[1], 2, 600 * 1024, 64); // 1200 KiB in all
+    b1.sync_device(d1[1]);
+  } catch (const std::exception& e) {
+    refusal = e.what();
+  }
+  BOOST_TEST(contains(refusal, "session 1 of node q: alloc_pool 2 of 614400 bytes refused: the "
+                               "session holds 614400 bytes and its memory limit is 1048576 bytes"),
+             refusal);
+  // Within the quota: served; the other session has its own 1 MiB.
+  b1.alloc_pool(d1[1], 3, 400 * 1024, 64);
+  b2.alloc_pool(d2[0], 1, 1000 * 1024, 64);
+  test_support::sync(b1, b1.schedule_named(d1[1], {"fill", {buffer(3, 400 * 1024), 1.0}}));
+  test_support::sync(b2, b2.schedule_named(d2[0], {"fill", {buffer(1, 1000 * 1024), 1.0}}));
+  BOOST_TEST(b1.get_used_memory(d1[0]) + b1.get_used_memory(d1[1]) <= 1024u * 1024u);
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdint>
 #include <fstream>
@@ -236,6 +237,12 @@ int main(int argc, char** argv) {
   node->add_flag("--stop-with-parent", nopts.stop_with_parent,
                  "stop as on SIGTERM once nobody reads this process's stdout (for a parent "
                  "that started it through a pipe, as run --spawn-nodes does)");
+  std::string memory_limit;
+  auto* memory_limit_opt = node->add_option(
+    "--memory-limit", memory_limit,
+    "the bytes each client's session may hold in pools (suffix K, M, G or T: powers of 1024; "
+    "default: half the physical memory); an allocation past it is refused, naming the session")
+    ->type_name("BYTES");
   bool allow_remote = false;
   node->add_flag("--allow-remote", allow_remote,
                  "allow a --bind address that is not loopback (other machines can then drive "
@@ -338,6 +345,21 @@ int main(int argc, char** argv) {
     if (auto bad = read_count("--port", node_port, 0, 65535, count))
       return usage(*bad);
     nopts.port = static_cast<uint16_t>(count);
+  }
+  if (memory_limit_opt->count() > 0) {
+    std::string digits = memory_limit;
+    int shift = 0;
+    if (!digits.empty()) {
+      auto unit = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+      auto at = std::string_view{"KMGT"}.find(unit);
+      if (at != std::string_view::npos) {
+        shift = 10 * static_cast<int>(at + 1);
+        digits.pop_back();
+      }
+    }
+    if (auto bad = read_count("--memory-limit", digits, 1, (int64_t{1} << 62) >> shift, count))
+      return usage(*bad + " (a number of bytes, with K, M, G or T)");
+    nopts.memory_limit = static_cast<std::size_t>(count) << shift;
   }
   if (cpu_devices_opt->count() > 0) {
     if (auto bad = read_count("--cpu-devices", cpu_devices, 1, max_devices, count))

@@ -33,7 +33,7 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
                     .pin_runners = false}};
     node_actor node;
     try {
-      node = spawn_node_actor(b, name, opts.cookie_file);
+      node = spawn_node_actor(b, name, opts.cookie_file, opts.memory_limit);
     } catch (const std::invalid_argument& e) {
       std::cerr << "multidev node: " << e.what() << "\n";
       return 2;
@@ -55,7 +55,9 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
         ::kill(::getpid(), SIGTERM);
       }).detach();
     std::cerr << "multidev node " << name << ": " << opts.cpu_devices
-              << " CPU device(s); SIGINT or SIGTERM stops it\n";
+              << " CPU device(s), at most "
+              << (opts.memory_limit ? opts.memory_limit : default_session_memory_limit())
+              << " bytes of pools per session; SIGINT or SIGTERM stops it\n";
     // The signals were blocked before the actor system started its threads,
     // so they wait here for sigwait.
     sigset_t set;

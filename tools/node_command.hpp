@@ -22,6 +22,9 @@ struct node_command_options {
   /// The cookie clients must present to open a session (empty: the default
   /// file, `multidev::default_cookie_file()`).
   std::string cookie_file;
+  /// What each session's pools may hold, in bytes (0: half the physical
+  /// memory).
+  std::size_t memory_limit = 0;
 };
 
 /// Publishes a node actor listing `cpu_devices` CPU devices on `sys` (which

@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <fstream>
@@ -75,6 +77,8 @@ struct node_state {
   std::string identity;
   /// What opens a session (`load_cookie`).
   std::string cookie;
+  /// What each session's pools may hold, in bytes.
+  std::size_t memory_limit = 0;
   backend_options opts;
   uint64_t last_session = 0;
   std::map<uint64_t, node_session> sessions;
@@ -203,8 +207,9 @@ void check_lease(node_ptr self, uint64_t id) {
 
 /// The node actor: sessions on `open`, its backend's devices on `list`.
 caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
-                        backend_options opts) {
+                        std::size_t memory_limit, backend_options opts) {
   auto& st = self->state;
+  st.memory_limit = memory_limit;
   st.name = std::move(name);
   st.cookie = std::move(cookie);
   st.opts = std::move(opts);
@@ -244,6 +249,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       s.guard->home = self->node();
       s.guard->client = sender->node();
       s.guard->who = fmt::format("session {} of node {}", id, st.name);
+      s.guard->memory_limit = st.memory_limit;
       s.lease_ns = lease_ns;
       auto now = steady_ns();
       s.lease = std::make_shared<std::atomic<int64_t>>(now + lease_ns);
@@ -363,8 +369,19 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
 
 } // namespace
 
-node_actor spawn_node_actor(backend& b, std::string name, const std::string& cookie_file) {
+std::size_t default_session_memory_limit() {
+  auto pages = ::sysconf(_SC_PHYS_PAGES);
+  auto page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0)
+    return std::size_t{1} << 30; // unknown: 1 GiB
+  return static_cast<std::size_t>(pages) / 2 * static_cast<std::size_t>(page);
+}
+
+node_actor spawn_node_actor(backend& b, std::string name, const std::string& cookie_file,
+                            std::size_t session_memory_limit) {
   auto cookie = load_cookie(cookie_file); // throws, naming the file
+  if (session_memory_limit == 0)
+    session_memory_limit = default_session_memory_limit();
   auto opts = b.impl().opts;
   // A session's backend counts its devices as the node's does, made on the
   // node's system: never one of its own, and never MULTIDEV_TRACE's file
@@ -374,7 +391,8 @@ node_actor spawn_node_actor(backend& b, std::string name, const std::string& coo
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
     node = caf::actor_cast<node_actor>(
-      b.system().spawn(node_impl, std::move(name), std::move(cookie), std::move(opts)));
+      b.system().spawn(node_impl, std::move(name), std::move(cookie), session_memory_limit,
+                       std::move(opts)));
   }
   // It serves the backend's devices: it goes with them (~backend stops it).
   auto& impl = b.impl();

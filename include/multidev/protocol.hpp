@@ -522,8 +522,16 @@ bool same_cookie(const std::string& a, const std::string& b) noexcept;
 /// under `name`, to clients that present the cookie of `cookie_file`
 /// (empty: the default file; `load_cookie`, which throws). Publish it with
 /// `publish_node` to serve them. It serves them for as long as `b` lives:
-/// `~backend` stops it (published or not).
-node_actor spawn_node_actor(backend& b, std::string name, const std::string& cookie_file = {});
+/// `~backend` stops it (published or not). Each session's pools may hold
+/// `session_memory_limit` bytes in all (0: half the machine's physical
+/// memory, `default_session_memory_limit()`); an allocation past it is
+/// refused with an error naming the session, the request and the limit.
+node_actor spawn_node_actor(backend& b, std::string name, const std::string& cookie_file = {},
+                            std::size_t session_memory_limit = 0);
+
+/// Half the machine's physical memory (sysconf): what a node's session may
+/// hold in its pools unless told otherwise (`multidev node --memory-limit`).
+std::size_t default_session_memory_limit();
 
 /// Publishes `node` on `address:port` (port 0: one the system picks) and
 /// returns the port: over TLS when its actor system has libcaf_openssl
