@@ -9,6 +9,10 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <deque>
 #include <sstream>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
 
 #include "bind_check.hpp"
 #include "terminal.hpp"
@@ -178,4 +183,42 @@ BOOST_AUTO_TEST_CASE(test_bind_check_resolves_the_name) {
   BOOST_TEST_REQUIRE(none.has_value());
   BOOST_TEST(none->find("--bind no-such-host.invalid does not resolve") != std::string::npos,
              *none);
+}
+
+// -- the cookie file (issue 38 point 1) ------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_cookie_file_is_made_on_first_use_owner_only_and_refused_when_readable) {
+  char tmpl[] = "/tmp/multidev-cookie.XXXXXX";
+  BOOST_TEST_REQUIRE(::mkdtemp(tmpl) != nullptr);
+  std::string dir = tmpl;
+  std::string old_xdg = std::getenv("XDG_CONFIG_HOME") ? std::getenv("XDG_CONFIG_HOME") : "";
+  ::setenv("XDG_CONFIG_HOME", dir.c_str(), 1);
+  auto path = dir + "/multidev/cookie";
+  BOOST_TEST(default_cookie_file() == path);
+  auto cookie = load_cookie(); // made now
+  struct stat st{};
+  BOOST_TEST_REQUIRE(::stat(path.c_str(), &st) == 0);
+  BOOST_TEST((st.st_mode & 0777) == 0600u);
+  BOOST_TEST(cookie.size() == 64u);
+  BOOST_TEST(cookie.find_first_not_of("0123456789abcdef") == std::string::npos, cookie);
+  BOOST_TEST(load_cookie() == cookie); // read, not made again
+  BOOST_TEST(load_cookie(path) == cookie);
+  BOOST_TEST(same_cookie(cookie, load_cookie()));
+  BOOST_TEST(!same_cookie(cookie, cookie.substr(1)));
+  BOOST_TEST_REQUIRE(::chmod(path.c_str(), 0640) == 0);
+  try {
+    load_cookie();
+    BOOST_ERROR("a cookie file of mode 0640 was read");
+  } catch (const std::invalid_argument& e) {
+    std::string what = e.what();
+    BOOST_TEST(what.find(path + ": mode 0640 lets others read it") != std::string::npos, what);
+    BOOST_TEST(what.find(cookie) == std::string::npos, what);
+  }
+  if (old_xdg.empty())
+    ::unsetenv("XDG_CONFIG_HOME");
+  else
+    ::setenv("XDG_CONFIG_HOME", old_xdg.c_str(), 1);
+  ::unlink(path.c_str());
+  ::rmdir((dir + "/multidev").c_str());
+  ::rmdir(dir.c_str());
 }
