@@ -181,11 +181,13 @@ device backend::get_device(int ordinal) {
     impl_->opts.pin_runners && local >= 2); // one device: no runner waits on another
   if (impl_->lease)
     core->set_lease(impl_->lease, impl_->lease_why);
+  if (impl_->guard)
+    impl_->guard->count(core); // the session's memory quota
   auto id = static_cast<uint32_t>(rec->device_id);
   device_actor a;
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
-    a = detail::spawn_device_actor(*impl_->sys, core, {id, impl_->opts.driver});
+    a = detail::spawn_device_actor(*impl_->sys, core, {id, impl_->opts.driver}, impl_->guard);
   }
   rec->r = runner{detail::make_local_endpoint(device_key{impl_->node, id}, core, a.address())};
   slot = device{rec};

@@ -22,6 +22,8 @@
 
 namespace multidev::detail {
 
+struct peer_guard; // actors/device_actor.hpp
+
 /// OCANNL's device record: identity plus the transfer bookkeeping, guarded by
 /// `mu`. Holds no strong actor handle, so a user keeping a `device` past the
 /// backend's life cannot keep the actor system from stopping. The runner
@@ -89,6 +91,10 @@ struct backend_impl {
   /// the first `get_device`.
   std::shared_ptr<std::atomic<int64_t>> lease;
   std::string lease_why;
+  /// A session's backend: who may send its device actors messages (its
+  /// client and the nodes it vouches for); null for every other backend.
+  /// Set before the first `get_device`.
+  std::shared_ptr<peer_guard> guard;
 
   mutable std::mutex mu;
   std::vector<device> devices;            // by ordinal; empty until first use
@@ -115,6 +121,9 @@ struct backend_impl {
     /// The session's keeper (actors/remote/node.cpp): renews its lease, declares
     /// the node lost; null once it stopped.
     caf::actor keeper;
+    /// The node's actor, which the client vouches for its other nodes to
+    /// (`trust`), so their devices may wait and copy between them.
+    caf::actor node;
     /// Set by the keeper once the session ended (lost, detached): the node
     /// may be attached again.
     std::shared_ptr<std::atomic<bool>> ended = std::make_shared<std::atomic<bool>>(false);

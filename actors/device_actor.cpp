@@ -150,6 +150,10 @@ struct reply_to {
   caf::strong_actor_ptr sender;
   caf::message_id mid;
   caf::mailbox_element::forwarding_stack stages;
+  /// The actor that answers (this device's): the reply names it as its
+  /// sender, as the actor's own reply would, so that a requester can tell
+  /// it from a forgery (reply_sink). Weak: waits must not keep it alive.
+  caf::actor_addr from;
 };
 
 /// Answers `to` from any thread, as a response promise would from the actor
@@ -169,7 +173,8 @@ void reply_from_runner(reply_to& to, caf::message msg) noexcept {
       return;
     }
     if (to.sender && to.mid.is_request())
-      to.sender->enqueue(nullptr, to.mid.response_id(), std::move(msg), nullptr);
+      to.sender->enqueue(caf::actor_cast<caf::strong_actor_ptr>(to.from), to.mid.response_id(),
+                         std::move(msg), nullptr);
   } catch (...) {
     // Out of memory: the requester's monitor or timeout ends its wait.
   }
@@ -755,7 +760,8 @@ caf::result<uint64_t> copy_to(self_ptr self, int32_t id, uint64_t offset, uint64
 
 device_actor_full::behavior_type device_impl(self_ptr self,
                                              std::shared_ptr<device_core> core,
-                                             std::shared_ptr<const device_identity> id) {
+                                             std::shared_ptr<const device_identity> id,
+                                             std::shared_ptr<const peer_guard> guard) {
   tsan_acquire(core.get()); // see spawn_device_actor
   tsan_turn turn{self};       // passes that on to the handlers' turns
   self->state.core = std::move(core);
@@ -843,7 +849,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       caf::actor_addr remote;
       if (sender && sender->node() != self->node())
         remote = caf::actor_cast<caf::actor_addr>(sender);
-      reply_to to{sender, self->current_message_id(), self->current_forwarding_stack()};
+      reply_to to{sender, self->current_message_id(), self->current_forwarding_stack(),
+                  self->address()};
       auto registered = [&] {
         c->check_scheduled(seq, "wait");
         if (remote && st.remote_waiters.insert(remote).second)
@@ -930,11 +937,20 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       self->state.incoming.erase(transfer);
       fail_gate(*self->state.core, *g, err, self->system(), name);
     },
-    [self](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
-           int32_t mode) -> caf::result<uint64_t> {
+    [self, guard](alloc_atom, int32_t id, uint64_t size, uint64_t alignment,
+                  int32_t mode) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
-      return ordered(self, [c, id, size, alignment, mode] {
+      return ordered(self, [c, id, size, alignment, mode, guard] {
+        if (guard && guard->memory_limit > 0) {
+          // The session's quota, checked when the allocation is made.
+          auto used = guard->used_memory();
+          if (size > guard->memory_limit || used > guard->memory_limit - size)
+            throw std::invalid_argument(fmt::format(
+              "{}: alloc_pool {} of {} bytes refused: the session holds {} bytes and its "
+              "memory limit is {} bytes (multidev node --memory-limit)",
+              guard->who, id, size, used, guard->memory_limit));
+        }
         std::optional<memory_mode> m;
         if (mode >= 0 && mode <= static_cast<int32_t>(memory_mode::materialized))
           m = static_cast<memory_mode>(mode);
@@ -970,7 +986,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto c = self->state.core;
       auto go = [c, id, offset, size,
                  to = reply_to{self->current_sender(), self->current_message_id(),
-                               self->current_forwarding_stack()}](bool refuse) mutable {
+                               self->current_forwarding_stack(), self->address()}](bool refuse) mutable {
         if (refuse) {
           reply_from_runner(to, caf::make_message(make_error(
                                   errc::device_failed, c->name(),
@@ -1065,10 +1081,90 @@ device_actor_full::behavior_type device_impl(self_ptr self,
   };
 }
 
+/// A session's device actor (peer_guard): the device actor, which drops
+/// what the guard does not admit before it reaches the mailbox.
+class guarded_device : public caf::stateful_actor<device_state, device_actor_full::base> {
+public:
+  using super = caf::stateful_actor<device_state, device_actor_full::base>;
+
+  guarded_device(caf::actor_config& cfg, std::shared_ptr<device_core> core,
+                 std::shared_ptr<const device_identity> id,
+                 std::shared_ptr<const peer_guard> guard)
+    : super(cfg), core_(std::move(core)), id_(std::move(id)), guard_(std::move(guard)) {}
+
+  behavior_type make_behavior() override {
+    return device_impl(this, std::move(core_), std::move(id_), guard_);
+  }
+
+  using super::enqueue;
+
+  void enqueue(caf::mailbox_element_ptr x, caf::execution_unit* host) override {
+    if (x && !admitted(*x, host)) {
+      refuse(*x, host);
+      return; // dropped here: no handler sees it
+    }
+    super::enqueue(std::move(x), host);
+  }
+
+private:
+  bool admitted(const caf::mailbox_element& x, caf::execution_unit* host) const {
+    if (!x.sender)
+      return host == nullptr; // see peer_guard
+    return guard_->admits(x.sender->node());
+  }
+
+  /// A request gets an error reply, so its sender does not wait forever.
+  void refuse(caf::mailbox_element& x, caf::execution_unit* host) const {
+    if (!x.sender || !x.mid.is_request())
+      return;
+    try {
+      auto why = fmt::format("refused a message from node {}: only the session's client "
+                             "(and the nodes it vouched for) may send to its devices",
+                             caf::to_string(x.sender->node()));
+      x.sender->enqueue(nullptr, x.mid.response_id(),
+                        caf::make_message(make_error(errc::invalid_argument, guard_->who, why)),
+                        host);
+    } catch (...) {
+      // Out of memory: the requester's timeout ends its wait.
+    }
+  }
+
+  std::shared_ptr<device_core> core_;
+  std::shared_ptr<const device_identity> id_;
+  std::shared_ptr<const peer_guard> guard_;
+};
+
 } // namespace
 
+bool peer_guard::admits(const caf::node_id& n) const {
+  if (n == home || n == client)
+    return true;
+  std::lock_guard guard{mu_};
+  return std::find(vouched_.begin(), vouched_.end(), n) != vouched_.end();
+}
+
+void peer_guard::count(std::shared_ptr<const device_core> core) {
+  std::lock_guard guard{mu_};
+  cores_.push_back(std::move(core));
+}
+
+std::size_t peer_guard::used_memory() const {
+  std::lock_guard guard{mu_};
+  std::size_t n = 0;
+  for (const auto& weak : cores_)
+    if (auto c = weak.lock())
+      n += c->used_memory();
+  return n;
+}
+
+void peer_guard::vouch(const caf::node_id& n) {
+  std::lock_guard guard{mu_};
+  if (std::find(vouched_.begin(), vouched_.end(), n) == vouched_.end())
+    vouched_.push_back(n);
+}
+
 device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,
-                                device_identity id) {
+                                device_identity id, std::shared_ptr<const peer_guard> guard) {
   // What this thread did before spawn() happens before device_impl runs, but
   // CAF's scheduler hands the new actor to a worker through atomics
   // ThreadSanitizer never sees (see tsan.hpp). `id` travels behind a pointer
@@ -1076,7 +1172,10 @@ device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_c
   // CAF's argument forwarding before it.
   auto shared_id = std::make_shared<const device_identity>(std::move(id));
   tsan_release(core.get());
-  return sys.spawn(device_impl, std::move(core), std::move(shared_id));
+  if (guard)
+    return sys.spawn<guarded_device>(std::move(core), std::move(shared_id), std::move(guard));
+  return sys.spawn(device_impl, std::move(core), std::move(shared_id),
+                   std::shared_ptr<const peer_guard>{});
 }
 
 } // namespace multidev::detail

@@ -4,10 +4,14 @@
 /// and the actor's private messages, which stay off the public protocol.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <string>
 
 #include <caf/atom.hpp>
+#include <caf/node_id.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
@@ -41,9 +45,45 @@ struct device_identity {
   std::string driver;
 };
 
+/// Who may send a session's device actors messages (issue 38 point 1): its
+/// node (`home`), the session's client, and the other nodes the client
+/// vouched for (`trust`). A message from anyone else is dropped as it is
+/// enqueued (a request gets an error reply): a peer that guessed or was
+/// handed a device actor's id reaches nothing. Anonymous messages are let
+/// in only when enqueued outside an execution unit (a local `anon_send`,
+/// `anon_send_exit`, a runner's `room`); CAF's BASP enqueues the anonymous
+/// messages of other nodes with one.
+struct peer_guard {
+  caf::node_id home;
+  caf::node_id client;
+  /// Whether `n` may send messages: home and client without a lock.
+  bool admits(const caf::node_id& n) const;
+  void vouch(const caf::node_id& n);
+  /// The devices' name prefix for the refusals, e.g. "session 3 of node b".
+  std::string who;
+  /// The session's memory quota in bytes (issue 38 point 2; 0: none), and
+  /// what its devices' pools hold now: an `alloc` that would take the
+  /// session past the quota is refused, naming the session, the request and
+  /// the limit. Two devices of one session allocating at once may both
+  /// pass: the quota is exceeded by at most one allocation per device.
+  std::size_t memory_limit = 0;
+  /// Counts `core` (a device of the session, made by its backend) in
+  /// `used_memory`.
+  void count(std::shared_ptr<const device_core> core);
+  /// What the pools of the session's devices hold, in bytes.
+  std::size_t used_memory() const;
+
+private:
+  mutable std::mutex mu_;
+  std::vector<caf::node_id> vouched_;
+  std::vector<std::weak_ptr<const device_core>> cores_; // the backend owns them
+};
+
 /// Spawns the device actor of `core`. The actor answers the protocol of
 /// `device_actor`; it does not stop the core when it exits (the backend does).
+/// With a `guard`, it drops the messages of the nodes `guard` does not admit.
 device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,
-                                device_identity id);
+                                device_identity id,
+                                std::shared_ptr<const peer_guard> guard = nullptr);
 
 } // namespace multidev::detail

@@ -222,6 +222,7 @@ private:
       node_attach_options o;
       o.expected_name = proc.name;
       o.name = n.name;
+      o.cookie_file = opts_.cookie_file;
       ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port), o);
     } catch (const std::exception& e) {
       throw script_error(n.where, fmt::format("node '{}': {}", n.name, e.what()));

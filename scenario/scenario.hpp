@@ -95,6 +95,9 @@ struct run_options {
   /// More arguments for the `multidev node` processes it starts (the TLS
   /// files, so that they speak as the run does).
   std::vector<std::string> node_args;
+  /// The cookie file the run attaches its nodes with (empty: the default
+  /// file, which the nodes it starts use too).
+  std::string cookie_file;
   /// The longest a blocking step (`sync`, `await`, `kill`...) may take before
   /// it counts as a failed expectation and the run is stopped.
   double step_timeout_s = 60;

@@ -1,16 +1,28 @@
-// The `multidev` command's terminal manners (tools/terminal.hpp): the
+// The `multidev` command's terminal manners (tools/terminal.hpp) and its
+// --bind check (tools/bind_check.hpp): the
 // indented s-expressions `multidev devices` prints on a terminal, and the
 // closest valid name suggested for a mistyped option or command. The tool
 // itself is tested through CTest (tests/CMakeLists.txt, label cli).
 #define BOOST_TEST_MODULE cli
 #include <boost/test/unit_test.hpp>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <deque>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
 
+#include "bind_check.hpp"
 #include "terminal.hpp"
 
 using namespace multidev;
@@ -95,4 +107,118 @@ BOOST_AUTO_TEST_CASE(test_closest_name_suggests_only_likely_typos) {
                                  {"--scheduler.policy", "--scheduler.max-threads"})
                .value_or("")
              == "--scheduler.max-threads");
+}
+
+// -- `node --bind`: loopback is what the name resolves to (issue 38 point 5) --
+
+namespace {
+
+/// A getaddrinfo-like list of the numeric addresses `texts`, for
+/// first_non_loopback without a resolver.
+struct address_list {
+  explicit address_list(std::vector<std::string> texts) {
+    for (const auto& t : texts) {
+      auto& e = entries.emplace_back();
+      if (inet_pton(AF_INET, t.c_str(), &e.v4.sin_addr) == 1) {
+        e.v4.sin_family = AF_INET;
+        e.ai.ai_family = AF_INET;
+        e.ai.ai_addr = reinterpret_cast<sockaddr*>(&e.v4);
+        e.ai.ai_addrlen = sizeof e.v4;
+      } else {
+        BOOST_TEST_REQUIRE(inet_pton(AF_INET6, t.c_str(), &e.v6.sin6_addr) == 1, t);
+        e.v6.sin6_family = AF_INET6;
+        e.ai.ai_family = AF_INET6;
+        e.ai.ai_addr = reinterpret_cast<sockaddr*>(&e.v6);
+        e.ai.ai_addrlen = sizeof e.v6;
+      }
+    }
+    for (std::size_t i = 0; i + 1 < entries.size(); ++i)
+      entries[i].ai.ai_next = &entries[i + 1].ai;
+  }
+  const addrinfo* head() const { return entries.empty() ? nullptr : &entries.front().ai; }
+  struct entry {
+    addrinfo ai{};
+    sockaddr_in v4{};
+    sockaddr_in6 v6{};
+  };
+  std::deque<entry> entries; // stable addresses
+};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_bind_check_refuses_a_list_with_any_non_loopback_address) {
+  BOOST_TEST(!tools::first_non_loopback(address_list{{"127.0.0.1"}}.head()).has_value());
+  BOOST_TEST(!tools::first_non_loopback(address_list{{"127.1.2.3", "::1"}}.head()).has_value());
+  BOOST_TEST(!tools::first_non_loopback(address_list{{"::ffff:127.0.0.1"}}.head()).has_value());
+  // One address elsewhere is enough to refuse, wherever it is in the list.
+  BOOST_TEST(tools::first_non_loopback(address_list{{"127.0.0.1", "10.1.2.3"}}.head())
+               .value_or("") == "10.1.2.3");
+  BOOST_TEST(tools::first_non_loopback(address_list{{"0.0.0.0"}}.head()).value_or("")
+             == "0.0.0.0");
+  BOOST_TEST(tools::first_non_loopback(address_list{{"::1", "::"}}.head()).value_or("") == "::");
+  BOOST_TEST(tools::first_non_loopback(address_list{{"::ffff:10.0.0.1"}}.head()).value_or("")
+             == "::ffff:10.0.0.1");
+  BOOST_TEST(tools::first_non_loopback(address_list{{"128.0.0.1"}}.head()).value_or("")
+             == "128.0.0.1");
+}
+
+BOOST_AUTO_TEST_CASE(test_bind_check_resolves_the_name) {
+  // Numeric addresses and localhost resolve without a network.
+  BOOST_TEST(!tools::non_loopback_bind("127.0.0.1").has_value());
+  BOOST_TEST(!tools::non_loopback_bind("localhost").has_value());
+  BOOST_TEST(!tools::non_loopback_bind("::1").has_value());
+  // 127.1 is 127.0.0.1 to the resolver.
+  BOOST_TEST(!tools::non_loopback_bind("127.1").has_value());
+  auto any = tools::non_loopback_bind("0.0.0.0");
+  BOOST_TEST_REQUIRE(any.has_value());
+  BOOST_TEST(any->find("--bind 0.0.0.0 resolves to 0.0.0.0, which is not a loopback address")
+               != std::string::npos,
+             *any);
+  // The empty name listens on every interface.
+  BOOST_TEST(tools::non_loopback_bind("").has_value());
+  // 0x7f000001 is 127.0.0.1 to inet_aton: loopback, whatever the text says.
+  BOOST_TEST(!tools::non_loopback_bind("0x7f000001").has_value());
+  // A name that does not resolve cannot be checked: refused, named.
+  auto none = tools::non_loopback_bind("no-such-host.invalid");
+  BOOST_TEST_REQUIRE(none.has_value());
+  BOOST_TEST(none->find("--bind no-such-host.invalid does not resolve") != std::string::npos,
+             *none);
+}
+
+// -- the cookie file (issue 38 point 1) ------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_cookie_file_is_made_on_first_use_owner_only_and_refused_when_readable) {
+  char tmpl[] = "/tmp/multidev-cookie.XXXXXX";
+  BOOST_TEST_REQUIRE(::mkdtemp(tmpl) != nullptr);
+  std::string dir = tmpl;
+  std::string old_xdg = std::getenv("XDG_CONFIG_HOME") ? std::getenv("XDG_CONFIG_HOME") : "";
+  ::setenv("XDG_CONFIG_HOME", dir.c_str(), 1);
+  auto path = dir + "/multidev/cookie";
+  BOOST_TEST(default_cookie_file() == path);
+  auto cookie = load_cookie(); // made now
+  struct stat st{};
+  BOOST_TEST_REQUIRE(::stat(path.c_str(), &st) == 0);
+  BOOST_TEST((st.st_mode & 0777) == 0600u);
+  BOOST_TEST(cookie.size() == 64u);
+  BOOST_TEST(cookie.find_first_not_of("0123456789abcdef") == std::string::npos, cookie);
+  BOOST_TEST(load_cookie() == cookie); // read, not made again
+  BOOST_TEST(load_cookie(path) == cookie);
+  BOOST_TEST(same_cookie(cookie, load_cookie()));
+  BOOST_TEST(!same_cookie(cookie, cookie.substr(1)));
+  BOOST_TEST_REQUIRE(::chmod(path.c_str(), 0640) == 0);
+  try {
+    load_cookie();
+    BOOST_ERROR("a cookie file of mode 0640 was read");
+  } catch (const std::invalid_argument& e) {
+    std::string what = e.what();
+    BOOST_TEST(what.find(path + ": mode 0640 lets others read it") != std::string::npos, what);
+    BOOST_TEST(what.find(cookie) == std::string::npos, what);
+  }
+  if (old_xdg.empty())
+    ::unsetenv("XDG_CONFIG_HOME");
+  else
+    ::setenv("XDG_CONFIG_HOME", old_xdg.c_str(), 1);
+  ::unlink(path.c_str());
+  ::rmdir((dir + "/multidev").c_str());
+  ::rmdir(dir.c_str());
 }

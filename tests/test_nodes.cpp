@@ -27,6 +27,7 @@
 
 #include "actors/core/device_core.hpp"
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/reply_sink.hpp"
 #include "actors/remote/tls_middleman.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
@@ -50,6 +51,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sys/stat.h>
 #include <future>
 #include <optional>
 #include <map>
@@ -140,14 +143,12 @@ struct axpy_on_a_node {
 node_actor::behavior_type listing_impl(node_actor::pointer, std::string name,
                                        std::vector<caf::actor> devices) {
   return {
-    [name, devices](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
-      return {name, devices};
-    },
-    // No sessions (session 0): its devices as they are, shared.
-    [name, devices](atoms::open_atom, const std::string&, int64_t)
+    // No sessions (session 0): its devices as they are, shared; any cookie.
+    [name, devices](atoms::open_atom, const std::string&, int64_t, const std::string&)
       -> caf::result<std::string, std::string, uint64_t, int64_t, std::vector<caf::actor>> {
       return {name, "listing " + name, uint64_t{0}, int64_t{0}, devices};
     },
+    [](atoms::trust_atom, uint64_t, const caf::node_id&) { return false; },
     [](atoms::renew_atom, uint64_t, uint64_t, uint64_t) -> int64_t { return 0; },
     [](atoms::detach_atom, uint64_t) { return false; },
     [](atoms::debug_atom) { return std::string{}; },
@@ -1385,7 +1386,8 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_renewal_whose_acknowledgement_was_lost_extends
   };
   uint64_t id = 0;
   auto before_open = steady_ns();
-  self->request(node, 10s, atoms::open_atom::value, std::string{"test"}, lease_ns)
+  self->request(node, 10s, atoms::open_atom::value, std::string{"test"}, lease_ns,
+                load_cookie())
     .receive([&](std::string&, std::string&, uint64_t s, int64_t, std::vector<caf::actor>&) { id = s; },
              [&](caf::error& e) { BOOST_ERROR("open: " << srv.system().render(e)); });
   auto after_open = steady_ns();
@@ -1773,4 +1775,247 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_local_wait_on_a_killed_node_fails_no_earlier_t
   // The last renewal was acknowledged at most 250 ms before the kill.
   BOOST_TEST((took >= 1250ms),
              std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+}
+
+// -- trust at the node boundary (issue 38 point 1) --------------------------------
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// A folder of this test's own, removed at the end.
+struct temp_folder {
+  temp_folder() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "multidev-trust.XXXXXX").string();
+    BOOST_TEST_REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_folder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  /// Writes `text` into `name` with `mode`; returns its path.
+  std::string file(const std::string& name, const std::string& text, mode_t mode) const {
+    auto p = (path / name).string();
+    {
+      std::ofstream out{p};
+      out << text << "\n";
+    }
+    BOOST_TEST_REQUIRE(::chmod(p.c_str(), mode) == 0);
+    return p;
+  }
+  std::filesystem::path path;
+};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_client_with_the_wrong_cookie_gets_no_session_and_the_right_one_does) {
+  temp_folder dir;
+  const std::string right = "0123456789abcdef-the-right-one";
+  const std::string wrong = "fedcba9876543210-the-wrong-one";
+  auto right_file = dir.file("right", right, 0600);
+  auto wrong_file = dir.file("wrong", wrong, 0600);
+  node_process node{tool(), 1, "b", false, {"--cookie-file", right_file}};
+  cluster c;
+  node_attach_options o;
+  o.cookie_file = wrong_file;
+  std::string refusal;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    attach_node(c.b, "127.0.0.1", node.port(), o);
+  } catch (const device_error& e) {
+    refusal = e.what();
+  }
+  BOOST_TEST_MESSAGE("a wrong cookie refused in "
+                     << ms_since(t0)
+                     << " ms (connection included)");
+  BOOST_TEST(contains(refusal, "node b: session refused: wrong cookie"), refusal);
+  // Never the secret, either of them.
+  BOOST_TEST(!contains(refusal, right), refusal);
+  BOOST_TEST(!contains(refusal, wrong), refusal);
+  BOOST_TEST(c.b.num_devices() == 1); // nothing attached
+  BOOST_TEST(!contains(node.errors(), right));
+  // The default file is another cookie than this node's: refused too.
+  BOOST_CHECK_THROW(attach_node(c.b, "127.0.0.1", node.port()), device_error);
+  // The node goes on serving a client with the right one.
+  o.cookie_file = right_file;
+  auto ds = attach_node(c.b, "127.0.0.1", node.port(), o);
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  c.b.alloc_pool(ds[0], 1, 4096, 64);
+  c.b.schedule_named(ds[0], {"fill", {buffer(1, 4096), 3.0}});
+  test_support::sync(c.b, c.b.schedule_named(ds[0], {"checksum", {buffer(1, 4096),
+                                                                  std::string{"sum"}}}));
+  auto r = c.b.result(ds[0], "sum");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 3072.0);
+  // A cookie file others can read is refused before connecting, naming it.
+  o.cookie_file = dir.file("open", right, 0644);
+  try {
+    attach_node(c.b, "127.0.0.1", node.port(), o);
+    BOOST_ERROR("a cookie file of mode 0644 was accepted");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(contains(e.what(), o.cookie_file + ": mode 0644 lets others read it"), e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_peer_with_another_session_s_device_handle_reaches_nothing) {
+  // Client A (sys1) works on node b; a peer (sys2, with a session of its
+  // own there) gets the handle of A's device actor, as one that guessed its
+  // actor id would (BASP addresses actors by id): A's process sends it over
+  // CAF to an actor the peer published. Every message of the peer to it is
+  // refused or dropped: cancel, recover, read, trace, status, exit and kill,
+  // asked and anonymous. A's work, queued behind a spin meanwhile, runs;
+  // A's pool reads what A wrote.
+  node_process node{tool(), 1, "b", true};
+  caf::actor_system sys1{cluster::make_cfg()}, sys2{cluster::make_cfg()};
+  backend b1{sys1, {.num_devices = 1}}, b2{sys2, {.num_devices = 1}};
+  auto d1 = attach_node(b1, "127.0.0.1", node.port()).at(0);
+  auto d2 = attach_node(b2, "127.0.0.1", node.port()).at(0);
+  b1.alloc_pool(d1, 1, 4096, 64);
+  b1.schedule_named(d1, {"fill", {buffer(1, 4096), 5.0}});
+  auto spin = b1.schedule_named(d1, {"spin_ns", {int64_t{1'500'000'000}}});
+  auto behind = b1.schedule_named(d1, {"checksum", {buffer(1, 4096), std::string{"behind"}}});
+  // The handle, from A's process to the peer's.
+  caf::scoped_actor peer{sys2};
+  auto box = sys2.middleman().publish(caf::actor_cast<caf::actor>(peer), 0, "127.0.0.1");
+  BOOST_TEST_REQUIRE(static_cast<bool>(box));
+  {
+    auto to_peer = sys1.middleman().remote_actor("127.0.0.1", *box);
+    BOOST_TEST_REQUIRE(static_cast<bool>(to_peer));
+    caf::anon_send(*to_peer, caf::actor_cast<caf::actor>(device_actor_of(b1, d1)));
+  }
+  caf::actor stolen;
+  peer->receive([&](caf::actor& a) { stolen = std::move(a); },
+                caf::after(std::chrono::seconds{30}) >> [] {});
+  BOOST_TEST_REQUIRE(static_cast<bool>(stolen));
+  BOOST_TEST((stolen.node() != sys2.node())); // a proxy of node b's actor
+  // What the device said to the peer: "answered", or the error.
+  std::string why;
+  auto on_error = [&](caf::error& e) { why = describe_error(sys2, e); };
+  auto answered = [&](auto&&...) { why = "answered"; };
+  auto refused = [&](auto on_value, auto... xs) {
+    why = "no reply";
+    peer->request(stolen, 30s, xs...).receive(on_value, on_error);
+    return why;
+  };
+  // Anonymous first: nothing answers them; the asked ones after them come
+  // on the same connection, in order.
+  caf::anon_send(stolen, atoms::cancel_atom::value);
+  caf::anon_send_exit(stolen, caf::exit_reason::kill);
+  peer->send_exit(stolen, caf::exit_reason::user_shutdown);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> replies{
+    refused([&](uint64_t) { answered(); }, atoms::cancel_atom::value),
+    refused([&](bool) { answered(); }, atoms::recover_atom::value),
+    refused([&](device_trace&) { answered(); }, atoms::trace_atom::value),
+    refused([&](uint8_t, uint64_t, uint64_t) { answered(); }, atoms::status_atom::value,
+            uint64_t{1}),
+    refused([&](std::string&) { answered(); }, atoms::read_atom::value, int32_t{1},
+            uint64_t{0}, uint64_t{4096})};
+  BOOST_TEST_MESSAGE("5 requests refused in "
+                     << ms_since(t0)
+                     << " ms: " << replies.front());
+  for (const auto& reply : replies)
+    BOOST_TEST(contains(reply, "refused a message from node"), reply);
+  // A's work was neither cancelled nor killed: the checksum behind the spin runs.
+  test_support::sync(b1, spin); // throws if cancelled or killed
+  test_support::sync(b1, behind);
+  auto r = b1.result(d1, "behind");
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->sum == 5120.0);
+  // The peer's own session works as ever.
+  test_support::sync(b2, b2.schedule_named(d2, {"spin_ns", {int64_t{0}}}));
+  sys2.middleman().unpublish(caf::actor_cast<caf::actor>(peer), *box);
+}
+
+// -- forged replies (issue 38 point 2) ------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_reply_from_another_owner_does_not_open_a_wait) {
+  // A device's waits on remote owners share one reply sink, whose request
+  // ids are sequential. Owner 2, asked for its own wait (id 2), answers it
+  // and forges a reply to id 1 (owner 1's wait), named and anonymous; the
+  // wait on owner 1 must stay pending until owner 1 answers.
+  caf::actor_system sys{cluster::make_cfg()};
+  using promise_t = caf::typed_response_promise<uint64_t>;
+  auto held = std::make_shared<std::promise<promise_t>>();
+  auto held_future = held->get_future();
+  // Arguments, though unused: CAF 0.17 spawns a function without one
+  // through a null tuple pointer (UBSan, `sanitize` preset).
+  auto owner1 = sys.spawn(
+    [held](caf::event_based_actor* self, int) -> caf::behavior {
+      return {[self, held](atoms::wait_atom, uint64_t) -> caf::result<uint64_t> {
+        auto rp = self->make_response_promise<uint64_t>();
+        held->set_value(rp); // answered by the test, later
+        return rp;
+      }};
+    },
+    0);
+  auto owner2 = sys.spawn(
+    [](caf::event_based_actor* self, int) -> caf::behavior {
+      return {[self](atoms::wait_atom, uint64_t seq) -> uint64_t {
+        auto to = self->current_sender();
+        auto mine = self->current_message_id().request_id().integer_value();
+        auto other = caf::make_message_id(mine - 1).response_id();
+        to->enqueue(self->ctrl(), other, caf::make_message(uint64_t{7}), self->context());
+        to->enqueue(nullptr, other, caf::make_message(uint64_t{7}), self->context());
+        return seq;
+      }};
+    },
+    0);
+  auto sink = detail::reply_sink::make(sys);
+  std::atomic<bool> opened{false};
+  std::promise<uint64_t> first, second;
+  auto first_done = first.get_future(), second_done = second.get_future();
+  BOOST_TEST_REQUIRE(sink->wait(owner1, 7, [&](const caf::message& m) {
+    opened = true;
+    first.set_value(m.match_elements<uint64_t>() ? m.get_as<uint64_t>(0) : 0);
+  }));
+  BOOST_TEST_REQUIRE(sink->wait(owner2, 8, [&](const caf::message& m) {
+    second.set_value(m.match_elements<uint64_t>() ? m.get_as<uint64_t>(0) : 0);
+  }));
+  // Owner 2's own reply came after its forgeries, on the same thread.
+  BOOST_TEST_REQUIRE((second_done.wait_for(30s) == std::future_status::ready));
+  BOOST_TEST(second_done.get() == 8u);
+  BOOST_TEST(!opened.load(), "owner 2's forged reply opened the wait on owner 1");
+  // Owner 1's own reply opens it.
+  BOOST_TEST_REQUIRE((held_future.wait_for(30s) == std::future_status::ready));
+  held_future.get().deliver(uint64_t{7});
+  BOOST_TEST_REQUIRE((first_done.wait_for(30s) == std::future_status::ready));
+  BOOST_TEST(first_done.get() == 7u);
+  sink->close(caf::make_error(caf::sec::request_receiver_down));
+  caf::anon_send_exit(owner1, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(owner2, caf::exit_reason::user_shutdown);
+}
+
+// -- per-session memory quota (issue 38 point 2) -----------------------------------
+
+BOOST_AUTO_TEST_CASE(test_nodes_an_allocation_past_the_session_s_memory_limit_is_refused) {
+  // A node of two devices, 1 MiB per session: one session's pools on both
+  // devices count together; another session has a quota of its own.
+  node_process node{tool(), 2, "q", false, {"--memory-limit", "1M"}};
+  caf::actor_system sys1{cluster::make_cfg()}, sys2{cluster::make_cfg()};
+  backend b1{sys1, {.num_devices = 1}}, b2{sys2, {.num_devices = 1}};
+  auto d1 = attach_node(b1, "127.0.0.1", node.port());
+  auto d2 = attach_node(b2, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(d1.size() == 2u);
+  BOOST_TEST_REQUIRE(d2.size() == 2u);
+  b1.alloc_pool(d1[0], 1, 600 * 1024, 64);
+  std::string refusal;
+  try {
+    b1.alloc_pool(d1[1], 2, 600 * 1024, 64); // 1200 KiB in all
+    b1.sync_device(d1[1]);
+  } catch (const std::exception& e) {
+    refusal = e.what();
+  }
+  BOOST_TEST(contains(refusal, "session 1 of node q: alloc_pool 2 of 614400 bytes refused: the "
+                               "session holds 614400 bytes and its memory limit is 1048576 bytes"),
+             refusal);
+  // Within the quota: served; the other session has its own 1 MiB.
+  b1.alloc_pool(d1[1], 3, 400 * 1024, 64);
+  b2.alloc_pool(d2[0], 1, 1000 * 1024, 64);
+  test_support::sync(b1, b1.schedule_named(d1[1], {"fill", {buffer(3, 400 * 1024), 1.0}}));
+  test_support::sync(b2, b2.schedule_named(d2[0], {"fill", {buffer(1, 1000 * 1024), 1.0}}));
+  BOOST_TEST(b1.get_used_memory(d1[0]) + b1.get_used_memory(d1[1]) <= 1024u * 1024u);
 }

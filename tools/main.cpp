@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdint>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include <multidev/protocol.hpp>
 
 #include "bench.hpp"
+#include "bind_check.hpp"
 #include "node_command.hpp"
 #include "run_command.hpp"
 #include "terminal.hpp"
@@ -218,8 +220,9 @@ int main(int argc, char** argv) {
             "'listening on ADDR:PORT' when ready; SIGINT or SIGTERM stops it");
   node->fallthrough();
   multidev::tools::node_command_options nopts;
-  node->add_option("--bind", nopts.bind, "the address to listen on (default 127.0.0.1; one that "
-                                         "is not loopback needs --allow-remote)")
+  node->add_option("--bind", nopts.bind, "the address or name to listen on (default 127.0.0.1; "
+                                         "unless every address it resolves to is loopback, "
+                                         "it needs --allow-remote)")
     ->type_name("ADDR");
   std::string node_port;
   auto* node_port_opt =
@@ -234,14 +237,27 @@ int main(int argc, char** argv) {
   node->add_flag("--stop-with-parent", nopts.stop_with_parent,
                  "stop as on SIGTERM once nobody reads this process's stdout (for a parent "
                  "that started it through a pipe, as run --spawn-nodes does)");
+  std::string memory_limit;
+  auto* memory_limit_opt = node->add_option(
+    "--memory-limit", memory_limit,
+    "the bytes each client's session may hold in pools (suffix K, M, G or T: powers of 1024; "
+    "default: half the physical memory); an allocation past it is refused, naming the session")
+    ->type_name("BYTES");
   bool allow_remote = false;
   node->add_flag("--allow-remote", allow_remote,
                  "allow a --bind address that is not loopback (other machines can then drive "
                  "this node's devices)");
 
-  // TLS between nodes: the same three files on `node` and on `run`.
+  // TLS between nodes: the same three files on `node` and on `run`; and the
+  // cookie that opens a session.
   multidev::tls_files tls;
+  std::string cookie_file;
   for (auto* sub : {run, node}) {
+    sub->add_option("--cookie-file", cookie_file,
+                    "the secret a client must present to open a session on a node (default "
+                    "$XDG_CONFIG_HOME/multidev/cookie or ~/.config/multidev/cookie, made on "
+                    "first use with mode 0600; refused when others can read it)")
+      ->type_name("FILE");
     sub->add_option("--tls-cert", tls.certificate,
                     "TLS between nodes: this side's certificate (PEM); with --tls-key and "
                     "--tls-ca")
@@ -330,14 +346,30 @@ int main(int argc, char** argv) {
       return usage(*bad);
     nopts.port = static_cast<uint16_t>(count);
   }
+  if (memory_limit_opt->count() > 0) {
+    std::string digits = memory_limit;
+    int shift = 0;
+    if (!digits.empty()) {
+      auto unit = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+      auto at = std::string_view{"KMGT"}.find(unit);
+      if (at != std::string_view::npos) {
+        shift = 10 * static_cast<int>(at + 1);
+        digits.pop_back();
+      }
+    }
+    if (auto bad = read_count("--memory-limit", digits, 1, (int64_t{1} << 62) >> shift, count))
+      return usage(*bad + " (a number of bytes, with K, M, G or T)");
+    nopts.memory_limit = static_cast<std::size_t>(count) << shift;
+  }
   if (cpu_devices_opt->count() > 0) {
     if (auto bad = read_count("--cpu-devices", cpu_devices, 1, max_devices, count))
       return usage(*bad);
     nopts.cpu_devices = static_cast<int>(count);
   }
-  if (*node && !allow_remote && !multidev::tools::is_loopback(nopts.bind))
-    return usage("--bind " + nopts.bind + " is not a loopback address: other machines could "
-                 "drive this node's devices; say --allow-remote to mean it");
+  // Every address the name resolves to, not its text (issue 38 point 5).
+  if (*node && !allow_remote)
+    if (auto bad = multidev::tools::non_loopback_bind(nopts.bind))
+      return usage(*bad);
   if (*node && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("node serves --cpu-devices N devices; -n and --queue-capacity do not apply to it");
   for (const auto& spec : node_addresses) {
@@ -366,6 +398,20 @@ int main(int argc, char** argv) {
     // The nodes a run starts speak TLS with the same files.
     ropts.node_args = {"--tls-cert", tls.certificate, "--tls-key", tls.key, "--tls-ca",
                        tls.ca_file};
+  }
+  if (!cookie_file.empty()) {
+    // The nodes a run starts ask for the same cookie.
+    ropts.node_args.insert(ropts.node_args.end(), {"--cookie-file", cookie_file});
+    ropts.cookie_file = cookie_file;
+    nopts.cookie_file = cookie_file;
+  }
+  // A cookie file that cannot be used is named now (made on first use).
+  if (*node || (*run && (ropts.spawn_nodes || !ropts.nodes.empty()))) {
+    try {
+      multidev::load_cookie(cookie_file);
+    } catch (const std::invalid_argument& e) {
+      return usage(e.what());
+    }
   }
 
   // The long options that apply: the top level's and the given command's.

@@ -17,10 +17,6 @@
 
 namespace multidev::tools {
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
-
 int serve_node(caf::actor_system& sys, const node_command_options& opts) {
   auto name = opts.name.empty() ? "node-" + std::to_string(getpid()) : opts.name;
   int status = 0;
@@ -35,7 +31,13 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
                     .on_destroy = backend_options::destroy_policy::cancel,
                     .trace_capacity = std::size_t{1} << 16,
                     .pin_runners = false}};
-    auto node = spawn_node_actor(b, name);
+    node_actor node;
+    try {
+      node = spawn_node_actor(b, name, opts.cookie_file, opts.memory_limit);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "multidev node: " << e.what() << "\n";
+      return 2;
+    }
     auto port = publish_node(node, opts.port, opts.bind);
     if (!port) {
       std::cerr << "multidev node: cannot listen on " << opts.bind << ":" << opts.port << ": "
@@ -53,7 +55,9 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
         ::kill(::getpid(), SIGTERM);
       }).detach();
     std::cerr << "multidev node " << name << ": " << opts.cpu_devices
-              << " CPU device(s); SIGINT or SIGTERM stops it\n";
+              << " CPU device(s), at most "
+              << (opts.memory_limit ? opts.memory_limit : default_session_memory_limit())
+              << " bytes of pools per session; SIGINT or SIGTERM stops it\n";
     // The signals were blocked before the actor system started its threads,
     // so they wait here for sigwait.
     sigset_t set;

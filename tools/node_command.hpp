@@ -19,10 +19,13 @@ struct node_command_options {
   /// Stop (as on SIGTERM) once nobody reads stdout any more: the process
   /// that started this node through a pipe is gone.
   bool stop_with_parent = false;
+  /// The cookie clients must present to open a session (empty: the default
+  /// file, `multidev::default_cookie_file()`).
+  std::string cookie_file;
+  /// What each session's pools may hold, in bytes (0: half the physical
+  /// memory).
+  std::size_t memory_limit = 0;
 };
-
-/// Whether `addr` is a loopback address (127.0.0.0/8, ::1, localhost).
-bool is_loopback(const std::string& addr);
 
 /// Publishes a node actor listing `cpu_devices` CPU devices on `sys` (which
 /// has the middleman loaded), prints `listening on ADDR:PORT`, and serves

@@ -94,6 +94,7 @@ int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   ro.nodes = opts.nodes;
   ro.spawn_nodes = opts.spawn_nodes;
   ro.node_args = opts.node_args;
+  ro.cookie_file = opts.cookie_file;
   // --spawn-nodes starts this very binary as `multidev node`.
   char self[4096];
   auto n = readlink("/proc/self/exe", self, sizeof self - 1);

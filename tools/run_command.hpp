@@ -28,6 +28,8 @@ struct run_command_options {
   bool spawn_nodes = false;
   /// Passed to the nodes --spawn-nodes starts (the TLS files).
   std::vector<std::string> node_args;
+  /// --cookie-file: the nodes' cookie (empty: the default file).
+  std::string cookie_file;
 };
 
 /// Whether every output file asked for (--trace, --report, --logical-trace,

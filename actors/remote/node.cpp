@@ -2,6 +2,7 @@
 // (spawn_node_actor), and a backend attaches all the devices of a node at
 // once (attach_node), after its own in ordinal order.
 #include "actors/backend_impl.hpp"
+#include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/remote/tls_middleman.hpp"
@@ -16,6 +17,8 @@
 #include <caf/scoped_actor.hpp>
 
 #include <fmt/format.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -64,12 +67,18 @@ struct node_session {
   /// the one the client says it was acknowledged.
   std::map<uint64_t, int64_t> heard;
   std::vector<caf::actor> devices;
+  /// Who may send the session's devices messages: the client's node (the
+  /// sender of `open`), and the nodes it vouches for (`trust`).
+  std::shared_ptr<detail::peer_guard> guard;
 };
 
 struct node_state {
   std::string name;
   std::string identity;
-  std::vector<caf::actor> devices; // the node backend's own (`list`)
+  /// What opens a session (`load_cookie`).
+  std::string cookie;
+  /// What each session's pools may hold, in bytes.
+  std::size_t memory_limit = 0;
   backend_options opts;
   uint64_t last_session = 0;
   std::map<uint64_t, node_session> sessions;
@@ -163,6 +172,22 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
     job(); // no thread to be had: here, late rather than never
 }
 
+/// The refusal of a session message (`renew`, `detach`, `trust`) whose
+/// sender is not on session `s`'s client's node; none for the client.
+std::optional<caf::error> not_the_client(node_ptr self, uint64_t id, const node_session& s) {
+  const auto& sender = self->current_sender();
+  if (sender && sender->node() == s.guard->client)
+    return std::nullopt;
+  auto& st = self->state;
+  auto from = sender ? caf::to_string(sender->node()) : std::string{"an anonymous sender"};
+  node_log(st, fmt::format("refused a message about session {} from {}: not its client", id,
+                           from));
+  return make_error(errc::invalid_argument, "node " + st.name,
+                    fmt::format("session {} refused a message from {}: only its client may "
+                                "renew, detach or vouch",
+                                id, from));
+}
+
 /// Checks session `id`'s lease (a timer set at each grant): ends it once over.
 void check_lease(node_ptr self, uint64_t id) {
   auto& st = self->state;
@@ -181,11 +206,12 @@ void check_lease(node_ptr self, uint64_t id) {
 }
 
 /// The node actor: sessions on `open`, its backend's devices on `list`.
-caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor> devices,
-                        backend_options opts) {
+caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
+                        std::size_t memory_limit, backend_options opts) {
   auto& st = self->state;
+  st.memory_limit = memory_limit;
   st.name = std::move(name);
-  st.devices = std::move(devices);
+  st.cookie = std::move(cookie);
   st.opts = std::move(opts);
   st.identity = fmt::format("{}#{}", caf::to_string(self->system().node()),
                             std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -201,17 +227,29 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
     self->quit(msg.reason);
   });
   return {
-    [self](atoms::list_atom) -> caf::result<std::string, std::vector<caf::actor>> {
-      return {self->state.name, self->state.devices};
-    },
-    [self](atoms::open_atom, const std::string& client,
-           int64_t lease_ns) -> caf::result<std::string, std::string, uint64_t, int64_t,
-                                            std::vector<caf::actor>> {
+    [self](atoms::open_atom, const std::string& client, int64_t lease_ns,
+           const std::string& cookie) -> caf::result<std::string, std::string, uint64_t, int64_t,
+                                                     std::vector<caf::actor>> {
       auto& st = self->state;
+      const auto& sender = self->current_sender();
+      // The secret first; never echoed (issue 38 point 1).
+      if (!same_cookie(cookie, st.cookie) || !sender) {
+        node_log(st, fmt::format("refused a session to {} ({}): {}", client,
+                                 sender ? caf::to_string(sender->node()) : std::string{"anonymous"},
+                                 sender ? "wrong cookie" : "anonymous sender"));
+        return make_error(errc::invalid_argument, "node " + st.name,
+                          sender ? "session refused: wrong cookie"
+                                 : "session refused: an anonymous sender");
+      }
       lease_ns = std::clamp(lease_ns, min_lease_ns, max_lease_ns);
       auto id = ++st.last_session;
       node_session s;
       s.client = client;
+      s.guard = std::make_shared<detail::peer_guard>();
+      s.guard->home = self->node();
+      s.guard->client = sender->node();
+      s.guard->who = fmt::format("session {} of node {}", id, st.name);
+      s.guard->memory_limit = st.memory_limit;
       s.lease_ns = lease_ns;
       auto now = steady_ns();
       s.lease = std::make_shared<std::atomic<int64_t>>(now + lease_ns);
@@ -219,6 +257,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
       try {
         s.b = std::make_shared<backend>(self->system(), st.opts);
         s.b->impl().lease = s.lease;
+        s.b->impl().guard = s.guard;
         s.b->impl().lease_why = fmt::format(
           "session ended: session {} of node {} ({}): its lease ran out", id, st.name, client);
         for (int k = 0; k < s.b->num_devices(); ++k)
@@ -239,6 +278,9 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
            uint64_t acked) -> caf::result<int64_t> {
       auto& st = self->state;
       auto i = st.sessions.find(id);
+      if (i != st.sessions.end())
+        if (auto refused = not_the_client(self, id, i->second))
+          return std::move(*refused);
       if (i == st.sessions.end()) {
         auto e = st.ended.find(id);
         return make_error(errc::device_failed, st.name,
@@ -271,10 +313,22 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
       s.heard.erase(s.heard.begin(), s.heard.lower_bound(acked));
       return s.lease_ns;
     },
-    [self](atoms::detach_atom, uint64_t id) -> bool {
-      if (!self->state.sessions.contains(id))
+    [self](atoms::detach_atom, uint64_t id) -> caf::result<bool> {
+      auto i = self->state.sessions.find(id);
+      if (i == self->state.sessions.end())
         return false;
+      if (auto refused = not_the_client(self, id, i->second))
+        return std::move(*refused);
       end_session(self, id, "the client detached");
+      return true;
+    },
+    [self](atoms::trust_atom, uint64_t id, const caf::node_id& peer) -> caf::result<bool> {
+      auto i = self->state.sessions.find(id);
+      if (i == self->state.sessions.end())
+        return false;
+      if (auto refused = not_the_client(self, id, i->second))
+        return std::move(*refused);
+      i->second.guard->vouch(peer);
       return true;
     },
     [self](atoms::debug_atom) -> std::string {
@@ -315,14 +369,19 @@ caf::behavior node_impl(node_ptr self, std::string name, std::vector<caf::actor>
 
 } // namespace
 
-node_actor spawn_node_actor(backend& b, std::string name) {
-  std::vector<caf::actor> devices;
-  for (int i = 0; i < b.num_devices(); ++i) {
-    auto d = b.get_device(i);
-    if (!d.is_local())
-      continue; // a node serves its own devices, not the ones it attached
-    devices.push_back(caf::actor_cast<caf::actor>(device_actor_of(b, d)));
-  }
+std::size_t default_session_memory_limit() {
+  auto pages = ::sysconf(_SC_PHYS_PAGES);
+  auto page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0)
+    return std::size_t{1} << 30; // unknown: 1 GiB
+  return static_cast<std::size_t>(pages) / 2 * static_cast<std::size_t>(page);
+}
+
+node_actor spawn_node_actor(backend& b, std::string name, const std::string& cookie_file,
+                            std::size_t session_memory_limit) {
+  auto cookie = load_cookie(cookie_file); // throws, naming the file
+  if (session_memory_limit == 0)
+    session_memory_limit = default_session_memory_limit();
   auto opts = b.impl().opts;
   // A session's backend counts its devices as the node's does, made on the
   // node's system: never one of its own, and never MULTIDEV_TRACE's file
@@ -332,7 +391,8 @@ node_actor spawn_node_actor(backend& b, std::string name) {
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
     node = caf::actor_cast<node_actor>(
-      b.system().spawn(node_impl, std::move(name), std::move(devices), std::move(opts)));
+      b.system().spawn(node_impl, std::move(name), std::move(cookie), session_memory_limit,
+                       std::move(opts)));
   }
   // It serves the backend's devices: it goes with them (~backend stops it).
   auto& impl = b.impl();
@@ -466,6 +526,47 @@ std::chrono::nanoseconds left_until(std::chrono::steady_clock::time_point deadli
                     deadline - std::chrono::steady_clock::now()));
 }
 
+/// The client vouches for the node just attached as `name` to the other
+/// nodes of `b` whose sessions are open, and for them to it (`trust`): a
+/// session's devices take messages only from its client and the nodes it
+/// vouched for, and the devices of two nodes of one client wait on each
+/// other and copy between each other directly. Waits for each answer (so
+/// that the devices' first messages find the vouch made); a node that
+/// does not answer by `deadline` gets none (its waits on the other node are
+/// then refused, naming it).
+void vouch_between(backend& b, const std::string& name,
+                   std::chrono::steady_clock::time_point deadline) {
+  struct open_session {
+    caf::actor node;
+    uint64_t session;
+  };
+  std::optional<open_session> fresh;
+  std::vector<open_session> others;
+  {
+    auto& impl = b.impl();
+    std::lock_guard guard{impl.mu};
+    for (auto& n : impl.nodes) {
+      if (n.session == 0 || !n.node || n.ended->load())
+        continue;
+      (n.name == name ? fresh.emplace() : others.emplace_back()) = {n.node, n.session};
+    }
+  }
+  if (!fresh)
+    return;
+  caf::scoped_actor self{b.system()};
+  auto tell = [&](const open_session& to, const caf::node_id& peer) {
+    if (to.node.node() == peer)
+      return; // the same process, attached under two names
+    self->request(caf::actor_cast<node_actor>(to.node), caf::duration{left_until(deadline)},
+                  atoms::trust_atom::value, to.session, peer)
+      .receive([](bool) {}, [](caf::error&) {});
+  };
+  for (auto& o : others) {
+    tell(o, fresh->node.node());
+    tell(*fresh, o.node.node());
+  }
+}
+
 } // namespace
 
 std::vector<device> attach_node(backend& b, const std::string& host, uint16_t port,
@@ -526,6 +627,14 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
     throw device_error(address, fmt::format("attach_node: cannot reach a node at {}{}: {}", address,
                                             tls ? " over TLS" : "", why));
   }
+  // The secret the node asks for (issue 38 point 1); read before connecting,
+  // so a bad file is named without a node's round trip.
+  std::string cookie;
+  try {
+    cookie = load_cookie(opts.cookie_file);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("attach_node {}: {}", address, e.what()));
+  }
   std::string name, identity;
   uint64_t session = 0;
   int64_t lease_ns = 0;
@@ -538,7 +647,8 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
       ->request(*node, caf::duration{left_until(deadline)}, atoms::open_atom::value,
                 detail::this_process(),
                 static_cast<int64_t>(
-                  std::chrono::duration_cast<std::chrono::nanoseconds>(opts.lease).count()))
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(opts.lease).count()),
+                cookie)
       .receive(
         [&](std::string& n, std::string& id, uint64_t s, int64_t l, std::vector<caf::actor>& as) {
           name = std::move(n), identity = std::move(id), session = s, lease_ns = l;
@@ -546,6 +656,9 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
         },
         [&](caf::error& e) { err = std::move(e); });
     opened = std::chrono::steady_clock::now();
+    if (err && err->category() == error_category)
+      throw device_error(address, fmt::format("attach_node: the node at {} refused: {}", address,
+                                              describe_error(*err)));
     if (err)
       throw device_error(address, fmt::format("attach_node: the node at {} did not open a "
                                               "session within {} ms: {}",
@@ -554,14 +667,23 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
   // What this call opened goes when it fails.
   bool keep_session = false;
   struct closer {
+    caf::actor_system& sys;
     const node_actor& node;
     uint64_t session;
     bool& keep;
     ~closer() {
-      if (!keep && session != 0)
-        caf::anon_send(node, atoms::detach_atom::value, session);
+      if (keep || session == 0)
+        return;
+      // From this node, not anonymously: the node takes `detach` from the
+      // session's client only.
+      try {
+        caf::scoped_actor self{sys};
+        self->send(node, atoms::detach_atom::value, session);
+      } catch (...) {
+        // The lease ends it instead.
+      }
     }
-  } close_unless_kept{*node, session, keep_session};
+  } close_unless_kept{sys, *node, session, keep_session};
   if (!opts.expected_name.empty() && name != opts.expected_name)
     throw std::invalid_argument(fmt::format(
       "attach_node {}: expected node '{}' there, but the node at {} calls itself '{}'", address,
@@ -667,6 +789,7 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
     it->identity = identity;
     it->session = session;
     it->keeper = keeper;
+    it->node = caf::actor_cast<caf::actor>(*node);
     it->ended = ended;
     it->incarnation = incarnation;
   } catch (...) {
@@ -675,6 +798,8 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
     throw;
   }
   keep_session = true;
+  if (session != 0)
+    vouch_between(b, name, deadline);
   return result;
 }
 

@@ -62,7 +62,8 @@ std::shared_ptr<reply_sink> reply_sink::make(caf::actor_system& sys) {
     auto me = weak.lock();
     if (!me || !ptr || !ptr->mid.is_response())
       return;
-    me->deliver(ptr->mid.request_id().integer_value(), ptr->move_content_to_message());
+    me->deliver(ptr->sender, ptr->mid.request_id().integer_value(),
+                ptr->move_content_to_message());
   });
   tsan_release(&handler_key);
   return s;
@@ -82,7 +83,7 @@ bool reply_sink::wait(const caf::actor& target, uint64_t seq, handler h) {
     if (closed_)
       return false;
     id = next_id_++;
-    pending_.emplace(id, std::move(h));
+    pending_.emplace(id, waiting{target.id(), target.node(), std::move(h)});
     from = companion_;
   }
   caf::actor_cast<caf::abstract_actor*>(target)->enqueue(
@@ -92,14 +93,22 @@ bool reply_sink::wait(const caf::actor& target, uint64_t seq, handler h) {
   return true;
 }
 
-void reply_sink::deliver(uint64_t id, const caf::message& reply) {
+void reply_sink::deliver(const caf::strong_actor_ptr& sender, uint64_t id,
+                         const caf::message& reply) {
   handler h;
   {
     std::lock_guard guard{mu_};
     auto it = pending_.find(id);
     if (it == pending_.end())
       return;
-    h = std::move(it->second);
+    // From the actor asked, or an anonymous error; anything else is a
+    // forgery of another actor's reply (see wait).
+    bool from_target = sender ? sender->id() == it->second.target
+                                  && sender->node() == it->second.node
+                              : reply.match_elements<caf::error>();
+    if (!from_target)
+      return;
+    h = std::move(it->second.h);
     pending_.erase(it);
   }
   try {
@@ -110,7 +119,7 @@ void reply_sink::deliver(uint64_t id, const caf::message& reply) {
 }
 
 void reply_sink::close(const caf::error& err) {
-  std::unordered_map<uint64_t, handler> pending;
+  std::unordered_map<uint64_t, waiting> pending;
   caf::strong_actor_ptr companion;
   {
     std::lock_guard guard{mu_};
@@ -131,9 +140,9 @@ void reply_sink::close(const caf::error& err) {
     }
   }
   auto msg = caf::make_message(err);
-  for (auto& [id, h] : pending) {
+  for (auto& [id, w] : pending) {
     try {
-      h(msg);
+      w.h(msg);
     } catch (...) {
     }
   }

@@ -12,6 +12,7 @@
 #include <caf/actor_control_block.hpp>
 #include <caf/error.hpp>
 #include <caf/message.hpp>
+#include <caf/node_id.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -37,7 +38,12 @@ public:
 
   /// Sends `(wait, seq)` to `target` as a request from the sink; `h` runs
   /// once with the reply, on the thread that delivers it, or with `close`'s
-  /// error. False (and `h` never runs) once closed.
+  /// error. False (and `h` never runs) once closed. Only a reply from
+  /// `target` itself counts (issue 38 point 2): request ids are sequential,
+  /// so another actor that waits here could answer this wait's id; its
+  /// reply is dropped and the wait stays pending. An anonymous reply counts
+  /// only when it is an error (CAF bounces a request to an actor it cannot
+  /// reach with one): it can fail a wait, never open it.
   bool wait(const caf::actor& target, uint64_t seq, handler h);
   /// Runs every pending handler with `err`, refuses later requests and ends
   /// the companion (peers that monitor it hear it went).
@@ -45,11 +51,18 @@ public:
 
 private:
   reply_sink() = default;
-  void deliver(uint64_t id, const caf::message& reply);
+  void deliver(const caf::strong_actor_ptr& sender, uint64_t id, const caf::message& reply);
+
+  struct waiting {
+    /// Who was asked: its id and node (a remote owner is a proxy here).
+    caf::actor_id target;
+    caf::node_id node;
+    handler h;
+  };
 
   std::mutex mu_;
   uint64_t next_id_ = 1;
-  std::unordered_map<uint64_t, handler> pending_;
+  std::unordered_map<uint64_t, waiting> pending_;
   bool closed_ = false;
   caf::strong_actor_ptr companion_;
 };

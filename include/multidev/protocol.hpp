@@ -33,6 +33,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
+#include <caf/node_id.hpp>
 #include <caf/meta/load_callback.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
@@ -104,6 +105,8 @@ using open_atom = caf::atom_constant<caf::atom("open")>;
 using renew_atom = caf::atom_constant<caf::atom("renew")>;
 /// End a session: the client detaches.
 using detach_atom = caf::atom_constant<caf::atom("detach")>;
+/// A session's client vouches for another node of its own.
+using trust_atom = caf::atom_constant<caf::atom("trust")>;
 } // namespace atoms
 
 /// A device actor: the owner of one device's runner, events and pools.
@@ -249,17 +252,23 @@ using device_actor = caf::typed_actor<
 /// pools, queues, events, failures), which the node keeps only while the
 /// client renews the session's lease.
 using node_actor = caf::typed_actor<
-  /// Replies with the node's name and the device actors of its own backend,
-  /// in ordinal order (shared by whoever drives them: no session).
-  caf::replies_to<atoms::list_atom>::with<std::string, std::vector<caf::actor>>,
   /// Opens a session for the client named `client` (for the node's log)
-  /// asking for a lease of `lease_ns` nanoseconds; replies with the node's
-  /// name, its identity (its actor system's node id and start epoch: a
-  /// restarted node has another), the session's id (0: the node keeps no
-  /// sessions, the devices are shared), the lease granted in nanoseconds,
-  /// and the session's device actors in ordinal order.
-  caf::replies_to<atoms::open_atom, std::string, int64_t>::with<
+  /// asking for a lease of `lease_ns` nanoseconds, with the node's `cookie`
+  /// (`load_cookie`; a wrong one is refused: "session refused: wrong
+  /// cookie"); replies with the node's name, its identity (its actor
+  /// system's node id and start epoch: a restarted node has another), the
+  /// session's id (0: the node keeps no sessions, the devices are shared),
+  /// the lease granted in nanoseconds, and the session's device actors in
+  /// ordinal order. Those actors take messages only from the node of the
+  /// actor that opened the session (the client), the node itself, and the
+  /// nodes the client vouches for (`trust`).
+  caf::replies_to<atoms::open_atom, std::string, int64_t, std::string>::with<
     std::string, std::string, uint64_t, int64_t, std::vector<caf::actor>>,
+  /// The client of session `id` vouches for another node of its own (one it
+  /// attached too): the session's devices take its messages (waits and
+  /// copies between nodes). Replies whether the session was open; an error
+  /// for a sender of another node than the session's client.
+  caf::replies_to<atoms::trust_atom, uint64_t, caf::node_id>::with<bool>,
   /// Renewal `n` (1, 2, ...) of session `id`'s lease, sent by a client whose
   /// last acknowledged renewal is `acked` (0: the `open`). The lease is
   /// extended to the lease from when the node received renewal `acked`
@@ -271,6 +280,8 @@ using node_actor = caf::typed_actor<
   caf::replies_to<atoms::renew_atom, uint64_t, uint64_t, uint64_t>::with<int64_t>,
   /// Ends session `id`: its work not started is cancelled, its pools are
   /// freed once its running item (if any) ends. Replies whether it was open.
+  /// `renew` and `detach` are refused to a sender of another node than the
+  /// session's client.
   caf::replies_to<atoms::detach_atom, uint64_t>::with<bool>,
   /// Replies with the node's sessions, printed:
   /// `(node (name ..) (identity ..) (sessions (session (id ..) (client ..)
@@ -489,11 +500,38 @@ device_actor device_actor_of(const backend& b, const device& d);
 /// `device_error` when `a` does not answer.
 device attach_device(backend& b, const device_actor& a);
 
-/// Spawns, on `b`'s actor system, the node actor that lists `b`'s devices
-/// (all `b.num_devices()` local ones, made now) under `name`. Publish it
-/// with `publish_node` to serve them. It serves them for as long as `b`
-/// lives: `~backend` stops it (published or not).
-node_actor spawn_node_actor(backend& b, std::string name);
+/// The default cookie file: `$XDG_CONFIG_HOME/multidev/cookie`, or
+/// `~/.config/multidev/cookie` (XDG_CONFIG_HOME unset). Throws
+/// `std::invalid_argument` when neither that nor HOME is set.
+std::string default_cookie_file();
+
+/// The cookie in `file` (empty: `default_cookie_file()`), which a node and
+/// its clients share: created on first use (mode 0600, its folder 0700) with
+/// 32 random bytes of /dev/urandom as hex text. Throws
+/// `std::invalid_argument` naming the file when it cannot be made or read,
+/// holds under 16 characters, or is readable by its group or others (naming
+/// its mode).
+std::string load_cookie(const std::string& file = {});
+
+/// Whether two cookies are equal, in time that does not depend on where
+/// they differ.
+bool same_cookie(const std::string& a, const std::string& b) noexcept;
+
+/// Spawns, on `b`'s actor system, the node actor that serves sessions of
+/// `b`'s devices (each client gets devices of its own, made like `b`'s)
+/// under `name`, to clients that present the cookie of `cookie_file`
+/// (empty: the default file; `load_cookie`, which throws). Publish it with
+/// `publish_node` to serve them. It serves them for as long as `b` lives:
+/// `~backend` stops it (published or not). Each session's pools may hold
+/// `session_memory_limit` bytes in all (0: half the machine's physical
+/// memory, `default_session_memory_limit()`); an allocation past it is
+/// refused with an error naming the session, the request and the limit.
+node_actor spawn_node_actor(backend& b, std::string name, const std::string& cookie_file = {},
+                            std::size_t session_memory_limit = 0);
+
+/// Half the machine's physical memory (sysconf): what a node's session may
+/// hold in its pools unless told otherwise (`multidev node --memory-limit`).
+std::size_t default_session_memory_limit();
 
 /// Publishes `node` on `address:port` (port 0: one the system picks) and
 /// returns the port: over TLS when its actor system has libcaf_openssl
@@ -563,6 +601,9 @@ struct node_attach_options {
   /// attached under a second name is a second client of it: a session of
   /// its own, as another process's would be.
   std::string name;
+  /// The file of the cookie the session is opened with (`load_cookie`);
+  /// empty: the default file, which `multidev node` uses too.
+  std::string cookie_file;
 };
 
 /// `attach_node` with `opts`. A node attached already under the same name
