@@ -1153,7 +1153,7 @@ std::size_t peer_guard::used_memory() const {
   std::size_t n = 0;
   for (const auto& weak : cores_)
     if (auto c = weak.lock())
-      n += c->used_memory();
+      n += c->pools().used_memory();
   return n;
 }
 

@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -120,6 +122,18 @@ void node_process::kill9() {
   pid_ = -1;
 }
 
+namespace {
+/// Whether /proc says process `pid` is stopped (state T).
+bool stopped_in_proc(pid_t pid) {
+  std::ifstream in{"/proc/" + std::to_string(pid) + "/stat"};
+  std::string text;
+  std::getline(in, text);
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold any).
+  auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T';
+}
+} // namespace
+
 void node_process::pause() {
   if (pid_ <= 0)
     return;
@@ -127,12 +141,23 @@ void node_process::pause() {
   // Returns once it has stopped: a signal is delivered when the process is
   // next scheduled, and a request sent meanwhile (the run's next step, on a
   // loaded machine) would still be answered.
-  int status = 0;
-  pid_t got;
-  while ((got = waitpid(pid_, &status, WUNTRACED)) == -1 && errno == EINTR) {
+  // Bounded: the stop is reported to one waitpid only (a second SIGSTOP of a
+  // stopped process reports nothing), so the process's own state in /proc
+  // ends the wait too, and 10 s end it whatever happens.
+  for (int i = 0; i < 10'000; ++i) {
+    int status = 0;
+    auto got = waitpid(pid_, &status, WUNTRACED | WNOHANG);
+    if (got == pid_) {
+      if (WIFEXITED(status) || WIFSIGNALED(status))
+        pid_ = -1; // it had ended already: reaped
+      return;
+    }
+    if (got == -1 && errno != EINTR)
+      return; // not our child any more
+    if (stopped_in_proc(pid_))
+      return;
+    std::this_thread::sleep_for(1ms);
   }
-  if (got == pid_ && (WIFEXITED(status) || WIFSIGNALED(status)))
-    pid_ = -1; // it had ended already: reaped
 }
 
 void node_process::resume() {
