@@ -564,6 +564,8 @@ private:
       return sync_in_form(s, out);
     if (head == "release")
       return release_form(s, out);
+    if (head == "await-hold")
+      return await_hold_form(s, out);
     if (head == "sleep")
       return sleep_form(s, out);
     if (head == "fail-at")
@@ -1066,6 +1068,14 @@ private:
     push(out, std::move(st));
   }
 
+  /// `(await-hold HOLD)`: the host waits until the device's runner is in it.
+  void await_hold_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(await-hold HOLD)");
+    auto st = make(s, op::await_hold);
+    st.hold = lookup(*f.pos[0], sym::hold).id;
+    push(out, std::move(st));
+  }
+
   void release_form(const sexp& s, std::vector<step>& out) {
     auto f = split(s, 1, 1, {}, "(release HOLD)");
     auto st = make(s, op::release);
@@ -1406,6 +1416,40 @@ private:
       fail(p, fmt::format("({} ...) takes one value", k));
   }
 
+  /// An item of a time assertion: an event, or a hold (its `hold` task).
+  void timed_item(const sexp& s, int& ev, int& hold) const {
+    auto n = text(s, "an event or a hold");
+    auto it = names_.find(n);
+    if (it == names_.end())
+      fail(s, fmt::format("unknown event or hold '{}'", n));
+    if (it->second.kind == sym::hold)
+      hold = it->second.id;
+    else
+      ev = event(s);
+  }
+
+  /// A time in whole nanoseconds (`5ms`; a plain number is milliseconds).
+  int64_t nanoseconds(const sexp& s, const char* what) const {
+    auto ms = milliseconds(s, what);
+    if (ms < 0 || ms > 86'400'000)
+      fail(s, fmt::format("{} must be 0 to 86400 s, got {} ms", what, ms));
+    return std::llround(ms * 1e6);
+  }
+
+  /// `(at-least T)` or `(at-most T)` of `(after A B ...)`.
+  void time_bound(const sexp& b, step& st) const {
+    if (!b.is_list() || b.items().size() != 2 || !b.items()[0].is_atom()
+        || (b.items()[0].as_atom() != "at-least" && b.items()[0].as_atom() != "at-most"))
+      fail(b, "expected (at-least T) or (at-most T), e.g. (at-least 2ms)");
+    bool least = b.items()[0].as_atom() == "at-least";
+    auto& slot = least ? st.at_least : st.at_most;
+    if (slot)
+      fail(b, fmt::format("({} ...) is given twice", b.items()[0].as_atom()));
+    slot = nanoseconds(b.items()[1], least ? "the time of (at-least T)" : "the time of (at-most T)");
+    if (st.at_least && st.at_most && *st.at_least > *st.at_most)
+      fail(b, "(at-least T) is above (at-most T)");
+  }
+
   /// `true` or `false`, the predicate of `(idle D)` and `(resolved EV)`.
   predicate true_or_false(const sexp& s) const {
     auto b = text(s, "true or false");
@@ -1454,6 +1498,75 @@ private:
       st.what = subject::resolved;
       st.ev = event(subj.items()[1]);
       st.pred = xs.size() == 3 ? true_or_false(xs[2]) : predicate::is_true;
+    } else if (head == "overlap") {
+      args(2, "(overlap A B): the slices of A and B intersect");
+      preds(0, 0);
+      st.what = subject::overlap;
+      timed_item(subj.items()[1], st.ev, st.hold);
+      timed_item(subj.items()[2], st.ev2, st.hold2);
+    } else if (head == "after") {
+      if (subj.items().size() < 3 || subj.items().size() > 5)
+        fail(subj, "(after A B [(at-least T)] [(at-most T)]): A started no earlier than B "
+                   "ended (plus T)");
+      preds(0, 0);
+      st.what = subject::after;
+      timed_item(subj.items()[1], st.ev, st.hold);
+      timed_item(subj.items()[2], st.ev2, st.hold2);
+      for (std::size_t i = 3; i < subj.items().size(); ++i)
+        time_bound(subj.items()[i], st);
+    } else if (head == "within") {
+      args(2, "(within EVENT T): EVENT resolved at most T after the step that makes it began");
+      preds(0, 0);
+      st.what = subject::within;
+      st.ev = event(subj.items()[1]);
+      prog_.events[st.ev].timed = true;
+      st.at_most = nanoseconds(subj.items()[2], "the time of (within EVENT T)");
+    } else if (head == "concurrency") {
+      if (subj.items().size() < 3 || subj.items().size() > 4)
+        fail(subj, "(concurrency DEVICES N), (concurrency DEVICES (at-most N)) or (at-least "
+                   "N): DEVICES a list such as (0 1 2), or all");
+      preds(0, 0);
+      st.what = subject::concurrency;
+      const auto& ds = subj.items()[1];
+      if (ds.is_atom() && text(ds, "devices") == "all") {
+        for (int d = 0; d < prog_.devices; ++d)
+          st.devs.push_back(d);
+      } else {
+        if (!ds.is_list() || ds.items().empty())
+          fail(ds, "expected the devices as a list, e.g. (0 1 2), or all");
+        for (const auto& d : ds.items()) {
+          int x = device(d);
+          if (std::find(st.devs.begin(), st.devs.end(), x) != st.devs.end())
+            fail(d, fmt::format("device {} is listed twice", x));
+          st.devs.push_back(x);
+        }
+      }
+      auto count = [&](const sexp& n) {
+        auto v = integer(n, "a number of devices");
+        if (v < 0 || v > static_cast<int64_t>(st.devs.size()))
+          fail(n, fmt::format("a number of devices busy at once must be 0 to {} (the devices "
+                              "listed), got {}",
+                              st.devs.size(), v));
+        return v;
+      };
+      for (std::size_t i = 2; i < subj.items().size(); ++i) {
+        const auto& b = subj.items()[i];
+        if (b.is_list() && b.items().size() == 2 && b.items()[0].is_atom()
+            && (b.items()[0].as_atom() == "at-least" || b.items()[0].as_atom() == "at-most")) {
+          (b.items()[0].as_atom() == "at-least" ? st.at_least : st.at_most) =
+            count(b.items()[1]);
+        } else if (subj.items().size() == 3
+                   && !(b.is_list() && !b.items().empty() && b.items()[0].is_atom()
+                        && std::string_view{"+-*/mod"}.find(b.items()[0].as_atom())
+                             == std::string_view::npos)) {
+          st.at_least = st.at_most = count(b); // exactly N at most
+        } else {
+          fail(b, "expected (at-least N) or (at-most N)");
+        }
+      }
+      if (st.at_least && st.at_most && *st.at_least > *st.at_most)
+        fail(subj, fmt::format("(at-least {}) is above (at-most {})", *st.at_least,
+                               *st.at_most));
     } else if (head == "idle") {
       args(1, "(idle DEVICE)");
       preds(0, 1);
@@ -1498,7 +1611,8 @@ private:
         "free-pool", "from-host", "to-host", "copy", "alloc", "cancel", "recover", "delay"};
       if (!actions.count(head))
         fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, "
-                                          "resolved, before, idle, memory, checksum, host, or an "
+                                          "resolved, before, overlap, after, within, concurrency, idle, "
+                                          "memory, checksum, host, or an "
                                           "action (sync, await, kernel, ...)",
                                           head));
       preds(0, 1);

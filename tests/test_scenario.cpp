@@ -950,3 +950,155 @@ BOOST_AUTO_TEST_CASE(test_scenario_resolved_is_checked_at_once_with_what_was_see
   e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k))\n(expect (resolved k) maybe)\n");
   BOOST_TEST(e == "3:22: expected true or false, got 'maybe'", e);
 }
+
+// -- time assertions (issue 42 point 2) -----------------------------------------
+
+namespace {
+
+/// The run's expectations as "held OBSERVED" or "FAILED OBSERVED".
+std::vector<std::string> outcomes(const scn::run_result& r) {
+  std::vector<std::string> got;
+  for (const auto& x : r.expectations)
+    got.push_back((x.held ? "held " : "FAILED ") + x.observed);
+  return got;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_scenario_await_hold_waits_until_the_runner_is_in_the_hold) {
+  // slow (20 ms) is queued before h: once the runner is in h, slow is done,
+  // so (resolved slow) holds at once. Without the wait it would read pending.
+  // A hold behind a failed task never runs: await-hold says so, not hangs.
+  auto p = scn::load("(devices 2)\n(kernel 0 spin_ns 20000000 (as slow))\n(hold 0 (as h))\n"
+                     "(await-hold h)\n(expect (resolved slow))\n(release h)\n"
+                     "(hold 1 (as g1))\n(kernel 1 fail \"boom\" (as f))\n(hold 1 (as g2))\n"
+                     "(release g1)\n(await-hold g2)\n(expect (sync f) (fails (matches \"boom\")))\n",
+                     "await_hold.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST_REQUIRE(r.expectations.size() == 2u);
+  BOOST_TEST(r.expectations[0].held, r.expectations[0].observed);
+  BOOST_TEST(r.expectations[1].held, r.expectations[1].observed);
+  BOOST_TEST_REQUIRE(!r.unexpected.empty());
+  BOOST_TEST(r.unexpected[0].where.str() == "await_hold.scn:11:1");
+  BOOST_TEST(r.unexpected[0].observed == "await-hold: hold 'g2' on device 1 failed without running",
+             r.unexpected[0].observed);
+  bool drawn = false;
+  for (const auto& s : r.tl.slices)
+    drawn |= s.kind == "host" && s.name == "await-hold h";
+  BOOST_TEST(drawn);
+  auto e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k))\n(await-hold k)\n");
+  BOOST_TEST(starts_with(e, "3:13: 'k' is an event (declared at 2:25), expected a hold"), e);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_hold_when_the_schedule_forces_them) {
+  // Every bound here is forced: the holds are both entered (await-hold)
+  // before either opens, so they overlap and two devices are busy at once;
+  // a 3 ms delay sits between b and a on one device; device 3 waits for x.
+  // The only upper bound, (within a 120s), cannot fail unless the sync of a
+  // ran out of the 5 s step timeout.
+  auto p = scn::load("(devices 4)\n(hold 0 (as h0))\n(hold 1 (as h1))\n"
+                     "(await-hold h0)\n(await-hold h1)\n(release h0)\n(release h1)\n"
+                     "(expect (overlap h0 h1))\n"                 // 0
+                     "(expect (concurrency (0 1) 2))\n"           // 1
+                     "(expect (concurrency (0 1) (at-least 2)))\n" // 2
+                     "(kernel 2 spin_ns 0 (as b))\n(delay 2 3)\n(kernel 2 spin_ns 0 (as a))\n"
+                     "(expect (after a b (at-least 2ms)))\n"      // 3
+                     "(expect (after a b))\n"                     // 4
+                     "(expect (sync a) ok)\n"                     // 5
+                     "(expect (within a 120s))\n"                 // 6
+                     "(kernel 2 spin_ns 1000000 (as x))\n(wait 3 x)\n(kernel 3 spin_ns 1000000)\n"
+                     "(expect (concurrency (2 3) (at-most 1)))\n", // 7
+                     "timed.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  auto got = outcomes(r);
+  BOOST_TEST_REQUIRE(got.size() == 8u);
+  BOOST_TEST(starts_with(got[0], "held h0 ran "), got[0]);
+  BOOST_TEST(contains(got[0], ": they overlap "), got[0]);
+  BOOST_TEST(starts_with(got[1], "held at most 2 of the 2 device(s) busy at once, first at "),
+             got[1]);
+  BOOST_TEST(contains(got[1], "(devices 0 1)"), got[1]);
+  BOOST_TEST(starts_with(got[3], "held a started "), got[3]);
+  BOOST_TEST(contains(got[3], " after b ended"), got[3]);
+  BOOST_TEST(starts_with(got[6], "held a resolved "), got[6]);
+  BOOST_TEST(contains(got[6], " after its step began"), got[6]);
+  BOOST_TEST(starts_with(got[7], "held at most 1 of the 2 device(s) busy at once"), got[7]);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_fail_with_the_observed_value) {
+  // Each of these cannot hold: the holds are forced to overlap, b ends
+  // before a starts on one device with 3 ms between them, and a is held
+  // 5 ms by delay-at, so it cannot resolve within 1 ms of its step.
+  auto p = scn::load("(devices 3)\n(hold 0 (as h0))\n(hold 1 (as h1))\n"
+                     "(await-hold h0)\n(await-hold h1)\n(release h0)\n(release h1)\n"
+                     "(expect (concurrency (0 1) (at-most 1)))\n" // 0
+                     "(kernel 2 spin_ns 0 (as b))\n(delay 2 3)\n(kernel 2 spin_ns 0 (as a))\n"
+                     "(expect (after b a))\n"                     // 1
+                     "(expect (after a b (at-most 1ms)))\n"       // 2
+                     "(expect (overlap a b))\n"                   // 3
+                     "(delay-at a 5ms)\n"
+                     "(expect (within a 1ms))\n"                  // 4
+                     "(expect (concurrency (2) (at-least 1)))\n"  // 5: holds
+                     "(expect (after h0 b))\n",                   // 6
+                     "timed_fail.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(!r.ok());
+  BOOST_TEST(r.unexpected.empty());
+  auto got = outcomes(r);
+  BOOST_TEST_REQUIRE(got.size() == 7u);
+  BOOST_TEST(starts_with(got[0], "FAILED at most 2 of the 2 device(s) busy at once, first at "),
+             got[0]);
+  BOOST_TEST(contains(got[0], " ns (devices 0 1)"), got[0]);
+  BOOST_TEST(starts_with(got[1], "FAILED b started "), got[1]);
+  BOOST_TEST(contains(got[1], " before a ended (b started at "), got[1]);
+  BOOST_TEST(starts_with(got[2], "FAILED a started "), got[2]);
+  BOOST_TEST(contains(got[2], " ms after b ended"), got[2]);
+  BOOST_TEST(starts_with(got[3], "FAILED a ran "), got[3]);
+  BOOST_TEST(contains(got[3], " ms apart"), got[3]);
+  BOOST_TEST(starts_with(got[4], "FAILED a resolved "), got[4]);
+  BOOST_TEST(contains(got[4], " ms after its step began (the step at "), got[4]);
+  BOOST_TEST(starts_with(got[5], "held at most 1 of the 1 device(s)"), got[5]);
+  BOOST_TEST(starts_with(got[6], "FAILED h0 started "), got[6]);
+  BOOST_TEST(contains(got[6], " before b ended"), got[6]);
+  BOOST_TEST(r.expectations[4].where.str() == "timed_fail.scn:16:1");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_are_checked_at_load) {
+  auto pre = std::string{"(devices 2)\n(hold 0 (as h0))\n(kernel 1 spin_ns 0 (as k))\n"};
+  auto e = error_of(pre + "(expect (overlap x h0))\n");
+  BOOST_TEST(e == "4:18: unknown event or hold 'x'", e);
+  e = error_of(pre + "(expect (after k h0 (at-least -1ms)))\n");
+  BOOST_TEST(e == "4:31: the time of (at-least T) must be 0 to 86400 s, got -1 ms", e);
+  e = error_of(pre + "(expect (after k h0 (at-least 2ms) (at-least 1ms)))\n");
+  BOOST_TEST(e == "4:36: (at-least ...) is given twice", e);
+  e = error_of(pre + "(expect (after k h0 (at-least 2ms) (at-most 1ms)))\n");
+  BOOST_TEST(e == "4:36: (at-least T) is above (at-most T)", e);
+  e = error_of(pre + "(expect (after k h0 (soon)))\n");
+  BOOST_TEST(starts_with(e, "4:21: expected (at-least T) or (at-most T)"), e);
+  e = error_of(pre + "(expect (within h0 1ms))\n");
+  BOOST_TEST(e == "4:17: 'h0' is a hold (declared at 2:13), expected an event", e);
+  e = error_of(pre + "(expect (within k))\n");
+  BOOST_TEST(starts_with(e, "4:9: (within ...) takes 2 argument(s)"), e);
+  e = error_of(pre + "(expect (concurrency (0 0) 1))\n");
+  BOOST_TEST(e == "4:25: device 0 is listed twice", e);
+  e = error_of(pre + "(expect (concurrency (0 1) 3))\n");
+  BOOST_TEST(starts_with(e, "4:28: a number of devices busy at once must be 0 to 2"), e);
+  e = error_of(pre + "(expect (concurrency 0 1))\n");
+  BOOST_TEST(e == "4:22: expected the devices as a list, e.g. (0 1 2), or all", e);
+  e = error_of(pre + "(expect (concurrency (0 1) (at-least 2) (at-most 1)))\n");
+  BOOST_TEST(e == "4:9: (at-least 2) is above (at-most 1)", e);
+  e = error_of(pre + "(expect (concurrency (0 1) (most 1)))\n");
+  BOOST_TEST(e == "4:28: expected (at-least N) or (at-most N)", e);
+  e = error_of(pre + "(expect (overlap k h0) true)\n");
+  BOOST_TEST(e == "4:1: (expect (overlap ...) ...) takes 0 predicate(s)", e);
+}
