@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -95,6 +96,7 @@ struct form {
 class loader {
 public:
   loader(std::string file, std::optional<uint64_t> seed) : seed_override_(seed) {
+    file_ = file;
     prog_.file = std::move(file);
     prog_.seed = seed.value_or(1);
   }
@@ -109,17 +111,22 @@ public:
     if (forms.empty())
       throw script_error(location{prog_.file, 1, 1},
                          "the script is empty; it needs at least a (devices N) form");
+    {
+      std::error_code ec;
+      auto key = std::filesystem::weakly_canonical(file_, ec).string();
+      including_.emplace_back(ec ? file_ : key, file_);
+    }
     for (const auto& f : forms)
       statement(f, prog_.steps);
     // The (sync-in ...) events named before the step that makes them.
     for (const auto& fw : forward_events_) {
       auto it = names_.find(fw.name);
       if (it == names_.end())
-        throw script_error(at(*fw.form), fmt::format("sync-in: unknown event '{}': no step of "
+        throw script_error(fw.where, fmt::format("sync-in: unknown event '{}': no step of "
                                                      "the script makes it",
                                                      fw.name));
       if (it->second.kind != sym::event)
-        throw script_error(at(*fw.form),
+        throw script_error(fw.where,
                            fmt::format("sync-in: '{}' is {} (declared at {}:{}), expected an event",
                                        fw.name, sym_name(it->second.kind), it->second.where.line,
                                        it->second.where.column));
@@ -154,7 +161,7 @@ private:
   // -- positions and errors ----------------------------------------------------
 
   location at(const sexp& s) const {
-    return location{prog_.file, s.line, s.column};
+    return location{file_, s.line, s.column};
   }
 
   [[noreturn]] void fail(const sexp& s, const std::string& msg) const {
@@ -514,10 +521,12 @@ private:
       fail(s.items()[0], "a form starts with its name, e.g. (kernel ...), not a list");
     const auto& head = s.items()[0].as_atom();
     if (head != "devices" && head != "scenario" && head != "seed" && head != "tnode"
-        && prog_.devices == 0)
+        && head != "include" && head != "param" && prog_.devices == 0)
       fail(s, fmt::format("({} ...) before (devices N): declare the devices first", head));
     if (head == "scenario")
       return scenario_form(s);
+    if (head == "include")
+      return include_form(s, out);
     if (head == "devices")
       return devices_form(s);
     if (head == "seed")
@@ -584,6 +593,61 @@ private:
     if (head == "expect")
       return expect_form(s, out);
     fail(s.items()[0], fmt::format("unknown form '{}' (docs/scenarios.md lists the forms)", head));
+  }
+
+  /// `(include "FILE")`: FILE's forms, read relative to the including
+  /// file's directory, in place of the form. Errors in them name FILE's
+  /// line and column and, after the message, where it was included.
+  void include_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(include \"FILE\")");
+    auto name = text(*f.pos[0], "a file name", false);
+    namespace fs = std::filesystem;
+    auto path = (fs::path{file_}.parent_path() / name).lexically_normal();
+    std::error_code ec;
+    auto key = fs::weakly_canonical(path, ec).string();
+    if (ec)
+      key = path.string();
+    if (auto it = std::find_if(including_.begin(), including_.end(),
+                               [&](const auto& x) { return x.first == key; });
+        it != including_.end()) {
+      std::string chain;
+      for (auto i = it; i != including_.end(); ++i)
+        chain += i->second + " includes ";
+      fail(*f.pos[0], fmt::format("include cycle: {}{} again", chain, path.string()));
+    }
+    auto parsed = included_.find(key);
+    if (parsed == included_.end()) {
+      std::ifstream in{path, std::ios::binary};
+      if (!in)
+        fail(*f.pos[0], fmt::format("cannot read the included file '{}'", path.string()));
+      std::ostringstream buf;
+      buf << in.rdbuf();
+      std::vector<sexp> forms;
+      try {
+        forms = parse_sexps(buf.str());
+      } catch (const sexp_parse_error& e) {
+        throw script_error(location{path.string(), e.line(), e.column()},
+                           fmt::format("{} (in the file included at {})", e.message(),
+                                       at(s).str()));
+      }
+      parsed = included_.emplace(key, std::move(forms)).first;
+    }
+    auto outer = file_;
+    auto where = at(s);
+    including_.emplace_back(key, path.string());
+    file_ = path.string();
+    try {
+      for (const auto& x : parsed->second)
+        statement(x, out);
+    } catch (const script_error& e) {
+      file_ = outer;
+      including_.pop_back();
+      throw script_error(e.where(), fmt::format("{} (in the file included at {})", e.message(),
+                                                where.str()));
+    }
+    file_ = outer;
+    including_.pop_back();
+    current_ = &s;
   }
 
   void scenario_form(const sexp& s) {
@@ -1027,7 +1091,7 @@ private:
     if (auto it = names_.find(n); it != names_.end())
       st.ev = lookup(e, sym::event).id;
     else
-      forward_events_.push_back({&e, n, out.size(), &out});
+      forward_events_.push_back({&e, n, out.size(), &out, at(e)});
     st.as = opt_event(f);
     push(out, std::move(st));
   }
@@ -1641,6 +1705,13 @@ private:
   }
 
   program prog_;
+  /// The file whose forms are being read: the script's, or an included one.
+  std::string file_;
+  /// The includes being read, outermost first: (canonical path, as written).
+  std::vector<std::pair<std::string, std::string>> including_;
+  /// Each included file's forms, parsed once, kept for the load (steps and
+  /// forward references point into them).
+  std::map<std::string, std::vector<sexp>> included_;
   std::optional<uint64_t> seed_override_;
   std::optional<uint64_t> script_seed_;
   std::map<std::string, symbol> names_;
@@ -1651,6 +1722,7 @@ private:
     std::string name;
     std::size_t index;
     std::vector<step>* steps;
+    location where;
   };
   std::vector<forward_event> forward_events_;
   std::vector<aimed_fault> aimed_;

@@ -1102,3 +1102,86 @@ BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_are_checked_at_load) {
   e = error_of(pre + "(expect (overlap k h0) true)\n");
   BOOST_TEST(e == "4:1: (expect (overlap ...) ...) takes 0 predicate(s)", e);
 }
+
+// -- reuse: include (issue 42 point 4) ------------------------------------------
+
+namespace {
+
+/// A fresh directory under the temp dir with `files` (name, text) written.
+std::filesystem::path script_dir(const std::string& tag,
+                                 const std::vector<std::pair<std::string, std::string>>& files) {
+  auto dir = std::filesystem::temp_directory_path()
+             / ("multidev_scn_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  for (const auto& [name, text] : files) {
+    auto p = dir / name;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream{p} << text;
+  }
+  return dir;
+}
+
+/// The script error loading `path` gets, whole (`file:line:col: message`).
+std::string file_error_of(const std::filesystem::path& path) {
+  try {
+    scn::load_file(path.string());
+  } catch (const scn::script_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_scenario_include_reads_a_file_relative_to_the_includer) {
+  // lib/steps.scn includes its neighbour by a path relative to itself; its
+  // steps keep their own file and line; the included forms may come
+  // before (devices N) (a shared header declaring them).
+  auto dir = script_dir("inc", {{"main.scn", "(include \"lib/devs.scn\")\n(include "
+                                             "\"lib/steps.scn\")\n(expect (sync k) ok)\n"},
+                                {"lib/devs.scn", "(devices 2)\n"},
+                                {"lib/steps.scn", "(include \"more.scn\")\n(wait 1 first)\n"
+                                                  "(kernel 1 spin_ns 0 (as k))\n"},
+                                {"lib/more.scn", "(kernel 0 spin_ns 0 (as first))\n"}});
+  auto p = scn::load_file((dir / "main.scn").string());
+  BOOST_TEST_REQUIRE(p->steps.size() == 4u);
+  BOOST_TEST(p->steps[0].where.str() == (dir / "lib/more.scn").string() + ":1:1");
+  BOOST_TEST(p->steps[2].where.str() == (dir / "lib/steps.scn").string() + ":3:1");
+  BOOST_TEST(p->steps[3].where.str() == (dir / "main.scn").string() + ":3:1");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_include_errors_name_both_files_and_cycles_are_refused) {
+  auto dir = script_dir("incerr",
+                        {{"bad.scn", "(devices 1)\n(include \"sub/typo.scn\")\n"},
+                         {"sub/typo.scn", "(kernel 0 spin_ns 0)\n(kernel 0 nosuch)\n"},
+                         {"a.scn", "(devices 1)\n(include \"b.scn\")\n"},
+                         {"b.scn", "(include \"a.scn\")\n"},
+                         {"self.scn", "(devices 1)\n(include \"self.scn\")\n"},
+                         {"missing.scn", "(devices 1)\n(include \"gone.scn\")\n"},
+                         {"unbalanced.scn", "(devices 1)\n(include \"open.scn\")\n"},
+                         {"open.scn", "(kernel 0 spin_ns 0\n"}});
+  auto d = dir.string() + "/";
+  auto e = file_error_of(dir / "bad.scn");
+  BOOST_TEST(starts_with(e, d + "sub/typo.scn:2:11: unknown kernel 'nosuch'"), e);
+  BOOST_TEST(contains(e, " (in the file included at " + d + "bad.scn:2:1)"), e);
+  e = file_error_of(dir / "a.scn");
+  BOOST_TEST(e == d + "b.scn:1:10: include cycle: " + d + "a.scn includes " + d + "b.scn includes "
+                  + d + "a.scn again (in the file included at " + d + "a.scn:2:1)",
+             e);
+  e = file_error_of(dir / "self.scn");
+  BOOST_TEST(e == d + "self.scn:2:10: include cycle: " + d + "self.scn includes " + d
+                  + "self.scn again",
+             e);
+  e = file_error_of(dir / "missing.scn");
+  BOOST_TEST(e == d + "missing.scn:2:10: cannot read the included file '" + d + "gone.scn'", e);
+  e = file_error_of(dir / "unbalanced.scn");
+  BOOST_TEST(e == d + "open.scn:1:1: unclosed '(' (end of input reached) (in the file included at "
+                  + d + "unbalanced.scn:2:1)",
+             e);
+  e = error_of("(devices 1)\n(include)\n");
+  BOOST_TEST(starts_with(e, "2:1: (include ...) takes 1 argument"), e);
+  std::filesystem::remove_all(dir);
+}
