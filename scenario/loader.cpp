@@ -617,9 +617,16 @@ private:
     }
     auto parsed = included_.find(key);
     if (parsed == included_.end()) {
-      std::ifstream in{path, std::ios::binary};
-      if (!in)
-        fail(*f.pos[0], fmt::format("cannot read the included file '{}'", path.string()));
+      // Only a regular file: a device or a pipe (/dev/zero, a FIFO) could
+      // block or never end.
+      std::ifstream in;
+      if (fs::is_regular_file(path, ec))
+        in.open(path, std::ios::binary);
+      if (!in.is_open() || !in)
+        fail(*f.pos[0], fmt::format("cannot read the included file '{}'{}", path.string(),
+                                    fs::exists(path, ec) && !fs::is_regular_file(path, ec)
+                                      ? ": not a regular file"
+                                      : ""));
       std::ostringstream buf;
       buf << in.rdbuf();
       std::vector<sexp> forms;

@@ -1181,6 +1181,8 @@ BOOST_AUTO_TEST_CASE(test_scenario_include_errors_name_both_files_and_cycles_are
   BOOST_TEST(e == d + "open.scn:1:1: unclosed '(' (end of input reached) (in the file included at "
                   + d + "unbalanced.scn:2:1)",
              e);
+  e = error_of("(devices 1)\n(include \"/dev/zero\")\n");
+  BOOST_TEST(e == "2:10: cannot read the included file '/dev/zero': not a regular file", e);
   e = error_of("(devices 1)\n(include)\n");
   BOOST_TEST(starts_with(e, "2:1: (include ...) takes 1 argument"), e);
   std::filesystem::remove_all(dir);
