@@ -95,7 +95,9 @@ struct form {
 
 class loader {
 public:
-  loader(std::string file, std::optional<uint64_t> seed) : seed_override_(seed) {
+  loader(std::string file, std::optional<uint64_t> seed,
+         const std::map<std::string, std::string>& params)
+    : params_(params), seed_override_(seed) {
     file_ = file;
     prog_.file = std::move(file);
     prog_.seed = seed.value_or(1);
@@ -139,6 +141,11 @@ public:
                                        "kernel number {}",
                                        device, kernels_on_[device], step_no));
     resolve_aimed_faults();
+    for (const auto& [name, value] : params_)
+      if (!param_names_.count(name))
+        throw script_error(location{prog_.file, 0, 0},
+                           fmt::format("--param {}={}: the script has no (param {} ...)", name,
+                                       value, name));
     if (prog_.devices == 0)
       throw script_error(at(forms.front()), "the script never declares its devices: add "
                                             "(devices N) before anything else");
@@ -185,6 +192,27 @@ private:
         out += a[i++];
         continue;
       }
+      if (i + 1 < a.size() && a[i + 1] == '{') {
+        // ${EXPR}: a whole-number expression of loop variables and params.
+        auto close = a.find('}', i + 2);
+        if (close == std::string::npos) {
+          if (strict)
+            fail(s, fmt::format("unclosed '${{' in '{}': write ${{EXPR}}, e.g. mark${{d+1}}", a));
+          out += a.substr(i);
+          break;
+        }
+        auto expr = a.substr(i + 2, close - i - 2);
+        std::string why;
+        if (auto v = evaluate(expr, why)) {
+          out += std::to_string(*v);
+        } else {
+          if (strict)
+            fail(s, fmt::format("in '${{{}}}' of '{}': {}", expr, a, why));
+          out += a.substr(i, close + 1 - i);
+        }
+        i = close + 1;
+        continue;
+      }
       std::size_t j = i + 1;
       while (j < a.size() && (std::isalnum(static_cast<unsigned char>(a[j])) || a[j] == '_'))
         ++j;
@@ -201,6 +229,99 @@ private:
       i = j;
     }
     return out;
+  }
+
+  /// `EXPR` of `${EXPR}`: whole numbers and variables (loop variables and
+  /// params, with or without `$`) joined by `+ - * / %` (`*`, `/` and `%`
+  /// first, then left to right; `/` rounds toward zero, `%` takes the sign
+  /// of the divisor as `mod` does), a leading `-` on a number. Nothing on an
+  /// error, with `why` set.
+  std::optional<int64_t> evaluate(const std::string& e, std::string& why) const {
+    std::size_t i = 0;
+    auto operand = [&]() -> std::optional<int64_t> {
+      bool neg = i < e.size() && e[i] == '-';
+      if (neg)
+        ++i;
+      if (i < e.size() && e[i] == '$')
+        ++i;
+      auto b = i;
+      while (i < e.size() && (std::isalnum(static_cast<unsigned char>(e[i])) || e[i] == '_'))
+        ++i;
+      auto t = e.substr(b, i - b);
+      if (t.empty()) {
+        why = i < e.size() ? fmt::format("expected a number or a variable at '{}'", e.substr(i))
+                           : "expected a number or a variable at the end";
+        return std::nullopt;
+      }
+      int64_t v = 0;
+      if (std::isdigit(static_cast<unsigned char>(t[0]))) {
+        auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (ec != std::errc{} || end != t.data() + t.size()) {
+          why = fmt::format("'{}' is not a whole number", t);
+          return std::nullopt;
+        }
+      } else if (auto it = vars_.find(t); it != vars_.end()) {
+        v = it->second;
+      } else {
+        why = fmt::format("unknown variable '{}' (a loop variable or a param)", t);
+        return std::nullopt;
+      }
+      if (neg && __builtin_sub_overflow(int64_t{0}, v, &v)) {
+        why = "the result is outside the 64-bit range";
+        return std::nullopt;
+      }
+      return v;
+    };
+    auto apply = [&](char op, int64_t x, int64_t y) -> std::optional<int64_t> {
+      int64_t r = 0;
+      bool over = false;
+      switch (op) {
+        case '+': over = __builtin_add_overflow(x, y, &r); break;
+        case '-': over = __builtin_sub_overflow(x, y, &r); break;
+        case '*': over = __builtin_mul_overflow(x, y, &r); break;
+        default:
+          if (y == 0) {
+            why = "division by zero";
+            return std::nullopt;
+          }
+          if (x == INT64_MIN && y == -1) {
+            over = true;
+            break;
+          }
+          r = op == '/' ? x / y : x % y;
+          if (op == '%' && r != 0 && (r < 0) != (y < 0))
+            r += y; // the sign of the divisor, as (mod a b)
+      }
+      if (over) {
+        why = "the result is outside the 64-bit range";
+        return std::nullopt;
+      }
+      return r;
+    };
+    auto term = [&]() -> std::optional<int64_t> {
+      auto v = operand();
+      while (v && i < e.size() && (e[i] == '*' || e[i] == '/' || e[i] == '%')) {
+        char op = e[i++];
+        auto w = operand();
+        if (!w)
+          return std::nullopt;
+        v = apply(op, *v, *w);
+      }
+      return v;
+    };
+    auto v = term();
+    while (v && i < e.size() && (e[i] == '+' || e[i] == '-')) {
+      char op = e[i++];
+      auto w = term();
+      if (!w)
+        return std::nullopt;
+      v = apply(op, *v, *w);
+    }
+    if (v && i < e.size()) {
+      why = fmt::format("unexpected '{}'", e.substr(i));
+      return std::nullopt;
+    }
+    return v;
   }
 
   /// A whole number: a literal, a loop variable, or `(+ a b ...)`, `(- a
@@ -527,6 +648,8 @@ private:
       return scenario_form(s);
     if (head == "include")
       return include_form(s, out);
+    if (head == "param")
+      return param_form(s);
     if (head == "devices")
       return devices_form(s);
     if (head == "seed")
@@ -655,6 +778,36 @@ private:
     file_ = outer;
     including_.pop_back();
     current_ = &s;
+  }
+
+  /// `(param NAME DEFAULT)`: `$NAME` is `--param NAME=VALUE`'s whole
+  /// number, else DEFAULT, from here to the end of the script.
+  void param_form(const sexp& s) {
+    auto f = split(s, 2, 2, {}, "(param NAME DEFAULT)");
+    auto name = text(*f.pos[0], "a parameter name");
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+        }))
+      fail(*f.pos[0], fmt::format("'{}' cannot name a parameter (letters, digits, _)", name));
+    if (param_names_.count(name))
+      fail(*f.pos[0], fmt::format("parameter '{}' is declared twice", name));
+    if (vars_.count(name))
+      fail(*f.pos[0], fmt::format("'${}' is already a loop variable here: declare (param {} "
+                                  "...) outside the repeat",
+                                  name, name));
+    if (vars_.size() > param_names_.size())
+      fail(s, "(param ...) must be outside every repeat (it holds for the rest of the script)");
+    int64_t v = 0;
+    if (auto it = params_.find(name); it != params_.end()) {
+      const auto& t = it->second;
+      auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+      if (t.empty() || ec != std::errc{} || end != t.data() + t.size())
+        fail(s, fmt::format("--param {}={}: the value must be a whole number", name, t));
+    } else {
+      v = integer(*f.pos[1], "the default of a parameter");
+    }
+    param_names_.insert(name);
+    vars_[name] = v;
   }
 
   void scenario_form(const sexp& s) {
@@ -1321,6 +1474,8 @@ private:
           }))
         fail(v, fmt::format("'{}' cannot name a loop variable (letters, digits, _)", var));
     }
+    if (param_names_.count(var))
+      fail(s, fmt::format("loop variable '${}' is already a (param {} ...)", var, var));
     if (vars_.count(var))
       fail(s, fmt::format("loop variable '${}' is already used by an enclosing repeat", var));
     for (int64_t i = 0; i < n; ++i) {
@@ -1712,6 +1867,9 @@ private:
   }
 
   program prog_;
+  /// `--param NAME=VALUE`, and the names a `(param ...)` read.
+  std::map<std::string, std::string> params_;
+  std::set<std::string> param_names_;
   /// The file whose forms are being read: the script's, or an included one.
   std::string file_;
   /// The includes being read, outermost first: (canonical path, as written).
@@ -1747,12 +1905,14 @@ private:
 } // namespace
 
 std::shared_ptr<const program> load(std::string_view text, const std::string& file,
-                                    std::optional<uint64_t> seed) {
-  loader l{file, seed};
+                                    std::optional<uint64_t> seed,
+                                    const std::map<std::string, std::string>& params) {
+  loader l{file, seed, params};
   return l.load(text);
 }
 
-std::shared_ptr<const program> load_file(const std::string& path, std::optional<uint64_t> seed) {
+std::shared_ptr<const program> load_file(const std::string& path, std::optional<uint64_t> seed,
+                                         const std::map<std::string, std::string>& params) {
   std::ifstream in{path, std::ios::binary};
   if (!in)
     throw script_error(location{path, 0, 0}, "cannot read the file");
@@ -1760,7 +1920,7 @@ std::shared_ptr<const program> load_file(const std::string& path, std::optional<
   buf << in.rdbuf();
   if (in.bad())
     throw script_error(location{path, 0, 0}, "cannot read the file");
-  return load(buf.str(), path, seed);
+  return load(buf.str(), path, seed, params);
 }
 
 } // namespace multidev::scenario

@@ -1187,3 +1187,69 @@ BOOST_AUTO_TEST_CASE(test_scenario_include_errors_name_both_files_and_cycles_are
   BOOST_TEST(starts_with(e, "2:1: (include ...) takes 1 argument"), e);
   std::filesystem::remove_all(dir);
 }
+
+// -- reuse: params and names built from expressions (issue 42 point 4) ------------
+
+BOOST_AUTO_TEST_CASE(test_scenario_params_are_read_like_loop_variables) {
+  auto text = std::string{"(param n 3)\n(param dev 1)\n(devices 2)\n"
+                          "(repeat $n (var i) (kernel $dev spin_ns (* $i 10) (as k$i)))\n"
+                          "(expect (sync k${n-1}) ok)\n"};
+  auto p = scn::load(text, "param.scn");
+  BOOST_TEST_REQUIRE(p->steps.size() == 4u);
+  BOOST_TEST(p->steps[2].device == 1);
+  BOOST_TEST(p->steps[3].text == "(expect (sync k2) ok)");
+  p = scn::load(text, "param.scn", std::nullopt, {{"n", "5"}, {"dev", "0"}});
+  BOOST_TEST_REQUIRE(p->steps.size() == 6u);
+  BOOST_TEST(p->steps[4].device == 0);
+  BOOST_TEST(p->steps[4].text == "(kernel 0 spin_ns (* 4 10) (as k4))");
+  BOOST_TEST(p->steps[5].text == "(expect (sync k4) ok)");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  auto err = [&](const std::string& t, const std::map<std::string, std::string>& ps) {
+    try {
+      scn::load(t, "param.scn", std::nullopt, ps);
+    } catch (const scn::script_error& e) {
+      return std::string{e.what()};
+    }
+    return std::string{"no error"};
+  };
+  BOOST_TEST(err(text, {{"m", "5"}}) == "param.scn:0:0: --param m=5: the script has no (param m ...)");
+  BOOST_TEST(err(text, {{"n", "x"}}) == "param.scn:1:1: --param n=x: the value must be a whole number");
+  BOOST_TEST(err("(param n 1)\n(param n 2)\n", {}) == "param.scn:2:8: parameter 'n' is declared twice");
+  BOOST_TEST(err("(devices 1)\n(repeat 2 (param n 1))\n", {})
+             == "param.scn:2:11: (param ...) must be outside every repeat (it holds for the rest "
+                "of the script)");
+  BOOST_TEST(err("(param i 1)\n(devices 1)\n(repeat 2 (kernel 0 spin_ns 0))\n", {})
+             == "param.scn:3:1: loop variable '$i' is already a (param i ...)");
+  BOOST_TEST(err("(param n.x 1)\n", {})
+             == "param.scn:1:8: 'n.x' cannot name a parameter (letters, digits, _)");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_names_are_built_from_expressions) {
+  auto p = scn::load("(devices 2)\n(param base 10)\n"
+                     "(repeat 2 (var r) (repeat 2 (var d)\n"
+                     "  (kernel $d spin_ns ${base*r+d} (as mark$r.d${d+1}))))\n"
+                     "(expect (sync mark1.d2) ok)\n(sync mark${-1+1}.d${base%3})\n",
+                     "expr.scn");
+  std::vector<std::string> texts;
+  for (const auto& st : p->steps)
+    texts.push_back(st.text);
+  std::vector<std::string> expected{
+    "(kernel 0 spin_ns 0 (as mark0.d1))", "(kernel 1 spin_ns 1 (as mark0.d2))",
+    "(kernel 0 spin_ns 10 (as mark1.d1))", "(kernel 1 spin_ns 11 (as mark1.d2))",
+    "(expect (sync mark1.d2) ok)", "(sync mark0.d1)"};
+  BOOST_TEST(texts == expected, boost::test_tools::per_element());
+  BOOST_TEST(scn::run(*p).ok());
+  auto e = error_of("(devices 1)\n(repeat 2 (kernel 0 spin_ns ${i-}))\n");
+  BOOST_TEST(e == "2:29: in '${i-}' of '${i-}': expected a number or a variable at the end", e);
+  e = error_of("(devices 1)\n(repeat 2 (kernel 0 spin_ns 0 (as k${j})))\n");
+  BOOST_TEST(e == "2:35: in '${j}' of 'k${j}': unknown variable 'j' (a loop variable or a param)",
+             e);
+  e = error_of("(devices 1)\n(repeat 2 (kernel 0 spin_ns ${i/0}))\n");
+  BOOST_TEST(e == "2:29: in '${i/0}' of '${i/0}': division by zero", e);
+  e = error_of("(devices 1)\n(kernel 0 spin_ns ${9223372036854775807*2})\n");
+  BOOST_TEST(starts_with(e, "2:19: in '${9223372036854775807*2}'"), e);
+  BOOST_TEST(contains(e, "outside the 64-bit range"), e);
+  e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k${i))\n");
+  BOOST_TEST(e == "2:25: unclosed '${' in 'k${i': write ${EXPR}, e.g. mark${d+1}", e);
+}
