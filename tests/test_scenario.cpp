@@ -125,7 +125,10 @@ void loads_or_refuses(const std::string& text, const std::string& what) {
 }
 
 BOOST_AUTO_TEST_CASE(test_scenario_loader_survives_truncated_unbalanced_huge_and_binary_input) {
-  for (const auto& entry : std::filesystem::directory_iterator{examples_dir()}) {
+  // The examples and the files they include (examples/scenarios/lib/).
+  for (const auto& entry : std::filesystem::recursive_directory_iterator{examples_dir()}) {
+    if (!entry.is_regular_file())
+      continue;
     auto text = read(entry.path());
     // Every prefix (truncated input), and every prefix with a stray ')' or
     // '(' after it (unbalanced input).
