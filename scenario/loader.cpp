@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -94,7 +95,10 @@ struct form {
 
 class loader {
 public:
-  loader(std::string file, std::optional<uint64_t> seed) : seed_override_(seed) {
+  loader(std::string file, std::optional<uint64_t> seed,
+         const std::map<std::string, std::string>& params)
+    : params_(params), seed_override_(seed) {
+    file_ = file;
     prog_.file = std::move(file);
     prog_.seed = seed.value_or(1);
   }
@@ -109,17 +113,22 @@ public:
     if (forms.empty())
       throw script_error(location{prog_.file, 1, 1},
                          "the script is empty; it needs at least a (devices N) form");
+    {
+      std::error_code ec;
+      auto key = std::filesystem::weakly_canonical(file_, ec).string();
+      including_.emplace_back(ec ? file_ : key, file_);
+    }
     for (const auto& f : forms)
       statement(f, prog_.steps);
     // The (sync-in ...) events named before the step that makes them.
     for (const auto& fw : forward_events_) {
       auto it = names_.find(fw.name);
       if (it == names_.end())
-        throw script_error(at(*fw.form), fmt::format("sync-in: unknown event '{}': no step of "
+        throw script_error(fw.where, fmt::format("sync-in: unknown event '{}': no step of "
                                                      "the script makes it",
                                                      fw.name));
       if (it->second.kind != sym::event)
-        throw script_error(at(*fw.form),
+        throw script_error(fw.where,
                            fmt::format("sync-in: '{}' is {} (declared at {}:{}), expected an event",
                                        fw.name, sym_name(it->second.kind), it->second.where.line,
                                        it->second.where.column));
@@ -132,6 +141,11 @@ public:
                                        "kernel number {}",
                                        device, kernels_on_[device], step_no));
     resolve_aimed_faults();
+    for (const auto& [name, value] : params_)
+      if (!param_names_.count(name))
+        throw script_error(location{prog_.file, 0, 0},
+                           fmt::format("--param {}={}: the script has no (param {} ...)", name,
+                                       value, name));
     if (prog_.devices == 0)
       throw script_error(at(forms.front()), "the script never declares its devices: add "
                                             "(devices N) before anything else");
@@ -154,7 +168,7 @@ private:
   // -- positions and errors ----------------------------------------------------
 
   location at(const sexp& s) const {
-    return location{prog_.file, s.line, s.column};
+    return location{file_, s.line, s.column};
   }
 
   [[noreturn]] void fail(const sexp& s, const std::string& msg) const {
@@ -178,6 +192,27 @@ private:
         out += a[i++];
         continue;
       }
+      if (i + 1 < a.size() && a[i + 1] == '{') {
+        // ${EXPR}: a whole-number expression of loop variables and params.
+        auto close = a.find('}', i + 2);
+        if (close == std::string::npos) {
+          if (strict)
+            fail(s, fmt::format("unclosed '${{' in '{}': write ${{EXPR}}, e.g. mark${{d+1}}", a));
+          out += a.substr(i);
+          break;
+        }
+        auto expr = a.substr(i + 2, close - i - 2);
+        std::string why;
+        if (auto v = evaluate(expr, why)) {
+          out += std::to_string(*v);
+        } else {
+          if (strict)
+            fail(s, fmt::format("in '${{{}}}' of '{}': {}", expr, a, why));
+          out += a.substr(i, close + 1 - i);
+        }
+        i = close + 1;
+        continue;
+      }
       std::size_t j = i + 1;
       while (j < a.size() && (std::isalnum(static_cast<unsigned char>(a[j])) || a[j] == '_'))
         ++j;
@@ -194,6 +229,99 @@ private:
       i = j;
     }
     return out;
+  }
+
+  /// `EXPR` of `${EXPR}`: whole numbers and variables (loop variables and
+  /// params, with or without `$`) joined by `+ - * / %` (`*`, `/` and `%`
+  /// first, then left to right; `/` rounds toward zero, `%` takes the sign
+  /// of the divisor as `mod` does), a leading `-` on a number. Nothing on an
+  /// error, with `why` set.
+  std::optional<int64_t> evaluate(const std::string& e, std::string& why) const {
+    std::size_t i = 0;
+    auto operand = [&]() -> std::optional<int64_t> {
+      bool neg = i < e.size() && e[i] == '-';
+      if (neg)
+        ++i;
+      if (i < e.size() && e[i] == '$')
+        ++i;
+      auto b = i;
+      while (i < e.size() && (std::isalnum(static_cast<unsigned char>(e[i])) || e[i] == '_'))
+        ++i;
+      auto t = e.substr(b, i - b);
+      if (t.empty()) {
+        why = i < e.size() ? fmt::format("expected a number or a variable at '{}'", e.substr(i))
+                           : "expected a number or a variable at the end";
+        return std::nullopt;
+      }
+      int64_t v = 0;
+      if (std::isdigit(static_cast<unsigned char>(t[0]))) {
+        auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (ec != std::errc{} || end != t.data() + t.size()) {
+          why = fmt::format("'{}' is not a whole number", t);
+          return std::nullopt;
+        }
+      } else if (auto it = vars_.find(t); it != vars_.end()) {
+        v = it->second;
+      } else {
+        why = fmt::format("unknown variable '{}' (a loop variable or a param)", t);
+        return std::nullopt;
+      }
+      if (neg && __builtin_sub_overflow(int64_t{0}, v, &v)) {
+        why = "the result is outside the 64-bit range";
+        return std::nullopt;
+      }
+      return v;
+    };
+    auto apply = [&](char op, int64_t x, int64_t y) -> std::optional<int64_t> {
+      int64_t r = 0;
+      bool over = false;
+      switch (op) {
+        case '+': over = __builtin_add_overflow(x, y, &r); break;
+        case '-': over = __builtin_sub_overflow(x, y, &r); break;
+        case '*': over = __builtin_mul_overflow(x, y, &r); break;
+        default:
+          if (y == 0) {
+            why = "division by zero";
+            return std::nullopt;
+          }
+          if (x == INT64_MIN && y == -1) {
+            over = true;
+            break;
+          }
+          r = op == '/' ? x / y : x % y;
+          if (op == '%' && r != 0 && (r < 0) != (y < 0))
+            r += y; // the sign of the divisor, as (mod a b)
+      }
+      if (over) {
+        why = "the result is outside the 64-bit range";
+        return std::nullopt;
+      }
+      return r;
+    };
+    auto term = [&]() -> std::optional<int64_t> {
+      auto v = operand();
+      while (v && i < e.size() && (e[i] == '*' || e[i] == '/' || e[i] == '%')) {
+        char op = e[i++];
+        auto w = operand();
+        if (!w)
+          return std::nullopt;
+        v = apply(op, *v, *w);
+      }
+      return v;
+    };
+    auto v = term();
+    while (v && i < e.size() && (e[i] == '+' || e[i] == '-')) {
+      char op = e[i++];
+      auto w = term();
+      if (!w)
+        return std::nullopt;
+      v = apply(op, *v, *w);
+    }
+    if (v && i < e.size()) {
+      why = fmt::format("unexpected '{}'", e.substr(i));
+      return std::nullopt;
+    }
+    return v;
   }
 
   /// A whole number: a literal, a loop variable, or `(+ a b ...)`, `(- a
@@ -514,10 +642,14 @@ private:
       fail(s.items()[0], "a form starts with its name, e.g. (kernel ...), not a list");
     const auto& head = s.items()[0].as_atom();
     if (head != "devices" && head != "scenario" && head != "seed" && head != "tnode"
-        && prog_.devices == 0)
+        && head != "include" && head != "param" && prog_.devices == 0)
       fail(s, fmt::format("({} ...) before (devices N): declare the devices first", head));
     if (head == "scenario")
       return scenario_form(s);
+    if (head == "include")
+      return include_form(s, out);
+    if (head == "param")
+      return param_form(s);
     if (head == "devices")
       return devices_form(s);
     if (head == "seed")
@@ -564,6 +696,8 @@ private:
       return sync_in_form(s, out);
     if (head == "release")
       return release_form(s, out);
+    if (head == "await-hold")
+      return await_hold_form(s, out);
     if (head == "sleep")
       return sleep_form(s, out);
     if (head == "fail-at")
@@ -582,6 +716,98 @@ private:
     if (head == "expect")
       return expect_form(s, out);
     fail(s.items()[0], fmt::format("unknown form '{}' (docs/scenarios.md lists the forms)", head));
+  }
+
+  /// `(include "FILE")`: FILE's forms, read relative to the including
+  /// file's directory, in place of the form. Errors in them name FILE's
+  /// line and column and, after the message, where it was included.
+  void include_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(include \"FILE\")");
+    auto name = text(*f.pos[0], "a file name", false);
+    namespace fs = std::filesystem;
+    auto path = (fs::path{file_}.parent_path() / name).lexically_normal();
+    std::error_code ec;
+    auto key = fs::weakly_canonical(path, ec).string();
+    if (ec)
+      key = path.string();
+    if (auto it = std::find_if(including_.begin(), including_.end(),
+                               [&](const auto& x) { return x.first == key; });
+        it != including_.end()) {
+      std::string chain;
+      for (auto i = it; i != including_.end(); ++i)
+        chain += i->second + " includes ";
+      fail(*f.pos[0], fmt::format("include cycle: {}{} again", chain, path.string()));
+    }
+    auto parsed = included_.find(key);
+    if (parsed == included_.end()) {
+      // Only a regular file: a device or a pipe (/dev/zero, a FIFO) could
+      // block or never end.
+      std::ifstream in;
+      if (fs::is_regular_file(path, ec))
+        in.open(path, std::ios::binary);
+      if (!in.is_open() || !in)
+        fail(*f.pos[0], fmt::format("cannot read the included file '{}'{}", path.string(),
+                                    fs::exists(path, ec) && !fs::is_regular_file(path, ec)
+                                      ? ": not a regular file"
+                                      : ""));
+      std::ostringstream buf;
+      buf << in.rdbuf();
+      std::vector<sexp> forms;
+      try {
+        forms = parse_sexps(buf.str());
+      } catch (const sexp_parse_error& e) {
+        throw script_error(location{path.string(), e.line(), e.column()},
+                           fmt::format("{} (in the file included at {})", e.message(),
+                                       at(s).str()));
+      }
+      parsed = included_.emplace(key, std::move(forms)).first;
+    }
+    auto outer = file_;
+    auto where = at(s);
+    including_.emplace_back(key, path.string());
+    file_ = path.string();
+    try {
+      for (const auto& x : parsed->second)
+        statement(x, out);
+    } catch (const script_error& e) {
+      file_ = outer;
+      including_.pop_back();
+      throw script_error(e.where(), fmt::format("{} (in the file included at {})", e.message(),
+                                                where.str()));
+    }
+    file_ = outer;
+    including_.pop_back();
+    current_ = &s;
+  }
+
+  /// `(param NAME DEFAULT)`: `$NAME` is `--param NAME=VALUE`'s whole
+  /// number, else DEFAULT, from here to the end of the script.
+  void param_form(const sexp& s) {
+    auto f = split(s, 2, 2, {}, "(param NAME DEFAULT)");
+    auto name = text(*f.pos[0], "a parameter name");
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+        }))
+      fail(*f.pos[0], fmt::format("'{}' cannot name a parameter (letters, digits, _)", name));
+    if (param_names_.count(name))
+      fail(*f.pos[0], fmt::format("parameter '{}' is declared twice", name));
+    if (vars_.count(name))
+      fail(*f.pos[0], fmt::format("'${}' is already a loop variable here: declare (param {} "
+                                  "...) outside the repeat",
+                                  name, name));
+    if (vars_.size() > param_names_.size())
+      fail(s, "(param ...) must be outside every repeat (it holds for the rest of the script)");
+    int64_t v = 0;
+    if (auto it = params_.find(name); it != params_.end()) {
+      const auto& t = it->second;
+      auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+      if (t.empty() || ec != std::errc{} || end != t.data() + t.size())
+        fail(s, fmt::format("--param {}={}: the value must be a whole number", name, t));
+    } else {
+      v = integer(*f.pos[1], "the default of a parameter");
+    }
+    param_names_.insert(name);
+    vars_[name] = v;
   }
 
   void scenario_form(const sexp& s) {
@@ -1025,7 +1251,7 @@ private:
     if (auto it = names_.find(n); it != names_.end())
       st.ev = lookup(e, sym::event).id;
     else
-      forward_events_.push_back({&e, n, out.size(), &out});
+      forward_events_.push_back({&e, n, out.size(), &out, at(e)});
     st.as = opt_event(f);
     push(out, std::move(st));
   }
@@ -1063,6 +1289,14 @@ private:
     st.ms = milliseconds(*f.pos[0], "the time to sleep");
     if (st.ms < 0 || st.ms > 60'000)
       fail(*f.pos[0], fmt::format("a sleep must be 0 to 60000 ms, got {} ms", st.ms));
+    push(out, std::move(st));
+  }
+
+  /// `(await-hold HOLD)`: the host waits until the device's runner is in it.
+  void await_hold_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, 1, {}, "(await-hold HOLD)");
+    auto st = make(s, op::await_hold);
+    st.hold = lookup(*f.pos[0], sym::hold).id;
     push(out, std::move(st));
   }
 
@@ -1240,6 +1474,8 @@ private:
           }))
         fail(v, fmt::format("'{}' cannot name a loop variable (letters, digits, _)", var));
     }
+    if (param_names_.count(var))
+      fail(s, fmt::format("loop variable '${}' is already a (param {} ...)", var, var));
     if (vars_.count(var))
       fail(s, fmt::format("loop variable '${}' is already used by an enclosing repeat", var));
     for (int64_t i = 0; i < n; ++i) {
@@ -1406,6 +1642,40 @@ private:
       fail(p, fmt::format("({} ...) takes one value", k));
   }
 
+  /// An item of a time assertion: an event, or a hold (its `hold` task).
+  void timed_item(const sexp& s, int& ev, int& hold) const {
+    auto n = text(s, "an event or a hold");
+    auto it = names_.find(n);
+    if (it == names_.end())
+      fail(s, fmt::format("unknown event or hold '{}'", n));
+    if (it->second.kind == sym::hold)
+      hold = it->second.id;
+    else
+      ev = event(s);
+  }
+
+  /// A time in whole nanoseconds (`5ms`; a plain number is milliseconds).
+  int64_t nanoseconds(const sexp& s, const char* what) const {
+    auto ms = milliseconds(s, what);
+    if (ms < 0 || ms > 86'400'000)
+      fail(s, fmt::format("{} must be 0 to 86400 s, got {} ms", what, ms));
+    return std::llround(ms * 1e6);
+  }
+
+  /// `(at-least T)` or `(at-most T)` of `(after A B ...)`.
+  void time_bound(const sexp& b, step& st) const {
+    if (!b.is_list() || b.items().size() != 2 || !b.items()[0].is_atom()
+        || (b.items()[0].as_atom() != "at-least" && b.items()[0].as_atom() != "at-most"))
+      fail(b, "expected (at-least T) or (at-most T), e.g. (at-least 2ms)");
+    bool least = b.items()[0].as_atom() == "at-least";
+    auto& slot = least ? st.at_least : st.at_most;
+    if (slot)
+      fail(b, fmt::format("({} ...) is given twice", b.items()[0].as_atom()));
+    slot = nanoseconds(b.items()[1], least ? "the time of (at-least T)" : "the time of (at-most T)");
+    if (st.at_least && st.at_most && *st.at_least > *st.at_most)
+      fail(b, "(at-least T) is above (at-most T)");
+  }
+
   /// `true` or `false`, the predicate of `(idle D)` and `(resolved EV)`.
   predicate true_or_false(const sexp& s) const {
     auto b = text(s, "true or false");
@@ -1454,6 +1724,75 @@ private:
       st.what = subject::resolved;
       st.ev = event(subj.items()[1]);
       st.pred = xs.size() == 3 ? true_or_false(xs[2]) : predicate::is_true;
+    } else if (head == "overlap") {
+      args(2, "(overlap A B): the slices of A and B intersect");
+      preds(0, 0);
+      st.what = subject::overlap;
+      timed_item(subj.items()[1], st.ev, st.hold);
+      timed_item(subj.items()[2], st.ev2, st.hold2);
+    } else if (head == "after") {
+      if (subj.items().size() < 3 || subj.items().size() > 5)
+        fail(subj, "(after A B [(at-least T)] [(at-most T)]): A started no earlier than B "
+                   "ended (plus T)");
+      preds(0, 0);
+      st.what = subject::after;
+      timed_item(subj.items()[1], st.ev, st.hold);
+      timed_item(subj.items()[2], st.ev2, st.hold2);
+      for (std::size_t i = 3; i < subj.items().size(); ++i)
+        time_bound(subj.items()[i], st);
+    } else if (head == "within") {
+      args(2, "(within EVENT T): EVENT resolved at most T after the step that makes it began");
+      preds(0, 0);
+      st.what = subject::within;
+      st.ev = event(subj.items()[1]);
+      prog_.events[st.ev].timed = true;
+      st.at_most = nanoseconds(subj.items()[2], "the time of (within EVENT T)");
+    } else if (head == "concurrency") {
+      if (subj.items().size() < 3 || subj.items().size() > 4)
+        fail(subj, "(concurrency DEVICES N), (concurrency DEVICES (at-most N)) or (at-least "
+                   "N): DEVICES a list such as (0 1 2), or all");
+      preds(0, 0);
+      st.what = subject::concurrency;
+      const auto& ds = subj.items()[1];
+      if (ds.is_atom() && text(ds, "devices") == "all") {
+        for (int d = 0; d < prog_.devices; ++d)
+          st.devs.push_back(d);
+      } else {
+        if (!ds.is_list() || ds.items().empty())
+          fail(ds, "expected the devices as a list, e.g. (0 1 2), or all");
+        for (const auto& d : ds.items()) {
+          int x = device(d);
+          if (std::find(st.devs.begin(), st.devs.end(), x) != st.devs.end())
+            fail(d, fmt::format("device {} is listed twice", x));
+          st.devs.push_back(x);
+        }
+      }
+      auto count = [&](const sexp& n) {
+        auto v = integer(n, "a number of devices");
+        if (v < 0 || v > static_cast<int64_t>(st.devs.size()))
+          fail(n, fmt::format("a number of devices busy at once must be 0 to {} (the devices "
+                              "listed), got {}",
+                              st.devs.size(), v));
+        return v;
+      };
+      for (std::size_t i = 2; i < subj.items().size(); ++i) {
+        const auto& b = subj.items()[i];
+        if (b.is_list() && b.items().size() == 2 && b.items()[0].is_atom()
+            && (b.items()[0].as_atom() == "at-least" || b.items()[0].as_atom() == "at-most")) {
+          (b.items()[0].as_atom() == "at-least" ? st.at_least : st.at_most) =
+            count(b.items()[1]);
+        } else if (subj.items().size() == 3
+                   && !(b.is_list() && !b.items().empty() && b.items()[0].is_atom()
+                        && std::string_view{"+-*/mod"}.find(b.items()[0].as_atom())
+                             == std::string_view::npos)) {
+          st.at_least = st.at_most = count(b); // exactly N at most
+        } else {
+          fail(b, "expected (at-least N) or (at-most N)");
+        }
+      }
+      if (st.at_least && st.at_most && *st.at_least > *st.at_most)
+        fail(subj, fmt::format("(at-least {}) is above (at-most {})", *st.at_least,
+                               *st.at_most));
     } else if (head == "idle") {
       args(1, "(idle DEVICE)");
       preds(0, 1);
@@ -1498,7 +1837,8 @@ private:
         "free-pool", "from-host", "to-host", "copy", "alloc", "cancel", "recover", "delay"};
       if (!actions.count(head))
         fail(subj.items()[0], fmt::format("unknown subject '{}' for expect; one of state, "
-                                          "resolved, before, idle, memory, checksum, host, or an "
+                                          "resolved, before, overlap, after, within, concurrency, idle, "
+                                          "memory, checksum, host, or an "
                                           "action (sync, await, kernel, ...)",
                                           head));
       preds(0, 1);
@@ -1527,6 +1867,16 @@ private:
   }
 
   program prog_;
+  /// `--param NAME=VALUE`, and the names a `(param ...)` read.
+  std::map<std::string, std::string> params_;
+  std::set<std::string> param_names_;
+  /// The file whose forms are being read: the script's, or an included one.
+  std::string file_;
+  /// The includes being read, outermost first: (canonical path, as written).
+  std::vector<std::pair<std::string, std::string>> including_;
+  /// Each included file's forms, parsed once, kept for the load (steps and
+  /// forward references point into them).
+  std::map<std::string, std::vector<sexp>> included_;
   std::optional<uint64_t> seed_override_;
   std::optional<uint64_t> script_seed_;
   std::map<std::string, symbol> names_;
@@ -1537,6 +1887,7 @@ private:
     std::string name;
     std::size_t index;
     std::vector<step>* steps;
+    location where;
   };
   std::vector<forward_event> forward_events_;
   std::vector<aimed_fault> aimed_;
@@ -1554,12 +1905,14 @@ private:
 } // namespace
 
 std::shared_ptr<const program> load(std::string_view text, const std::string& file,
-                                    std::optional<uint64_t> seed) {
-  loader l{file, seed};
+                                    std::optional<uint64_t> seed,
+                                    const std::map<std::string, std::string>& params) {
+  loader l{file, seed, params};
   return l.load(text);
 }
 
-std::shared_ptr<const program> load_file(const std::string& path, std::optional<uint64_t> seed) {
+std::shared_ptr<const program> load_file(const std::string& path, std::optional<uint64_t> seed,
+                                         const std::map<std::string, std::string>& params) {
   std::ifstream in{path, std::ios::binary};
   if (!in)
     throw script_error(location{path, 0, 0}, "cannot read the file");
@@ -1567,7 +1920,7 @@ std::shared_ptr<const program> load_file(const std::string& path, std::optional<
   buf << in.rdbuf();
   if (in.bad())
     throw script_error(location{path, 0, 0}, "cannot read the file");
-  return load(buf.str(), path, seed);
+  return load(buf.str(), path, seed, params);
 }
 
 } // namespace multidev::scenario

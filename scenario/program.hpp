@@ -28,7 +28,7 @@ enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
   delay, hold, release, expect, kill_node, cut_node, sync_in, detach_node, attach_node,
-  sleep,
+  sleep, await_hold,
 };
 
 /// Host data for `from-host`.
@@ -39,7 +39,11 @@ struct host_data {
 };
 
 /// What an expectation looks at.
-enum class subject : uint8_t { action, state, before, idle, memory, checksum, host, resolved };
+enum class subject : uint8_t {
+  action, state, before, idle, memory, checksum, host, resolved,
+  // Time assertions, checked on the traces at the end of the run.
+  overlap, after, within, concurrency,
+};
 
 /// What it expects of it.
 enum class predicate : uint8_t {
@@ -67,6 +71,8 @@ struct step {
   int ev2 = -1;
   int host = -1;
   int hold = -1;
+  /// A time assertion's second item when it is a hold (`ev2` when an event).
+  int hold2 = -1;
   int64_t pool_id = 0;
   int64_t offset = 0;
   int64_t bytes = 0;
@@ -108,11 +114,17 @@ struct step {
   std::optional<std::pair<int64_t, double>> at;
   std::optional<std::vector<float>> expect_values;
   double tolerance = 1e-6;
+  /// Time assertions: `(at-least T)`/`(at-most T)` of `after` and `within`
+  /// (ns), and of `concurrency` (devices) over the devices in `devs`.
+  std::optional<int64_t> at_least, at_most;
+  std::vector<int> devs;
 };
 
 struct event_decl {
   std::string name;
   location where;
+  /// A `(within EV T)` reads when the step that makes it ran.
+  bool timed = false;
 };
 
 struct host_decl {

@@ -50,6 +50,8 @@ struct hold_latch {
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
+  /// The device's runner took the hold (`await-hold` waits for this).
+  std::atomic<bool> entered{false};
 
   void release() {
     {
@@ -120,6 +122,8 @@ public:
     hosts_.resize(p.hosts.size());
     host_done_.resize(p.hosts.size());
     holds_.resize(p.holds.size());
+    hold_items_.resize(p.holds.size(), {-1, -1});
+    scheduled_ns_.resize(p.events.size(), -1);
     slots_.resize(p.events.size());
     for (auto& h : holds_)
       h = std::make_shared<hold_latch>();
@@ -505,6 +509,37 @@ private:
     return work;
   }
 
+  /// `(await-hold H)`: blocks until the device's runner is in hold H (so
+  /// everything queued before it on the device has run), at most the step
+  /// timeout; fails when the hold resolved without running (its device
+  /// failed or cancelled it).
+  void await_hold(const step& st) {
+    const auto& latch = holds_[st.hold];
+    const auto& name = p_.holds[st.hold];
+    auto [d, idx] = hold_items_[st.hold];
+    if (d < 0)
+      throw std::runtime_error(fmt::format("await-hold: hold '{}' was never queued: the step "
+                                           "that makes it failed",
+                                           name));
+    event e{dev(d).get_runner(), model_[d][idx].seq};
+    auto start = trace_clock_ns();
+    auto desc = "await-hold " + name;
+    bool failed = false;
+    try {
+      bounded(desc.c_str(),
+              [&] { return latch->entered.load() || b_.state(e) != event_state::pending; });
+    } catch (...) {
+      host_slice(desc, start, true);
+      throw;
+    }
+    failed = !latch->entered.load();
+    host_slice(desc, start, failed);
+    if (failed)
+      throw std::runtime_error(fmt::format("await-hold: hold '{}' on device {} {} without "
+                                           "running",
+                                           name, d, to_string(b_.state(e))));
+  }
+
   /// `(cancel-at EV)`: the step that makes EV, its item cancelled alone. A
   /// hold queued before it blocks the device's runner; once the runner is
   /// in it (everything queued before has run), the step queues its item,
@@ -534,6 +569,8 @@ private:
   }
 
   void execute(const step& st) {
+    if (st.as >= 0 && p_.events[st.as].timed)
+      scheduled_ns_[st.as] = trace_clock_ns(); // (within EV T) measures from here
     if (st.cancel_here)
       cancel_alone(st);
     else
@@ -666,10 +703,16 @@ private:
         auto latch = holds_[st.hold];
         auto desc = "hold " + p_.holds[st.hold];
         // Open at (release ...), or at the end of the run at the latest.
-        b_.schedule_task(dev(st.device), {desc, [latch] { latch->wait(); }});
-        add_item(st.device, before, "task", desc, -1, st);
+        b_.schedule_task(dev(st.device), {desc, [latch] {
+                                            latch->entered.store(true);
+                                            latch->wait();
+                                          }});
+        hold_items_[st.hold] = {st.device, add_item(st.device, before, "task", desc, -1, st)};
         break;
       }
+      case op::await_hold:
+        await_hold(st);
+        break;
       case op::release:
         holds_[st.hold]->release();
         break;
@@ -919,6 +962,10 @@ private:
         return record(st, got == st.state, got);
       }
       case subject::before:
+      case subject::overlap:
+      case subject::after:
+      case subject::within:
+      case subject::concurrency:
         // Needs the traces: checked at the end, reported in its place.
         deferred_.emplace_back(&st, result_.expectations.size());
         record(st, false, "not checked");
@@ -1125,9 +1172,10 @@ private:
       result_.dropped_records += traces_.back().dropped;
     }
     for (auto [st, slot] : deferred_) {
-      result_.expectations[slot] = expect_before(*st);
+      result_.expectations[slot] =
+        st->what == subject::before ? expect_before(*st) : expect_timed(*st);
       for (int id : {st->ev, st->ev2})
-        if (events_[id])
+        if (id >= 0 && events_[id])
           saw_failure_of(*events_[id]);
     }
     for (const auto& dag : p_.dags)
@@ -1326,6 +1374,121 @@ private:
                               bn, b->start_ns - start_));
   }
 
+  /// A duration for an observed value: `2.513 ms`, `40 us`, `-120 ns`.
+  static std::string span(int64_t ns) {
+    auto a = ns < 0 ? -ns : ns;
+    if (a >= 1'000'000)
+      return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
+    if (a >= 1'000)
+      return fmt::format("{:.3f} us", static_cast<double>(ns) / 1e3);
+    return fmt::format("{} ns", ns);
+  }
+
+  /// The record of a time assertion's item (event `ev`, else hold `hold`)
+  /// and its name; nullptr when it has none.
+  std::pair<const trace_record*, std::string> timed_record(int ev, int hold) const {
+    if (ev >= 0)
+      return {record_of(ev), p_.events[ev].name};
+    auto [d, idx] = hold_items_[hold];
+    if (d < 0)
+      return {nullptr, p_.holds[hold]};
+    return {record_at(d, model_[d][idx].seq), p_.holds[hold]};
+  }
+
+  /// `overlap`, `after`, `within` and `concurrency`, on the traces' clock.
+  expectation_result expect_timed(const step& st) const {
+    auto result = [&](bool held, std::string observed) {
+      return expectation_result{st.where, st.text, held, std::move(observed)};
+    };
+    if (st.what == subject::concurrency)
+      return result_of_concurrency(st);
+    if (st.what == subject::within) {
+      const auto& n = p_.events[st.ev].name;
+      auto* r = record_of(st.ev);
+      if (scheduled_ns_[st.ev] < 0 || !events_[st.ev])
+        return result(false, fmt::format("the step that makes {} did not run", n));
+      if (!r)
+        return result(false, fmt::format("no trace record of {}", n));
+      auto took = r->end_ns - scheduled_ns_[st.ev];
+      return result(took <= *st.at_most,
+                    fmt::format("{} resolved {} after its step began (the step at {} ns, "
+                                "{} resolved at {} ns)",
+                                n, span(took), scheduled_ns_[st.ev] - start_, n,
+                                r->end_ns - start_));
+    }
+    auto [a, an] = timed_record(st.ev, st.hold);
+    auto [b, bn] = timed_record(st.ev2, st.hold2);
+    if (!a || !b)
+      return result(false, fmt::format("no trace record of {}", !a ? an : bn));
+    if (a->kind == trace_kind::cancel || b->kind == trace_kind::cancel)
+      return result(false, fmt::format("{} did not run (cancelled)",
+                                       a->kind == trace_kind::cancel ? an : bn));
+    if (st.what == subject::overlap) {
+      auto common = std::min(a->end_ns, b->end_ns) - std::max(a->start_ns, b->start_ns);
+      return result(common > 0,
+                    fmt::format("{} ran {} to {} ns, {} ran {} to {} ns: {}", an,
+                                a->start_ns - start_, a->end_ns - start_, bn,
+                                b->start_ns - start_, b->end_ns - start_,
+                                common > 0 ? fmt::format("they overlap {}", span(common))
+                                           : fmt::format("{} apart", span(-common))));
+    }
+    // after: A started no earlier than B ended (plus at-least), and at most
+    // at-most after it.
+    auto gap = a->start_ns - b->end_ns;
+    bool held = gap >= st.at_least.value_or(0) && (!st.at_most || gap <= *st.at_most);
+    return result(held, fmt::format("{} started {} {} {} ended ({} started at {} ns, {} ended "
+                                    "at {} ns)",
+                                    an, span(gap < 0 ? -gap : gap),
+                                    gap < 0 ? "before" : "after", bn, an,
+                                    a->start_ns - start_, bn, b->end_ns - start_));
+  }
+
+  /// `(concurrency DEVICES ...)`: the most of the devices busy at once over
+  /// the run. A device is busy while one of its slices of kind task, copy
+  /// or memset runs (a gate waits, a cancel did not run, a pool release
+  /// does no work); slices are half-open, [start, end).
+  expectation_result result_of_concurrency(const step& st) const {
+    std::vector<std::tuple<int64_t, int, int>> edges; // (time, -1 end / +1 start, device)
+    for (int d : st.devs)
+      for (const auto& r : traces_[d].records)
+        if (r.kind == trace_kind::task || r.kind == trace_kind::copy
+            || r.kind == trace_kind::memset) {
+          edges.emplace_back(r.start_ns, +1, d);
+          edges.emplace_back(r.end_ns, -1, d);
+        }
+    std::sort(edges.begin(), edges.end());
+    std::map<int, int> running; // per device: slices running now
+    int busy = 0, most = 0;
+    int64_t when = 0;
+    std::vector<int> which;
+    for (auto [t, delta, d] : edges) {
+      int& n = running[d];
+      if (delta > 0 && n++ == 0)
+        ++busy;
+      else if (delta < 0 && --n == 0)
+        --busy;
+      if (busy > most) {
+        most = busy;
+        when = t;
+        which.clear();
+        for (auto [dd, k] : running)
+          if (k > 0)
+            which.push_back(dd);
+      }
+    }
+    bool held = most >= st.at_least.value_or(0) && most <= st.at_most.value_or(most);
+    std::string devs;
+    for (int d : which)
+      devs += (devs.empty() ? "" : " ") + std::to_string(d);
+    return expectation_result{
+      st.where, st.text, held,
+      most == 0 ? std::string{"no item ran on those devices"}
+                : fmt::format("at most {} of the {} device(s) busy at once, first at {} ns "
+                              "(devices {})",
+                              most, st.devs.size(),
+                              when - start_, devs)};
+  }
+
   void check_dag(const dag_decl& dag) {
     std::size_t checked = 0;
     std::string bad;
@@ -1445,6 +1608,11 @@ private:
   std::vector<std::optional<event>> host_done_;
   std::deque<std::vector<float>> host_data_;
   std::vector<std::shared_ptr<hold_latch>> holds_;
+  /// Each hold's item (device, index into model_), {-1, -1} until queued.
+  std::vector<std::pair<int, int>> hold_items_;
+  /// When the step that makes each `timed` event began (trace clock), -1
+  /// if it did not run.
+  std::vector<int64_t> scheduled_ns_;
   /// By event id: the slots `(sync-in ...)` tasks wait on (null: none).
   std::vector<std::shared_ptr<event_slot>> slots_;
   std::vector<std::vector<model_item>> model_;

@@ -57,13 +57,18 @@ private:
 class program;
 
 /// Loads a script from text; `file` names it in errors. `seed` overrides the
-/// script's `(seed N)` (and the default, 1). Throws `script_error`.
+/// script's `(seed N)` (and the default, 1). `params` are the values of
+/// the script's `(param NAME DEFAULT)` forms (`--param NAME=VALUE`), each a
+/// whole number; one the script does not read is an error. Throws
+/// `script_error`.
 std::shared_ptr<const program> load(std::string_view text, const std::string& file,
-                                    std::optional<uint64_t> seed = std::nullopt);
+                                    std::optional<uint64_t> seed = std::nullopt,
+                                    const std::map<std::string, std::string>& params = {});
 
 /// Reads and loads a file; an unreadable file is a `script_error` at `file:0:0`.
 std::shared_ptr<const program> load_file(const std::string& path,
-                                         std::optional<uint64_t> seed = std::nullopt);
+                                         std::optional<uint64_t> seed = std::nullopt,
+                                         const std::map<std::string, std::string>& params = {});
 
 /// Items done and scheduled on one device, for live progress.
 struct device_progress {

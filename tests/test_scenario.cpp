@@ -125,7 +125,10 @@ void loads_or_refuses(const std::string& text, const std::string& what) {
 }
 
 BOOST_AUTO_TEST_CASE(test_scenario_loader_survives_truncated_unbalanced_huge_and_binary_input) {
-  for (const auto& entry : std::filesystem::directory_iterator{examples_dir()}) {
+  // The examples and the files they include (examples/scenarios/lib/).
+  for (const auto& entry : std::filesystem::recursive_directory_iterator{examples_dir()}) {
+    if (!entry.is_regular_file())
+      continue;
     auto text = read(entry.path());
     // Every prefix (truncated input), and every prefix with a stray ')' or
     // '(' after it (unbalanced input).
@@ -949,4 +952,307 @@ BOOST_AUTO_TEST_CASE(test_scenario_resolved_is_checked_at_once_with_what_was_see
   BOOST_TEST(starts_with(e, "3:19: 'h' is a hold (declared at 2:13), expected an event"), e);
   e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k))\n(expect (resolved k) maybe)\n");
   BOOST_TEST(e == "3:22: expected true or false, got 'maybe'", e);
+}
+
+// -- time assertions (issue 42 point 2) -----------------------------------------
+
+namespace {
+
+/// The run's expectations as "held OBSERVED" or "FAILED OBSERVED".
+std::vector<std::string> outcomes(const scn::run_result& r) {
+  std::vector<std::string> got;
+  for (const auto& x : r.expectations)
+    got.push_back((x.held ? "held " : "FAILED ") + x.observed);
+  return got;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_scenario_await_hold_waits_until_the_runner_is_in_the_hold) {
+  // slow (20 ms) is queued before h: once the runner is in h, slow is done,
+  // so (resolved slow) holds at once. Without the wait it would read pending.
+  // A hold behind a failed task never runs: await-hold says so, not hangs.
+  auto p = scn::load("(devices 2)\n(kernel 0 spin_ns 20000000 (as slow))\n(hold 0 (as h))\n"
+                     "(await-hold h)\n(expect (resolved slow))\n(release h)\n"
+                     "(hold 1 (as g1))\n(kernel 1 fail \"boom\" (as f))\n(hold 1 (as g2))\n"
+                     "(release g1)\n(await-hold g2)\n(expect (sync f) (fails (matches \"boom\")))\n",
+                     "await_hold.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST_REQUIRE(r.expectations.size() == 2u);
+  BOOST_TEST(r.expectations[0].held, r.expectations[0].observed);
+  BOOST_TEST(r.expectations[1].held, r.expectations[1].observed);
+  BOOST_TEST_REQUIRE(!r.unexpected.empty());
+  BOOST_TEST(r.unexpected[0].where.str() == "await_hold.scn:11:1");
+  BOOST_TEST(r.unexpected[0].observed == "await-hold: hold 'g2' on device 1 failed without running",
+             r.unexpected[0].observed);
+  bool drawn = false;
+  for (const auto& s : r.tl.slices)
+    drawn |= s.kind == "host" && s.name == "await-hold h";
+  BOOST_TEST(drawn);
+  auto e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k))\n(await-hold k)\n");
+  BOOST_TEST(starts_with(e, "3:13: 'k' is an event (declared at 2:25), expected a hold"), e);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_hold_when_the_schedule_forces_them) {
+  // Every bound here is forced: the holds are both entered (await-hold)
+  // before either opens, so they overlap and two devices are busy at once;
+  // a 3 ms delay sits between b and a on one device; device 3 waits for x.
+  // The only upper bound, (within a 120s), cannot fail unless the sync of a
+  // ran out of the 5 s step timeout.
+  auto p = scn::load("(devices 4)\n(hold 0 (as h0))\n(hold 1 (as h1))\n"
+                     "(await-hold h0)\n(await-hold h1)\n(release h0)\n(release h1)\n"
+                     "(expect (overlap h0 h1))\n"                 // 0
+                     "(expect (concurrency (0 1) 2))\n"           // 1
+                     "(expect (concurrency (0 1) (at-least 2)))\n" // 2
+                     "(kernel 2 spin_ns 0 (as b))\n(delay 2 3)\n(kernel 2 spin_ns 0 (as a))\n"
+                     "(expect (after a b (at-least 2ms)))\n"      // 3
+                     "(expect (after a b))\n"                     // 4
+                     "(expect (sync a) ok)\n"                     // 5
+                     "(expect (within a 120s))\n"                 // 6
+                     "(kernel 2 spin_ns 1000000 (as x))\n(wait 3 x)\n(kernel 3 spin_ns 1000000)\n"
+                     "(expect (concurrency (2 3) (at-most 1)))\n", // 7
+                     "timed.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  auto got = outcomes(r);
+  BOOST_TEST_REQUIRE(got.size() == 8u);
+  BOOST_TEST(starts_with(got[0], "held h0 ran "), got[0]);
+  BOOST_TEST(contains(got[0], ": they overlap "), got[0]);
+  BOOST_TEST(starts_with(got[1], "held at most 2 of the 2 device(s) busy at once, first at "),
+             got[1]);
+  BOOST_TEST(contains(got[1], "(devices 0 1)"), got[1]);
+  BOOST_TEST(starts_with(got[3], "held a started "), got[3]);
+  BOOST_TEST(contains(got[3], " after b ended"), got[3]);
+  BOOST_TEST(starts_with(got[6], "held a resolved "), got[6]);
+  BOOST_TEST(contains(got[6], " after its step began"), got[6]);
+  BOOST_TEST(starts_with(got[7], "held at most 1 of the 2 device(s) busy at once"), got[7]);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_fail_with_the_observed_value) {
+  // Each of these cannot hold: the holds are forced to overlap, b ends
+  // before a starts on one device with 3 ms between them, and a is held
+  // 5 ms by delay-at, so it cannot resolve within 1 ms of its step.
+  auto p = scn::load("(devices 3)\n(hold 0 (as h0))\n(hold 1 (as h1))\n"
+                     "(await-hold h0)\n(await-hold h1)\n(release h0)\n(release h1)\n"
+                     "(expect (concurrency (0 1) (at-most 1)))\n" // 0
+                     "(kernel 2 spin_ns 0 (as b))\n(delay 2 3)\n(kernel 2 spin_ns 0 (as a))\n"
+                     "(expect (after b a))\n"                     // 1
+                     "(expect (after a b (at-most 1ms)))\n"       // 2
+                     "(expect (overlap a b))\n"                   // 3
+                     "(delay-at a 5ms)\n"
+                     "(expect (within a 1ms))\n"                  // 4
+                     "(expect (concurrency (2) (at-least 1)))\n"  // 5: holds
+                     "(expect (after h0 b))\n",                   // 6
+                     "timed_fail.scn");
+  scn::run_options o;
+  o.step_timeout_s = 5;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(!r.ok());
+  BOOST_TEST(r.unexpected.empty());
+  auto got = outcomes(r);
+  BOOST_TEST_REQUIRE(got.size() == 7u);
+  BOOST_TEST(starts_with(got[0], "FAILED at most 2 of the 2 device(s) busy at once, first at "),
+             got[0]);
+  BOOST_TEST(contains(got[0], " ns (devices 0 1)"), got[0]);
+  BOOST_TEST(starts_with(got[1], "FAILED b started "), got[1]);
+  BOOST_TEST(contains(got[1], " before a ended (b started at "), got[1]);
+  BOOST_TEST(starts_with(got[2], "FAILED a started "), got[2]);
+  BOOST_TEST(contains(got[2], " ms after b ended"), got[2]);
+  BOOST_TEST(starts_with(got[3], "FAILED a ran "), got[3]);
+  BOOST_TEST(contains(got[3], " ms apart"), got[3]);
+  BOOST_TEST(starts_with(got[4], "FAILED a resolved "), got[4]);
+  BOOST_TEST(contains(got[4], " ms after its step began (the step at "), got[4]);
+  BOOST_TEST(starts_with(got[5], "held at most 1 of the 1 device(s)"), got[5]);
+  BOOST_TEST(starts_with(got[6], "FAILED h0 started "), got[6]);
+  BOOST_TEST(contains(got[6], " before b ended"), got[6]);
+  BOOST_TEST(r.expectations[4].where.str() == "timed_fail.scn:16:1");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_time_assertions_are_checked_at_load) {
+  auto pre = std::string{"(devices 2)\n(hold 0 (as h0))\n(kernel 1 spin_ns 0 (as k))\n"};
+  auto e = error_of(pre + "(expect (overlap x h0))\n");
+  BOOST_TEST(e == "4:18: unknown event or hold 'x'", e);
+  e = error_of(pre + "(expect (after k h0 (at-least -1ms)))\n");
+  BOOST_TEST(e == "4:31: the time of (at-least T) must be 0 to 86400 s, got -1 ms", e);
+  e = error_of(pre + "(expect (after k h0 (at-least 2ms) (at-least 1ms)))\n");
+  BOOST_TEST(e == "4:36: (at-least ...) is given twice", e);
+  e = error_of(pre + "(expect (after k h0 (at-least 2ms) (at-most 1ms)))\n");
+  BOOST_TEST(e == "4:36: (at-least T) is above (at-most T)", e);
+  e = error_of(pre + "(expect (after k h0 (soon)))\n");
+  BOOST_TEST(starts_with(e, "4:21: expected (at-least T) or (at-most T)"), e);
+  e = error_of(pre + "(expect (within h0 1ms))\n");
+  BOOST_TEST(e == "4:17: 'h0' is a hold (declared at 2:13), expected an event", e);
+  e = error_of(pre + "(expect (within k))\n");
+  BOOST_TEST(starts_with(e, "4:9: (within ...) takes 2 argument(s)"), e);
+  e = error_of(pre + "(expect (concurrency (0 0) 1))\n");
+  BOOST_TEST(e == "4:25: device 0 is listed twice", e);
+  e = error_of(pre + "(expect (concurrency (0 1) 3))\n");
+  BOOST_TEST(starts_with(e, "4:28: a number of devices busy at once must be 0 to 2"), e);
+  e = error_of(pre + "(expect (concurrency 0 1))\n");
+  BOOST_TEST(e == "4:22: expected the devices as a list, e.g. (0 1 2), or all", e);
+  e = error_of(pre + "(expect (concurrency (0 1) (at-least 2) (at-most 1)))\n");
+  BOOST_TEST(e == "4:9: (at-least 2) is above (at-most 1)", e);
+  e = error_of(pre + "(expect (concurrency (0 1) (most 1)))\n");
+  BOOST_TEST(e == "4:28: expected (at-least N) or (at-most N)", e);
+  e = error_of(pre + "(expect (overlap k h0) true)\n");
+  BOOST_TEST(e == "4:1: (expect (overlap ...) ...) takes 0 predicate(s)", e);
+}
+
+// -- reuse: include (issue 42 point 4) ------------------------------------------
+
+namespace {
+
+/// A fresh directory under the temp dir with `files` (name, text) written.
+std::filesystem::path script_dir(const std::string& tag,
+                                 const std::vector<std::pair<std::string, std::string>>& files) {
+  auto dir = std::filesystem::temp_directory_path()
+             / ("multidev_scn_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  for (const auto& [name, text] : files) {
+    auto p = dir / name;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream{p} << text;
+  }
+  return dir;
+}
+
+/// The script error loading `path` gets, whole (`file:line:col: message`).
+std::string file_error_of(const std::filesystem::path& path) {
+  try {
+    scn::load_file(path.string());
+  } catch (const scn::script_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_scenario_include_reads_a_file_relative_to_the_includer) {
+  // lib/steps.scn includes its neighbour by a path relative to itself; its
+  // steps keep their own file and line; the included forms may come
+  // before (devices N) (a shared header declaring them).
+  auto dir = script_dir("inc", {{"main.scn", "(include \"lib/devs.scn\")\n(include "
+                                             "\"lib/steps.scn\")\n(expect (sync k) ok)\n"},
+                                {"lib/devs.scn", "(devices 2)\n"},
+                                {"lib/steps.scn", "(include \"more.scn\")\n(wait 1 first)\n"
+                                                  "(kernel 1 spin_ns 0 (as k))\n"},
+                                {"lib/more.scn", "(kernel 0 spin_ns 0 (as first))\n"}});
+  auto p = scn::load_file((dir / "main.scn").string());
+  BOOST_TEST_REQUIRE(p->steps.size() == 4u);
+  BOOST_TEST(p->steps[0].where.str() == (dir / "lib/more.scn").string() + ":1:1");
+  BOOST_TEST(p->steps[2].where.str() == (dir / "lib/steps.scn").string() + ":3:1");
+  BOOST_TEST(p->steps[3].where.str() == (dir / "main.scn").string() + ":3:1");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_include_errors_name_both_files_and_cycles_are_refused) {
+  auto dir = script_dir("incerr",
+                        {{"bad.scn", "(devices 1)\n(include \"sub/typo.scn\")\n"},
+                         {"sub/typo.scn", "(kernel 0 spin_ns 0)\n(kernel 0 nosuch)\n"},
+                         {"a.scn", "(devices 1)\n(include \"b.scn\")\n"},
+                         {"b.scn", "(include \"a.scn\")\n"},
+                         {"self.scn", "(devices 1)\n(include \"self.scn\")\n"},
+                         {"missing.scn", "(devices 1)\n(include \"gone.scn\")\n"},
+                         {"unbalanced.scn", "(devices 1)\n(include \"open.scn\")\n"},
+                         {"open.scn", "(kernel 0 spin_ns 0\n"}});
+  auto d = dir.string() + "/";
+  auto e = file_error_of(dir / "bad.scn");
+  BOOST_TEST(starts_with(e, d + "sub/typo.scn:2:11: unknown kernel 'nosuch'"), e);
+  BOOST_TEST(contains(e, " (in the file included at " + d + "bad.scn:2:1)"), e);
+  e = file_error_of(dir / "a.scn");
+  BOOST_TEST(e == d + "b.scn:1:10: include cycle: " + d + "a.scn includes " + d + "b.scn includes "
+                  + d + "a.scn again (in the file included at " + d + "a.scn:2:1)",
+             e);
+  e = file_error_of(dir / "self.scn");
+  BOOST_TEST(e == d + "self.scn:2:10: include cycle: " + d + "self.scn includes " + d
+                  + "self.scn again",
+             e);
+  e = file_error_of(dir / "missing.scn");
+  BOOST_TEST(e == d + "missing.scn:2:10: cannot read the included file '" + d + "gone.scn'", e);
+  e = file_error_of(dir / "unbalanced.scn");
+  BOOST_TEST(e == d + "open.scn:1:1: unclosed '(' (end of input reached) (in the file included at "
+                  + d + "unbalanced.scn:2:1)",
+             e);
+  e = error_of("(devices 1)\n(include \"/dev/zero\")\n");
+  BOOST_TEST(e == "2:10: cannot read the included file '/dev/zero': not a regular file", e);
+  e = error_of("(devices 1)\n(include)\n");
+  BOOST_TEST(starts_with(e, "2:1: (include ...) takes 1 argument"), e);
+  std::filesystem::remove_all(dir);
+}
+
+// -- reuse: params and names built from expressions (issue 42 point 4) ------------
+
+BOOST_AUTO_TEST_CASE(test_scenario_params_are_read_like_loop_variables) {
+  auto text = std::string{"(param n 3)\n(param dev 1)\n(devices 2)\n"
+                          "(repeat $n (var i) (kernel $dev spin_ns (* $i 10) (as k$i)))\n"
+                          "(expect (sync k${n-1}) ok)\n"};
+  auto p = scn::load(text, "param.scn");
+  BOOST_TEST_REQUIRE(p->steps.size() == 4u);
+  BOOST_TEST(p->steps[2].device == 1);
+  BOOST_TEST(p->steps[3].text == "(expect (sync k2) ok)");
+  p = scn::load(text, "param.scn", std::nullopt, {{"n", "5"}, {"dev", "0"}});
+  BOOST_TEST_REQUIRE(p->steps.size() == 6u);
+  BOOST_TEST(p->steps[4].device == 0);
+  BOOST_TEST(p->steps[4].text == "(kernel 0 spin_ns (* 4 10) (as k4))");
+  BOOST_TEST(p->steps[5].text == "(expect (sync k4) ok)");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  auto err = [&](const std::string& t, const std::map<std::string, std::string>& ps) {
+    try {
+      scn::load(t, "param.scn", std::nullopt, ps);
+    } catch (const scn::script_error& e) {
+      return std::string{e.what()};
+    }
+    return std::string{"no error"};
+  };
+  BOOST_TEST(err(text, {{"m", "5"}}) == "param.scn:0:0: --param m=5: the script has no (param m ...)");
+  BOOST_TEST(err(text, {{"n", "x"}}) == "param.scn:1:1: --param n=x: the value must be a whole number");
+  BOOST_TEST(err("(param n 1)\n(param n 2)\n", {}) == "param.scn:2:8: parameter 'n' is declared twice");
+  BOOST_TEST(err("(devices 1)\n(repeat 2 (param n 1))\n", {})
+             == "param.scn:2:11: (param ...) must be outside every repeat (it holds for the rest "
+                "of the script)");
+  BOOST_TEST(err("(param i 1)\n(devices 1)\n(repeat 2 (kernel 0 spin_ns 0))\n", {})
+             == "param.scn:3:1: loop variable '$i' is already a (param i ...)");
+  BOOST_TEST(err("(param n.x 1)\n", {})
+             == "param.scn:1:8: 'n.x' cannot name a parameter (letters, digits, _)");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_names_are_built_from_expressions) {
+  auto p = scn::load("(devices 2)\n(param base 10)\n"
+                     "(repeat 2 (var r) (repeat 2 (var d)\n"
+                     "  (kernel $d spin_ns ${base*r+d} (as mark$r.d${d+1}))))\n"
+                     "(expect (sync mark1.d2) ok)\n(sync mark${-1+1}.d${base%3})\n",
+                     "expr.scn");
+  std::vector<std::string> texts;
+  for (const auto& st : p->steps)
+    texts.push_back(st.text);
+  std::vector<std::string> expected{
+    "(kernel 0 spin_ns 0 (as mark0.d1))", "(kernel 1 spin_ns 1 (as mark0.d2))",
+    "(kernel 0 spin_ns 10 (as mark1.d1))", "(kernel 1 spin_ns 11 (as mark1.d2))",
+    "(expect (sync mark1.d2) ok)", "(sync mark0.d1)"};
+  BOOST_TEST(texts == expected, boost::test_tools::per_element());
+  BOOST_TEST(scn::run(*p).ok());
+  auto e = error_of("(devices 1)\n(repeat 2 (kernel 0 spin_ns ${i-}))\n");
+  BOOST_TEST(e == "2:29: in '${i-}' of '${i-}': expected a number or a variable at the end", e);
+  e = error_of("(devices 1)\n(repeat 2 (kernel 0 spin_ns 0 (as k${j})))\n");
+  BOOST_TEST(e == "2:35: in '${j}' of 'k${j}': unknown variable 'j' (a loop variable or a param)",
+             e);
+  e = error_of("(devices 1)\n(repeat 2 (kernel 0 spin_ns ${i/0}))\n");
+  BOOST_TEST(e == "2:29: in '${i/0}' of '${i/0}': division by zero", e);
+  e = error_of("(devices 1)\n(kernel 0 spin_ns ${9223372036854775807*2})\n");
+  BOOST_TEST(starts_with(e, "2:19: in '${9223372036854775807*2}'"), e);
+  BOOST_TEST(contains(e, "outside the 64-bit range"), e);
+  e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k${i))\n");
+  BOOST_TEST(e == "2:25: unclosed '${' in 'k${i': write ${EXPR}, e.g. mark${d+1}", e);
 }

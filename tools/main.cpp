@@ -207,6 +207,10 @@ int main(int argc, char** argv) {
                     "seconds a blocking step (sync, await, kill) may take before the run stops "
                     "as failed (default 60; fractions allowed)")->type_name("S");
   run->add_flag("--quiet", ropts.quiet, "print only failures and the verdict");
+  std::vector<std::string> param_specs;
+  run->add_option("--param", param_specs,
+                  "a whole number for the script's (param NAME DEFAULT), used as $NAME (repeat "
+                  "for each)")->type_name("NAME=VALUE");
   std::vector<std::string> node_addresses;
   run->add_option("--node", node_addresses,
                   "where a node of the script's (nodes ...) runs: NAME=HOST:PORT of a "
@@ -372,6 +376,14 @@ int main(int argc, char** argv) {
       return usage(*bad);
   if (*node && (num_devices_opt->count() > 0 || queue_capacity_opt->count() > 0))
     return usage("node serves --cpu-devices N devices; -n and --queue-capacity do not apply to it");
+  for (const auto& spec : param_specs) {
+    auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return usage("--param takes NAME=VALUE, got '" + spec + "'");
+    if (ropts.params.count(spec.substr(0, eq)))
+      return usage("--param " + spec.substr(0, eq) + " is given twice");
+    ropts.params[spec.substr(0, eq)] = spec.substr(eq + 1);
+  }
   for (const auto& spec : node_addresses) {
     auto eq = spec.find('=');
     if (eq == std::string::npos || eq == 0 || spec.find(':', eq) == std::string::npos)

@@ -84,7 +84,7 @@ int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   using namespace multidev::scenario;
   std::shared_ptr<const program> prog;
   try {
-    prog = load_file(opts.file, opts.seed);
+    prog = load_file(opts.file, opts.seed, opts.params);
   } catch (const script_error& e) {
     std::cerr << e.what() << "\n";
     return 2;

@@ -21,6 +21,8 @@ struct run_command_options {
   std::string logical_trace;
   std::string timeline;
   std::optional<uint64_t> seed;
+  /// --param NAME=VALUE, read by the script's (param NAME DEFAULT).
+  std::map<std::string, std::string> params;
   double step_timeout_s = 60;
   bool quiet = false;
   /// --node NAME=HOST:PORT
