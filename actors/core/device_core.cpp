@@ -107,9 +107,7 @@ uint64_t device_core::cancel(std::string why) {
 }
 
 void device_core::set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why) {
-  lease_why_ = std::move(why);
-  lease_ = deadline.get();
-  lease_holder_ = std::move(deadline);
+  lease_.set(std::move(deadline), std::move(why));
 }
 
 void device_core::kill(std::string reason) {

@@ -37,6 +37,7 @@
 #include "actors/core/gate.hpp"
 #include "actors/core/gate_list.hpp"
 #include "actors/core/item.hpp"
+#include "actors/core/lease.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
@@ -683,15 +684,18 @@ private:
   // Hand-over (sync drivers): whether this device lends its token (see
   // exec_token.hpp). Set before the runner starts.
   bool hand_over_ = true;
-  // A session's lease (`set_lease`); null for a device without one. Read
-  // by the runner before each item; its owner and text are kept at the end.
-  std::atomic<int64_t>* lease_ = nullptr;
-  /// Before an item starts: cancels the queue once the lease is over.
+  // A session's lease (`set_lease`; see lease.hpp); none for a device
+  // without one. Checked by the runner before each item.
+  session_lease lease_;
+  /// Before an item starts: cancels the queue once the lease is over (one
+  /// branch on a null pointer without a lease).
   void check_lease() noexcept {
-    if (lease_) [[unlikely]]
-      lease_check_slow();
+    if (lease_.over()) [[unlikely]]
+      cancel_past_lease();
   }
-  void lease_check_slow() noexcept;
+  /// The lease is over: cancels what is scheduled and not yet dropped,
+  /// saying `lease_.why()`.
+  [[gnu::cold]] void cancel_past_lease() noexcept;
   bool pin_runner_ = false; // set before the runner starts
   // The CPU the runner pinned itself to, -1 when not pinned (debug info).
   std::atomic<int> cpu_{-1};
@@ -715,10 +719,6 @@ private:
   void wait_at_gate(const gate& g, uint64_t seq);
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
-
-  // What `lease_` points to, and why items dropped past it are cancelled.
-  std::shared_ptr<std::atomic<int64_t>> lease_holder_;
-  std::string lease_why_;
 
   std::thread thread_;
 };

@@ -596,18 +596,10 @@ void device_core::release_hold(item_extra& x) noexcept {
   return true;
 }
 
-void device_core::lease_check_slow() noexcept {
-  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-               .count();
-  auto deadline = lease_->load(std::memory_order_acquire);
-  if (deadline > now)
-    return;
-  // Over for good: a renewal that comes later finds 0 and is refused.
-  lease_->store(0, std::memory_order_release);
+void device_core::cancel_past_lease() noexcept {
   if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
     try {
-      cancel(lease_why_);
+      cancel(lease_.why());
     } catch (...) {
       cancel();
     }
