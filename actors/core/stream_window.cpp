@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "actors/core/device_core.hpp"
-#include "actors/core/outcome_board.hpp"
 #include "actors/core/trace.hpp"
 
 namespace multidev::detail {
@@ -52,23 +51,6 @@ void stream_window::start(item&& it, int64_t parked_ns, bool gate_on_device) {
     f.error = std::current_exception();
     f.state.store(flight::threw, std::memory_order_seq_cst);
   }
-}
-
-bool stream_window::settle_gated() noexcept {
-  // Only the runner reads a gated flight's gate: nothing retires it (or
-  // frees the gate) while it is `gated`.
-  auto r = retired_.load(std::memory_order_acquire);
-  if (r >= started_.load(std::memory_order_relaxed))
-    return false;
-  auto& f = flights_[(r + 1) % size_];
-  if (f.state.load(std::memory_order_seq_cst) != flight::gated)
-    return false;
-  auto gs = f.it.as_gate()->state.load(std::memory_order_seq_cst);
-  if (gs != gate::open && gs != gate::failed &&
-      f.seq > outcomes_.dropped_upto(std::memory_order_seq_cst))
-    return false;
-  f.state.store(flight::ran, std::memory_order_seq_cst);
-  return true;
 }
 
 bool stream_window::resolve_settled() noexcept {
@@ -121,14 +103,6 @@ void stream_window::completed(uint64_t seq, std::exception_ptr error) noexcept {
   f.state.store(st, std::memory_order_seq_cst);
   retire_ready();
   owner_.window_changed(); // the window has room, or the runner resolves what is left
-}
-
-bool stream_window::retirable() const noexcept {
-  auto r = retired_.load(std::memory_order_acquire);
-  if (r >= started_.load(std::memory_order_seq_cst))
-    return false;
-  auto st = flights_[(r + 1) % size_].state.load(std::memory_order_seq_cst);
-  return st != flight::flying && st != flight::gated;
 }
 
 void stream_window::retire_ready() noexcept {

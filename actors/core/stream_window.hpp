@@ -47,13 +47,13 @@
 #include <memory>
 
 #include "actors/core/item.hpp"
+#include "actors/core/outcome_board.hpp"
 #include "actors/core/spin.hpp"
 #include "devices/driver.hpp"
 
 namespace multidev::detail {
 
 class device_core;
-class outcome_board;
 class trace_clock;
 
 class stream_window : private completion_sink {
@@ -226,5 +226,32 @@ private:
   // the device, before what the owner's resolutions touch, after the runner).
   std::unique_ptr<stream> stream_;
 };
+
+// Inline: the runner's loop polls these while it spins (`run_async`).
+
+inline bool stream_window::settle_gated() noexcept {
+  // Only the runner reads a gated flight's gate: nothing retires it (or
+  // frees the gate) while it is `gated`.
+  auto r = retired_.load(std::memory_order_acquire);
+  if (r >= started_.load(std::memory_order_relaxed))
+    return false;
+  auto& f = flights_[(r + 1) % size_];
+  if (f.state.load(std::memory_order_seq_cst) != flight::gated)
+    return false;
+  auto gs = f.it.as_gate()->state.load(std::memory_order_seq_cst);
+  if (gs != gate::open && gs != gate::failed &&
+      f.seq > outcomes_.dropped_upto(std::memory_order_seq_cst))
+    return false;
+  f.state.store(flight::ran, std::memory_order_seq_cst);
+  return true;
+}
+
+inline bool stream_window::retirable() const noexcept {
+  auto r = retired_.load(std::memory_order_acquire);
+  if (r >= started_.load(std::memory_order_seq_cst))
+    return false;
+  auto st = flights_[(r + 1) % size_].state.load(std::memory_order_seq_cst);
+  return st != flight::flying && st != flight::gated;
+}
 
 } // namespace multidev::detail
