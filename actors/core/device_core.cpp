@@ -25,14 +25,10 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     results_(std::move(results)), queue_(queue_capacity, on_a_runner), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
-    pools_(name_) {
-  stream_ = driver_->open_stream(ordinal_, *this);
-  if (stream_) {
-    window_ = max_in_flight == 0 ? 1 : max_in_flight;
-    flights_ = std::make_unique<flight[]>(window_);
-  }
+    pools_(name_), window_(*this, outcomes_, trace_ ? &trace_->clock() : nullptr, this) {
+  window_.attach(driver_->open_stream(ordinal_, window_.sink()), max_in_flight);
   // An asynchronous driver's items run on its stream: nothing to hand over.
-  hand_over_ = hand_over && !stream_;
+  hand_over_ = hand_over && !window_.async();
   pin_runner_ = pin_runner;
   thread_ = std::thread([this] { run(); });
 }
@@ -67,10 +63,9 @@ void device_core::shutdown() {
   cancel_unanswerable_waits();
   // Not from the device's own runner (or stream): it cannot wait for itself.
   if (thread_.joinable() && current_runner != this) {
-    if (stream_)
-      stream_->closing(); // bounds what stays in flight (a hung GPU)
+    window_.closing(); // bounds what stays in flight (a hung GPU)
     thread_.join();
-    stream_.reset(); // the runner resolved everything it submitted
+    window_.close(); // the runner resolved everything it submitted
     // Its orders' pools, if it stopped without going idle: the memory goes now.
     extras_.let_go_of_spent_pools();
   }
@@ -112,9 +107,7 @@ uint64_t device_core::cancel(std::string why) {
 }
 
 void device_core::set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why) {
-  lease_why_ = std::move(why);
-  lease_ = deadline.get();
-  lease_holder_ = std::move(deadline);
+  lease_.set(std::move(deadline), std::move(why));
 }
 
 void device_core::kill(std::string reason) {

@@ -39,10 +39,12 @@
 #include "actors/core/gate_list.hpp"
 #include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
+#include "actors/core/lease.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
 #include "actors/core/spin.hpp"
+#include "actors/core/stream_window.hpp"
 #include "actors/core/work_queue.hpp"
 #include "devices/driver.hpp"
 #include "multidev/backend.hpp"
@@ -68,7 +70,8 @@ inline thread_local uint64_t current_item = 0;
 
 /// The state a device actor owns. Pieces with their own state and rules:
 /// `outcome_board` (what became of each seq, and who is told),
-/// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on).
+/// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
+/// `stream_window` (an asynchronous driver's items in flight).
 /// Its members are defined by job: device_core.cpp (life: start, stop,
 /// shutdown), device_queue.cpp (the producer side and backpressure),
 /// device_runner.cpp (the runner thread), device_gates.cpp (waits for other
@@ -76,7 +79,7 @@ inline thread_local uint64_t current_item = 0;
 /// device_pools.cpp (pool operations ordered with the work),
 /// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
-                    private completion_sink {
+                    private stream_window::owner {
 public:
   /// Why an event did not complete; shared by every event it resolves.
   using failure_ptr = outcome_board::failure_ptr;
@@ -178,7 +181,7 @@ public:
   }
   /// On this device's runner thread (or its stream's): the seq of the item
   /// the calling thread runs. Only for that thread.
-  uint64_t running_item() const noexcept { return stream_ ? current_item : executed_; }
+  uint64_t running_item() const noexcept { return window_.async() ? current_item : executed_; }
   /// The description of the task at `seq` while the runner runs it, when
   /// the trace is on and the task has one (a described task); empty
   /// otherwise. Any thread (a deadline's chain).
@@ -323,32 +326,6 @@ private:
   static constexpr std::size_t prefetch_items = queue_prefetch_items;
   /// How many entries ahead the runner prefetches an entry's extra.
   static constexpr std::size_t prefetch_extras = 3;
-  /// On an asynchronous driver: one item between its start and its
-  /// resolution, in a window of `window_` slots reused in seq order.
-  struct flight {
-    enum kind_t : uint8_t { task, gate, dropped };
-    /// `gated`: a gate the driver ordered on the device (`order_after`),
-    /// settled once the gate itself opens or fails.
-    enum state_t : uint8_t { flying, ran, threw, skipped, gated };
-    item it;
-    uint64_t seq = 0;
-    kind_t kind = task;
-    // Written on the stream, read by the runner once `state` says so.
-    bool skipped_on_stream = false;
-    bool threw_on_stream = false;
-    bool began_on_stream = false; // its work was taken up (trace times)
-    std::exception_ptr error;
-    /// Trace times (when tracing is on): the start is when the runner
-    /// submitted it, or parked on it for a gate, until the stream takes it
-    /// up; the end is when the stream reported it. An item the stream
-    /// reported without taking it up (a device fault) spans no time.
-    int64_t start_ns = 0;
-    int64_t end_ns = 0;
-    /// `flying` until the stream reports it (the runner sets the others
-    /// itself for items it does not submit).
-    std::atomic<uint8_t> state{flying};
-  };
-
   /// Appends the wait `g` (see push_gate) as an item of its own; never waits
   /// for room. Returns its seq.
   uint64_t enqueue_wait(std::shared_ptr<gate> g);
@@ -445,23 +422,14 @@ private:
   /// killed, behind a failure) as kind `cancel`, instead of its own record.
   void trace_dropped(const item& it, uint64_t seq) noexcept;
   /// The runner of an asynchronous driver: submits items to the device's
-  /// stream without waiting for them, at most `window_` at a time; they are
-  /// resolved in seq order as they complete.
+  /// stream without waiting for them, at most the window's size at a time
+  /// (`window_`); they are resolved in seq order as they complete.
   void run_async();
-  /// Runner only: places `it`, whose seq is `started_ + 1`, in the window and
-  /// submits it unless it is a gate (which the caller saw end) or dropped.
-  /// `parked_ns`: for a gate, when the runner began waiting on it (trace).
-  void start(item&& it, int64_t parked_ns, bool gate_on_device = false);
   /// Whether the driver ordered this device's stream behind `g`'s event on
   /// the hardware (a wait between two streams of one driver), so the runner
-  /// may go on past `g` without waiting for it.
+  /// may go on past `g` without waiting for it. When it may later, the
+  /// driver's wake makes the window ask again (`stream_window::take_reask`).
   bool order_on_device(const gate& g);
-  /// Set (and the runner rung) when a gate's producer submitted more, so the
-  /// runner asks `order_on_device` again.
-  std::atomic<bool> reask_{false};
-  /// On the runner: settles the oldest unresolved item when it is a gate
-  /// ordered on the device that has ended; whether it did.
-  bool settle_gated() noexcept;
   /// On this device's runner thread, inside an item's work, on an
   /// asynchronous driver that runs that work on the runner (the CUDA driver
   /// launches an item's work as it submits it): a task that syncs on an
@@ -469,24 +437,17 @@ private:
   /// settles the waits the driver ordered on the device (`gated`), so an
   /// item behind such a wait would never resolve. Until `flag` is non-zero
   /// or `deadline` passes, does the runner's part for the items already
-  /// started (settles those waits as they end, resolves what is ready),
-  /// sleeping on the bell in between. Whether `flag` became non-zero.
+  /// started (settles those waits as they end, resolves what is ready:
+  /// `stream_window::resolve_settled`), sleeping on the bell in between.
+  /// Whether `flag` became non-zero.
   bool serve_started_until(const std::atomic<uint32_t>& flag,
                            std::chrono::steady_clock::time_point deadline) noexcept;
-  /// Whether the oldest item in the window is settled (reported by the
-  /// stream, or settled by the runner) and not yet resolved.
-  bool retirable() const noexcept;
-  /// Resolves the settled items at the head of the window, in seq order.
-  /// Called by the runner, and by the stream as it reports (so an item is
-  /// done before the stream runs the next one); one at a time.
-  void retire_ready() noexcept;
-  /// Resolves one settled item. Call with retire_mu_ held.
-  void retire(flight& f) noexcept;
-  /// On the stream: runs the item's work, unless it was dropped since it
-  /// was submitted or an item before it just failed there.
-  void run_on_stream(flight& f);
-  /// The stream reports an item (completion_sink).
-  void completed(uint64_t seq, std::exception_ptr error) noexcept override;
+  /// The window resolves an item (stream_window::owner): under its retire
+  /// lock, in seq order, on the runner or the thread the stream reports on.
+  void resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept override;
+  /// The window has room or items to resolve (stream_window::owner): rings
+  /// the runner.
+  void window_changed() noexcept override { ring(); }
   /// Why a task failed, from what it threw.
   failure_ptr task_failure(const item& it, uint64_t seq, std::exception_ptr e) const;
   /// Why a wait failed: the awaited event's cause, with this wait in front
@@ -510,8 +471,8 @@ private:
   std::string task_name(const item& it, uint64_t seq) const;
   /// Resolving (`complete`, `resolve_bad`, `poison`, `drop`: "runner only"
   /// below) is one thread at a time, in seq order: the runner, or on an
-  /// asynchronous driver whoever holds retire_mu_ (the runner, or the
-  /// thread on which the stream reports).
+  /// asynchronous driver whoever holds the window's retire lock (the runner,
+  /// or the thread on which the stream reports).
   void complete(uint64_t seq);
   /// Runner only: resolves `seq` as failed (or cancelled) with `cause`.
   void resolve_bad(uint64_t seq, failure_ptr cause) noexcept;
@@ -626,35 +587,26 @@ private:
   // own, away from what the runner reads).
   pool_table pools_;
 
-  // Asynchronous drivers (null stream_: the synchronous path). The window
-  // holds the items between start and resolution, `seq % window_`.
-  std::size_t window_ = 1;
-  std::unique_ptr<flight[]> flights_;
-  // The last seq placed in the window; written by the runner once the slot
-  // is filled.
-  std::atomic<uint64_t> started_{0};
-  // Resolving items: one thread at a time, in seq order.
-  spin_mutex retire_mu_;
-  std::atomic<uint64_t> retired_{0}; // the last seq resolved and its slot freed
-  uint64_t failed_behind_ = 0; // guarded by retire_mu_: items up to here ran behind a failure
-  // The last item whose work threw on the stream: the stream skips the items
-  // behind it until the runner has resolved it (and dropped them).
-  alignas(64) std::atomic<uint64_t> stream_failed_at_{0};
-  // Destroyed before the members its completions touch, after the runner.
-  std::unique_ptr<stream> stream_;
+  // Asynchronous drivers (no stream: the synchronous path): the items
+  // between start and resolution, and the stream. Destroyed before the
+  // members its completions touch, after the runner.
+  stream_window window_;
 
   // Hand-over (sync drivers): whether this device lends its token (see
   // exec_token.hpp). Set before the runner starts.
   bool hand_over_ = true;
-  // A session's lease (`set_lease`); null for a device without one. Read
-  // by the runner before each item; its owner and text are kept at the end.
-  std::atomic<int64_t>* lease_ = nullptr;
-  /// Before an item starts: cancels the queue once the lease is over.
+  // A session's lease (`set_lease`; see lease.hpp); none for a device
+  // without one. Checked by the runner before each item.
+  session_lease lease_;
+  /// Before an item starts: cancels the queue once the lease is over (one
+  /// branch on a null pointer without a lease).
   void check_lease() noexcept {
-    if (lease_) [[unlikely]]
-      lease_check_slow();
+    if (lease_.over()) [[unlikely]]
+      cancel_past_lease();
   }
-  void lease_check_slow() noexcept;
+  /// The lease is over: cancels what is scheduled and not yet dropped,
+  /// saying `lease_.why()`.
+  [[gnu::cold]] void cancel_past_lease() noexcept;
   bool pin_runner_ = false; // set before the runner starts
   // The CPU the runner pinned itself to, -1 when not pinned (debug info).
   std::atomic<int> cpu_{-1};
@@ -678,10 +630,6 @@ private:
   void wait_at_gate(const gate& g, uint64_t seq);
   // This runner's: a device whose token `try_claim` took, to `serve`.
   std::shared_ptr<device_core> claimed_;
-
-  // What `lease_` points to, and why items dropped past it are cancelled.
-  std::shared_ptr<std::atomic<int64_t>> lease_holder_;
-  std::string lease_why_;
 
   std::thread thread_;
 };

@@ -192,7 +192,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
   if (seq > outcomes_.finished()) {
     // A task may wait for its device's earlier items (on an asynchronous
     // driver they may have run and not yet be resolved), never for its own.
-    if (current_runner == this && (!stream_ || seq >= current_item))
+    if (current_runner == this && (!window_.async() || seq >= current_item))
       throw deadlock_error(fmt::format(
         "{} on {} seq {} from a task of the same device, which has finished "
         "only up to seq {}: waiting would deadlock",
@@ -222,7 +222,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     // runs work as it submits it): the runner must go on settling the items
     // already started while it waits (`serve_started_until`), so the
     // resolver rings it.
-    device_core* serve = stream_ && home_runner == this ? this : nullptr;
+    device_core* serve = window_.async() && home_runner == this ? this : nullptr;
     sig->timed = timed && !serve;
     when_resolved(seq, sync_resolver{sig, serve});
     auto start = std::chrono::steady_clock::now();

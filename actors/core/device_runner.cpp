@@ -33,7 +33,7 @@ void device_core::run() {
   runner_awake counted; // in awake_runners while this thread runs
   if (pin_runner_)
     cpu_.store(pin_to_next_cpu(), std::memory_order_relaxed);
-  if (stream_) {
+  if (window_.async()) {
     run_async();
     return;
   }
@@ -525,18 +525,10 @@ bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
   return true;
 }
 
-void device_core::lease_check_slow() noexcept {
-  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-               .count();
-  auto deadline = lease_->load(std::memory_order_acquire);
-  if (deadline > now)
-    return;
-  // Over for good: a renewal that comes later finds 0 and is refused.
-  lease_->store(0, std::memory_order_release);
+void device_core::cancel_past_lease() noexcept {
   if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
     try {
-      cancel(lease_why_);
+      cancel(lease_.why());
     } catch (...) {
       cancel();
     }
@@ -708,17 +700,15 @@ void device_core::complete(uint64_t seq) {
 // -- Asynchronous drivers -----------------------------------------------------
 //
 // The runner submits items to the device's stream and moves on; the stream
-// reports each one later, from its own thread, in any order. Items resolve
-// strictly in seq order from a window of `window_` slots: the thread that
-// reports an item resolves it and the settled ones behind it, when those
-// before it are resolved (so the stream's next item finds it done); an item
-// reported early waits in its slot, and the runner resolves what it settles
-// itself (waits, dropped items). The runner starts an item only when the
-// window has room, and otherwise sleeps until a completion rings. Waits on
-// other devices (gates) stay on the runner: it starts nothing behind a gate
-// until the gate opens, while the items before it keep completing. Pool
-// releases, memsets and copies are queue items like any other, so they go
-// through the stream in order.
+// reports each one later, from its own thread, in any order. The window
+// (`window_`, stream_window.hpp) holds them between start and resolution and
+// resolves them strictly in seq order, calling back `resolve_flight`. The
+// runner starts an item only when the window has room, and otherwise sleeps
+// until a completion rings. Waits on other devices (gates) stay on the
+// runner: it starts nothing behind a gate until the gate opens (or the
+// driver ordered it on the device), while the items before it keep
+// completing. Pool releases, memsets and copies are queue items like any
+// other, so they go through the stream in order.
 
 void device_core::run_async() {
   std::vector<item> batch;
@@ -730,22 +720,20 @@ void device_core::run_async() {
   auto ended = [&](const gate& g) {
     auto st = g.state.load(std::memory_order_seq_cst);
     return st == gate::open || st == gate::failed ||
-           started_.load(std::memory_order_relaxed) + 1 <=
-             outcomes_.dropped_upto(std::memory_order_seq_cst);
+           window_.started() + 1 <= outcomes_.dropped_upto(std::memory_order_seq_cst);
   };
   // A gate the driver ordered on the device (asked when the runner reaches
-  // it, and again whenever the producer submitted more: reask_).
+  // it, and again whenever the producer submitted more: take_reask).
   const gate* on_device = nullptr;
   const gate* asked = nullptr;
   auto startable = [&] {
-    auto retired = retired_.load(std::memory_order_seq_cst);
-    if (started_.load(std::memory_order_relaxed) - retired >= window_ || retired < barrier)
+    if (!window_.has_room(barrier))
       return false;
     if (next < batch.size()) {
       auto* g = batch[next].as_gate();
       if (!g || ended(*g) || g == on_device)
         return true;
-      if (g != asked || reask_.exchange(false, std::memory_order_seq_cst)) {
+      if (g != asked || window_.take_reask()) {
         asked = g;
         if (order_on_device(*g))
           on_device = g;
@@ -756,11 +744,7 @@ void device_core::run_async() {
   };
   // Nothing in flight, nothing taken (the stream may have resolved the
   // last items while the runner looked elsewhere).
-  auto idle = [&] {
-    return started_.load(std::memory_order_relaxed) ==
-             retired_.load(std::memory_order_seq_cst) &&
-           next == batch.size();
-  };
+  auto idle = [&] { return window_.idle() && next == batch.size(); };
   auto park = [&](const gate* g) {
     if (parked == g)
       return;
@@ -769,9 +753,9 @@ void device_core::run_async() {
     gates_.set_parked_on(parked = g);
   };
   for (;;) {
-    settle_gated();
-    if (retirable())
-      retire_ready();
+    window_.settle_gated();
+    if (window_.retirable())
+      window_.retire_ready();
     if (startable()) {
       if (next == batch.size()) {
         batch.clear();
@@ -788,9 +772,19 @@ void device_core::run_async() {
         gate_on_device = g == on_device && !ended(*g);
         on_device = asked = nullptr; // a later gate may reuse the address
         if (g->state.load() == gate::failed)
-          barrier = started_.load(std::memory_order_relaxed) + 1;
+          barrier = window_.started() + 1;
       }
-      start(std::move(it), waited_since, gate_on_device);
+      if (it.extra.is_text()) [[unlikely]] {
+        // The item outlives its batch in the window: its description leaves
+        // the batch's text with it. Out of memory, it goes nameless.
+        try {
+          it.extra = extra_ptr{named_extra::make(text_of(it), nullptr, it.extra.text_kind())};
+        } catch (...) {
+          it.extra = extra_ptr{};
+        }
+      }
+      check_lease();
+      window_.start(std::move(it), waited_since, gate_on_device);
       continue;
     }
     if (idle()) {
@@ -803,7 +797,9 @@ void device_core::run_async() {
     if (next < batch.size())
       if (auto* g = batch[next].as_gate(); g && !ended(*g))
         park(g);
-    auto ready = [&] { return settle_gated() || retirable() || startable() || idle(); };
+    auto ready = [&] {
+      return window_.settle_gated() || window_.retirable() || startable() || idle();
+    };
     if (spin_until(ready, 16))
       continue;
     // Sleep until a completion, a gate or a cancel rings, or a producer
@@ -815,39 +811,10 @@ void device_core::run_async() {
   }
 }
 
-bool device_core::settle_gated() noexcept {
-  // Only the runner reads a gated flight's gate: nothing retires it (or
-  // frees the gate) while it is `gated`.
-  auto r = retired_.load(std::memory_order_acquire);
-  if (r >= started_.load(std::memory_order_relaxed))
-    return false;
-  auto& f = flights_[(r + 1) % window_];
-  if (f.state.load(std::memory_order_seq_cst) != flight::gated)
-    return false;
-  auto gs = f.it.as_gate()->state.load(std::memory_order_seq_cst);
-  if (gs != gate::open && gs != gate::failed &&
-      f.seq > outcomes_.dropped_upto(std::memory_order_seq_cst))
-    return false;
-  f.state.store(flight::ran, std::memory_order_seq_cst);
-  return true;
-}
-
 bool device_core::serve_started_until(const std::atomic<uint32_t>& flag,
                                       std::chrono::steady_clock::time_point deadline) noexcept {
-  auto resolve = [&] {
-    bool any = false;
-    while (settle_gated()) {
-      retire_ready();
-      any = true;
-    }
-    if (retirable()) {
-      retire_ready();
-      any = true;
-    }
-    return any;
-  };
   for (;;) {
-    resolve();
+    window_.resolve_settled();
     if (flag.load(std::memory_order_seq_cst) != 0)
       return true;
     auto now = std::chrono::steady_clock::now();
@@ -857,7 +824,7 @@ bool device_core::serve_started_until(const std::atomic<uint32_t>& flag,
     // the awaited seq (the sync's resolver) rings once the runner is marked
     // asleep.
     queue_.sleep_for_work_unless(
-      [&] { return flag.load(std::memory_order_seq_cst) != 0 || resolve(); },
+      [&] { return flag.load(std::memory_order_seq_cst) != 0 || window_.resolve_settled(); },
       [&](const auto& bell, uint32_t seen) {
         if (deadline == std::chrono::steady_clock::time_point::max())
           bell_sleep(bell, seen);
@@ -875,155 +842,41 @@ bool device_core::order_on_device(const gate& g) {
   if (!owner || owner.get() == this || &owner->drv() != driver_.get())
     return false;
   return driver_->order_after(ordinal_, owner->ordinal(), g.owner_seq, [this] {
-    reask_.store(true, std::memory_order_seq_cst);
+    window_.ask_again();
     ring();
   });
 }
 
-void device_core::start(item&& it, int64_t parked_ns, bool gate_on_device) {
-  if (it.extra.is_text()) [[unlikely]] {
-    // The item outlives its batch in the window: its description leaves the
-    // batch's text with it. Out of memory, it goes nameless.
-    try {
-      it.extra = extra_ptr{named_extra::make(text_of(it), nullptr, it.extra.text_kind())};
-    } catch (...) {
-      it.extra = extra_ptr{};
-    }
-  }
-  check_lease();
-  auto seq = started_.load(std::memory_order_relaxed) + 1;
-  auto& f = flights_[seq % window_];
-  f.it = std::move(it);
-  f.seq = seq;
-  f.skipped_on_stream = false;
-  f.threw_on_stream = false;
-  f.began_on_stream = false;
-  f.error = nullptr;
-  if (trace_) [[unlikely]] {
-    f.start_ns = parked_ns != 0 ? parked_ns : trace_->clock().now();
-    f.end_ns = 0;
-  }
-  f.kind = f.it.as_gate() ? flight::gate : flight::task;
-  if (seq <= outcomes_.dropped_upto(std::memory_order_acquire))
-    f.kind = flight::dropped;
-  bool submit = f.kind == flight::task && f.it.work;
-  // Settled here unless submitted (or a gate ordered on the device, settled
-  // when it ends). Published (with the slot) by started_.
-  f.state.store(submit                                       ? flight::flying
-                : gate_on_device && f.kind == flight::gate ? flight::gated
-                                                           : flight::ran,
-                std::memory_order_relaxed);
-  started_.store(seq, std::memory_order_seq_cst);
-  if (!submit)
-    return;
-  try {
-    stream_->submit(seq, [this, fp = &f] { run_on_stream(*fp); });
-  } catch (...) {
-    // Not submitted (the driver refused it, or memory ran out): it fails.
-    f.error = std::current_exception();
-    f.state.store(flight::threw, std::memory_order_seq_cst);
-  }
-}
-
-void device_core::run_on_stream(flight& f) {
-  // Progress is read before the watermark: once the failed item is
-  // resolved, the watermark it raised covers everything submitted before.
-  auto failed_at = stream_failed_at_.load(std::memory_order_seq_cst);
-  bool behind_failure = failed_at != 0 && f.seq > failed_at &&
-                        outcomes_.progress_now() < failed_at;
-  if (behind_failure || f.seq <= outcomes_.dropped_upto(std::memory_order_seq_cst)) {
-    f.skipped_on_stream = true;
-    return;
-  }
-  current_runner = this;
-  current_item = f.seq;
-  f.began_on_stream = true;
-  if (trace_) [[unlikely]]
-    f.start_ns = trace_->clock().now(); // the device takes it up
-  try {
-    f.it.work();
-  } catch (...) {
-    f.error = std::current_exception();
-    f.threw_on_stream = true;
-    stream_failed_at_.store(f.seq, std::memory_order_seq_cst);
-  }
-}
-
-void device_core::completed(uint64_t seq, std::exception_ptr error) noexcept {
-  auto& f = flights_[seq % window_];
-  if (trace_) [[unlikely]] {
-    f.end_ns = trace_->clock().now_relaxed();
-    if (!f.began_on_stream)
-      f.start_ns = f.end_ns;
-  }
-  if (error && !f.error)
-    f.error = std::move(error);
-  auto st = f.skipped_on_stream ? flight::skipped : f.error ? flight::threw : flight::ran;
-  f.state.store(st, std::memory_order_seq_cst);
-  retire_ready();
-  ring(); // the window has room, or the runner resolves what is left
-}
-
-bool device_core::retirable() const noexcept {
-  auto r = retired_.load(std::memory_order_acquire);
-  if (r >= started_.load(std::memory_order_seq_cst))
-    return false;
-  auto st = flights_[(r + 1) % window_].state.load(std::memory_order_seq_cst);
-  return st != flight::flying && st != flight::gated;
-}
-
-void device_core::retire_ready() noexcept {
-  std::lock_guard guard{retire_mu_};
-  while (retirable()) {
-    auto& f = flights_[(retired_.load(std::memory_order_relaxed) + 1) % window_];
-    retire(f);
-    retired_.store(f.seq, std::memory_order_seq_cst); // frees the slot
-  }
-}
-
-void device_core::retire(flight& f) noexcept {
+void device_core::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
   auto seq = f.seq;
-  auto state = f.state.load(std::memory_order_acquire);
   // The record goes out as the item resolves (complete, poison, drop); a
   // settled item the stream did not report (a gate) ends now.
   if (trace_) [[unlikely]]
     trace_->begin(&f.it, f.start_ns, f.end_ns);
-  switch (f.kind) {
-  case flight::dropped:
-    drop(f.it, seq);
-    break;
-  case flight::gate: {
-    auto& g = *f.it.as_gate();
-    if (g.state.load() != gate::open && seq <= outcomes_.dropped_upto(std::memory_order_seq_cst)) {
-      drop(f.it, seq); // counts the gate off
-      break;
-    }
-    gates_.count_passed();
-    if (g.state.load() == gate::failed) {
-      poison(seq, [&] { return gate_failure(g); });
-      failed_behind_ = started_.load(std::memory_order_seq_cst);
-      break;
-    }
-    complete(seq);
-    break;
-  }
-  case flight::task:
-    if (state == flight::threw && (f.threw_on_stream || seq > failed_behind_)) {
+  auto* g = f.it.as_gate();
+  switch (v) {
+  case stream_window::verdict::dropped:
+    drop(f.it, seq); // counts a gate off
+    return;
+  case stream_window::verdict::failed:
+    if (g) {
+      gates_.count_passed();
+      poison(seq, [&] { return gate_failure(*g); });
+    } else {
       poison(seq, [&] { return task_failure(f.it, seq, f.error); });
-      // What was submitted behind it may have run, but is never done.
-      failed_behind_ = started_.load(std::memory_order_seq_cst);
-    } else if (state != flight::ran || seq <= failed_behind_) {
-      drop(f.it, seq); // skipped, or ran behind a failure
+    }
+    return;
+  case stream_window::verdict::done:
+    if (g) {
+      gates_.count_passed();
     } else {
       if (trace_) [[unlikely]]
         trace_done(seq, false); // while its description is still there
       f.it = item{}; // what the task held goes before its event is done
-      complete(seq);
     }
-    break;
+    complete(seq);
+    return;
   }
-  f.it = item{};
-  f.error = nullptr;
 }
 
 template <class MakeCause>
