@@ -39,7 +39,7 @@ multidev::event_state settle(d::device_core& core, uint64_t seq) {
   } catch (const std::exception&) {
     // failed, cancelled or timed out: the state says which
   }
-  return core.state(seq);
+  return core.outcomes().state(seq);
 }
 } // namespace
 
@@ -106,7 +106,7 @@ BOOST_AUTO_TEST_CASE(test_session_lease_a_device_past_its_lease_cancels_what_it_
       auto seq = core->push(multidev::task{.work = [&] { ++ran; }});
       BOOST_TEST(multidev::to_string(settle(*core, seq)) == "cancelled");
       BOOST_TEST(ran.load() == 0);
-      auto cause = core->cause_of(seq);
+      auto cause = core->outcomes().cause_of(seq);
       BOOST_TEST_REQUIRE(cause != nullptr);
       BOOST_TEST(cause->message == "the session's lease is over");
       BOOST_TEST(deadline->load() == 0);
