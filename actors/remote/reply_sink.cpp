@@ -3,12 +3,12 @@
 #include <caf/actor_cast.hpp>
 #include <caf/actor_companion.hpp>
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/message_id.hpp>
 #include <caf/scoped_execution_unit.hpp>
 
-#include <thread>
 #include <vector>
 
 #include "actors/logger_tie.hpp"
@@ -133,8 +133,18 @@ void reply_sink::close(const caf::error& err) {
     if (inside_sink_callback > 0) {
       // This thread is inside a companion's enqueue, holding its lock
       // (shared): ending the companion here would wait for that lock
-      // forever. End it from a thread of its own, once the enqueue returns.
-      std::thread{[c = std::move(companion)] { end_companion(c); }}.detach();
+      // forever. End it from an actor of its own, on the system's
+      // scheduler, once the enqueue returns. Not from a detached thread:
+      // the system, which counts the companion as running only until its
+      // cleanup begins, could be destroyed while that cleanup still reads
+      // it (seen under ASan: a SEGV in actor_system::clock()); the
+      // scheduler's workers are joined before the system goes.
+      auto& sys = companion_of(companion)->home_system();
+      logger_tie_guard untie; // spawning ties this thread to the system
+      // (The companion goes as the spawn's argument: CAF 0.17 dereferences
+      // a null tuple for a function actor spawned without one.)
+      sys.spawn([](caf::event_based_actor*, const caf::strong_actor_ptr& c) { end_companion(c); },
+                std::move(companion));
     } else {
       end_companion(companion);
     }
