@@ -750,11 +750,20 @@ private:
                                     fs::exists(path, ec) && !fs::is_regular_file(path, ec)
                                       ? ": not a regular file"
                                       : ""));
-      std::ostringstream buf;
-      buf << in.rdbuf();
+      // At most max_include_bytes: a regular file need not be small
+      // (/proc/kcore is one, terabytes long).
+      constexpr std::size_t max_include_bytes = std::size_t{64} << 20;
+      std::string text;
+      char chunk[1 << 16];
+      while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+        text.append(chunk, static_cast<std::size_t>(in.gcount()));
+        if (text.size() > max_include_bytes)
+          fail(*f.pos[0], fmt::format("the included file '{}' is larger than {} MiB",
+                                      path.string(), max_include_bytes >> 20));
+      }
       std::vector<sexp> forms;
       try {
-        forms = parse_sexps(buf.str());
+        forms = parse_sexps(text);
       } catch (const sexp_parse_error& e) {
         throw script_error(location{path.string(), e.line(), e.column()},
                            fmt::format("{} (in the file included at {})", e.message(),

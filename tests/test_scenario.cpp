@@ -1186,6 +1186,17 @@ BOOST_AUTO_TEST_CASE(test_scenario_include_errors_name_both_files_and_cycles_are
              e);
   e = error_of("(devices 1)\n(include \"/dev/zero\")\n");
   BOOST_TEST(e == "2:10: cannot read the included file '/dev/zero': not a regular file", e);
+  // A regular file need not be small: past 64 MiB the include is refused.
+  {
+    std::ofstream big{dir / "big.scn", std::ios::binary};
+    std::string spaces(std::size_t{1} << 20, ' ');
+    for (int i = 0; i <= 64; ++i)
+      big << spaces;
+  }
+  auto huge = script_dir("inchuge", {{"main.scn", "(devices 1)\n(include \"" + d + "big.scn\")\n"}});
+  e = file_error_of(huge / "main.scn");
+  BOOST_TEST(contains(e, "main.scn:2:10: the included file '" + d + "big.scn' is larger than 64 MiB"), e);
+  std::filesystem::remove(dir / "big.scn");
   e = error_of("(devices 1)\n(include)\n");
   BOOST_TEST(starts_with(e, "2:1: (include ...) takes 1 argument"), e);
   std::filesystem::remove_all(dir);
