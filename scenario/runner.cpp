@@ -61,12 +61,19 @@ struct hold_latch {
     cv.notify_all();
   }
 
-  /// Blocks the calling runner until `release`.
-  void wait() {
+  /// The hold's task: marks the hold entered, then blocks the calling
+  /// runner until `release`.
+  void hold() {
+    entered.store(true);
     std::unique_lock lock{mu};
     cv.wait(lock, [&] { return open; });
   }
 };
+
+/// Sleeps `ms` milliseconds (`delay`, `delay-at`, `sleep`).
+void sleep_ms(double ms) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+}
 
 /// An event a `(sync-in ...)` task waits for: the host makes it (maybe after
 /// the task started), the task takes it on its runner. Closed at the end of
@@ -489,6 +496,14 @@ private:
     host_slice(name, start, false);
   }
 
+  /// Refuses a wait of `ms` that the step timeout would cut short: "`what`
+  /// of `ms` ms is longer than the step timeout".
+  void check_fits_step(double ms, const char* what) const {
+    if (ms > opts_.step_timeout_s * 1e3)
+      throw std::invalid_argument(fmt::format("{} of {} ms is longer than the step timeout ({} s)",
+                                              what, ms, opts_.step_timeout_s));
+  }
+
   /// The work of a task item with the fault a `fail-at EV` or `delay-at EV`
   /// aimed at it: throwing its message instead, or sleeping first.
   std::function<void()> faulted(const step& st, std::function<void()> work) const {
@@ -497,12 +512,9 @@ private:
       return [msg] { throw std::runtime_error(msg); };
     }
     if (st.held_ms > 0) {
-      if (st.held_ms > opts_.step_timeout_s * 1e3)
-        throw std::invalid_argument(fmt::format("delay-at: a delay of {} ms is longer than the "
-                                                "step timeout ({} s)",
-                                                st.held_ms, opts_.step_timeout_s));
+      check_fits_step(st.held_ms, "delay-at: a delay");
       return [ms = st.held_ms, work = std::move(work)] {
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+        sleep_ms(ms);
         work();
       };
     }
@@ -547,13 +559,9 @@ private:
   /// and the hold opens.
   void cancel_alone(const step& st) {
     auto latch = std::make_shared<hold_latch>();
-    auto in = std::make_shared<std::atomic<bool>>(false);
     auto before = last_seq(st.device);
     auto desc = "cancel-at " + p_.events[st.as].name;
-    b_.schedule_task(dev(st.device), {desc, [latch, in] {
-                                        in->store(true);
-                                        latch->wait();
-                                      }});
+    b_.schedule_task(dev(st.device), {desc, [latch] { latch->hold(); }});
     add_item(st.device, before, "task", desc, -1, st);
     auto hold = b_.all_work(dev(st.device));
     struct opener {
@@ -562,9 +570,10 @@ private:
     } open{latch};
     // A hold that failed (the device failed before it) never runs: the
     // step then meets the failed device as it would without the fault.
-    bounded(desc.c_str(), [&] { return in->load() || b_.state(hold) != event_state::pending; });
+    bounded(desc.c_str(),
+            [&] { return latch->entered.load() || b_.state(hold) != event_state::pending; });
     execute_step(st);
-    if (in->load())
+    if (latch->entered.load())
       b_.cancel(dev(st.device));
   }
 
@@ -685,16 +694,12 @@ private:
                                                st.device));
         break;
       case op::delay: {
-        if (st.ms > opts_.step_timeout_s * 1e3)
-          throw std::invalid_argument(fmt::format("a delay of {} ms is longer than the step "
-                                                  "timeout ({} s)",
-                                                  st.ms, opts_.step_timeout_s));
+        check_fits_step(st.ms, "a delay");
         auto before = last_seq(st.device);
         auto ms = st.ms;
         auto desc = fmt::format("delay {} ms", ms);
         b_.schedule_task(dev(st.device),
-                         {desc, faulted(st, [ms] { std::this_thread::sleep_for(
-                                                     std::chrono::duration<double, std::milli>(ms)); })});
+                         {desc, faulted(st, [ms] { sleep_ms(ms); })});
         add_item(st.device, before, "task", desc, st.as, st);
         break;
       }
@@ -703,10 +708,7 @@ private:
         auto latch = holds_[st.hold];
         auto desc = "hold " + p_.holds[st.hold];
         // Open at (release ...), or at the end of the run at the latest.
-        b_.schedule_task(dev(st.device), {desc, [latch] {
-                                            latch->entered.store(true);
-                                            latch->wait();
-                                          }});
+        b_.schedule_task(dev(st.device), {desc, [latch] { latch->hold(); }});
         hold_items_[st.hold] = {st.device, add_item(st.device, before, "task", desc, -1, st)};
         break;
       }
@@ -717,12 +719,9 @@ private:
         holds_[st.hold]->release();
         break;
       case op::sleep: {
-        if (st.ms > opts_.step_timeout_s * 1e3)
-          throw std::invalid_argument(fmt::format("a sleep of {} ms is longer than the step "
-                                                  "timeout ({} s)",
-                                                  st.ms, opts_.step_timeout_s));
+        check_fits_step(st.ms, "a sleep");
         auto start = trace_clock_ns();
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(st.ms));
+        sleep_ms(st.ms);
         host_slice(fmt::format("sleep {} ms", st.ms), start, false);
         break;
       }
