@@ -27,7 +27,9 @@ The rule.
   * A side COUNTS AS PROJECT CODE when its topmost frame outside the C/C++
     runtime (libstdc++ and its headers /usr/include/c++, libc/libm/libgcc,
     the dynamic loader, TSan's own interceptors) has a source file inside the
-    repository (--root, by default the parent of scripts/). The frame that
+    repository (--root, by default the parent of scripts/; a relative path,
+    as ccache's base_dir writes them, is read from --build-dir, by default
+    ROOT/build-tsan, where the compiler ran). The frame that
     touches the memory on behalf of the program is what counts: std::vector's
     operator[] called from actors/x.cpp counts as actors/x.cpp, while a CAF
     header template (/usr/include/caf/..., even when instantiated in a
@@ -37,7 +39,8 @@ The rule.
     global operator new/delete (tests/test_faults.cpp makes allocations
     fail), and a constructor, destructor or assignment the compiler defined
     implicitly for a project type (TSan places it on the type's
-    `struct`/`class` line). Such a frame does its caller's work: CAF copying
+    `struct`/`class` line; inlined, the frame has the bare name `~T` or `T`,
+    and a closure's destructor is `~<lambda>`). Such a frame does its caller's work: CAF copying
     or destroying a message holding a task_spec is CAF's access, project
     code copying one is the project's. A special member written out in the
     source is not transparent.
@@ -73,6 +76,10 @@ CONTEXT_HEADERS = re.compile(
     r"|Thread T\d+ .*created by |As if synchronized via sleep)")
 
 
+# Where the compiler ran: the base of a relative source path (main sets it).
+BUILD_DIR = "/"
+
+
 class Frame:
     def __init__(self, line):
         self.line = line.rstrip("\n")
@@ -87,7 +94,9 @@ class Frame:
         m = FILE_TOKEN.match(body)
         if m:
             self.func = m.group(1)
-            self.file = os.path.normpath(m.group(2))
+            # A relative path is relative to the directory the compiler ran
+            # in (ccache's base_dir and -fdebug-prefix-map write them so).
+            self.file = os.path.normpath(os.path.join(BUILD_DIR, m.group(2)))
             n = re.search(r":(\d+)(?::\d+)?$", body)
             if n:
                 self.line_no = int(n.group(1))
@@ -149,6 +158,8 @@ REPLACED_ALLOCATOR = re.compile(r"^operator (new|delete)(\[\])?(\(|$)")
 # A constructor, destructor or assignment operator: "ns::T::T(", "ns::T::~T(",
 # "ns::T::operator=(".
 SPECIAL_MEMBER = re.compile(r"(?:^|::)(\w+)::(?:~?\1|operator=)\(")
+# The same inlined, where TSan names the frame by its bare name: "~T", "T".
+BARE_SPECIAL_MEMBER = re.compile(r"^~?(\w+)$")
 _source_cache = {}
 
 
@@ -173,7 +184,9 @@ def is_transparent(frame, root):
     project's."""
     if REPLACED_ALLOCATOR.match(frame.func):
         return True
-    m = SPECIAL_MEMBER.search(frame.func)
+    if frame.func.strip() == "~<lambda>" and in_repo(frame.file, root):
+        return True  # a closure's destructor is always the compiler's
+    m = SPECIAL_MEMBER.search(frame.func) or BARE_SPECIAL_MEMBER.match(frame.func.strip())
     if m is None or not in_repo(frame.file, root):
         return False
     head = _source_line(frame.file, frame.line_no)
@@ -244,10 +257,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+", help="TSan log files or directories of them")
     ap.add_argument("--root", default=default_root, help="the repository (default: %(default)s)")
+    ap.add_argument("--build-dir", default=None,
+                    help="where the compiler ran, the base of relative source paths in the "
+                         "reports (ccache's base_dir writes them) (default: ROOT/build-tsan)")
     ap.add_argument("--show-noise", type=int, default=10, metavar="N",
                     help="list the N most frequent noise summaries (default 10)")
     args = ap.parse_args()
     root = os.path.normpath(os.path.abspath(args.root))
+    global BUILD_DIR
+    BUILD_DIR = os.path.abspath(args.build_dir or os.path.join(root, "build-tsan"))
 
     fatals, kept, noise = [], [], []
     files = 0
