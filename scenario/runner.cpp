@@ -292,6 +292,8 @@ private:
   /// Runs a step; what goes wrong becomes an unexpected result, except a
   /// refused argument, which is the script's mistake.
   void execute_top(const step& st) {
+    if (poisoned_dag_step(st))
+      return execute_poisoned(st);
     try {
       execute(st);
     } catch (const std::invalid_argument& e) {
@@ -309,6 +311,46 @@ private:
       never_made(st);
       unexpected(st, e.what());
     }
+  }
+
+  /// A step of a random-DAG task that one of the DAG's `(faults K)` reaches
+  /// (`dag_decl::reached_by`): its device or a device it waits on fails, so
+  /// the step may be refused; `check_dag_faults` judges the task.
+  bool poisoned_dag_step(const step& st) const {
+    return st.dag >= 0 && !p_.dags[st.dag].reached_by.empty()
+           && p_.dags[st.dag].reached_by[st.dag_task] != 0;
+  }
+
+  void execute_poisoned(const step& st) {
+    // Every refusal counts, a refused argument too: the DAG's steps are
+    // generated, and one refused because an earlier step of the task was
+    // (its alloc on the failed device) is no mistake of the script.
+    try {
+      execute(st);
+    } catch (const device_error& e) {
+      never_made(st);
+      saw(e);
+      dag_refused_.emplace(std::pair{st.dag, st.dag_task}, e.cause().message);
+    } catch (const std::exception& e) {
+      never_made(st);
+      // A wait on a task that was refused, or a copy of its buffer: that
+      // task's error.
+      if (st.kind == op::wait || st.kind == op::copy)
+        if (auto p = dag_task_of(st.dag, st.ev); p >= 0)
+          if (auto it = dag_refused_.find({st.dag, p}); it != dag_refused_.end()) {
+            dag_refused_.emplace(std::pair{st.dag, st.dag_task}, it->second);
+            return;
+          }
+      dag_refused_.emplace(std::pair{st.dag, st.dag_task}, e.what());
+    }
+  }
+
+  /// The task of DAG `d` that makes event `ev`, or -1 (its events are made
+  /// in task order, so their ids increase).
+  int dag_task_of(int d, int ev) const {
+    const auto& es = p_.dags[d].events;
+    auto it = std::lower_bound(es.begin(), es.end(), ev);
+    return it != es.end() && *it == ev ? static_cast<int>(it - es.begin()) : -1;
   }
 
   /// A step that failed before making its event: a `(sync-in ...)` task
@@ -1492,6 +1534,8 @@ private:
     std::size_t checked = 0;
     std::string bad;
     for (auto [from, to] : dag.edges) {
+      if (reached(dag, from) || reached(dag, to))
+        continue; // a fault fails one of them (check_dag_faults)
       auto* a = record_of(dag.events[from]);
       auto* b = record_of(dag.events[to]);
       if (!a || !b || a->kind == trace_kind::cancel || b->kind == trace_kind::cancel
@@ -1514,6 +1558,115 @@ private:
       dag.where, fmt::format("(random-dag {}): every edge respected", dag.name), bad.empty(),
       bad.empty() ? fmt::format("{} tasks, {} edges, all in order", dag.events.size(), checked)
                   : bad});
+    if (!dag.faults.empty())
+      check_dag_faults(dag);
+    if (!dag.hosts.empty())
+      check_dag_data(dag);
+  }
+
+  /// Whether a fault of the DAG reaches task `i` (it must fail).
+  static bool reached(const dag_decl& dag, int i) {
+    return !dag.reached_by.empty() && dag.reached_by[static_cast<std::size_t>(i)] != 0;
+  }
+
+  /// `(faults K)`: every task a fault reaches failed, from one of those
+  /// faults (its error's message names it), and every other task is done.
+  void check_dag_faults(const dag_decl& dag) {
+    std::string bad;
+    std::size_t poisoned = 0;
+    // Every task is looked at (its failure seen), the first wrong one told.
+    auto tell = [&bad](std::string what) {
+      if (bad.empty())
+        bad = std::move(what);
+    };
+    for (std::size_t i = 0; i < dag.events.size(); ++i) {
+      auto task = fmt::format("{}.{}", dag.name, i);
+      auto mask = dag.reached_by[i];
+      // Its error, if it failed: the step refused, or its event failed.
+      std::optional<std::string> error;
+      std::string state = "never made";
+      auto refused = dag_refused_.find({static_cast<int>(&dag - p_.dags.data()),
+                                        static_cast<int>(i)});
+      if (refused != dag_refused_.end()) {
+        error = refused->second;
+        state = "refused";
+      } else if (const auto& e = events_[dag.events[i]]) {
+        auto s = b_.state(*e);
+        state = to_string(s);
+        if (s == event_state::failed || s == event_state::cancelled) {
+          try {
+            b_.sync(*e, clock::now());
+          } catch (const device_error& x) {
+            saw(x);
+            error = x.cause().message;
+          } catch (const std::exception& x) {
+            error = x.what();
+          }
+        }
+      }
+      if (mask == 0) {
+        if (state != "done")
+          tell(fmt::format("{}: no fault reaches it, but it is {}{}", task, state,
+                            error ? ": " + *error : std::string{}));
+        continue;
+      }
+      std::string from;
+      for (std::size_t j = 0; j < dag.faults.size(); ++j)
+        if (mask >> j & 1)
+          from += fmt::format("{}{}.{}", from.empty() ? "" : ", ", dag.name, dag.faults[j]);
+      if (!error) {
+        tell(fmt::format("{}: fault {} reaches it, but it is {}", task, from, state));
+        continue;
+      }
+      bool named = false;
+      for (std::size_t j = 0; j < dag.faults.size(); ++j)
+        if ((mask >> j & 1)
+            && error->find(fmt::format("fault {}.{}", dag.name, dag.faults[j]))
+                 != std::string::npos)
+          named = true;
+      if (!named)
+        tell(fmt::format("{}: failed from '{}', not from fault {} that reach it", task, *error,
+                         from));
+      ++poisoned;
+    }
+    result_.expectations.push_back(expectation_result{
+      dag.where,
+      fmt::format("(random-dag {}): exactly the tasks its faults reach failed, from them",
+                  dag.name),
+      bad.empty(),
+      bad.empty() ? fmt::format("{} fault(s) failed {} of {} tasks, the others done",
+                                dag.faults.size(), poisoned, dag.events.size())
+                  : bad});
+  }
+
+  /// `(data)`: the value read back from each task no fault reaches is the
+  /// one the loader computed.
+  void check_dag_data(const dag_decl& dag) {
+    std::string bad;
+    std::size_t checked = 0;
+    for (std::size_t i = 0; i < dag.hosts.size() && bad.empty(); ++i) {
+      int h = dag.hosts[i];
+      if (h < 0)
+        continue;
+      auto task = fmt::format("{}.{}", dag.name, i);
+      if (!host_done_[h] || b_.state(*host_done_[h]) != event_state::done) {
+        bad = fmt::format("{}: its value was not read back ({})", task,
+                          host_done_[h] ? to_string(b_.state(*host_done_[h])) : "never ran");
+        continue;
+      }
+      const auto& got = hosts_[h];
+      auto want = dag.expected[i];
+      for (std::size_t k = 0; k < got.size(); ++k)
+        if (!close(got[k], want, 1e-5)) {
+          bad = fmt::format("{} holds {} (element {}), expected {}", task, got[k], k, want);
+          break;
+        }
+      ++checked;
+    }
+    result_.expectations.push_back(expectation_result{
+      dag.where, fmt::format("(random-dag {}): every task's data as computed", dag.name),
+      bad.empty(),
+      bad.empty() ? fmt::format("{} tasks' values as computed on the host", checked) : bad});
   }
 
   void build_outputs() {
@@ -1604,6 +1757,8 @@ private:
   std::vector<std::optional<event>> events_;
   std::vector<std::pair<int, int>> event_items_;
   std::vector<std::vector<float>> hosts_;
+  /// (dag, task) -> the error of a step of a task a DAG fault reaches.
+  std::map<std::pair<int, int>, std::string> dag_refused_;
   std::vector<std::optional<event>> host_done_;
   std::deque<std::vector<float>> host_data_;
   std::vector<std::shared_ptr<hold_latch>> holds_;
