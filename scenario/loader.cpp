@@ -435,8 +435,16 @@ private:
     });
     return fmt::format("{} needs a closure on the device's runner, which does not travel: "
                        "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
-                       "waits, pools and memsets work there)",
+                       "waits, pools, memsets, delay and sync-in work there)",
                        what, d, n.name, d - n.first, n.name);
+  }
+
+  /// `b/0 (device 3)`: a node's device as the script names it.
+  std::string node_device_name(int d) const {
+    const auto& n = *std::find_if(prog_.nodes.begin(), prog_.nodes.end(), [&](const auto& x) {
+      return d >= x.first && d < x.first + x.devices;
+    });
+    return fmt::format("{}/{} (device {})", n.name, d - n.first, d);
   }
 
   static bool looks_numeric(const std::string& t) {
@@ -1225,7 +1233,6 @@ private:
     auto f = split(s, 2, 2, {"as"}, "(delay DEVICE MS [(as EV)])");
     auto st = make(s, op::delay);
     st.device = device(*f.pos[0]);
-    local_only(s, st.device, "delay");
     st.ms = real(*f.pos[1], "the delay in milliseconds");
     if (st.ms < 0 || st.ms > 60'000)
       fail(*f.pos[1], fmt::format("a delay must be 0 to 60000 ms, got {}", st.ms));
@@ -1252,15 +1259,23 @@ private:
     auto f = split(s, 2, 2, {"as"}, "(sync-in DEVICE EVENT [(as EV)])");
     auto st = make(s, op::sync_in);
     st.device = device(*f.pos[0]);
-    local_only(s, st.device, "sync-in");
     // EVENT may be made by a later step: it is looked up once the whole
-    // script is read (see `load`).
+    // script is read (see `load`). On a node's device it is a wait queued
+    // there, which needs the event now.
     const auto& e = *f.pos[1];
     auto n = text(e, "an event");
     if (auto it = names_.find(n); it != names_.end())
       st.ev = lookup(e, sym::event).id;
+    else if (st.device >= prog_.local_devices)
+      fail(e, fmt::format("sync-in on {}: event '{}' is not made by an earlier step. On a "
+                          "node's device sync-in is a wait for the event queued there (a task "
+                          "that blocks in sync until a later step makes it needs a closure on "
+                          "the node's runner, which does not travel): make '{}' first",
+                          node_device_name(st.device), n, n));
     else
       forward_events_.push_back({&e, n, out.size(), &out, at(e)});
+    if (st.device >= prog_.local_devices)
+      prog_.items[static_cast<std::size_t>(st.device)] += 1; // the wait before its task
     st.as = opt_event(f);
     push(out, std::move(st));
   }

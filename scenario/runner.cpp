@@ -458,7 +458,48 @@ private:
   /// A task on the device that syncs on an event when it runs: a blocking
   /// wait inside a task, which the runtime refuses (deadlock_error, naming
   /// the cycle) when it would close a cycle of runners.
+  /// `(delay DEVICE MS)` on a node's device: a closure does not travel, a
+  /// named kernel does; `spin_ns` keeps the node's runner busy for MS ms.
+  void remote_delay(const step& st) {
+    task_spec spec{"spin_ns", {static_cast<int64_t>(st.ms * 1e6)}};
+    if (st.fail_with)
+      spec = task_spec{"fail", {*st.fail_with}};
+    auto before = last_seq(st.device);
+    auto e = b_.schedule_named(dev(st.device), spec);
+    add_item(st.device, before, "task", fmt::format("delay {} ms", st.ms), st.as, st);
+    if (st.as >= 0)
+      bind_event(st.as, e);
+  }
+
+  /// `(sync-in DEVICE EVENT)` on a node's device, by messages: a wait for
+  /// EVENT (made by an earlier step, the loader checked) queued on the
+  /// device, then a named `spin_ns 0` task, the item `(as EV)` names. The
+  /// device's runner blocks at the wait as it would in the task's sync, and
+  /// fails when EVENT fails, as the task would.
+  void remote_sync_in(const step& st) {
+    auto c = ctx_of(st);
+    auto before = last_seq(st.device);
+    const auto& e = ev(st.ev);
+    b_.will_wait_for(c, e);
+    auto from = item_of_event(st.ev);
+    if (from.first != st.device) {
+      int idx = add_item(st.device, before, "gate",
+                         fmt::format("wait for {}", p_.events[st.ev].name), -1, st);
+      add_edge(from, st.device, idx, "wait");
+    }
+    task_spec spec{"spin_ns", {int64_t{0}}};
+    if (st.fail_with)
+      spec = task_spec{"fail", {*st.fail_with}};
+    before = last_seq(st.device);
+    auto done = b_.schedule_named(dev(st.device), spec);
+    add_item(st.device, before, "task", "sync-in " + p_.events[st.ev].name, st.as, st);
+    if (st.as >= 0)
+      bind_event(st.as, done);
+  }
+
   void sync_in(const step& st) {
+    if (!dev(st.device).is_local())
+      return remote_sync_in(st);
     auto& slot = slots_[st.ev];
     if (!slot)
       slot = std::make_shared<event_slot>();
@@ -737,6 +778,10 @@ private:
         break;
       case op::delay: {
         check_fits_step(st.ms, "a delay");
+        if (!dev(st.device).is_local()) {
+          remote_delay(st);
+          break;
+        }
         auto before = last_seq(st.device);
         auto ms = st.ms;
         auto desc = fmt::format("delay {} ms", ms);

@@ -836,6 +836,21 @@ BOOST_AUTO_TEST_CASE(test_scenario_faults_aimed_by_name_are_checked_at_load) {
   BOOST_TEST(starts_with(e, "3:13: delay-at: a delay must be above 0"), e);
   e = error_of("(devices 1)\n(nodes (n 1))\n(kernel n/0 spin_ns 0 (as k))\n(cancel-at k)\n");
   BOOST_TEST(starts_with(e, "4:1: cancel-at needs a closure on the device's runner"), e);
+  // A delay and a sync-in on an event made before load on a node's device
+  // (issue 42 point 5); a sync-in there on an event made later does not,
+  // nor does a hold.
+  BOOST_CHECK_NO_THROW(scn::load("(devices 1)\n(nodes (n 1))\n(delay n/0 5 (as d))\n"
+                                 "(kernel 0 spin_ns 0 (as k))\n(sync-in n/0 k (as s))\n"
+                                 "(fail-at d \"x\")\n",
+                                 "node_forms.scn"));
+  e = error_of("(devices 1)\n(nodes (n 1))\n(sync-in n/0 later)\n(kernel 0 spin_ns 0 (as later))\n");
+  BOOST_TEST(starts_with(e, "3:14: sync-in on n/0 (device 1): event 'later' is not made by an "
+                            "earlier step. On a node's device sync-in is a wait"),
+             e);
+  e = error_of("(devices 1)\n(nodes (n 1))\n(hold n/0 (as h))\n");
+  BOOST_TEST(starts_with(e, "3:1: hold needs a closure on the device's runner"), e);
+  e = error_of("(devices 1)\n(nodes (n 1))\n(delay n/0 1 (as d))\n(delay-at d 1)\n");
+  BOOST_TEST(starts_with(e, "4:1: delay-at needs a closure on the device's runner"), e);
   // fail-at on a node's kernel loads (a named `fail` task travels).
   BOOST_CHECK_NO_THROW(
     scn::load("(devices 1)\n(nodes (n 1))\n(kernel n/0 spin_ns 0 (as k))\n(fail-at k \"x\")\n",
