@@ -1602,7 +1602,7 @@ private:
     }
     int dag_id = static_cast<int>(prog_.dags.size());
     if (shape.transfers > 0 || shape.data || shape.faults > 0)
-      dag_with_options(s, out, dag, dag_id, shape, dev_of, deps_of, work, seed);
+      dag_with_options(s, out, dag, dag_id, shape, dev_of, deps_of, work, window, seed);
     else
       for (int64_t i = 0; i < tasks; ++i) {
         auto d = dev_of[i];
@@ -1664,7 +1664,7 @@ private:
   void dag_with_options(const sexp& s, std::vector<step>& out, dag_decl& dag, int dag_id,
                         const dag_shape& shape, const std::vector<int>& dev_of,
                         const std::vector<std::vector<int>>& deps_of, int64_t work,
-                        uint64_t seed) {
+                        int64_t window, uint64_t seed) {
     const auto& name = dag.name;
     auto tasks = static_cast<int64_t>(dev_of.size());
     std::mt19937_64 extra{seed ^ 0x9e3779b97f4a7c15ULL};
@@ -1732,6 +1732,8 @@ private:
       dag.hosts.assign(static_cast<std::size_t>(tasks), -1);
     }
     std::vector<int> tnode_of;
+    dag.first_tnode = static_cast<int>(prog_.tnodes.size());
+    dag.window = static_cast<int>(window);
     for (int64_t i = 0; i < tasks; ++i) {
       int d = dev_of[i];
       int c = ctx_of[d];

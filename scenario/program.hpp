@@ -152,6 +152,11 @@ struct dag_decl {
   /// empty without (transfers P), (data) or (faults K).
   std::vector<int> faults;
   std::vector<uint64_t> reached_by;
+  /// With options: task i's buffer is tnode `first_tnode + i`, and its
+  /// dependencies are among the `window` tasks before it (the runner keeps
+  /// only their buffers in the DAG's contexts).
+  int first_tnode = -1;
+  int window = 0;
 };
 
 /// A node of other processes' devices (`(nodes (NAME N) ...)`): its

@@ -292,6 +292,8 @@ private:
   /// Runs a step; what goes wrong becomes an unexpected result, except a
   /// refused argument, which is the script's mistake.
   void execute_top(const step& st) {
+    if (st.dag >= 0 && st.kind == op::alloc_node)
+      trim_dag_context(st);
     if (poisoned_dag_step(st))
       return execute_poisoned(st);
     try {
@@ -311,6 +313,25 @@ private:
       never_made(st);
       unexpected(st, e.what());
     }
+  }
+
+  /// Before task i of a random DAG with options allocates its buffer: its
+  /// device's DAG context becomes a root holding only the buffers of the
+  /// tasks a later task may read (the `window` before i, and i's own):
+  /// each alloc and copy derives a context holding all the buffers so far,
+  /// with the one before as its parent, so that a chain of N of them, each
+  /// kept by its items, would hold O(N^2) entries.
+  void trim_dag_context(const step& st) {
+    const auto& dag = p_.dags[st.dag];
+    auto& c = contexts_[st.ctx];
+    if (!c)
+      return;
+    auto keep_from = dag.first_tnode + st.dag_task - dag.window;
+    ctx_buffers kept;
+    for (const auto& [t, loc] : c->buffers)
+      if (t.id - 1 < dag.first_tnode || t.id - 1 >= keep_from)
+        kept.emplace(t, loc);
+    c = b_.make_context(c->device, std::move(kept));
   }
 
   /// A step of a random-DAG task that one of the DAG's `(faults K)` reaches
