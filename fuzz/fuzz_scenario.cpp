@@ -75,6 +75,22 @@ void check_program(const scn::program& p) {
     broken("items is not sized to the devices");
   for (const auto& st : p.steps)
     check_step(p, st);
+  // A random DAG's options: the runner indexes by these too.
+  for (const auto& d : p.dags) {
+    for (int h : d.hosts)
+      if (!within(h, p.hosts.size()))
+        broken("a random-dag's host buffer is out of range: " + d.name);
+    if ((!d.hosts.empty() && d.hosts.size() != d.events.size())
+        || (!d.expected.empty() && d.expected.size() != d.events.size())
+        || (!d.reached_by.empty() && d.reached_by.size() != d.events.size()))
+      broken("a random-dag's per-task tables are not sized to its tasks: " + d.name);
+    for (int f : d.faults)
+      if (!within(f, d.events.size()) || f < 0)
+        broken("a random-dag's fault is out of range: " + d.name);
+    if (d.first_tnode >= 0 && static_cast<std::size_t>(d.first_tnode) + d.events.size()
+                                > p.tnodes.size())
+      broken("a random-dag's buffers are out of range: " + d.name);
+  }
 }
 
 } // namespace

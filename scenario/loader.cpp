@@ -435,8 +435,16 @@ private:
     });
     return fmt::format("{} needs a closure on the device's runner, which does not travel: "
                        "device {} is {}/{} on node {} (named kernels, checksums, transfers, "
-                       "waits, pools and memsets work there)",
+                       "waits, pools, memsets, delay and sync-in work there)",
                        what, d, n.name, d - n.first, n.name);
+  }
+
+  /// `b/0 (device 3)`: a node's device as the script names it.
+  std::string node_device_name(int d) const {
+    const auto& n = *std::find_if(prog_.nodes.begin(), prog_.nodes.end(), [&](const auto& x) {
+      return d >= x.first && d < x.first + x.devices;
+    });
+    return fmt::format("{}/{} (device {})", n.name, d - n.first, d);
   }
 
   static bool looks_numeric(const std::string& t) {
@@ -1225,7 +1233,6 @@ private:
     auto f = split(s, 2, 2, {"as"}, "(delay DEVICE MS [(as EV)])");
     auto st = make(s, op::delay);
     st.device = device(*f.pos[0]);
-    local_only(s, st.device, "delay");
     st.ms = real(*f.pos[1], "the delay in milliseconds");
     if (st.ms < 0 || st.ms > 60'000)
       fail(*f.pos[1], fmt::format("a delay must be 0 to 60000 ms, got {}", st.ms));
@@ -1252,15 +1259,23 @@ private:
     auto f = split(s, 2, 2, {"as"}, "(sync-in DEVICE EVENT [(as EV)])");
     auto st = make(s, op::sync_in);
     st.device = device(*f.pos[0]);
-    local_only(s, st.device, "sync-in");
     // EVENT may be made by a later step: it is looked up once the whole
-    // script is read (see `load`).
+    // script is read (see `load`). On a node's device it is a wait queued
+    // there, which needs the event now.
     const auto& e = *f.pos[1];
     auto n = text(e, "an event");
     if (auto it = names_.find(n); it != names_.end())
       st.ev = lookup(e, sym::event).id;
+    else if (st.device >= prog_.local_devices)
+      fail(e, fmt::format("sync-in on {}: event '{}' is not made by an earlier step. On a "
+                          "node's device sync-in is a wait for the event queued there (a task "
+                          "that blocks in sync until a later step makes it needs a closure on "
+                          "the node's runner, which does not travel): make '{}' first",
+                          node_device_name(st.device), n, n));
     else
       forward_events_.push_back({&e, n, out.size(), &out, at(e)});
+    if (st.device >= prog_.local_devices)
+      prog_.items[static_cast<std::size_t>(st.device)] += 1; // the wait before its task
     st.as = opt_event(f);
     push(out, std::move(st));
   }
@@ -1508,9 +1523,11 @@ private:
   }
 
   void random_dag_form(const sexp& s, std::vector<step>& out) {
-    auto f = split(s, 1, 1, {"tasks", "devices", "max-deps", "work-ns", "window", "seed"},
+    auto f = split(s, 1, 1,
+                   {"tasks", "devices", "max-deps", "work-ns", "window", "seed", "transfers",
+                    "data", "faults"},
                    "(random-dag NAME (tasks N) [(devices D...)] [(max-deps K)] [(work-ns NS)] "
-                   "[(window W)] [(seed S)])");
+                   "[(window W)] [(seed S)] [(transfers P)] [(data)] [(faults K)])");
     auto name = new_name(*f.pos[0], sym::dag);
     if (!f.opts.count("tasks"))
       fail(s, "(random-dag NAME ...) needs (tasks N)");
@@ -1532,6 +1549,27 @@ private:
                      ? integer_in(opt_value(f, "work-ns"), "work-ns", 0, 1'000'000'000) : 1000;
     int64_t window = f.opts.count("window")
                        ? integer_in(opt_value(f, "window"), "window", 1, 1'000'000) : 16;
+    dag_shape shape;
+    if (f.opts.count("transfers")) {
+      const auto& v = opt_value(f, "transfers");
+      shape.transfers = real(v, "the fraction of transfers");
+      if (shape.transfers < 0 || shape.transfers > 1)
+        fail(v, fmt::format("the fraction of transfers must be between 0 and 1, got {}",
+                            shape.transfers));
+    }
+    if (f.opts.count("data")) {
+      const auto& o = *f.opts.at("data");
+      if (o.items().size() != 1)
+        fail(o, "(data) takes no value");
+      shape.data = true;
+    }
+    if (f.opts.count("faults"))
+      shape.faults = integer_in(opt_value(f, "faults"), "the number of faults", 0,
+                                std::min<int64_t>(64, tasks));
+    if ((shape.transfers > 0 || shape.data || shape.faults > 0) && tasks > max_dag_buffers)
+      fail(s, fmt::format("(random-dag {} ...) with (transfers P), (data) or (faults K) takes "
+                          "at most {} tasks, got {}",
+                          name, max_dag_buffers, tasks));
     // The run's seed (--seed, else the script's (seed N), else 1), unless
     // the form fixes its own.
     uint64_t seed = prog_.seed;
@@ -1540,6 +1578,7 @@ private:
     std::mt19937_64 rng{seed};
     dag_decl dag{name, at(s), {}, devs, {}};
     std::vector<int> dev_of;
+    std::vector<std::vector<int>> deps_of;
     for (int64_t i = 0; i < tasks; ++i) {
       int d = devs[rng() % devs.size()];
       dev_of.push_back(d);
@@ -1551,37 +1590,265 @@ private:
           deps.insert(lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(i - lo)));
         }
       }
+      auto& ds = deps_of.emplace_back();
       for (auto p : deps) {
         dag.edges.emplace_back(static_cast<int>(p), static_cast<int>(i));
-        if (dev_of[p] == d)
-          continue; // the device's own order
-        auto w = make(s, op::wait);
-        w.device = d;
-        w.ev = dag.events[p];
-        w.text = fmt::format("(wait {} {}.{})", d, name, p);
-        push(out, std::move(w));
+        ds.push_back(static_cast<int>(p));
       }
-      auto st = make(s, op::kernel);
-      st.device = d;
-      st.kernel = "spin_ns";
-      st.args = {int64_t{work}};
-      st.as = static_cast<int>(prog_.events.size());
       auto ev_name = fmt::format("{}.{}", name, i);
       if (names_.count(ev_name))
         fail(s, fmt::format("duplicate name '{}' (random-dag {} names its tasks {}.0 ...)",
                             ev_name, name, name));
-      prog_.events.push_back(event_decl{ev_name, at(s)});
-      declare(ev_name, s, sym::event, st.as);
-      dag.events.push_back(st.as);
-      st.text = fmt::format("(kernel {} spin_ns {} (as {}))", d, work, ev_name);
-      st.dag = static_cast<int>(prog_.dags.size());
-      st.dag_task = static_cast<int>(i);
-      count_kernel(st);
-      push(out, std::move(st));
     }
-    declare(name, *f.pos[0], sym::dag, static_cast<int>(prog_.dags.size()));
+    int dag_id = static_cast<int>(prog_.dags.size());
+    if (shape.transfers > 0 || shape.data || shape.faults > 0)
+      dag_with_options(s, out, dag, dag_id, shape, dev_of, deps_of, work, window, seed);
+    else
+      for (int64_t i = 0; i < tasks; ++i) {
+        auto d = dev_of[i];
+        for (auto p : deps_of[i]) {
+          if (dev_of[p] == d)
+            continue; // the device's own order
+          auto w = make(s, op::wait);
+          w.device = d;
+          w.ev = dag.events[p];
+          w.text = fmt::format("(wait {} {}.{})", d, name, p);
+          push(out, std::move(w));
+        }
+        auto st = make(s, op::kernel);
+        st.device = d;
+        st.kernel = "spin_ns";
+        st.args = {int64_t{work}};
+        st.as = dag_event(s, dag, i);
+        st.text = fmt::format("(kernel {} spin_ns {} (as {}.{}))", d, work, name, i);
+        st.dag = dag_id;
+        st.dag_task = static_cast<int>(i);
+        count_kernel(st);
+        push(out, std::move(st));
+      }
+    declare(name, *f.pos[0], sym::dag, dag_id);
     prog_.dags.push_back(std::move(dag));
   }
+
+  /// The tasks a random DAG with options may have: each has a buffer (a
+  /// pool) of its own, and copies to other devices.
+  static constexpr int64_t max_dag_buffers = 100'000;
+
+  /// A random DAG's options beyond its shape.
+  struct dag_shape {
+    double transfers = 0;
+    bool data = false;
+    int64_t faults = 0;
+  };
+
+  /// Declares task `i`'s event `NAME.i` and returns it.
+  int dag_event(const sexp& s, dag_decl& dag, int64_t i) {
+    auto ev_name = fmt::format("{}.{}", dag.name, i);
+    int id = static_cast<int>(prog_.events.size());
+    prog_.events.push_back(event_decl{ev_name, at(s)});
+    declare(ev_name, s, sym::event, id);
+    dag.events.push_back(id);
+    return id;
+  }
+
+  /// A random DAG with `(transfers P)`, `(data)` or `(faults K)`. Every task
+  /// owns a buffer of `dag_floats` floats (the tnode `NAME.i` in the DAG's
+  /// context `NAME@D` of its device D) and is, on D: the copies and waits of
+  /// its dependencies on other devices, `spin_ns NS`, `fill NAME.i C` and,
+  /// with (data), `axpy NAME.i 1/k NAME.p` for each of its k dependencies p
+  /// (the copy of NAME.p where p is on another device); its event is its
+  /// last kernel. A dependency on another device is a copy of NAME.p with
+  /// (data), else one with probability P, else a wait. The draws beyond the
+  /// shape come from a second generator of the seed, so that the options
+  /// do not change the DAG a seed draws.
+  void dag_with_options(const sexp& s, std::vector<step>& out, dag_decl& dag, int dag_id,
+                        const dag_shape& shape, const std::vector<int>& dev_of,
+                        const std::vector<std::vector<int>>& deps_of, int64_t work,
+                        int64_t window, uint64_t seed) {
+    const auto& name = dag.name;
+    auto tasks = static_cast<int64_t>(dev_of.size());
+    std::mt19937_64 extra{seed ^ 0x9e3779b97f4a7c15ULL};
+    // The faults: K distinct tasks, and for each task the faults that reach
+    // it through its edges or its device's order (a failed device fails
+    // what is queued on it after the fault).
+    std::vector<int> fault_of(static_cast<std::size_t>(tasks), -1);
+    while (static_cast<int64_t>(dag.faults.size()) < shape.faults) {
+      auto t = static_cast<int>(extra() % static_cast<uint64_t>(tasks));
+      if (fault_of[t] >= 0)
+        continue;
+      fault_of[t] = static_cast<int>(dag.faults.size());
+      dag.faults.push_back(t);
+    }
+    dag.reached_by.assign(static_cast<std::size_t>(tasks), 0);
+    std::map<int, uint64_t> device_poison;
+    for (int64_t i = 0; i < tasks; ++i) {
+      auto& m = dag.reached_by[i];
+      m = device_poison[dev_of[i]];
+      if (fault_of[i] >= 0)
+        m |= uint64_t{1} << fault_of[i];
+      for (auto p : deps_of[i])
+        m |= dag.reached_by[p];
+      device_poison[dev_of[i]] = m;
+    }
+    // The DAG's context on each of its devices.
+    std::map<int, int> ctx_of;
+    for (int d : dag.devices) {
+      if (ctx_of.count(d))
+        continue;
+      auto st = make(s, op::make_context);
+      st.device = d;
+      st.ctx = static_cast<int>(prog_.contexts.size());
+      prog_.contexts.push_back(fmt::format("{}@{}", name, d));
+      ctx_device_.push_back(d);
+      ctx_nodes_.emplace_back();
+      st.text = fmt::format("(context {}@{} {})", name, d, d);
+      ctx_of[d] = st.ctx;
+      push(out, std::move(st));
+    }
+    // With faults, each device of the DAG is held until the whole DAG is
+    // queued: no fault fires before every step has run, so no step is
+    // refused by a device that failed already (a refused writer or event
+    // would leave a task without the input that carries the failure), and
+    // the tasks a fault reaches are exactly those the runtime fails.
+    std::vector<int> holds;
+    auto items_before = prog_.items;
+    if (shape.faults > 0)
+      for (auto [d, c] : ctx_of) {
+        if (d >= prog_.local_devices)
+          fail(s, fmt::format("(random-dag {} ... (faults K)) holds each of its devices until "
+                              "the DAG is queued, and device {} is a node's, which cannot "
+                              "hold: list local devices in (devices ...)",
+                              name, d));
+        auto h = make(s, op::hold);
+        h.device = d;
+        h.hold = static_cast<int>(prog_.holds.size());
+        prog_.holds.push_back(fmt::format("{}@{}", name, d));
+        h.text = fmt::format("(hold {} (as {}@{}))", d, name, d);
+        holds.push_back(h.hold);
+        push(out, std::move(h));
+      }
+    if (shape.data) {
+      dag.expected.assign(static_cast<std::size_t>(tasks), 0.0f);
+      dag.hosts.assign(static_cast<std::size_t>(tasks), -1);
+    }
+    std::vector<int> tnode_of;
+    dag.first_tnode = static_cast<int>(prog_.tnodes.size());
+    dag.window = static_cast<int>(window);
+    for (int64_t i = 0; i < tasks; ++i) {
+      int d = dev_of[i];
+      int c = ctx_of[d];
+      auto tag = [&](step& st) {
+        st.dag = dag_id;
+        st.dag_task = static_cast<int>(i);
+      };
+      int t = static_cast<int>(prog_.tnodes.size());
+      prog_.tnodes.push_back(tnode{t + 1, fmt::format("{}.{}", name, i),
+                                   dag_floats * sizeof(float), memory_mode::on_device});
+      tnode_of.push_back(t);
+      auto a = make(s, op::alloc_node);
+      a.ctx = c;
+      a.device = d;
+      a.tnodes = {t};
+      a.text = fmt::format("(alloc {}@{} {}.{})", name, d, name, i);
+      ctx_nodes_[c].insert(t);
+      tag(a);
+      push(out, std::move(a));
+      for (auto p : deps_of[i]) {
+        if (dev_of[p] == d)
+          continue; // the device's own order (and NAME.p is in its context)
+        bool copy = shape.data || std::generate_canonical<double, 53>(extra) < shape.transfers;
+        if (copy) {
+          auto cp = make(s, op::copy);
+          cp.ctx2 = ctx_of[dev_of[p]];
+          cp.ctx = c;
+          cp.device = d;
+          cp.tnodes = {tnode_of[p]};
+          cp.ev = dag.events[p]; // the task it copies from (check_dag_faults)
+          ctx_nodes_[c].insert(tnode_of[p]);
+          cp.text = fmt::format("(copy {}.{} (from {}@{}) (to {}@{}))", name, p, name, dev_of[p],
+                                name, d);
+          tag(cp);
+          push(out, std::move(cp));
+        } else {
+          auto w = make(s, op::wait);
+          w.device = d;
+          w.ctx = c;
+          w.ev = dag.events[p];
+          w.text = fmt::format("(wait {}@{} {}.{})", name, d, name, p);
+          tag(w);
+          push(out, std::move(w));
+        }
+      }
+      std::vector<step> kernels;
+      auto kernel = [&](std::string k, std::vector<link_arg> args, std::string text) {
+        auto st = make(s, op::kernel);
+        st.device = d;
+        st.ctx = c;
+        st.kernel = std::move(k);
+        st.args = std::move(args);
+        st.text = std::move(text);
+        tag(st);
+        kernels.push_back(std::move(st));
+      };
+      const auto& buf = prog_.tnodes[t];
+      kernel("spin_ns", {int64_t{work}},
+             fmt::format("(kernel {}@{} spin_ns {})", name, d, work));
+      auto value = static_cast<double>(1 + extra() % 9);
+      kernel("fill", {buf, value}, fmt::format("(kernel {}@{} fill {}.{} {})", name, d, name, i,
+                                              value));
+      if (shape.data) {
+        // As the axpy kernel computes it: y += a * x, in floats.
+        float v = static_cast<float>(value);
+        const auto& ds = deps_of[i];
+        double share = ds.empty() ? 0 : 1.0 / static_cast<double>(ds.size());
+        for (auto p : ds) {
+          kernel("axpy", {buf, share, prog_.tnodes[tnode_of[p]]},
+                 fmt::format("(kernel {}@{} axpy {}.{} {} {}.{})", name, d, name, i, share, name,
+                             p));
+          v += static_cast<float>(share) * dag.expected[p];
+        }
+        dag.expected[i] = v;
+      }
+      if (fault_of[i] >= 0)
+        kernels.front().fail_with = fmt::format("random-dag {}: fault {}.{}", name, name, i);
+      kernels.back().as = dag_event(s, dag, i);
+      kernels.back().text.insert(kernels.back().text.size() - 1,
+                                 fmt::format(" (as {}.{})", name, i));
+      for (auto& k : kernels) {
+        count_kernel(k);
+        push(out, std::move(k));
+      }
+      if (shape.data && dag.reached_by[i] == 0) {
+        // Read back right after the task: its device has not failed then
+        // (no fault reaches the task, so none came before it on the device).
+        auto h = make(s, op::to_host);
+        h.ctx = c;
+        h.device = d;
+        h.tnodes = {t};
+        h.host = static_cast<int>(prog_.hosts.size());
+        prog_.hosts.push_back(host_decl{fmt::format("{}.{}", name, i), t});
+        dag.hosts[i] = h.host;
+        h.text = fmt::format("(to-host {}@{} {}.{})", name, d, name, i);
+        tag(h);
+        push(out, std::move(h));
+      }
+    }
+    for (std::size_t d = 0; d < prog_.items.size() && !holds.empty(); ++d)
+      if (prog_.items[d] - items_before[d] > prog_.queue_capacity)
+        fail(s, fmt::format("(random-dag {} ... (faults K)) queues {} items on device {} while "
+                            "it is held, more than its queue holds ({}, (devices N (queue-capacity C))): "
+                            "give it fewer tasks or more devices",
+                            name, prog_.items[d] - items_before[d], d, prog_.queue_capacity));
+    for (int h : holds) {
+      auto r = make(s, op::release);
+      r.hold = h;
+      r.text = fmt::format("(release {})", prog_.holds[h]);
+      push(out, std::move(r));
+    }
+  }
+
+  /// The floats of a random DAG task's buffer (`dag_with_options`).
+  static constexpr std::size_t dag_floats = 16;
 
   void fails_pred(const sexp& p, step& st) {
     st.pred = predicate::fails;

@@ -67,7 +67,7 @@ struct step {
   int parent = -1;
   std::vector<int> tnodes;
   int as = -1;    // the event it binds (an index into program::events)
-  int ev = -1;    // the event it uses
+  int ev = -1;    // the event it uses (a random-DAG copy: its source task's)
   int ev2 = -1;
   int host = -1;
   int hold = -1;
@@ -94,7 +94,10 @@ struct step {
   bool into_merge = false;
   std::string message; // kill reason
   host_data data;
-  /// For random-dag tasks: the step's index in its DAG (edges are checked).
+  /// For random-dag tasks: the step's index in its DAG (edges are checked),
+  /// and the task's index there. A DAG with options tags every step of a
+  /// task so (its alloc, copies, waits, kernels, to-host): a step of a
+  /// task that a fault reaches may fail without failing the run.
   int dag = -1;
   int dag_task = -1;
 
@@ -139,6 +142,21 @@ struct dag_decl {
   std::vector<int> events;
   std::vector<int> devices;
   std::vector<std::pair<int, int>> edges; // (from, to): from finishes before to starts
+  /// `(data)`: per task, the host buffer (an index into program::hosts)
+  /// its value is read back into (-1 for a task a fault reaches), and the
+  /// value the loader computed for it.
+  std::vector<int> hosts;
+  std::vector<float> expected;
+  /// `(faults K)`: the tasks drawn to fail, and per task the faults that
+  /// reach it (bit j: faults[j]) through its edges or its device's order;
+  /// empty without (transfers P), (data) or (faults K).
+  std::vector<int> faults;
+  std::vector<uint64_t> reached_by;
+  /// With options: task i's buffer is tnode `first_tnode + i`, and its
+  /// dependencies are among the `window` tasks before it (the runner keeps
+  /// only their buffers in the DAG's contexts).
+  int first_tnode = -1;
+  int window = 0;
 };
 
 /// A node of other processes' devices (`(nodes (NAME N) ...)`): its

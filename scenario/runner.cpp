@@ -292,6 +292,10 @@ private:
   /// Runs a step; what goes wrong becomes an unexpected result, except a
   /// refused argument, which is the script's mistake.
   void execute_top(const step& st) {
+    if (st.dag >= 0 && st.kind == op::alloc_node)
+      trim_dag_context(st);
+    if (poisoned_dag_step(st))
+      return execute_poisoned(st);
     try {
       execute(st);
     } catch (const std::invalid_argument& e) {
@@ -309,6 +313,65 @@ private:
       never_made(st);
       unexpected(st, e.what());
     }
+  }
+
+  /// Before task i of a random DAG with options allocates its buffer: its
+  /// device's DAG context becomes a root holding only the buffers of the
+  /// tasks a later task may read (the `window` before i, and i's own):
+  /// each alloc and copy derives a context holding all the buffers so far,
+  /// with the one before as its parent, so that a chain of N of them, each
+  /// kept by its items, would hold O(N^2) entries.
+  void trim_dag_context(const step& st) {
+    const auto& dag = p_.dags[st.dag];
+    auto& c = contexts_[st.ctx];
+    if (!c)
+      return;
+    auto keep_from = dag.first_tnode + st.dag_task - dag.window;
+    ctx_buffers kept;
+    for (const auto& [t, loc] : c->buffers)
+      if (t.id - 1 < dag.first_tnode || t.id - 1 >= keep_from)
+        kept.emplace(t, loc);
+    c = b_.make_context(c->device, std::move(kept));
+  }
+
+  /// A step of a random-DAG task that one of the DAG's `(faults K)` reaches
+  /// (`dag_decl::reached_by`): its device or a device it waits on fails, so
+  /// the step may be refused; `check_dag_faults` judges the task.
+  bool poisoned_dag_step(const step& st) const {
+    return st.dag >= 0 && !p_.dags[st.dag].reached_by.empty()
+           && p_.dags[st.dag].reached_by[st.dag_task] != 0;
+  }
+
+  void execute_poisoned(const step& st) {
+    // Every refusal counts, a refused argument too: the DAG's steps are
+    // generated, and one refused because an earlier step of the task was
+    // (its alloc on the failed device) is no mistake of the script.
+    try {
+      execute(st);
+    } catch (const device_error& e) {
+      never_made(st);
+      saw(e);
+      dag_refused_.emplace(std::pair{st.dag, st.dag_task}, e.cause().message);
+    } catch (const std::exception& e) {
+      never_made(st);
+      // A wait on a task that was refused, or a copy of its buffer: that
+      // task's error.
+      if (st.kind == op::wait || st.kind == op::copy)
+        if (auto p = dag_task_of(st.dag, st.ev); p >= 0)
+          if (auto it = dag_refused_.find({st.dag, p}); it != dag_refused_.end()) {
+            dag_refused_.emplace(std::pair{st.dag, st.dag_task}, it->second);
+            return;
+          }
+      dag_refused_.emplace(std::pair{st.dag, st.dag_task}, e.what());
+    }
+  }
+
+  /// The task of DAG `d` that makes event `ev`, or -1 (its events are made
+  /// in task order, so their ids increase).
+  int dag_task_of(int d, int ev) const {
+    const auto& es = p_.dags[d].events;
+    auto it = std::lower_bound(es.begin(), es.end(), ev);
+    return it != es.end() && *it == ev ? static_cast<int>(it - es.begin()) : -1;
   }
 
   /// A step that failed before making its event: a `(sync-in ...)` task
@@ -416,7 +479,48 @@ private:
   /// A task on the device that syncs on an event when it runs: a blocking
   /// wait inside a task, which the runtime refuses (deadlock_error, naming
   /// the cycle) when it would close a cycle of runners.
+  /// `(delay DEVICE MS)` on a node's device: a closure does not travel, a
+  /// named kernel does; `spin_ns` keeps the node's runner busy for MS ms.
+  void remote_delay(const step& st) {
+    task_spec spec{"spin_ns", {static_cast<int64_t>(st.ms * 1e6)}};
+    if (st.fail_with)
+      spec = task_spec{"fail", {*st.fail_with}};
+    auto before = last_seq(st.device);
+    auto e = b_.schedule_named(dev(st.device), spec);
+    add_item(st.device, before, "task", fmt::format("delay {} ms", st.ms), st.as, st);
+    if (st.as >= 0)
+      bind_event(st.as, e);
+  }
+
+  /// `(sync-in DEVICE EVENT)` on a node's device, by messages: a wait for
+  /// EVENT (made by an earlier step, the loader checked) queued on the
+  /// device, then a named `spin_ns 0` task, the item `(as EV)` names. The
+  /// device's runner blocks at the wait as it would in the task's sync, and
+  /// fails when EVENT fails, as the task would.
+  void remote_sync_in(const step& st) {
+    auto c = ctx_of(st);
+    auto before = last_seq(st.device);
+    const auto& e = ev(st.ev);
+    b_.will_wait_for(c, e);
+    auto from = item_of_event(st.ev);
+    if (from.first != st.device) {
+      int idx = add_item(st.device, before, "gate",
+                         fmt::format("wait for {}", p_.events[st.ev].name), -1, st);
+      add_edge(from, st.device, idx, "wait");
+    }
+    task_spec spec{"spin_ns", {int64_t{0}}};
+    if (st.fail_with)
+      spec = task_spec{"fail", {*st.fail_with}};
+    before = last_seq(st.device);
+    auto done = b_.schedule_named(dev(st.device), spec);
+    add_item(st.device, before, "task", "sync-in " + p_.events[st.ev].name, st.as, st);
+    if (st.as >= 0)
+      bind_event(st.as, done);
+  }
+
   void sync_in(const step& st) {
+    if (!dev(st.device).is_local())
+      return remote_sync_in(st);
     auto& slot = slots_[st.ev];
     if (!slot)
       slot = std::make_shared<event_slot>();
@@ -695,6 +799,10 @@ private:
         break;
       case op::delay: {
         check_fits_step(st.ms, "a delay");
+        if (!dev(st.device).is_local()) {
+          remote_delay(st);
+          break;
+        }
         auto before = last_seq(st.device);
         auto ms = st.ms;
         auto desc = fmt::format("delay {} ms", ms);
@@ -1492,6 +1600,8 @@ private:
     std::size_t checked = 0;
     std::string bad;
     for (auto [from, to] : dag.edges) {
+      if (reached(dag, from) || reached(dag, to))
+        continue; // a fault fails one of them (check_dag_faults)
       auto* a = record_of(dag.events[from]);
       auto* b = record_of(dag.events[to]);
       if (!a || !b || a->kind == trace_kind::cancel || b->kind == trace_kind::cancel
@@ -1514,6 +1624,115 @@ private:
       dag.where, fmt::format("(random-dag {}): every edge respected", dag.name), bad.empty(),
       bad.empty() ? fmt::format("{} tasks, {} edges, all in order", dag.events.size(), checked)
                   : bad});
+    if (!dag.faults.empty())
+      check_dag_faults(dag);
+    if (!dag.hosts.empty())
+      check_dag_data(dag);
+  }
+
+  /// Whether a fault of the DAG reaches task `i` (it must fail).
+  static bool reached(const dag_decl& dag, int i) {
+    return !dag.reached_by.empty() && dag.reached_by[static_cast<std::size_t>(i)] != 0;
+  }
+
+  /// `(faults K)`: every task a fault reaches failed, from one of those
+  /// faults (its error's message names it), and every other task is done.
+  void check_dag_faults(const dag_decl& dag) {
+    std::string bad;
+    std::size_t poisoned = 0;
+    // Every task is looked at (its failure seen), the first wrong one told.
+    auto tell = [&bad](std::string what) {
+      if (bad.empty())
+        bad = std::move(what);
+    };
+    for (std::size_t i = 0; i < dag.events.size(); ++i) {
+      auto task = fmt::format("{}.{}", dag.name, i);
+      auto mask = dag.reached_by[i];
+      // Its error, if it failed: the step refused, or its event failed.
+      std::optional<std::string> error;
+      std::string state = "never made";
+      auto refused = dag_refused_.find({static_cast<int>(&dag - p_.dags.data()),
+                                        static_cast<int>(i)});
+      if (refused != dag_refused_.end()) {
+        error = refused->second;
+        state = "refused";
+      } else if (const auto& e = events_[dag.events[i]]) {
+        auto s = b_.state(*e);
+        state = to_string(s);
+        if (s == event_state::failed || s == event_state::cancelled) {
+          try {
+            b_.sync(*e, clock::now());
+          } catch (const device_error& x) {
+            saw(x);
+            error = x.cause().message;
+          } catch (const std::exception& x) {
+            error = x.what();
+          }
+        }
+      }
+      if (mask == 0) {
+        if (state != "done")
+          tell(fmt::format("{}: no fault reaches it, but it is {}{}", task, state,
+                            error ? ": " + *error : std::string{}));
+        continue;
+      }
+      std::string from;
+      for (std::size_t j = 0; j < dag.faults.size(); ++j)
+        if (mask >> j & 1)
+          from += fmt::format("{}{}.{}", from.empty() ? "" : ", ", dag.name, dag.faults[j]);
+      if (!error) {
+        tell(fmt::format("{}: fault {} reaches it, but it is {}", task, from, state));
+        continue;
+      }
+      bool named = false;
+      for (std::size_t j = 0; j < dag.faults.size(); ++j)
+        if ((mask >> j & 1)
+            && error->find(fmt::format("fault {}.{}", dag.name, dag.faults[j]))
+                 != std::string::npos)
+          named = true;
+      if (!named)
+        tell(fmt::format("{}: failed from '{}', not from fault {} that reach it", task, *error,
+                         from));
+      ++poisoned;
+    }
+    result_.expectations.push_back(expectation_result{
+      dag.where,
+      fmt::format("(random-dag {}): exactly the tasks its faults reach failed, from them",
+                  dag.name),
+      bad.empty(),
+      bad.empty() ? fmt::format("{} fault(s) failed {} of {} tasks, the others done",
+                                dag.faults.size(), poisoned, dag.events.size())
+                  : bad});
+  }
+
+  /// `(data)`: the value read back from each task no fault reaches is the
+  /// one the loader computed.
+  void check_dag_data(const dag_decl& dag) {
+    std::string bad;
+    std::size_t checked = 0;
+    for (std::size_t i = 0; i < dag.hosts.size() && bad.empty(); ++i) {
+      int h = dag.hosts[i];
+      if (h < 0)
+        continue;
+      auto task = fmt::format("{}.{}", dag.name, i);
+      if (!host_done_[h] || b_.state(*host_done_[h]) != event_state::done) {
+        bad = fmt::format("{}: its value was not read back ({})", task,
+                          host_done_[h] ? to_string(b_.state(*host_done_[h])) : "never ran");
+        continue;
+      }
+      const auto& got = hosts_[h];
+      auto want = dag.expected[i];
+      for (std::size_t k = 0; k < got.size(); ++k)
+        if (!close(got[k], want, 1e-5)) {
+          bad = fmt::format("{} holds {} (element {}), expected {}", task, got[k], k, want);
+          break;
+        }
+      ++checked;
+    }
+    result_.expectations.push_back(expectation_result{
+      dag.where, fmt::format("(random-dag {}): every task's data as computed", dag.name),
+      bad.empty(),
+      bad.empty() ? fmt::format("{} tasks' values as computed on the host", checked) : bad});
   }
 
   void build_outputs() {
@@ -1604,6 +1823,8 @@ private:
   std::vector<std::optional<event>> events_;
   std::vector<std::pair<int, int>> event_items_;
   std::vector<std::vector<float>> hosts_;
+  /// (dag, task) -> the error of a step of a task a DAG fault reaches.
+  std::map<std::pair<int, int>, std::string> dag_refused_;
   std::vector<std::optional<event>> host_done_;
   std::deque<std::vector<float>> host_data_;
   std::vector<std::shared_ptr<hold_latch>> holds_;

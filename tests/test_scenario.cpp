@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE scenario
 #include <boost/test/unit_test.hpp>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -835,6 +836,21 @@ BOOST_AUTO_TEST_CASE(test_scenario_faults_aimed_by_name_are_checked_at_load) {
   BOOST_TEST(starts_with(e, "3:13: delay-at: a delay must be above 0"), e);
   e = error_of("(devices 1)\n(nodes (n 1))\n(kernel n/0 spin_ns 0 (as k))\n(cancel-at k)\n");
   BOOST_TEST(starts_with(e, "4:1: cancel-at needs a closure on the device's runner"), e);
+  // A delay and a sync-in on an event made before load on a node's device
+  // (issue 42 point 5); a sync-in there on an event made later does not,
+  // nor does a hold.
+  BOOST_CHECK_NO_THROW(scn::load("(devices 1)\n(nodes (n 1))\n(delay n/0 5 (as d))\n"
+                                 "(kernel 0 spin_ns 0 (as k))\n(sync-in n/0 k (as s))\n"
+                                 "(fail-at d \"x\")\n",
+                                 "node_forms.scn"));
+  e = error_of("(devices 1)\n(nodes (n 1))\n(sync-in n/0 later)\n(kernel 0 spin_ns 0 (as later))\n");
+  BOOST_TEST(starts_with(e, "3:14: sync-in on n/0 (device 1): event 'later' is not made by an "
+                            "earlier step. On a node's device sync-in is a wait"),
+             e);
+  e = error_of("(devices 1)\n(nodes (n 1))\n(hold n/0 (as h))\n");
+  BOOST_TEST(starts_with(e, "3:1: hold needs a closure on the device's runner"), e);
+  e = error_of("(devices 1)\n(nodes (n 1))\n(delay n/0 1 (as d))\n(delay-at d 1)\n");
+  BOOST_TEST(starts_with(e, "4:1: delay-at needs a closure on the device's runner"), e);
   // fail-at on a node's kernel loads (a named `fail` task travels).
   BOOST_CHECK_NO_THROW(
     scn::load("(devices 1)\n(nodes (n 1))\n(kernel n/0 spin_ns 0 (as k))\n(fail-at k \"x\")\n",
@@ -1266,4 +1282,127 @@ BOOST_AUTO_TEST_CASE(test_scenario_names_are_built_from_expressions) {
   BOOST_TEST(contains(e, "outside the 64-bit range"), e);
   e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k${i))\n");
   BOOST_TEST(e == "2:25: unclosed '${' in 'k${i': write ${EXPR}, e.g. mark${d+1}", e);
+}
+
+// -- random DAGs with transfers, data and faults (issue 42 point 4) -----------
+
+namespace {
+
+/// The steps of a loaded script as text, one a line, with their faults.
+std::string expanded(const scn::program& p) {
+  std::string out;
+  for (const auto& st : p.steps)
+    out += st.text + (st.fail_with ? " fails " + *st.fail_with : "") + "\n";
+  return out;
+}
+
+/// The expectation whose text starts with `head`, or null.
+const scn::expectation_result* expectation(const scn::run_result& r, const std::string& head) {
+  for (const auto& e : r.expectations)
+    if (starts_with(e.text, head))
+      return &e;
+  return nullptr;
+}
+
+const char* dag_options_script =
+  "(devices 3)\n"
+  "(random-dag g (tasks 120) (max-deps 3) (work-ns 0) (transfers 0.5) (data) (faults 3))\n";
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_scenario_random_dag_options_are_drawn_from_the_seed) {
+  auto a = scn::load(dag_options_script, "t.scn", 5);
+  auto b = scn::load(dag_options_script, "t.scn", 5);
+  auto c = scn::load(dag_options_script, "t.scn", 6);
+  BOOST_TEST(expanded(*a) == expanded(*b));
+  BOOST_TEST(a->dags[0].faults == b->dags[0].faults);
+  BOOST_TEST(a->dags[0].expected == b->dags[0].expected);
+  BOOST_TEST(expanded(*a) != expanded(*c));
+  BOOST_TEST(a->dags[0].faults.size() == 3u);
+  // The options draw from a generator of their own: the DAG a seed draws
+  // (its devices and edges) is the same with them as without.
+  auto plain = scn::load("(devices 3)\n(random-dag g (tasks 120) (max-deps 3) (work-ns 0))\n",
+                         "t.scn", 5);
+  BOOST_TEST(plain->dags[0].edges == a->dags[0].edges);
+  // (transfers 1): every dependency on another device is a copy, no wait;
+  // (transfers 0.5) without (data): some of each.
+  auto copies = [](const scn::program& p) {
+    std::map<scn::op, int> n;
+    for (const auto& st : p.steps)
+      ++n[st.kind];
+    return n;
+  };
+  auto all = copies(*scn::load("(devices 3)\n(random-dag g (tasks 200) (transfers 1))\n", "t.scn"));
+  BOOST_TEST(all[scn::op::copy] > 0);
+  BOOST_TEST(all[scn::op::wait] == 0);
+  auto half = copies(*scn::load("(devices 3)\n(random-dag g (tasks 200) (transfers 0.5))\n",
+                                "t.scn"));
+  BOOST_TEST(half[scn::op::copy] > 0);
+  BOOST_TEST(half[scn::op::wait] > 0);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_random_dag_with_transfers_data_and_faults_holds) {
+  for (uint64_t seed : {1, 2, 3}) {
+    auto p = scn::load(dag_options_script, "t.scn", seed);
+    auto r = scn::run(*p);
+    BOOST_TEST(r.ok(), scn::summary(r));
+    auto* data = expectation(r, "(random-dag g): every task's data as computed");
+    auto* faults = expectation(r, "(random-dag g): exactly the tasks its faults reach failed");
+    BOOST_TEST_REQUIRE(data);
+    BOOST_TEST_REQUIRE(faults);
+    BOOST_TEST(data->held, data->observed);
+    BOOST_TEST(faults->held, faults->observed);
+    BOOST_TEST(starts_with(faults->observed, "3 fault(s) failed "), faults->observed);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_random_dag_data_check_fails_with_the_value) {
+  auto p = scn::load("(devices 2)\n(random-dag g (tasks 40) (work-ns 0) (data))\n", "t.scn");
+  // A value the host did not compute: the check names the task, what its
+  // buffer held and what was expected.
+  scn::program q = *p;
+  auto want = q.dags[0].expected[7];
+  q.dags[0].expected[7] = want + 1;
+  auto r = scn::run(q);
+  BOOST_TEST(!r.ok());
+  auto* data = expectation(r, "(random-dag g): every task's data as computed");
+  BOOST_TEST_REQUIRE(data);
+  BOOST_TEST(!data->held);
+  BOOST_TEST(data->observed == fmt::format("g.7 holds {} (element 0), expected {}", want,
+                                           want + 1),
+             data->observed);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_random_dag_fault_check_fails_when_a_fault_did_not_fire) {
+  auto p = scn::load("(devices 2)\n(random-dag g (tasks 60) (work-ns 0) (faults 2))\n", "t.scn");
+  // The faults' tasks run their work instead of failing: the tasks they
+  // should have failed are done, and the check says which.
+  scn::program q = *p;
+  for (auto& st : q.steps)
+    st.fail_with.reset();
+  auto r = scn::run(q);
+  auto* faults = expectation(r, "(random-dag g): exactly the tasks its faults reach failed");
+  BOOST_TEST_REQUIRE(faults);
+  BOOST_TEST(!faults->held);
+  auto first = *std::min_element(p->dags[0].faults.begin(), p->dags[0].faults.end());
+  BOOST_TEST(starts_with(faults->observed, fmt::format("g.{}: fault ", first)),
+             faults->observed);
+  BOOST_TEST(contains(faults->observed, "reaches it, but it is done"), faults->observed);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_random_dag_option_errors) {
+  auto e = error_of("(devices 2)\n(random-dag g (tasks 4) (transfers 1.5))\n");
+  BOOST_TEST(e == "2:36: the fraction of transfers must be between 0 and 1, got 1.5", e);
+  e = error_of("(devices 2)\n(random-dag g (tasks 4) (data 1))\n");
+  BOOST_TEST(e == "2:25: (data) takes no value", e);
+  e = error_of("(devices 2)\n(random-dag g (tasks 4) (faults 5))\n");
+  BOOST_TEST(e == "2:33: the number of faults must be between 0 and 4, got 5", e);
+  e = error_of("(devices 2)\n(random-dag g (tasks 200000) (data))\n");
+  BOOST_TEST(starts_with(e, "2:1: (random-dag g ...) with (transfers P), (data) or (faults K) "
+                            "takes at most 100000 tasks"),
+             e);
+  e = error_of("(devices 1)\n(nodes (b 1))\n(random-dag g (tasks 4) (faults 1))\n");
+  BOOST_TEST(contains(e, "device 1 is a node's, which cannot hold"), e);
+  e = error_of("(devices 1 (queue-capacity 8))\n(random-dag g (tasks 10) (faults 1))\n");
+  BOOST_TEST(contains(e, "more than its queue holds (8"), e);
 }
