@@ -148,6 +148,11 @@ public:
   ~runner_state() {
     release_holds();
     stop_progress();
+    // The backend goes first, while everything its items use is still here:
+    // a run a script error ended leaves items queued (released holds let
+    // them run), and they write `hosts_` (to-host), read `host_data_`
+    // (from-host) and call closures holding `this`.
+    bp_.reset();
   }
 
   run_result go() {
