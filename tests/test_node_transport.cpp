@@ -105,13 +105,15 @@ std::unique_ptr<caf::actor_system_config> client_cfg(bool tls) {
   return c;
 }
 
-/// The node's resident set, in KiB (/proc/PID/status, VmRSS).
-long rss_kib(pid_t pid) {
+/// A field of /proc/PID/status in KiB: VmRSS (the resident set now) or
+/// VmHWM (its peak so far, which a buffer allocated and freed between two
+/// looks still shows).
+long status_kib(pid_t pid, const std::string& field) {
   std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0)
-      return std::stol(line.substr(6));
+    if (line.rfind(field + ":", 0) == 0)
+      return std::stol(line.substr(field.size() + 1));
   return -1;
 }
 
@@ -302,17 +304,22 @@ void a_4_gib_header_allocates_nothing(bool tls, Attack attack) {
   node_process node{tool(), 1, "g", false, extra};
   // Idle: after one session, as a node that served before it is attacked.
   serve_one_session(tls, node.port());
-  auto idle = rss_kib(node.pid());
+  auto idle = status_kib(node.pid(), "VmRSS");
+  auto idle_peak = status_kib(node.pid(), "VmHWM");
   BOOST_TEST_REQUIRE(idle > 0);
   bool closed = attack(node.port());
-  auto after = rss_kib(node.pid());
+  auto after = status_kib(node.pid(), "VmRSS");
+  auto peak = status_kib(node.pid(), "VmHWM");
   BOOST_TEST(closed, "the node kept the connection of a 4 GiB header open for 10 s");
-  BOOST_TEST(after < 2 * idle,
-             "the node's RSS went from " << idle << " KiB to " << after << " KiB");
+  // The peak: over TLS, CAF 0.17 allocates the 4 GiB, then fails to read
+  // into it (SSL_read's length is an int) and frees it.
+  BOOST_TEST(peak < 2 * idle_peak, "the node's peak RSS went from " << idle_peak << " KiB to "
+                                                                    << peak << " KiB");
   auto took = serve_one_session(tls, node.port());
   BOOST_TEST_MESSAGE((tls ? "TLS" : "plain TCP")
-                     << ": a 4 GiB BASP header: RSS " << idle << " KiB idle, " << after
-                     << " KiB after; the next session served in " << took << " s");
+                     << ": a 4 GiB BASP header: RSS " << idle << " KiB idle (peak " << idle_peak
+                     << "), " << after << " KiB after (peak " << peak
+                     << "); the next session served in " << took << " s");
 }
 
 /// Raises this process's descriptor limit to `want` (or its hard limit).
