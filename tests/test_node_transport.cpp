@@ -411,9 +411,10 @@ BOOST_AUTO_TEST_CASE(node_transport_1000_idle_connections_at_the_fd_limit_leave_
                      << failed << " not accepted within 1 s): the node used " << share * 100
                      << "% of a core over 2 s; a session served in " << took << " s");
   BOOST_TEST(error.empty(), "no session with 1000 idle connections open: " << error);
-  // A loose bound (the measurement is the figure above): a spinning node
-  // uses most of a core.
-  BOOST_TEST(share < 0.25, "the node used " << share * 100 << "% of a core");
+  // A loose bound (the measurement is the figure above): an idle node
+  // measures 0%, a spinning one most of a core (25-35% of one on this
+  // loaded 2-core machine).
+  BOOST_TEST(share < 0.10, "the node used " << share * 100 << "% of a core");
   for (int fd : conns)
     ::close(fd);
 }
@@ -445,7 +446,54 @@ BOOST_AUTO_TEST_CASE(node_transport_idle_tcp_connections_to_a_tls_node_cost_no_c
                      << share * 100 << "% of a core over 2 s; a session served in " << took
                      << " s");
   BOOST_TEST(error.empty(), "no session with 100 idle connections open: " << error);
-  BOOST_TEST(share < 0.25, "the node used " << share * 100 << "% of a core");
+  BOOST_TEST(share < 0.10, "the node used " << share * 100 << "% of a core");
+  for (int fd : conns)
+    ::close(fd);
+}
+
+BOOST_AUTO_TEST_CASE(node_transport_at_its_descriptor_limit_a_node_neither_spins_nor_drops_sessions) {
+  // A session opened first; then the node's descriptor limit is set to what
+  // it uses plus 8, and 200 idle connections come: the node runs out of
+  // descriptors (its 64 unauthenticated connections do not fit). It must
+  // not spin on `accept`, its session goes on, and once the handshake
+  // timeout closed the idle ones a new session is served.
+  raise_fd_limit(4096);
+  node_process node{tool(), 1, "f", false, {"--handshake-timeout", "2"}};
+  auto cfg = client_cfg(false);
+  caf::actor_system sys{*cfg};
+  backend b{sys, {.num_devices = 1}};
+  auto ds = attach_node(b, "127.0.0.1", node.port(), 20s);
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  b.alloc_pool(ds[0], 1, 1024, 64);
+  auto in_use = std::distance(std::filesystem::directory_iterator{"/proc/" + std::to_string(node.pid()) + "/fd"},
+                              std::filesystem::directory_iterator{});
+  rlimit lim{static_cast<rlim_t>(in_use + 8), static_cast<rlim_t>(in_use + 8)};
+  BOOST_TEST_REQUIRE(::prlimit(node.pid(), RLIMIT_NOFILE, &lim, nullptr) == 0);
+  std::vector<int> conns;
+  for (int k = 0; k < 200; ++k) {
+    int fd = connect_to(node.port());
+    if (fd >= 0)
+      conns.push_back(fd);
+  }
+  auto share = core_share(node.pid(), 2000ms);
+  // The session: served at the limit.
+  b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
+  // Every idle connection closed: at once at the limit, or at the timeout.
+  auto closed = closed_by(conns, conns.size(), steady::now() + 20s);
+  double took = -1;
+  std::string error;
+  try {
+    took = serve_one_session(false, node.port());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  BOOST_TEST_MESSAGE("plain TCP at the descriptor limit (" << in_use + 8 << "): "
+                     << conns.size() << " idle connections: the node used " << share * 100
+                     << "% of a core over 2 s; " << closed
+                     << " closed within 20 s; a new session served in " << took << " s");
+  BOOST_TEST(share < 0.10, "the node used " << share * 100 << "% of a core at its limit");
+  BOOST_TEST(closed == conns.size(), closed << " of " << conns.size() << " idle connections closed");
+  BOOST_TEST(error.empty(), "no new session after the idle connections went: " << error);
   for (int fd : conns)
     ::close(fd);
 }
