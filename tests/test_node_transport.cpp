@@ -497,3 +497,24 @@ BOOST_AUTO_TEST_CASE(node_transport_at_its_descriptor_limit_a_node_neither_spins
   for (int fd : conns)
     ::close(fd);
 }
+
+BOOST_AUTO_TEST_CASE(node_transport_a_flood_of_small_messages_without_a_session_is_cut) {
+  // 1000 BASP heartbeats (valid, payload-free headers) at once from a peer
+  // with no session: past 64 a second the node closes the connection, well
+  // before its handshake timeout (10 s).
+  node_process node{tool(), 1, "h"};
+  int fd = connect_to(node.port());
+  BOOST_TEST_REQUIRE(fd >= 0);
+  std::string heartbeat(32, '\0');
+  heartbeat[0] = 6;
+  std::string flood;
+  for (int k = 0; k < 1000; ++k)
+    flood += heartbeat;
+  send_all(fd, flood);
+  auto t0 = steady::now();
+  BOOST_TEST(closed_within(fd, 5s), "1000 heartbeats without a session: still open after 5 s");
+  BOOST_TEST_MESSAGE("1000 heartbeats without a session: closed after "
+                     << std::chrono::duration<double>(steady::now() - t0).count() << " s");
+  ::close(fd);
+  serve_one_session(false, node.port());
+}

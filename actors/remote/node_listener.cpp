@@ -157,12 +157,23 @@ protected:
     if (admitted_now())
       return true;
     auto& limits = st_->limits;
-    if (++headers_ > limits.max_unauthenticated_messages) {
+    // A token bucket: a burst of `max_unauthenticated_messages`, refilled
+    // at as many a second.
+    auto rate = static_cast<double>(limits.max_unauthenticated_messages);
+    auto now = clock_type::now();
+    if (headers_ == 0)
+      tokens_ = rate;
+    else
+      tokens_ = std::min(rate, tokens_ + rate * std::chrono::duration<double>(now - last_).count());
+    last_ = now;
+    ++headers_;
+    if (tokens_ < 1.0) {
       why = closed_for::messages;
-      text = fmt::format("{} BASP messages before a session opened (at most {})", headers_,
-                         limits.max_unauthenticated_messages);
+      text = fmt::format("more than {} BASP messages a second before a session opened ({} in all)",
+                         limits.max_unauthenticated_messages, headers_);
       return false;
     }
+    tokens_ -= 1.0;
     if (hdr.payload_len > limits.max_unauthenticated_payload) {
       why = closed_for::payload;
       text = fmt::format("a BASP header announced a payload of {} bytes before a session opened "
@@ -187,7 +198,9 @@ private:
   bool listed_ = false;
   bool payload_next_ = false;
   bool handshake_next_ = false;
-  std::uint32_t headers_ = 0;
+  std::uint64_t headers_ = 0;
+  double tokens_ = 0;
+  clock_type::time_point last_;
 };
 
 /// Plain TCP: CAF's policy.

@@ -18,8 +18,9 @@
 /// Until the peer is *admitted* (`admit_peer`: its node opened a session
 /// with the cookie, or a client that did vouched for it), a connection:
 /// - is closed, before anything is allocated for it, at a header whose
-///   payload exceeds `max_unauthenticated_payload`, or past
-///   `max_unauthenticated_messages` headers;
+///   payload exceeds `max_unauthenticated_payload`, or when it sends more
+///   than `max_unauthenticated_messages` headers a second (a burst of as
+///   many);
 /// - is closed once `handshake_timeout` passed since it was accepted;
 /// - counts against `max_unauthenticated`: a new connection past it closes
 ///   the oldest such one.

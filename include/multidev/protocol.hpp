@@ -548,7 +548,8 @@ struct node_transport_limits {
   /// header that announces more closes the connection before anything is
   /// allocated for it. A session's `open` takes well under 1 KiB.
   std::uint32_t max_unauthenticated_payload = 64 * 1024;
-  /// How many BASP messages such a connection may send.
+  /// How many BASP messages a second such a connection may send (a burst
+  /// of as many); more close it.
   std::uint32_t max_unauthenticated_messages = 64;
 };
 
