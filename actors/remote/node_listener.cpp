@@ -287,6 +287,10 @@ public:
   std::vector<char>& wr_buf() override { return stream_.wr_buf(); }
   std::vector<char>& rd_buf() override { return stream_.rd_buf(); }
   void graceful_shutdown() override {
+    // A stream parked in its TLS handshake would wait for the peer forever
+    // to send what it has queued (and keep its socket): it has nothing worth
+    // sending before the handshake anyway.
+    stream_.drop_parked_writer();
     stream_.graceful_shutdown();
     detach(&stream_.backend(), false);
   }
