@@ -110,10 +110,10 @@ public:
   /// broker as for a peer that closed it.
   virtual void refuse(caf::execution_unit* ctx, closed_for why, const std::string& text) = 0;
 
-  void enlist(std::shared_ptr<listener_state> st) {
-    st_ = std::move(st);
-    st_->pending.emplace_back(this);
-    where_ = std::prev(st_->pending.end());
+  void enlist(const std::shared_ptr<listener_state>& st) {
+    st_ = st;
+    st->pending.emplace_back(this);
+    where_ = std::prev(st->pending.end());
     listed_ = true;
   }
 
@@ -122,8 +122,10 @@ public:
     if (!listed_)
       return;
     listed_ = false;
-    st_->released.push_back(std::move(*where_));
-    st_->pending.erase(where_);
+    if (auto st = st_.lock()) { // else the list went with the port
+      st->released.push_back(std::move(*where_));
+      st->pending.erase(where_);
+    }
   }
 
 protected:
@@ -156,7 +158,13 @@ protected:
       return true; // the broker refuses it itself
     if (admitted_now())
       return true;
-    auto& limits = st_->limits;
+    auto st = st_.lock();
+    if (!st) {
+      why = closed_for::timeout;
+      text = "the node's port was closed";
+      return false;
+    }
+    auto& limits = st->limits;
     // A token bucket: a burst of `max_unauthenticated_messages`, refilled
     // at as many a second.
     auto rate = static_cast<double>(limits.max_unauthenticated_messages);
@@ -189,7 +197,8 @@ protected:
   }
 
   bool admitted_ = false;
-  std::shared_ptr<listener_state> st_;
+  /// Weak: the port's state holds its unauthenticated connections.
+  std::weak_ptr<listener_state> st_;
 
 private:
   clock_type::time_point accepted_;
@@ -334,8 +343,8 @@ public:
     if (detached())
       return;
     caf::intrusive_ptr<guarded_scribe> keep{this};
-    if (st_)
-      st_->note(why, fmt::format("{}:{}: {}", addr(), port(), text));
+    if (auto st = st_.lock())
+      st->note(why, fmt::format("{}:{}: {}", addr(), port(), text));
     // The peer sees the close; a write still pending fails and lets go.
     ::shutdown(stream_.fd(), SHUT_RDWR);
     stream_.drop_parked_writer();
