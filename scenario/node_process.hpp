@@ -46,6 +46,8 @@ public:
   /// "ADDR:PORT".
   const std::string& address() const noexcept { return address_; }
   uint16_t port() const noexcept { return port_; }
+  /// Its process id (-1 once reaped).
+  pid_t pid() const noexcept { return pid_; }
 
 private:
   pid_t pid_ = -1;

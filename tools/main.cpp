@@ -247,6 +247,18 @@ int main(int argc, char** argv) {
     "the bytes each client's session may hold in pools (suffix K, M, G or T: powers of 1024; "
     "default: half the physical memory); an allocation past it is refused, naming the session")
     ->type_name("BYTES");
+  std::string handshake_timeout;
+  auto* handshake_timeout_opt = node->add_option(
+    "--handshake-timeout", handshake_timeout,
+    "seconds a connection may stay open before its peer opened a session with the cookie "
+    "(default 10); then it is closed")
+    ->type_name("S");
+  std::string max_unauthenticated;
+  auto* max_unauthenticated_opt = node->add_option(
+    "--max-unauthenticated", max_unauthenticated,
+    "connections without a session held at once (default 64, at most half the descriptor "
+    "limit); a new one past it closes the oldest")
+    ->type_name("N");
   bool allow_remote = false;
   node->add_flag("--allow-remote", allow_remote,
                  "allow a --bind address that is not loopback (other machines can then drive "
@@ -364,6 +376,21 @@ int main(int argc, char** argv) {
     if (auto bad = read_count("--memory-limit", digits, 1, (int64_t{1} << 62) >> shift, count))
       return usage(*bad + " (a number of bytes, with K, M, G or T)");
     nopts.memory_limit = static_cast<std::size_t>(count) << shift;
+  }
+  if (handshake_timeout_opt->count() > 0) {
+    double v = 0;
+    auto [end, ec] = std::from_chars(handshake_timeout.data(),
+                                     handshake_timeout.data() + handshake_timeout.size(), v);
+    if (ec != std::errc{} || end != handshake_timeout.data() + handshake_timeout.size()
+        || !(v >= 0.001) || v > 86'400)
+      return usage("--handshake-timeout must be a number of seconds from 0.001 to 86400, got '"
+                   + handshake_timeout + "'");
+    nopts.handshake_timeout = std::chrono::milliseconds{static_cast<int64_t>(v * 1000)};
+  }
+  if (max_unauthenticated_opt->count() > 0) {
+    if (auto bad = read_count("--max-unauthenticated", max_unauthenticated, 1, 1 << 20, count))
+      return usage(*bad);
+    nopts.max_unauthenticated = static_cast<std::size_t>(count);
   }
   if (cpu_devices_opt->count() > 0) {
     if (auto bad = read_count("--cpu-devices", cpu_devices, 1, max_devices, count))

@@ -38,7 +38,10 @@ int serve_node(caf::actor_system& sys, const node_command_options& opts) {
       std::cerr << "multidev node: " << e.what() << "\n";
       return 2;
     }
-    auto port = publish_node(node, opts.port, opts.bind);
+    node_transport_limits limits;
+    limits.handshake_timeout = opts.handshake_timeout;
+    limits.max_unauthenticated = opts.max_unauthenticated;
+    auto port = publish_node(node, opts.port, opts.bind, limits);
     if (!port) {
       std::cerr << "multidev node: cannot listen on " << opts.bind << ":" << opts.port << ": "
                 << sys.render(port.error()) << "\n";

@@ -1,6 +1,8 @@
 #pragma once
 // `multidev node`: serves this process's CPU devices to other processes.
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -25,6 +27,10 @@ struct node_command_options {
   /// What each session's pools may hold, in bytes (0: half the physical
   /// memory).
   std::size_t memory_limit = 0;
+  /// How long a connection may stay open without a session, and how many
+  /// such connections the node holds (`multidev::node_transport_limits`).
+  std::chrono::milliseconds handshake_timeout{10'000};
+  std::size_t max_unauthenticated = 64;
 };
 
 /// Publishes a node actor listing `cpu_devices` CPU devices on `sys` (which

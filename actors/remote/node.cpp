@@ -5,6 +5,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/logger_tie.hpp"
+#include "actors/remote/node_listener.hpp"
 #include "actors/remote/tls_middleman.hpp"
 
 #include <caf/actor_system.hpp>
@@ -268,6 +269,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                           fmt::format("cannot open a session: {}", e.what()));
       }
       auto devices = s.devices;
+      // Its node's connections leave the limits of the unauthenticated
+      // (issue 38 point 3): recorded before the reply leaves, so the
+      // client's next message finds it.
+      detail::admit_peer(sender->node());
       st.sessions.emplace(id, std::move(s));
       node_log(st, fmt::format("session {} opened for {} (lease {:.3f} s)", id, client,
                                static_cast<double>(lease_ns) / 1e9));
@@ -329,6 +334,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       if (auto refused = not_the_client(self, id, i->second))
         return std::move(*refused);
       i->second.guard->vouch(peer);
+      detail::admit_peer(peer); // its direct connection to this node (with_route)
       return true;
     },
     [self](atoms::debug_atom) -> std::string {
@@ -402,15 +408,17 @@ node_actor spawn_node_actor(backend& b, std::string name, const std::string& coo
 }
 
 caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,
-                                     const std::string& address) {
+                                     const std::string& address,
+                                     const node_transport_limits& limits) {
   if (!node)
     return caf::sec::cannot_publish_invalid_actor;
   auto& sys = node.home_system();
-  if (sys.has_openssl_manager()) {
+  if (sys.has_openssl_manager())
     detail::use_clean_tls(sys); // one peer's loss must not close the others
-    return caf::openssl::publish(node, port, address.c_str(), true);
-  }
-  return sys.middleman().publish(node, port, address.c_str(), true);
+  // Through our doorman (node_listener.hpp), plain TCP or TLS: what a peer
+  // costs before it opened a session is bounded (issue 38 point 3).
+  return detail::publish_guarded(caf::actor_cast<caf::actor>(node), sys.message_types(node),
+                                 port, address, limits);
 }
 
 void configure_tls(caf::actor_system_config& cfg, const tls_files& files) {

@@ -44,56 +44,6 @@ using native_socket = caf::io::network::native_socket;
 using default_mpx = caf::io::network::default_multiplexer;
 using rw_state = caf::io::network::rw_state;
 
-/// Empties this thread's OpenSSL error queue when it goes out of scope, and
-/// once at construction: what an OpenSSL call finds there must be its own.
-struct clean_error_queue {
-  clean_error_queue() { ERR_clear_error(); }
-  ~clean_error_queue() { ERR_clear_error(); }
-  clean_error_queue(const clean_error_queue&) = delete;
-  clean_error_queue& operator=(const clean_error_queue&) = delete;
-};
-
-/// CAF's `ssl_policy` with the queue cleared around each call.
-struct clean_ssl_policy {
-  explicit clean_ssl_policy(caf::openssl::session_ptr session)
-    : session_(std::move(session)) {}
-
-  rw_state read_some(size_t& result, native_socket fd, void* buf, size_t len) {
-    clean_error_queue clean;
-    return session_->read_some(result, fd, buf, len);
-  }
-
-  rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
-    clean_error_queue clean;
-    return session_->write_some(result, fd, buf, len);
-  }
-
-  bool try_accept(native_socket& result, native_socket fd) {
-    sockaddr_storage addr{};
-    caf::io::network::socket_size_type addrlen = sizeof(addr);
-    result = ::accept(fd, reinterpret_cast<sockaddr*>(&addr), &addrlen);
-    if (result == caf::io::network::invalid_native_socket)
-      return false;
-    caf::io::network::child_process_inherit(result, false);
-    clean_error_queue clean;
-    return session_->try_accept(result);
-  }
-
-  bool must_read_more(native_socket fd, size_t threshold) {
-    return session_->must_read_more(fd, threshold);
-  }
-
-private:
-  caf::openssl::session_ptr session_;
-};
-
-/// `caf::openssl::make_session` with a clean queue for its handshake start.
-caf::openssl::session_ptr make_clean_session(caf::actor_system& sys, native_socket fd,
-                                             bool accepted) {
-  clean_error_queue clean;
-  return caf::openssl::make_session(sys, fd, accepted);
-}
-
 /// How long `connect` may take to finish the TLS handshake and hear from
 /// the server: CAF's own connect has no bound but the peer's.
 constexpr auto tls_handshake_bound = std::chrono::seconds{5};
@@ -251,6 +201,13 @@ private:
 std::mutex swap_mu;
 
 } // namespace
+
+/// `caf::openssl::make_session` with a clean queue for its handshake start.
+caf::openssl::session_ptr make_clean_session(caf::actor_system& sys, native_socket fd,
+                                             bool accepted) {
+  clean_error_queue clean;
+  return caf::openssl::make_session(sys, fd, accepted);
+}
 
 void use_clean_tls(caf::actor_system& sys) {
   if (!sys.has_openssl_manager())

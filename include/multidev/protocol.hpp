@@ -533,11 +533,33 @@ node_actor spawn_node_actor(backend& b, std::string name, const std::string& coo
 /// hold in its pools unless told otherwise (`multidev node --memory-limit`).
 std::size_t default_session_memory_limit();
 
+/// What a node's port grants a connection whose peer has not opened a
+/// session with the cookie (nor been vouched for by a client that did):
+/// issue 38 point 3, docs/design.md "Unauthenticated connections".
+struct node_transport_limits {
+  /// How long such a connection may stay open (TLS and BASP handshakes,
+  /// the session's `open`, and idling all count); then it is closed.
+  std::chrono::milliseconds handshake_timeout{10'000};
+  /// How many such connections the node holds at once; a new one past it
+  /// closes the oldest. At most half the process's descriptor limit
+  /// (RLIMIT_NOFILE), so the sessions' connections always find room.
+  std::size_t max_unauthenticated = 64;
+  /// The largest BASP payload read from such a connection, in bytes: a
+  /// header that announces more closes the connection before anything is
+  /// allocated for it. A session's `open` takes well under 1 KiB.
+  std::uint32_t max_unauthenticated_payload = 64 * 1024;
+  /// How many BASP messages a second such a connection may send (a burst
+  /// of as many); more close it.
+  std::uint32_t max_unauthenticated_messages = 64;
+};
+
 /// Publishes `node` on `address:port` (port 0: one the system picks) and
 /// returns the port: over TLS when its actor system has libcaf_openssl
 /// loaded (`configure_tls`), over plain TCP otherwise. `SO_REUSEADDR` is set.
+/// Its connections are held to `limits` until their peer opened a session.
 caf::expected<uint16_t> publish_node(const node_actor& node, uint16_t port,
-                                     const std::string& address);
+                                     const std::string& address,
+                                     const node_transport_limits& limits = {});
 
 /// The files of a TLS identity (PEM): this side's certificate and private
 /// key, and the CA certificate that signs the peers' certificates.
