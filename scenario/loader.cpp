@@ -1498,7 +1498,10 @@ private:
     // Iterations that are all alike load once (a repeat_block): what the
     // first one added to the counters, the others add without reading the
     // body again.
-    bool alike = n >= 2 && &out == &prog_.steps && pending_faults_.empty()
+    // (count_kernel leaves an empty map behind for each device it counted.)
+    bool no_faults = std::all_of(pending_faults_.begin(), pending_faults_.end(),
+                                 [](const auto& d) { return d.second.empty(); });
+    bool alike = n >= 2 && &out == &prog_.steps && no_faults
                  && std::all_of(f.pos.begin() + 1, f.pos.end(),
                                 [&](const sexp* x) { return alike_body(*x, var); });
     auto first_step = out.size();

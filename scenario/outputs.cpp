@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -404,6 +405,29 @@ void put_indented(std::ostream& out, const nlohmann::json& x, std::size_t depth)
   out.write(text.data() + from, static_cast<std::streamsize>(text.size() - from));
 }
 
+/// `json(s).dump()`: plain ASCII written as it is, anything else escaped
+/// by nlohmann.
+void put_string(std::string& out, const std::string& s) {
+  bool plain = std::all_of(s.begin(), s.end(), [](char c) {
+    return c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
+  });
+  if (!plain) {
+    out += nlohmann::json(s).dump();
+    return;
+  }
+  out += '"';
+  out += s;
+  out += '"';
+}
+
+/// `json(x).dump()` of a finite double: nlohmann's own conversion (its
+/// serializer calls the same), so the text is the same to the digit.
+void put_double(std::string& out, double x) {
+  std::array<char, 64> buf{};
+  auto* end = nlohmann::detail::to_chars(buf.data(), buf.data() + buf.size(), x);
+  out.append(buf.data(), static_cast<std::size_t>(end - buf.data()));
+}
+
 } // namespace
 
 void write_chrome_trace(const run_result& r, std::ostream& out) {
@@ -493,17 +517,42 @@ void write_chrome_trace(const run_result& r, std::ostream& out) {
     put({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 1}, {"tid", l},
          {"args", {{"sort_index", l}}}});
   }
+  // A slice's event, as put() would write it (keys in nlohmann's order),
+  // without building it: the bulk of the file.
+  std::string text;
   auto put_slice = [&](int lane, const std::string& name, const std::string& kind,
                        int64_t start, int64_t end, bool failed, uint64_t seq,
                        const std::string& event) {
-    json args = {{"seq", seq}, {"kind", kind}};
-    if (!event.empty())
-      args["event"] = event;
+    if (!first)
+      text += ",\n  ";
+    first = false;
+    text += "{\n   \"args\": {\n";
+    if (!event.empty()) {
+      text += "    \"event\": ";
+      put_string(text, event);
+      text += ",\n";
+    }
     if (failed)
-      args["failed"] = true;
-    put({{"ph", "X"}, {"name", name}, {"cat", kind}, {"pid", 1}, {"tid", lane},
-         {"ts", us(start)}, {"dur", static_cast<double>(end - start) / 1000.0},
-         {"args", args}});
+      text += "    \"failed\": true,\n";
+    text += "    \"kind\": ";
+    put_string(text, kind);
+    text += ",\n    \"seq\": ";
+    text += std::to_string(seq);
+    text += "\n   },\n   \"cat\": ";
+    put_string(text, kind);
+    text += ",\n   \"dur\": ";
+    put_double(text, static_cast<double>(end - start) / 1000.0);
+    text += ",\n   \"name\": ";
+    put_string(text, name);
+    text += ",\n   \"ph\": \"X\",\n   \"pid\": 1,\n   \"tid\": ";
+    text += std::to_string(lane);
+    text += ",\n   \"ts\": ";
+    put_double(text, us(start));
+    text += "\n  }";
+    if (text.size() > (1u << 16)) {
+      out.write(text.data(), static_cast<std::streamsize>(text.size()));
+      text.clear();
+    }
   };
   static const std::string no_event;
   for (int d = 0; d < devices; ++d) {
@@ -530,6 +579,7 @@ void write_chrome_trace(const run_result& r, std::ostream& out) {
   }
   for (const auto& h : rec.host_slices)
     put_slice(h.lane, h.name, h.kind, h.start_ns, h.end_ns, h.failed, h.seq, h.event);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
   auto inside = [](int64_t start, int64_t end, bool near_end) {
     auto dur = end - start;
     return near_end ? end - dur / 20 : start + dur / 20;

@@ -136,6 +136,10 @@ public:
     for (auto& h : holds_)
       h = std::make_shared<hold_latch>();
     model_.resize(p.devices);
+    // Its items, known from the load (a copy counts two there): no
+    // doubling of a million-item vector at the end of the run.
+    for (int d = 0; d < p.devices; ++d)
+      model_[d].reserve(static_cast<std::size_t>(p.items[d]));
     result_.file = p.file;
     // Named after the file, not the path it was given by, so a logical
     // trace does not depend on the directory it was run from.
