@@ -588,7 +588,7 @@ private:
     return bind_event(opt_value(f, "as"));
   }
 
-  void push(std::vector<step>& out, step st) {
+  void push(std::vector<step>& out, step&& st) {
     if (++total_steps_ > max_steps)
       fail(*current_, fmt::format("the script expands to more than the limit of {} steps",
                                   max_steps));
@@ -1526,6 +1526,13 @@ private:
                             max_steps));
       auto more = static_cast<std::size_t>(n - 1);
       auto per_expansion = expanded_ - expanded_before;
+      // Room for the iterations to come, which the check above bounds: no
+      // moving every step each time the vector grows.
+      // At least doubling, as push_back would: loops of other sizes inside
+      // outer loops reserve again.
+      if (auto want = out.size() + (out.size() - first_step) * more;
+          i == 0 && !alike && n > 1 && want > out.capacity())
+        out.reserve(std::max(want, 2 * out.capacity()));
       if (i == 0 && alike && per_iteration > 0 && out.size() > first_step
           && per_expansion <= (max_expansion - expanded_) / more) {
         // Past the limit, the loop expands as before, to fail where it did.
