@@ -91,6 +91,19 @@ void check_program(const scn::program& p) {
                                 > p.tnodes.size())
       broken("a random-dag's buffers are out of range: " + d.name);
   }
+  // A loop kept as a loop (program::repeats): within the steps, nested or
+  // apart, outer blocks first.
+  for (std::size_t i = 0; i < p.repeats.size(); ++i) {
+    const auto& b = p.repeats[i];
+    if (b.count == 0 || b.times < 2 || b.first + b.count > p.steps.size())
+      broken("a repeat block out of range");
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto& a = p.repeats[j];
+      bool inside = b.first >= a.first && b.first + b.count <= a.first + a.count;
+      if (b.first < a.first || (b.first < a.first + a.count && !inside))
+        broken("repeat blocks out of order or overlapping");
+    }
+  }
 }
 
 } // namespace

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <regex>
@@ -149,6 +150,13 @@ public:
     if (prog_.devices == 0)
       throw script_error(at(forms.front()), "the script never declares its devices: add "
                                             "(devices N) before anything else");
+    // Inner loops were closed first: outer blocks go before the blocks
+    // they hold.
+    std::stable_sort(prog_.repeats.begin(), prog_.repeats.end(),
+                     [](const repeat_block& a, const repeat_block& b) {
+                       return a.first != b.first ? a.first < b.first : a.count > b.count;
+                     });
+    prog_.steps_run = total_steps_;
     return std::make_shared<const program>(std::move(prog_));
   }
 
@@ -588,7 +596,7 @@ private:
     return bind_event(opt_value(f, "as"));
   }
 
-  void push(std::vector<step>& out, step st) {
+  void push(std::vector<step>& out, step&& st) {
     if (++total_steps_ > max_steps)
       fail(*current_, fmt::format("the script expands to more than the limit of {} steps",
                                   max_steps));
@@ -1502,6 +1510,19 @@ private:
       fail(s, fmt::format("loop variable '${}' is already a (param {} ...)", var, var));
     if (vars_.count(var))
       fail(s, fmt::format("loop variable '${}' is already used by an enclosing repeat", var));
+    // Iterations that are all alike load once (a repeat_block): what the
+    // first one added to the counters, the others add without reading the
+    // body again.
+    // (count_kernel leaves an empty map behind for each device it counted.)
+    bool no_faults = std::all_of(pending_faults_.begin(), pending_faults_.end(),
+                                 [](const auto& d) { return d.second.empty(); });
+    bool alike = n >= 2 && &out == &prog_.steps && no_faults
+                 && std::all_of(f.pos.begin() + 1, f.pos.end(),
+                                [&](const sexp* x) { return alike_body(*x, var); });
+    auto first_step = out.size();
+    auto expanded_before = expanded_;
+    auto kernels_before = kernels_on_;
+    auto items_before = prog_.items;
     for (int64_t i = 0; i < n; ++i) {
       expand(s);
       vars_[var] = i;
@@ -1518,8 +1539,66 @@ private:
         fail(s, fmt::format("(repeat {} ...) would expand to {} steps, more than the limit of {}",
                             n, static_cast<double>(per_iteration) * static_cast<double>(n),
                             max_steps));
+      auto more = static_cast<std::size_t>(n - 1);
+      auto per_expansion = expanded_ - expanded_before;
+      // Room for the iterations to come, which the check above bounds: no
+      // moving every step each time the vector grows.
+      // At least doubling, as push_back would: loops of other sizes inside
+      // outer loops reserve again.
+      if (auto want = out.size() + (out.size() - first_step) * more;
+          i == 0 && !alike && n > 1 && want > out.capacity())
+        out.reserve(std::max(want, 2 * out.capacity()));
+      if (i == 0 && alike && per_iteration > 0 && out.size() > first_step
+          && per_expansion <= (max_expansion - expanded_) / more) {
+        // Past the limit, the loop expands as before, to fail where it did.
+        total_steps_ += per_iteration * more;
+        expanded_ += per_expansion * more;
+        for (std::size_t d = 0; d < kernels_on_.size(); ++d)
+          kernels_on_[d] += (kernels_on_[d] - kernels_before[d]) * more;
+        for (std::size_t d = 0; d < prog_.items.size(); ++d)
+          prog_.items[d] += (prog_.items[d] - items_before[d]) * more;
+        prog_.repeats.push_back(
+          repeat_block{first_step, out.size() - first_step, static_cast<uint64_t>(n)});
+        break;
+      }
     }
     vars_.erase(var);
+  }
+
+  /// Whether `s`, a form of a repeat's body, does the same in every
+  /// iteration of the loop of variable `var`: a step form that neither
+  /// names `var` (`$var`, `${...}`, or `var` bare in arithmetic) nor binds
+  /// a name (an `(as ...)`), or a repeat of such forms. Loading it changes
+  /// nothing the next iteration reads but the counters (steps, kernels
+  /// per device for `fail-at DEVICE K`, items), so the loader reads it once.
+  static bool alike_body(const sexp& s, const std::string& var) {
+    static const std::set<std::string> steps{"kernel", "memset", "delay", "wait", "sync",
+                                             "await", "sync-device", "sleep", "repeat"};
+    if (!s.is_list() || s.items().empty() || !s.items()[0].is_atom()
+        || !steps.count(s.items()[0].as_atom()))
+      return false;
+    auto names_var = [&](const std::string& a) {
+      if (a == var || a.find("${") != std::string::npos)
+        return true;
+      for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1))
+        if (a.compare(at + 1, var.size(), var) == 0)
+          return true;
+      return false;
+    };
+    std::function<bool(const sexp&)> plain = [&](const sexp& x) {
+      if (x.is_atom())
+        return !names_var(x.as_atom());
+      if (!x.items().empty() && x.items()[0].is_atom() && x.items()[0].as_atom() == "as")
+        return false;
+      return std::all_of(x.items().begin(), x.items().end(), plain);
+    };
+    if (s.items()[0].as_atom() == "repeat")
+      for (std::size_t k = 2; k < s.items().size(); ++k)
+        if (s.items()[k].is_list() && !s.items()[k].items().empty()
+            && s.items()[k].items()[0].is_atom() && s.items()[k].items()[0].as_atom() != "var"
+            && !alike_body(s.items()[k], var))
+          return false;
+    return plain(s);
   }
 
   void random_dag_form(const sexp& s, std::vector<step>& out) {

@@ -5,9 +5,49 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+#include <string_view>
 
 namespace multidev::scenario {
+
+namespace {
+
+bool is_gate(const model_item& it) {
+  return std::string_view{it.kind} == "gate";
+}
+
+/// Lane `d` of the timeline, as `multidev::make_timeline` names it.
+std::string lane_name(const run_record& rec, int d) {
+  return fmt::format("device {} ({})", d, rec.traces[static_cast<std::size_t>(d)].device);
+}
+
+} // namespace
+
+std::size_t bytes_of(const run_record& rec) {
+  auto text = [](const std::string& t) {
+    return sizeof t + (t.capacity() > 15 ? t.capacity() + 1 : 0);
+  };
+  std::size_t n = sizeof rec;
+  for (const auto& t : rec.traces) {
+    n += t.records.capacity() * sizeof(trace_record) + t.host.capacity() * sizeof(host_span);
+    for (const auto& r : t.records)
+      n += text(r.description) - sizeof(std::string) + text(r.awaited_device)
+           - sizeof(std::string);
+  }
+  n += rec.host_slices.capacity() * sizeof(slice);
+  for (const auto& m : rec.model)
+    n += sizeof m + m.capacity() * sizeof(model_item);
+  n += rec.edges.capacity() * sizeof(model_edge);
+  for (const auto& t : rec.texts)
+    n += text(t);
+  for (const auto& t : rec.event_names)
+    n += text(t);
+  return n;
+}
 
 
 timeline make_timeline(const run_record& rec, int devices) {
@@ -31,8 +71,8 @@ timeline make_timeline(const run_record& rec, int devices) {
     // The script's words for the item ("scale w 2"), where it has them.
     if (auto it = items[s.lane].find(s.seq); it != items[s.lane].end()) {
       if (s.kind != "cancel")
-        s.name = it->second->description;
-      s.event = it->second->event;
+        s.name = rec.description(*it->second);
+      s.event = rec.event(*it->second);
     }
   }
   for (const auto& h : rec.host_slices) {
@@ -58,7 +98,7 @@ timeline make_timeline(const run_record& rec, int devices) {
       if (to == index[e.to_device].end())
         break;
       // A gate on the awaited device right before it is drawn already.
-      auto gate = index[e.to_device].find(seq - (waiter[i].kind == "gate" ? 0 : 1));
+      auto gate = index[e.to_device].find(seq - (is_gate(waiter[i]) ? 0 : 1));
       bool gated = gate != index[e.to_device].end()
                    && tl.slices[gate->second].kind == "gate";
       if (!gated)
@@ -110,10 +150,10 @@ sexp make_logical(const run_record& rec, const run_result& r) {
       item.push_back(sexp::field("step", std::to_string(i + 1)));
       item.push_back(sexp::field("clock", std::to_string(clock[d][i])));
       item.push_back(sexp::field("kind", it.kind));
-      item.push_back(sexp::field("description", it.description));
-      if (!it.event.empty())
-        item.push_back(sexp::field("event", it.event));
-      item.push_back(sexp::field("line", std::to_string(it.where.line)));
+      item.push_back(sexp::field("description", rec.description(it)));
+      if (it.event >= 0)
+        item.push_back(sexp::field("event", rec.event(it)));
+      item.push_back(sexp::field("line", std::to_string(it.line)));
       dev.push_back(std::move(item));
     }
     out.push_back(std::move(dev));
@@ -135,7 +175,11 @@ sexp make_logical(const run_record& rec, const run_result& r) {
 std::string logical_trace(const run_result& r) {
   // One line per header field, item and edge, so diffs point at an item.
   std::string out = "(logical-trace\n";
-  const auto& xs = r.logical.items();
+  // Not built with the run (run_options::timeline false): built now.
+  sexp built;
+  if (r.logical.items().empty() && r.record)
+    built = make_logical(*r.record, r);
+  const auto& xs = (r.logical.items().empty() && r.record ? built : r.logical).items();
   for (std::size_t i = 1; i < xs.size(); ++i) {
     const auto& x = xs[i];
     const auto& head = x.items()[0].as_atom();
@@ -208,12 +252,21 @@ sexp report(const run_result& r) {
     un.push_back(expectation("step", e));
   out.push_back(std::move(un));
   sexp devs = sexp::list({sexp::atom("devices")});
+  bool drawn = !r.tl.lanes.empty() || !r.record;
   for (int d = 0; d < r.devices; ++d) {
+    // The slices of its lane: a record each, and its node's losses.
     std::size_t lane_slices = 0;
-    for (const auto& s : r.tl.slices)
-      lane_slices += s.lane == d;
+    if (drawn) {
+      for (const auto& s : r.tl.slices)
+        lane_slices += s.lane == d;
+    } else {
+      const auto& t = r.record->traces[d];
+      lane_slices = t.records.size();
+      for (const auto& h : t.host)
+        lane_slices += h.kind == host_span_kind::node_lost;
+    }
     devs.push_back(sexp::list({sexp::atom("device"), sexp::atom(std::to_string(d)),
-                               sexp::field("name", r.tl.lanes[d]),
+                               sexp::field("name", drawn ? r.tl.lanes[d] : lane_name(*r.record, d)),
                                sexp::field("items", std::to_string(r.items[d])),
                                sexp::field("records", std::to_string(lane_slices))}));
   }
@@ -224,24 +277,326 @@ sexp report(const run_result& r) {
 
 namespace {
 
-/// The run's timeline with its heading and the Chrome trace's `otherData`.
+std::string title_of(const run_result& r) {
+  return fmt::format("multidev run {} — {} ({} device(s), seed {})", r.scenario,
+                     r.ok() ? "passed" : "failed", r.devices, r.seed);
+}
+
+std::vector<std::pair<std::string, std::string>> info_of(const run_result& r) {
+  return {{"scenario", r.scenario}, {"seed", std::to_string(r.seed)},
+          {"backend", r.backend}, {"verdict", r.ok() ? "passed" : "failed"}};
+}
+
+/// The run's timeline with its heading and the Chrome trace's `otherData`;
+/// drawn from the record now when the run did not build it.
 timeline titled(const run_result& r) {
-  auto tl = r.tl;
-  tl.title = fmt::format("multidev run {} — {} ({} device(s), seed {})", r.scenario,
-                         r.ok() ? "passed" : "failed", r.devices, r.seed);
-  tl.info = {{"scenario", r.scenario}, {"seed", std::to_string(r.seed)},
-             {"backend", r.backend}, {"verdict", r.ok() ? "passed" : "failed"}};
+  auto tl = r.tl.lanes.empty() && r.record ? make_timeline(*r.record, r.devices) : r.tl;
+  tl.title = title_of(r);
+  tl.info = info_of(r);
   return tl;
 }
 
 } // namespace
 
 std::string chrome_trace_json(const run_result& r) {
+  if (r.tl.lanes.empty() && r.record) {
+    std::ostringstream out;
+    write_chrome_trace(r, out);
+    return std::move(out).str();
+  }
   return multidev::chrome_trace_json(titled(r));
 }
 
 std::string timeline_svg(const run_result& r) {
   return multidev::timeline_svg(titled(r));
+}
+
+} // namespace multidev::scenario
+
+namespace multidev::scenario {
+
+namespace {
+
+/// Whether the non-zero seqs of `xs` rise (a device's records and items
+/// always do within a session; a device of a node attached again numbers
+/// from 1 again).
+template <class T>
+bool rising(const std::vector<T>& xs) {
+  uint64_t last = 0;
+  for (const auto& x : xs) {
+    if (x.seq == 0)
+      continue;
+    if (x.seq <= last)
+      return false;
+    last = x.seq;
+  }
+  return true;
+}
+
+/// A device's records by seq, as a map from seq to the last record with it
+/// would find them: a binary search when they rise, else such a map.
+class record_index {
+public:
+  static constexpr std::size_t none = SIZE_MAX;
+
+  explicit record_index(const std::vector<trace_record>& rs) : rs_(&rs), sorted_(rising(rs)) {
+    for (std::size_t i = 0; i < rs.size() && !sorted_; ++i)
+      map_[rs[i].seq] = i;
+  }
+
+  bool sorted() const { return sorted_; }
+
+  std::size_t find(uint64_t seq) const {
+    if (!sorted_) {
+      auto it = map_.find(seq);
+      return it == map_.end() ? none : it->second;
+    }
+    auto it = std::lower_bound(rs_->begin(), rs_->end(), seq,
+                               [](const trace_record& r, uint64_t s) { return r.seq < s; });
+    return it != rs_->end() && it->seq == seq ? static_cast<std::size_t>(it - rs_->begin())
+                                              : none;
+  }
+
+private:
+  const std::vector<trace_record>* rs_;
+  bool sorted_ = true;
+  std::map<uint64_t, std::size_t> map_;
+};
+
+/// A device's items by seq, asked for in rising seqs when `walk` (a cursor
+/// moves along them), else in any order (a map of the last item of each
+/// seq).
+class item_index {
+public:
+  item_index(const std::vector<model_item>& items, bool walk) : items_(&items), walk_(walk) {
+    for (const auto& it : items)
+      if (!walk_ && it.seq != 0)
+        map_[it.seq] = &it;
+  }
+
+  const model_item* find(uint64_t seq) {
+    if (!walk_) {
+      auto it = map_.find(seq);
+      return it == map_.end() ? nullptr : it->second;
+    }
+    const auto& xs = *items_;
+    while (next_ < xs.size() && (xs[next_].seq == 0 || xs[next_].seq < seq))
+      ++next_;
+    return next_ < xs.size() && xs[next_].seq == seq ? &xs[next_] : nullptr;
+  }
+
+private:
+  const std::vector<model_item>* items_;
+  bool walk_;
+  std::size_t next_ = 0;
+  std::map<uint64_t, const model_item*> map_;
+};
+
+/// `x.dump(1)` with each line after the first indented `depth` more.
+void put_indented(std::ostream& out, const nlohmann::json& x, std::size_t depth) {
+  auto text = x.dump(1);
+  std::string pad(depth, ' ');
+  std::size_t from = 0;
+  for (auto nl = text.find('\n'); nl != std::string::npos; nl = text.find('\n', from)) {
+    out.write(text.data() + from, static_cast<std::streamsize>(nl + 1 - from));
+    out << pad;
+    from = nl + 1;
+  }
+  out.write(text.data() + from, static_cast<std::streamsize>(text.size() - from));
+}
+
+/// `json(s).dump()`: plain ASCII written as it is, anything else escaped
+/// by nlohmann.
+void put_string(std::string& out, const std::string& s) {
+  bool plain = std::all_of(s.begin(), s.end(), [](char c) {
+    return c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
+  });
+  if (!plain) {
+    out += nlohmann::json(s).dump();
+    return;
+  }
+  out += '"';
+  out += s;
+  out += '"';
+}
+
+/// `json(x).dump()` of a finite double: nlohmann's own conversion (its
+/// serializer calls the same), so the text is the same to the digit.
+void put_double(std::string& out, double x) {
+  std::array<char, 64> buf{};
+  auto* end = nlohmann::detail::to_chars(buf.data(), buf.data() + buf.size(), x);
+  out.append(buf.data(), static_cast<std::size_t>(end - buf.data()));
+}
+
+} // namespace
+
+void write_chrome_trace(const run_result& r, std::ostream& out) {
+  if (!r.record || !r.tl.lanes.empty()) {
+    out << multidev::chrome_trace_json(titled(r));
+    return;
+  }
+  // What multidev::chrome_trace_json(titled(r)) writes, an event at a time:
+  // the same slices and flows in the same order, read from the record.
+  using nlohmann::json;
+  const auto& rec = *r.record;
+  auto devices = static_cast<int>(rec.traces.size());
+  auto us = [&](int64_t ns) { return static_cast<double>(ns - rec.start_ns) / 1000.0; };
+  std::vector<record_index> records;
+  for (const auto& t : rec.traces)
+    records.emplace_back(t.records);
+  struct end_point {
+    int lane;
+    std::size_t record;
+  };
+  auto record_of = [&](const end_point& p) -> const trace_record& {
+    return rec.traces[p.lane].records[p.record];
+  };
+  // The arrows: every gate's (from the awaited item), then the script's
+  // edges that queued no gate (multidev::make_timeline, make_timeline).
+  std::vector<std::pair<end_point, end_point>> flows;
+  auto lane_of = [&](const std::string& name) {
+    for (int d = 0; d < devices; ++d)
+      if (rec.traces[d].device == name)
+        return d;
+    return -1;
+  };
+  for (int d = 0; d < devices; ++d) {
+    const auto& rs = rec.traces[d].records;
+    for (std::size_t k = 0; k < rs.size(); ++k) {
+      if (rs[k].kind != trace_kind::gate)
+        continue;
+      int o = lane_of(rs[k].awaited_device);
+      if (o < 0)
+        continue;
+      if (auto from = records[o].find(rs[k].awaited_seq); from != record_index::none)
+        flows.push_back({{o, from}, {d, records[d].find(rs[k].seq)}});
+    }
+  }
+  for (const auto& e : rec.edges) {
+    if (e.from_device == e.to_device)
+      continue;
+    const auto& waiter = rec.model[e.to_device];
+    const auto& owner = rec.model[e.from_device][e.from_item];
+    auto from = records[e.from_device].find(owner.seq);
+    if (owner.seq == 0 || from == record_index::none)
+      continue;
+    for (auto i = static_cast<std::size_t>(e.to_item); i < waiter.size(); ++i) {
+      auto seq = waiter[i].seq;
+      if (seq == 0)
+        continue;
+      auto to = records[e.to_device].find(seq);
+      if (to == record_index::none)
+        break;
+      auto gate = records[e.to_device].find(seq - (is_gate(waiter[i]) ? 0 : 1));
+      bool gated = gate != record_index::none
+                   && rec.traces[e.to_device].records[gate].kind == trace_kind::gate;
+      if (!gated)
+        flows.push_back({{e.from_device, from}, {e.to_device, to}});
+      break;
+    }
+  }
+
+  json other = json::object();
+  for (const auto& [name, value] : info_of(r))
+    other[name] = value;
+  out << "{\n \"displayTimeUnit\": \"ns\",\n \"otherData\": ";
+  put_indented(out, other, 1);
+  out << ",\n \"traceEvents\": [\n  ";
+  bool first = true;
+  auto put = [&](const json& x) {
+    if (!first)
+      out << ",\n  ";
+    first = false;
+    put_indented(out, x, 2);
+  };
+  put({{"ph", "M"}, {"name", "process_name"}, {"pid", 1}, {"args", {{"name", title_of(r)}}}});
+  for (int l = 0; l <= devices; ++l) {
+    auto name = l < devices ? lane_name(rec, l) : std::string{"host (the script)"};
+    put({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", l},
+         {"args", {{"name", name}}}});
+    put({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 1}, {"tid", l},
+         {"args", {{"sort_index", l}}}});
+  }
+  // A slice's event, as put() would write it (keys in nlohmann's order),
+  // without building it: the bulk of the file.
+  std::string text;
+  auto put_slice = [&](int lane, const std::string& name, const std::string& kind,
+                       int64_t start, int64_t end, bool failed, uint64_t seq,
+                       const std::string& event) {
+    if (!first)
+      text += ",\n  ";
+    first = false;
+    text += "{\n   \"args\": {\n";
+    if (!event.empty()) {
+      text += "    \"event\": ";
+      put_string(text, event);
+      text += ",\n";
+    }
+    if (failed)
+      text += "    \"failed\": true,\n";
+    text += "    \"kind\": ";
+    put_string(text, kind);
+    text += ",\n    \"seq\": ";
+    text += std::to_string(seq);
+    text += "\n   },\n   \"cat\": ";
+    put_string(text, kind);
+    text += ",\n   \"dur\": ";
+    put_double(text, static_cast<double>(end - start) / 1000.0);
+    text += ",\n   \"name\": ";
+    put_string(text, name);
+    text += ",\n   \"ph\": \"X\",\n   \"pid\": 1,\n   \"tid\": ";
+    text += std::to_string(lane);
+    text += ",\n   \"ts\": ";
+    put_double(text, us(start));
+    text += "\n  }";
+    if (text.size() > (1u << 16)) {
+      out.write(text.data(), static_cast<std::streamsize>(text.size()));
+      text.clear();
+    }
+  };
+  static const std::string no_event;
+  for (int d = 0; d < devices; ++d) {
+    const auto& t = rec.traces[d];
+    // The script's words for each record's item, where it has them.
+    item_index items{rec.model[d], records[d].sorted() && rising(rec.model[d])};
+    for (const auto& x : t.records) {
+      auto kind = to_string(x.kind);
+      const std::string* name = &x.description;
+      const std::string* event = &no_event;
+      if (const auto* found = x.seq == 0 ? nullptr : items.find(x.seq)) {
+        const auto& it = *found;
+        if (kind != "cancel")
+          name = &rec.description(it);
+        event = &rec.event(it);
+      }
+      put_slice(d, *name, kind, x.start_ns, std::max(x.end_ns, x.start_ns), x.failed, x.seq,
+                *event);
+    }
+    for (const auto& h : t.host)
+      if (h.kind == host_span_kind::node_lost)
+        put_slice(d, h.description, "lost", h.start_ns, std::max(h.end_ns, h.start_ns), true, 0,
+                  no_event);
+  }
+  for (const auto& h : rec.host_slices)
+    put_slice(h.lane, h.name, h.kind, h.start_ns, h.end_ns, h.failed, h.seq, h.event);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  auto inside = [](int64_t start, int64_t end, bool near_end) {
+    auto dur = end - start;
+    return near_end ? end - dur / 20 : start + dur / 20;
+  };
+  uint64_t id = 1;
+  for (const auto& [a, b] : flows) {
+    const auto& x = record_of(a);
+    const auto& y = record_of(b);
+    put({{"ph", "s"}, {"name", "wait"}, {"cat", "dependency"}, {"id", id}, {"pid", 1},
+         {"tid", a.lane}, {"ts", us(inside(x.start_ns, std::max(x.end_ns, x.start_ns), true))}});
+    put({{"ph", "f"}, {"bp", "e"}, {"name", "wait"}, {"cat", "dependency"}, {"id", id},
+         {"pid", 1}, {"tid", b.lane},
+         {"ts", us(inside(y.start_ns, std::max(y.end_ns, y.start_ns),
+                          y.kind == trace_kind::gate))}});
+    ++id;
+  }
+  out << "\n ]\n}\n";
 }
 
 } // namespace multidev::scenario

@@ -172,6 +172,17 @@ struct node_decl {
   int session_of = -1;
 };
 
+/// A `(repeat N ...)` whose iterations are all alike (see `alike_body` in
+/// loader.cpp): its first iteration's steps, `steps[first, first + count)`,
+/// stand for all `times` of them, run that many times in a row. Blocks nest
+/// (an inner loop's lies within an outer one's steps) and never overlap
+/// otherwise; `program::repeats` is sorted by `first`, outer blocks first.
+struct repeat_block {
+  std::size_t first = 0;
+  std::size_t count = 0;
+  uint64_t times = 1;
+};
+
 class program {
 public:
   std::string file;
@@ -189,7 +200,11 @@ public:
   std::vector<host_decl> hosts;
   std::vector<std::string> holds;
   std::vector<dag_decl> dags;
+  /// The steps in script order; a loop in `repeats` is here once.
   std::vector<step> steps;
+  std::vector<repeat_block> repeats;
+  /// Steps the script runs: `steps.size()` with each block counted `times`.
+  uint64_t steps_run = 0;
   /// Items per device the script schedules at most (sizes the trace rings).
   std::vector<uint64_t> items;
 };

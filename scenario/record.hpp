@@ -17,20 +17,27 @@ namespace multidev::scenario {
 
 struct step;
 
-/// An item the script put on a device.
+/// An item the script put on a device: about 48 bytes, the only record a
+/// run keeps per item besides the devices' traces (docs/scenarios.md,
+/// "Scale"); its texts are shared (`run_record::texts`).
 struct model_item {
   /// Its seq in the device's schedule; 0 when the runtime queued nothing
   /// (a wait on an event already done).
   uint64_t seq = 0;
-  std::string kind;
-  std::string description;
-  /// The script's name for its event, if any.
-  std::string event;
-  location where;
   /// Its place among all items of the run, in script order.
   uint64_t order = 0;
-  /// The step that scheduled it (the program outlives the run).
+  /// The step that scheduled it; read during the run only (the result may
+  /// outlive the program).
   const step* source = nullptr;
+  /// Its description: an index into `run_record::texts`.
+  uint32_t description = 0;
+  /// The script's name for its event: an index into
+  /// `run_record::event_names`, -1 for none.
+  int32_t event = -1;
+  /// The line of the step that scheduled it.
+  int32_t line = 0;
+  /// `task`, `gate`, `copy`, `memset` or `pool` (a static string).
+  const char* kind = "task";
 };
 
 /// `from` must finish before `to` goes on: a wait, a copy's source, a
@@ -40,7 +47,8 @@ struct model_edge {
   int from_item = 0;
   int to_device = 0;
   int to_item = 0;
-  std::string kind;
+  /// `wait`, `data`, `copy` or `war` (a static string).
+  const char* kind = "wait";
 };
 
 struct run_record {
@@ -50,6 +58,17 @@ struct run_record {
   std::vector<slice> host_slices;
   std::vector<std::vector<model_item>> model;
   std::vector<model_edge> edges;
+  /// The items' descriptions, each once.
+  std::vector<std::string> texts;
+  /// The program's event names, by id.
+  std::vector<std::string> event_names;
+
+  const std::string& description(const model_item& it) const { return texts[it.description]; }
+  /// The item's event name, or an empty string.
+  const std::string& event(const model_item& it) const {
+    static const std::string none;
+    return it.event >= 0 ? event_names[static_cast<std::size_t>(it.event)] : none;
+  }
 };
 
 /// The timeline drawn from the traces: a slice per record, an arrow per
@@ -58,5 +77,9 @@ timeline make_timeline(const run_record& rec, int devices);
 
 /// The logical trace: the model with step numbers and Lamport clocks.
 sexp make_logical(const run_record& rec, const run_result& r);
+
+/// Bytes the record holds (its vectors' capacity and the texts'): what the
+/// run keeps per item, for `run_result::record_bytes`.
+std::size_t bytes_of(const run_record& rec);
 
 } // namespace multidev::scenario

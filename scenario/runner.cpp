@@ -28,6 +28,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 
 namespace multidev::scenario {
@@ -135,6 +136,10 @@ public:
     for (auto& h : holds_)
       h = std::make_shared<hold_latch>();
     model_.resize(p.devices);
+    // Its items, known from the load (a copy counts two there): no
+    // doubling of a million-item vector at the end of the run.
+    for (int d = 0; d < p.devices; ++d)
+      model_[d].reserve(static_cast<std::size_t>(p.items[d]));
     result_.file = p.file;
     // Named after the file, not the path it was given by, so a logical
     // trace does not depend on the directory it was run from.
@@ -159,11 +164,7 @@ public:
     start_ = trace_clock_ns();
     auto t0 = clock::now();
     start_progress();
-    for (const auto& st : p_.steps) {
-      if (stopped_)
-        break;
-      execute_top(st);
-    }
+    run_steps(0, p_.steps.size(), 0);
     finish();
     stop_nodes();
     stop_progress();
@@ -293,6 +294,26 @@ private:
   }
 
   // -- steps -------------------------------------------------------------------
+
+  /// Runs steps [lo, hi) in order, a `repeat_block` starting there `times`
+  /// times; `k`: the first block of `p_.repeats` not entered yet.
+  void run_steps(std::size_t lo, std::size_t hi, std::size_t k) {
+    const auto& blocks = p_.repeats;
+    for (std::size_t i = lo; i < hi && !stopped_;) {
+      while (k < blocks.size() && blocks[k].first < i)
+        ++k; // within a block run already
+      if (k < blocks.size() && blocks[k].first == i && i + blocks[k].count <= hi) {
+        const auto& b = blocks[k];
+        for (uint64_t t = 0; t < b.times && !stopped_; ++t)
+          run_steps(b.first, b.first + b.count, k + 1);
+        i = b.first + b.count;
+        ++k;
+        continue;
+      }
+      execute_top(p_.steps[i]);
+      ++i;
+    }
+  }
 
   /// Runs a step; what goes wrong becomes an unexpected result, except a
   /// refused argument, which is the script's mistake.
@@ -424,19 +445,42 @@ private:
 
   /// Adds an item of the script to device `d`'s model: its seq when the
   /// runtime queued one since `before` (0 otherwise).
-  int add_item(int d, uint64_t before, std::string kind, std::string description, int as,
+  int add_item(int d, uint64_t before, const char* kind, std::string_view description, int as,
+               const step& st) {
+    return add_item(d, before, kind, intern(description), as, st);
+  }
+
+  int add_item(int d, uint64_t before, const char* kind, uint32_t description, int as,
                const step& st) {
     uint64_t seq = last_seq(d);
-    model_item it{seq > before ? seq : 0, std::move(kind), std::move(description),
-                  as >= 0 ? p_.events[as].name : std::string{}, st.where, next_order_++,
-                  &st};
-    model_[d].push_back(std::move(it));
+    model_[d].push_back(model_item{seq > before ? seq : 0, next_order_++, &st, description,
+                                   as, st.where.line, kind});
     int idx = static_cast<int>(model_[d].size()) - 1;
     if (as >= 0) {
       bind_event(as, b_.all_work(dev(d)));
       event_items_[as] = {d, idx};
     }
     return idx;
+  }
+
+  /// The index of `text` in `texts_`, added the first time.
+  uint32_t intern(std::string_view text) {
+    auto it = text_ids_.find(text);
+    if (it != text_ids_.end())
+      return it->second;
+    auto id = static_cast<uint32_t>(texts_.size());
+    texts_.emplace_back(text);
+    text_ids_.emplace(texts_.back(), id);
+    return id;
+  }
+
+  /// `describe_kernel(st)` interned, once per step (a loop's step runs many
+  /// times).
+  uint32_t kernel_text(const step& st) {
+    auto [it, added] = kernel_texts_.try_emplace(&st, 0);
+    if (added)
+      it->second = intern(describe_kernel(st));
+    return it->second;
   }
 
   void add_edge(std::pair<int, int> from, int to_dev, int to_item, const char* kind) {
@@ -922,12 +966,13 @@ private:
       return remote_kernel(st, c);
     auto r = b_.link(c, st.kernel, st.args);
     // Errors name the task as the script wrote it: "task 'scale w 2' failed".
-    r.schedule.description = describe_kernel(st);
+    auto text = kernel_text(st);
+    r.schedule.description = texts_[text];
     if (st.fail_with || st.held_ms > 0)
       r.schedule.work = faulted(st, std::move(r.schedule.work));
     auto before = last_seq(st.device);
     auto e = b_.run(r);
-    int idx = add_item(st.device, before, "task", describe_kernel(st), st.as, st);
+    int idx = add_item(st.device, before, "task", text, st.as, st);
     if (st.as >= 0)
       bind_event(st.as, e);
     auto def = find_kernel(st.kernel);
@@ -957,7 +1002,7 @@ private:
       spec = task_spec{"fail", {*st.fail_with}};
     auto before = last_seq(st.device);
     auto e = b_.schedule_named(dev(st.device), spec);
-    add_item(st.device, before, "task", describe_kernel(st), st.as, st);
+    add_item(st.device, before, "task", kernel_text(st), st.as, st);
     if (st.as >= 0)
       bind_event(st.as, e);
   }
@@ -1327,14 +1372,23 @@ private:
   /// no expectation saw is an unexpected failure, named with its device and
   /// error, in script order (docs/scenarios.md, "Expected failures").
   void unexpected_items() {
-    std::vector<std::tuple<uint64_t, int, std::size_t>> items;
+    // Each device's items are in script order: merged, without a copy.
+    std::vector<std::size_t> next(static_cast<std::size_t>(p_.devices));
     for (int d = 0; d < p_.devices; ++d)
-      for (std::size_t i = judged_upto(d); i < model_[d].size(); ++i)
-        if (model_[d][i].seq != 0)
-          items.emplace_back(model_[d][i].order, d, i);
-    std::sort(items.begin(), items.end());
-    for (auto [order, d, i] : items)
-      judge_item(d, i, traces_[d]);
+      next[d] = judged_upto(d);
+    for (;;) {
+      int first = -1;
+      for (int d = 0; d < p_.devices; ++d) {
+        while (next[d] < model_[d].size() && model_[d][next[d]].seq == 0)
+          ++next[d];
+        if (next[d] < model_[d].size()
+            && (first < 0 || model_[d][next[d]].order < model_[first][next[first]].order))
+          first = d;
+      }
+      if (first < 0)
+        break;
+      judge_item(first, next[first]++, traces_[first]);
+    }
   }
 
   /// Items of device `d` before this index were judged when their session
@@ -1408,7 +1462,7 @@ private:
         what = x.what();
       }
       result_.unexpected.push_back(
-        expectation_result{it.where, it.source ? it.source->text : it.description, false,
+        expectation_result{it.source->where, it.source->text, false,
                            fmt::format("{} on device {}: {}", how, d, what)});
     }
   }
@@ -1741,16 +1795,28 @@ private:
   }
 
   void build_outputs() {
-    run_record rec;
-    rec.start_ns = start_;
-    rec.traces = std::move(traces_);
-    rec.host_slices = std::move(host_slices_);
-    rec.model = std::move(model_);
-    rec.edges = std::move(edges_);
+    auto rec = std::make_shared<run_record>();
+    rec->start_ns = start_;
+    rec->traces = std::move(traces_);
+    rec->host_slices = std::move(host_slices_);
+    rec->model = std::move(model_);
+    rec->edges = std::move(edges_);
+    rec->texts.assign(std::make_move_iterator(texts_.begin()),
+                      std::make_move_iterator(texts_.end()));
+    text_ids_.clear();
+    for (const auto& e : p_.events)
+      rec->event_names.push_back(e.name);
     for (int d = 0; d < p_.devices; ++d)
-      rec.device_names.push_back(dev(d).name());
-    result_.tl = make_timeline(rec, p_.devices);
-    result_.logical = make_logical(rec, result_);
+      rec->device_names.push_back(dev(d).name());
+    for (auto& dev_items : rec->model)
+      for (auto& it : dev_items)
+        it.source = nullptr; // the program may go before the result
+    result_.record_bytes = bytes_of(*rec);
+    if (opts_.timeline) {
+      result_.tl = make_timeline(*rec, p_.devices);
+      result_.logical = make_logical(*rec, result_);
+    }
+    result_.record = std::move(rec);
   }
 
   // -- progress ----------------------------------------------------------------
@@ -1842,6 +1908,11 @@ private:
   std::vector<std::shared_ptr<event_slot>> slots_;
   std::vector<std::vector<model_item>> model_;
   std::vector<model_edge> edges_;
+  /// The items' descriptions, each once (model_item::description), and
+  /// their indexes; a kernel step's, by step.
+  std::deque<std::string> texts_; // a deque: the map's keys point into it
+  std::unordered_map<std::string_view, uint32_t> text_ids_;
+  std::unordered_map<const step*, uint32_t> kernel_texts_;
   std::map<std::pair<int, int>, std::pair<int, int>> writers_;
   /// By (device, tnode): the copies on other devices that read it there
   /// since its last writer (a later writer waits for them).

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -111,6 +112,12 @@ struct run_options {
   std::function<void(const std::vector<device_progress>&)> on_progress;
   double progress_after_s = 1.0;
   double progress_interval_s = 0.2;
+  /// Build `run_result::tl` and `run_result::logical` at the end of the run
+  /// (a few hundred bytes per item). When false they stay empty and the
+  /// outputs are made from `run_result::record` when asked for:
+  /// `write_chrome_trace` streams, `timeline_svg` and `logical_trace` build
+  /// what they draw then.
+  bool timeline = true;
 };
 
 /// What an expectation observed.
@@ -129,6 +136,10 @@ struct expectation_result {
 using slice = multidev::timeline_slice;
 using flow = multidev::timeline_flow;
 using timeline = multidev::timeline;
+
+/// What the run kept to draw its outputs from: the devices' traces, the
+/// script's items and edges (scenario/record.hpp).
+struct run_record;
 
 /// Everything a run produced.
 struct run_result {
@@ -151,6 +162,12 @@ struct run_result {
   sexp logical;
   /// Records a device's trace ring overwrote (0 unless the run is huge).
   uint64_t dropped_records = 0;
+  /// What the outputs are made from; it holds no reference to the program.
+  std::shared_ptr<const run_record> record;
+  /// Bytes `record` holds: the run's own memory that grows with its items
+  /// (about 160 per item: its place in the script's model and its trace
+  /// record), besides the runtime's trace rings.
+  std::size_t record_bytes = 0;
 
   /// Whether every expectation held and nothing unexpected happened.
   bool ok() const noexcept;
@@ -173,6 +190,11 @@ sexp report(const run_result& r);
 /// host, a complete event per slice, a flow (`s`/`f` pair) per arrow;
 /// `otherData` holds the scenario, seed, backend and verdict.
 std::string chrome_trace_json(const run_result& r);
+
+/// The same text written to `out` an event at a time from `r.record`,
+/// without building the timeline or the document in memory (the memory it
+/// takes does not grow with the run's items; `multidev run --trace`).
+void write_chrome_trace(const run_result& r, std::ostream& out);
 
 /// `multidev::timeline_svg` of `r.tl`, headed with the scenario and verdict.
 std::string timeline_svg(const run_result& r);

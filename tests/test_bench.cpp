@@ -155,6 +155,8 @@ std::vector<expected_entry> expected_suite() {
   e.push_back({"session_cleanup", "the lease (3000 ms; renewed every 1000 ms, margin 1000 ms)",
                "ms", "lower", 1.1, none,
                "skipped: needs the multidev tool to start a client process"});
+  e.push_back({"scenario_steps", "the same kernels through the C++ API", "steps/s", "higher",
+               0.05, none});
   return e;
 }
 

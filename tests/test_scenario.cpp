@@ -14,6 +14,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <malloc.h>
+#include <sstream>
+#include <streambuf>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -1405,4 +1409,265 @@ BOOST_AUTO_TEST_CASE(test_scenario_random_dag_option_errors) {
   BOOST_TEST(contains(e, "device 1 is a node's, which cannot hold"), e);
   e = error_of("(devices 1 (queue-capacity 8))\n(random-dag g (tasks 10) (faults 1))\n");
   BOOST_TEST(contains(e, "more than its queue holds (8"), e);
+// -- scale (issue 42 point 1) -----------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
+  // Neither loop names its own variable or binds a name: each iteration is
+  // the first one again, loaded once and run `times` times.
+  auto p = scn::load("(devices 2)\n"
+                     "(repeat 1000\n"
+                     "  (kernel 0 spin_ns 0)\n"
+                     "  (repeat 3 (var j) (kernel 1 spin_ns 0)))\n"
+                     "(repeat 4 (kernel 1 spin_ns $i))\n",
+                     "alike.scn");
+  BOOST_TEST(p->steps.size() == 2u + 4u); // the $i loop is expanded
+  BOOST_TEST_REQUIRE(p->repeats.size() == 2u);
+  BOOST_TEST(p->repeats[0].first == 0u); // the outer loop first
+  BOOST_TEST(p->repeats[0].count == 2u);
+  BOOST_TEST(p->repeats[0].times == 1000u);
+  BOOST_TEST(p->repeats[1].first == 1u);
+  BOOST_TEST(p->repeats[1].count == 1u);
+  BOOST_TEST(p->repeats[1].times == 3u);
+  BOOST_TEST(p->steps_run == 4004u);
+  BOOST_TEST(p->items == (std::vector<uint64_t>{1000, 3004}), boost::test_tools::per_element());
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  BOOST_TEST(r.items == (std::vector<uint64_t>{1000, 3004}), boost::test_tools::per_element());
+  // The loader counted every kernel of the loop it read once.
+  auto e = error_of("(devices 1)\n(repeat 5 (kernel 0 spin_ns 0))\n(fail-at 0 4 \"x\")\n");
+  BOOST_TEST(e == "3:12: fail-at: the script schedules 5 kernel(s) on device 0 before this form, "
+                  "so kernel number 4 is behind it",
+             e);
+  // A fail-at counting kernels ahead: the loop is expanded, kernel 7 fails.
+  auto f = scn::load("(devices 1)\n(fail-at 0 7 \"boom\")\n(repeat 10 (kernel 0 spin_ns 0))\n",
+                     "count.scn");
+  BOOST_TEST(f->steps.size() == 10u);
+  BOOST_TEST(f->repeats.empty());
+  BOOST_TEST(f->steps[6].fail_with.value_or("") == "boom");
+  // Past the limit, the same error as before, with the loop's place.
+  e = error_of("(devices 1)\n(repeat 1000000 (kernel 0 spin_ns 0) (kernel 0 spin_ns 0)\n"
+               "  (kernel 0 spin_ns 0))\n");
+  BOOST_TEST(starts_with(e, "2:1: (repeat 1000000 ...) would expand to "), e);
+  BOOST_TEST(contains(e, "steps, more than the limit of 2000000"), e);
+  // Loops whose iterations differ stay expanded: a bare variable, a name.
+  auto loop = [](const std::string& body) { return "(devices 1)\n(repeat 3 " + body + ")\n"; };
+  for (const char* body : {"(kernel 0 spin_ns (* $i 2))", "(kernel 0 spin_ns 0 (as k$i))",
+                           "(kernel 0 spin_ns ${i*2})", "(kernel 0 spin_ns ${0*i})"}) {
+    auto q = scn::load(loop(body), "differ.scn");
+    BOOST_TEST(q->repeats.empty(), body);
+    BOOST_TEST(q->steps.size() == 3u, body);
+  }
+  // An inner loop that reads the outer one's variable only: the inner
+  // loop is read once in each outer iteration.
+  auto q = scn::load(loop("(repeat 2 (var j) (kernel 0 spin_ns $i))"), "inner.scn");
+  BOOST_TEST(q->steps.size() == 3u);
+  BOOST_TEST(q->repeats.size() == 3u);
+  BOOST_TEST(q->steps_run == 6u);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_loop_loaded_once_runs_as_expanded) {
+  // The same schedule twice: loops read once (no loop variable), and loops
+  // expanded (a variable that changes nothing: spin_ns (* 0 i) is 0). The
+  // logical traces, with every item, edge and line, are the same.
+  // (An inner loop reads the outer variable: read once per outer round.)
+  auto text = [](const std::string& zero_r, const std::string& zero_i) {
+    return "(devices 2)\n(repeat 3 (var r)\n  (repeat 4 (kernel 0 spin_ns " + zero_i +
+           "))\n  (all-work 0 (as round$r))\n  (wait 1 round$r)\n  (kernel 1 spin_ns " +
+           zero_r + "))\n(repeat 5 (kernel 1 spin_ns " + zero_i + ") (sync round2))\n";
+  };
+  auto once = scn::load(text("0", "0"), "loops.scn");
+  auto expanded = scn::load(text("(* 0 $r)", "(* 0 $i)"), "loops.scn");
+  BOOST_TEST(once->repeats.size() == 4u); // each round's inner loop, and the last loop
+  BOOST_TEST(expanded->repeats.empty());
+  auto a = scn::run(*once);
+  auto b = scn::run(*expanded);
+  BOOST_TEST(a.ok(), scn::summary(a));
+  BOOST_TEST(b.ok(), scn::summary(b));
+  BOOST_TEST(scn::logical_trace(a) == scn::logical_trace(b));
+  BOOST_TEST(a.items == b.items, boost::test_tools::per_element());
+}
+
+namespace {
+
+/// The other outputs of `r` drawn from its record, as a run with
+/// `run_options::timeline` false leaves them: the Chrome trace streamed,
+/// the rest built when asked for.
+scn::run_result undrawn(scn::run_result r) {
+  r.tl = {};
+  r.logical = {};
+  return r;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_scenario_streamed_outputs_are_the_drawn_ones) {
+  // Every example that runs on local devices, each output byte for byte.
+  for (const char* name : {"pipeline.scn", "load.scn", "random_dag.scn", "gradient_merge.scn",
+                           "fault_recovery.scn", "kill.scn", "cancel.scn", "timing.scn",
+                           "aimed_faults.scn", "pools.scn", "contexts.scn", "deadlock.scn"}) {
+    BOOST_TEST_CONTEXT(name) {
+      auto p = scn::load_file(examples_dir() + name);
+      auto r = scn::run(*p);
+      BOOST_TEST_REQUIRE(!r.tl.slices.empty());
+      auto s = undrawn(r);
+      BOOST_TEST(s.tl.lanes.empty());
+      std::ostringstream streamed;
+      scn::write_chrome_trace(s, streamed);
+      auto drawn = scn::chrome_trace_json(r);
+      BOOST_TEST(streamed.str() == drawn);
+      BOOST_TEST(scn::chrome_trace_json(s) == drawn);
+      BOOST_TEST(scn::logical_trace(s) == scn::logical_trace(r));
+      BOOST_TEST(scn::timeline_svg(s) == scn::timeline_svg(r));
+      BOOST_TEST(scn::report(s).to_string() == scn::report(r).to_string());
+    }
+  }
+  // A run without the timeline drawn leaves it to the outputs.
+  auto p = scn::load_file(examples_dir() + "pipeline.scn");
+  scn::run_options o;
+  o.timeline = false;
+  auto r = scn::run(*p, o);
+  BOOST_TEST(r.tl.slices.empty());
+  BOOST_TEST(r.logical.items().empty());
+  auto doc = nlohmann::json::parse(scn::chrome_trace_json(r));
+  BOOST_TEST(doc.at("traceEvents").size() > 10u);
+}
+
+namespace {
+
+/// A field of /proc/self/status in bytes (`VmRSS`, `VmHWM`); 0 if absent.
+std::size_t status_bytes(const std::string& key) {
+  std::ifstream in{"/proc/self/status"};
+  std::string line;
+  while (std::getline(in, line))
+    if (starts_with(line, key + ":"))
+      return static_cast<std::size_t>(std::stoull(line.substr(key.size() + 1))) * 1024;
+  return 0;
+}
+
+/// Returns what the process's peak resident size grew by while `f` ran,
+/// above its resident size when it began (the peak, VmHWM, reset first
+/// through /proc/self/clear_refs; freed heap given back before).
+template <class F>
+std::size_t peak_growth(F f) {
+  malloc_trim(0);
+  {
+    std::ofstream reset{"/proc/self/clear_refs"};
+    reset << "5";
+  }
+  auto before = status_bytes("VmRSS");
+  f();
+  auto peak = status_bytes("VmHWM");
+  return peak > before ? peak - before : 0;
+}
+
+/// A stream that counts what is written to it and keeps nothing.
+struct counting_buf : std::streambuf {
+  std::size_t bytes = 0;
+  int_type overflow(int_type c) override {
+    ++bytes;
+    return c;
+  }
+  std::streamsize xsputn(const char*, std::streamsize n) override {
+    bytes += static_cast<std::size_t>(n);
+    return n;
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+} // namespace
+
+// A million steps (issue 42 point 1), against the same work through the C++
+// API in this process. Its own ctest entry (test_scenario_million): it runs
+// for seconds, so the test_scenario run leaves it out.
+BOOST_AUTO_TEST_CASE(test_scenario_a_million_steps, *boost::unit_test::disabled()) {
+  // Under a sanitizer, its allocator (redzones, a quarantine of freed
+  // blocks) and its pace are not the program's: 100,000 steps, and only the
+  // checks that do not read the resident size or the clock.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr bool sanitized = true;
+#else
+  constexpr bool sanitized = false;
+#endif
+  std::size_t n = sanitized ? 100'000 : 1'000'000;
+  if (const char* e = std::getenv("MULTIDEV_SCENARIO_STEPS"))
+    n = std::stoul(e);
+  // The API: what the runner does per kernel (a fresh context, link, run),
+  // on a backend with the runner's options (its trace rings sized alike).
+  // A short queue for both: the items queued (a few hundred bytes each, the
+  // runtime's) then weigh nothing beside a million steps, however far
+  // ahead of its device either producer runs.
+  constexpr std::size_t queue = 1024;
+  double api_s = 0;
+  auto api_bytes = peak_growth([&] {
+    backend_options bo;
+    bo.num_devices = 1;
+    bo.on_destroy = backend_options::destroy_policy::cancel;
+    bo.trace_capacity = 2 * n + 256;
+    bo.queue_capacity = queue;
+    backend b{bo};
+    auto d = b.get_device(0);
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < n; ++i) {
+      auto r = b.link(b.make_context(d), "spin_ns", {int64_t{0}});
+      r.schedule.description = "spin_ns 0";
+      b.run(r);
+    }
+    b.await(d);
+    api_s = seconds_since(t0);
+  });
+  auto script = fmt::format("(devices 1 (queue-capacity {}))\n(repeat {} (kernel 0 spin_ns 0))\n"
+                            "(expect (await 0) ok)\n",
+                            queue, n);
+  double load_s = 0, run_s = 0, trace_s = 0;
+  std::size_t trace_bytes = 0;
+  std::optional<scn::run_result> r;
+  auto run_bytes = peak_growth([&] {
+    auto t0 = std::chrono::steady_clock::now();
+    auto p = scn::load(script, "million.scn");
+    load_s = seconds_since(t0);
+    scn::run_options o;
+    o.timeline = false;
+    t0 = std::chrono::steady_clock::now();
+    r = scn::run(*p, o);
+    run_s = seconds_since(t0);
+  });
+  BOOST_TEST(r->ok(), scn::summary(*r));
+  BOOST_TEST(r->items.at(0) == n);
+  BOOST_TEST(r->dropped_records == 0u);
+  auto record_bytes = r->record_bytes;
+  // --trace: streamed, in memory that does not grow with the run.
+  auto trace_growth = peak_growth([&] {
+    counting_buf buf;
+    std::ostream out{&buf};
+    auto t0 = std::chrono::steady_clock::now();
+    scn::write_chrome_trace(*r, out);
+    trace_s = seconds_since(t0);
+    trace_bytes = buf.bytes;
+  });
+  auto per_step = [&](std::size_t bytes) { return static_cast<double>(bytes) / n; };
+  BOOST_TEST_MESSAGE(fmt::format(
+    "{} steps: load {:.3f} s ({:.3f} us/step), run {:.3f} s, C++ API {:.3f} s; peak memory "
+    "{:.0f} B/step, the API's {:.0f} (the runtime's own), so {:.0f} B/step the runner's; its "
+    "record {:.0f} B/step; --trace {:.3f} s, {} bytes, peak {} KiB",
+    n, load_s, load_s * 1e6 / n, run_s, api_s, per_step(run_bytes), per_step(api_bytes),
+    per_step(run_bytes) - per_step(api_bytes), per_step(record_bytes), trace_s, trace_bytes,
+    trace_growth / 1024));
+  // Memory, strictly: at most 300 B a step beyond the runtime's own (the
+  // API run's peak, trace rings included); the runner's own accounting too.
+  BOOST_TEST(per_step(record_bytes) <= 300.0);
+  // The Chrome trace's text is ~185 B a step; writing it holds a buffer.
+  BOOST_TEST(trace_bytes > 100 * n);
+  if (sanitized)
+    return;
+  BOOST_TEST(per_step(run_bytes > api_bytes ? run_bytes - api_bytes : 0) <= 300.0);
+  BOOST_TEST(trace_growth <= std::size_t{32} << 20);
+  // Time, as ratios only a structural regression fails (per-step
+  // allocation storms, O(n^2)); the figures are the bench's
+  // (scenario_steps) and the log's.
+  BOOST_TEST(load_s * 4 <= api_s); // a loop is not expanded step by step
+  BOOST_TEST(load_s + run_s <= 20 * api_s);
+  BOOST_TEST(trace_s <= 2 * (load_s + run_s));
 }

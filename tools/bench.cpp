@@ -1,5 +1,7 @@
 #include "bench.hpp"
 
+#include "scenario/scenario.hpp"
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -1895,6 +1897,50 @@ bench_result idle_cpu_figure(const backend_options& opts, const bench_options& o
   return r;
 }
 
+/// Steps per second of a scenario script of `n` empty kernels (a
+/// `repeat`), loaded and run (`multidev run` without outputs), beside the
+/// same kernels scheduled through the C++ API the way the runner does
+/// (a fresh context, `link`, `run`), on a backend with the runner's options.
+bench_result scenario_figure(const bench_options& o) {
+  int n = o.quick ? 20'000 : 200'000;
+  auto script = fmt::format("(devices 1)\n(repeat {} (kernel 0 spin_ns 0))\n(await 0)\n", n);
+  auto steps_per_s = [&](auto body) {
+    auto t0 = std::chrono::steady_clock::now();
+    body();
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+    return static_cast<double>(n) / took.count();
+  };
+  auto api = [&] {
+    backend_options bo;
+    bo.num_devices = 1;
+    bo.on_destroy = backend_options::destroy_policy::cancel;
+    bo.trace_capacity = 2 * static_cast<std::size_t>(n) + 256; // as the runner sizes it
+    backend b{bo};
+    auto d = b.get_device(0);
+    return steps_per_s([&] {
+      for (int i = 0; i < n; ++i) {
+        auto r = b.link(b.make_context(d), "spin_ns", {int64_t{0}});
+        r.schedule.description = "spin_ns 0";
+        b.run(r);
+      }
+      b.await(d);
+    });
+  };
+  auto ours = [&] {
+    return steps_per_s([&] {
+      auto p = scenario::load(script, "bench.scn");
+      scenario::run_options ro;
+      ro.timeline = false;
+      auto r = scenario::run(*p, ro);
+      if (!r.ok())
+        throw std::runtime_error("scenario_steps: " + scenario::summary(r));
+    });
+  };
+  auto [base, value] = medians(o.quick ? 1 : std::clamp(o.repeats, 1, 3), api, ours);
+  return make("scenario_steps", "steps/s", value,
+              "the same kernels through the C++ API", base, "higher", 0.05);
+}
+
 } // namespace
 
 std::vector<bench_result> run_benchmarks(const backend_options& opts, const bench_options& o) {
@@ -1913,6 +1959,8 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
     out.push_back(idle_cpu_figure(opts, o));
   if (is_wanted(o, "session_cleanup"))
     out.push_back(session_cleanup_figure(opts, o));
+  if (is_wanted(o, "scenario_steps"))
+    out.push_back(scenario_figure(o));
   return out;
 }
 
@@ -1932,7 +1980,7 @@ const std::vector<std::string>& case_names() {
     "scale_8dev",               "scale_depth_1",               "scale_depth_100",
     "scale_depth_10000",        "scale_depth_1000000",         "bytes_per_idle_device",
     "bytes_per_queued_task",    "bytes_per_queued_task_described", "idle_cpu_8dev",
-    "session_cleanup"};
+    "session_cleanup",          "scenario_steps"};
   return names;
 }
 

@@ -190,7 +190,8 @@ int main(int argc, char** argv) {
   multidev::tools::run_command_options ropts;
   run->add_option("FILE", ropts.file, "the scenario script (.scn)")->required();
   run->add_option("--trace", ropts.trace, "write a Chrome trace-event JSON file (Perfetto, "
-                                          "chrome://tracing)")->type_name("FILE");
+                                          "chrome://tracing), streamed from the run's record "
+                                          "an event at a time")->type_name("FILE");
   run->add_option("--report", ropts.report, "write the full result as an s-expression")
     ->type_name("FILE");
   run->add_option("--logical-trace", ropts.logical_trace,

@@ -20,16 +20,24 @@ namespace multidev::tools {
 
 namespace {
 
-/// Writes `text` to `path`; false (with a line on stderr) when it cannot.
-bool write_file(const std::string& path, const std::string& text, const char* what) {
+/// Writes what `write` puts out to `path`; false (with a line on stderr)
+/// when it cannot.
+template <class F>
+bool write_file(const std::string& path, F write, const char* what) {
   std::ofstream out{path, std::ios::binary};
-  out << text;
+  if (out)
+    write(out);
   out.close();
   if (!out) {
     std::cerr << fmt::format("multidev run: cannot write the {} to {}\n", what, path);
     return false;
   }
   return true;
+}
+
+/// Writes `text` to `path`; false (with a line on stderr) when it cannot.
+bool write_file(const std::string& path, const std::string& text, const char* what) {
+  return write_file(path, [&](std::ostream& out) { out << text; }, what);
 }
 
 /// Whether `path` can be written, without changing it: a file that was not
@@ -100,6 +108,9 @@ int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   auto n = readlink("/proc/self/exe", self, sizeof self - 1);
   ro.tool = n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string{"multidev"};
   ro.step_timeout_s = opts.step_timeout_s;
+  // The outputs are made from the run's record when written: the Chrome
+  // trace streams to its file, nothing is drawn in memory during the run.
+  ro.timeline = false;
   // Live progress only on a terminal: piped output stays clean.
   bool live = !opts.quiet && isatty(STDOUT_FILENO) == 1;
   bool shown = false;
@@ -138,7 +149,8 @@ int run_scenario(caf::actor_system& sys, const run_command_options& opts) {
   if (!opts.report.empty())
     written &= write_file(opts.report, report(r).to_string() + "\n", "report");
   if (!opts.trace.empty())
-    written &= write_file(opts.trace, chrome_trace_json(r), "trace");
+    written &= write_file(
+      opts.trace, [&](std::ostream& out) { write_chrome_trace(r, out); }, "trace");
   if (!opts.logical_trace.empty())
     written &= write_file(opts.logical_trace, logical_trace(r), "logical trace");
   if (!opts.timeline.empty())
