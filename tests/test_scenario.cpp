@@ -1409,6 +1409,8 @@ BOOST_AUTO_TEST_CASE(test_scenario_random_dag_option_errors) {
   BOOST_TEST(contains(e, "device 1 is a node's, which cannot hold"), e);
   e = error_of("(devices 1 (queue-capacity 8))\n(random-dag g (tasks 10) (faults 1))\n");
   BOOST_TEST(contains(e, "more than its queue holds (8"), e);
+}
+
 // -- scale (issue 42 point 1) -----------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
