@@ -4,6 +4,7 @@
 #include "actors/backend_impl.hpp"
 #include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/message_checks.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/remote/tls_middleman.hpp"
 
@@ -241,6 +242,23 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                           sender ? "session refused: wrong cookie"
                                  : "session refused: an anonymous sender");
       }
+      try {
+        detail::check_open(client);
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::invalid_argument, "node " + st.name, e.what());
+      }
+      auto open = std::count_if(st.sessions.begin(), st.sessions.end(), [&](const auto& kv) {
+        return kv.second.guard->client == sender->node();
+      });
+      if (static_cast<std::size_t>(open) >= detail::wire_limits::sessions_per_client) {
+        node_log(st, fmt::format("refused a session to {} ({}): {} sessions open already",
+                                 client, caf::to_string(sender->node()), open));
+        return make_error(errc::invalid_argument, "node " + st.name,
+                          fmt::format("open: client node {} holds {} sessions already (at "
+                                      "most {}): session refused",
+                                      caf::to_string(sender->node()), open,
+                                      detail::wire_limits::sessions_per_client));
+      }
       lease_ns = std::clamp(lease_ns, min_lease_ns, max_lease_ns);
       auto id = ++st.last_session;
       node_session s;
@@ -328,7 +346,11 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         return false;
       if (auto refused = not_the_client(self, id, i->second))
         return std::move(*refused);
-      i->second.guard->vouch(peer);
+      try {
+        i->second.guard->vouch(peer);
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::invalid_argument, "node " + self->state.name, e.what());
+      }
       return true;
     },
     [self](atoms::debug_atom) -> std::string {
