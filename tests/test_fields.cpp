@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <variant>
@@ -258,4 +259,18 @@ BOOST_AUTO_TEST_CASE(test_fields_trust_refuses_the_invalid_node_and_too_many_nod
           "a 65th node vouched for", "vouches for 64 nodes already (at most 64)");
   auto renew = ask<int64_t>(f.sys, f.node, renew_atom::value, *s.value, uint64_t{1}, uint64_t{0});
   BOOST_TEST(renew.value.has_value(), "the node serves the session after: " << renew.error);
+}
+
+BOOST_AUTO_TEST_CASE(test_fields_spin_ns_refuses_a_duration_past_an_hour) {
+  // `now + NS` overflowed the clock's nanoseconds for NS near INT64_MAX
+  // (undefined behaviour; in practice the spin ended at once).
+  one_device f;
+  refused(ask<uint64_t>(f.sys, f.act, schedule_atom::value,
+                        task_spec{"spin_ns", {std::numeric_limits<int64_t>::max()}}),
+          "spin_ns of INT64_MAX ns", "NS (argument 0) is 9223372036854775807; expected a duration");
+  refused(ask<uint64_t>(f.sys, f.act, schedule_atom::value,
+                        task_spec{"spin_ns", {int64_t{3'600'000'000'001}}}),
+          "spin_ns of an hour and a nanosecond", "from 0 to 3600000000000");
+  auto ok = ask<uint64_t>(f.sys, f.act, schedule_atom::value, task_spec{"spin_ns", {int64_t{0}}});
+  BOOST_TEST(ok.value.has_value(), ok.error);
 }
