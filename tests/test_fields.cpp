@@ -274,3 +274,28 @@ BOOST_AUTO_TEST_CASE(test_fields_spin_ns_refuses_a_duration_past_an_hour) {
   auto ok = ask<uint64_t>(f.sys, f.act, schedule_atom::value, task_spec{"spin_ns", {int64_t{0}}});
   BOOST_TEST(ok.value.has_value(), ok.error);
 }
+
+BOOST_AUTO_TEST_CASE(test_fields_requests_deferred_behind_a_full_queue_are_bounded) {
+  // A peer that sends without waiting for replies was held back by the
+  // deferral, which had no bound: each message a closure more in memory.
+  backend b{backend_options{.num_devices = 1, .queue_capacity = 1}};
+  auto d = b.get_device(0);
+  auto release = test_support::block_runner(b, d);
+  b.schedule_task(d, {"fills the queue", [] {}});
+  auto act = device_actor_of(b, d);
+  caf::scoped_actor self{b.system()};
+  for (int i = 0; i < 65536; ++i)
+    self->send(act, all_work_atom::value); // deferred: no reply is asked
+  std::string err;
+  bool answered = false;
+  self->request(act, std::chrono::seconds{5}, all_work_atom::value)
+    .receive([&](uint64_t) { answered = true; },
+             [&](caf::error& e) { err = strings_of(b.system(), e).second; });
+  BOOST_TEST(!answered, "a request past the bound was deferred and answered");
+  BOOST_TEST(contains(err, "65536 requests wait for room already (at most 65536)"), err);
+  release->open();
+  // The deferred ones drain once the runner makes room (a request may come
+  // before that and be refused again); then the device serves.
+  BOOST_TEST(test_support::eventually(
+    [&] { return ask<uint64_t>(b.system(), act, all_work_atom::value).value.has_value(); }));
+}
