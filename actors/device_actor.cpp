@@ -875,6 +875,11 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     self->state.refuse_deferred(); // the state's destructor would, too
     self->quit(msg.reason);
   });
+  // A message that is only an error is a reply to nothing this actor asked
+  // (its requests have error handlers of their own): a peer's, or the
+  // refusal an actor that a `copy_to` sent bytes to answered them with.
+  // CAF's default handler quit the device with it.
+  self->set_error_handler([](caf::error&) {});
   // Any other end (a kill, an exception).
   self->attach_functor(kill_device);
   return {

@@ -299,3 +299,35 @@ BOOST_AUTO_TEST_CASE(test_fields_requests_deferred_behind_a_full_queue_are_bound
   BOOST_TEST(test_support::eventually(
     [&] { return ask<uint64_t>(b.system(), act, all_work_atom::value).value.has_value(); }));
 }
+
+BOOST_AUTO_TEST_CASE(test_fields_a_stray_error_message_stops_neither_a_device_nor_the_node) {
+  // A message that is only a caf::error (a peer's, or the refusal an actor
+  // a copy_to sent its bytes to answered with) made CAF's default error
+  // handler quit the actor: the device, or the node for every session.
+  one_node f;
+  auto s = f.open("client");
+  BOOST_TEST_REQUIRE(s.value.has_value(), s.error);
+  auto dev = device_actor_of(f.b, f.b.get_device(0));
+  caf::scoped_actor self{f.sys};
+  self->send(caf::actor_cast<caf::actor>(dev), caf::make_error(caf::sec::unexpected_message));
+  self->send(caf::actor_cast<caf::actor>(f.node), caf::make_error(caf::sec::unexpected_message));
+  // A device's copy_to whose destination is the node actor: the node
+  // refuses the bytes, its refusal comes back to the device.
+  auto pool = ask<uint64_t>(f.sys, dev, alloc_atom::value, int32_t{1}, uint64_t{8}, uint64_t{8},
+                            int32_t{-1});
+  BOOST_TEST_REQUIRE(pool.value.has_value(), pool.error);
+  auto copy = ask<uint64_t>(f.sys, dev, copy_to_atom::value, int32_t{1}, uint64_t{0}, uint64_t{8},
+                            caf::actor_cast<caf::actor>(f.node), uint64_t{1});
+  BOOST_TEST_REQUIRE(copy.value.has_value(), copy.error);
+  auto done = ask<uint64_t>(f.sys, dev, wait_atom::value, *copy.value);
+  BOOST_TEST(done.value.has_value(), done.error);
+  // The node has handled the bytes (sent before the wait's reply) once it
+  // answers this; its refusal is then in the device's mailbox before the
+  // next request.
+  auto debug = ask<std::string>(f.sys, f.node, debug_atom::value);
+  BOOST_TEST(debug.value.has_value(), "the node after the stray error: " << debug.error);
+  auto id = ask<uint64_t>(f.sys, dev, all_work_atom::value);
+  BOOST_TEST(id.value.has_value(), "the device after the stray errors: " << id.error);
+  auto again = f.open("client");
+  BOOST_TEST(again.value.has_value(), again.error);
+}

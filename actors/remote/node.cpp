@@ -218,7 +218,18 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                             std::chrono::duration_cast<std::chrono::nanoseconds>(
                               std::chrono::system_clock::now().time_since_epoch())
                               .count());
+  // A message that is only an error is a reply to nothing the node asked
+  // (CAF's default handler quits with it): a peer's, dropped.
+  self->set_error_handler([](caf::error&) {});
   self->set_exit_handler([self](caf::exit_msg& msg) {
+    // An exit message is content like any other across BASP: one that comes
+    // from another node is a peer's, not the node's owner's (~backend or
+    // the tool stop it from this process), and is dropped.
+    if (const auto& sender = self->current_sender(); sender && sender->node() != self->node()) {
+      node_log(self->state, fmt::format("dropped an exit message from node {}",
+                                        caf::to_string(sender->node())));
+      return;
+    }
     // The node stops: every session ends with it.
     std::vector<uint64_t> ids;
     for (auto& [id, s] : self->state.sessions)
