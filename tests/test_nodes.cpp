@@ -774,6 +774,11 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_node_keeps_serving_after_a_burst_of_bad_messag
     .receive([&](std::string&, std::string&, uint64_t, int64_t, std::vector<caf::actor>&) {},
              [&](caf::error& e) { open_error = c.sys.render(e); });
   BOOST_TEST(contains(open_error, "open: client name of 2000 bytes exceeds"), open_error);
+  // A stray error message, and an exit message (exit_reason::kill ends an
+  // actor whatever its exit handler says): either stopped the node actor.
+  self->send(caf::actor_cast<caf::actor>(*node_actor_handle),
+             caf::make_error(caf::sec::unexpected_message));
+  self->send_exit(*node_actor_handle, caf::exit_reason::kill);
   // Still serving: the session's device runs work, and a second session opens.
   c.b.alloc_pool(d, 1, 16, 64);
   auto e = c.b.schedule_named(d, {"fill", {buffer(1, 16), 2.0}});

@@ -222,14 +222,6 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
   // (CAF's default handler quits with it): a peer's, dropped.
   self->set_error_handler([](caf::error&) {});
   self->set_exit_handler([self](caf::exit_msg& msg) {
-    // An exit message is content like any other across BASP: one that comes
-    // from another node is a peer's, not the node's owner's (~backend or
-    // the tool stop it from this process), and is dropped.
-    if (const auto& sender = self->current_sender(); sender && sender->node() != self->node()) {
-      node_log(self->state, fmt::format("dropped an exit message from node {}",
-                                        caf::to_string(sender->node())));
-      return;
-    }
     // The node stops: every session ends with it.
     std::vector<uint64_t> ids;
     for (auto& [id, s] : self->state.sessions)
@@ -400,6 +392,46 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
   };
 }
 
+/// The node actor, which drops an exit message from another node before it
+/// reaches the mailbox: BASP carries an `exit_msg` as content like any
+/// other, and one with `exit_reason::kill` ends an actor whatever its exit
+/// handler says (CAF 0.17), so any peer could stop the node for every
+/// session. The node's owner stops it from this process (~backend, the tool).
+class node_actor_impl : public caf::stateful_actor<node_state> {
+public:
+  using super = caf::stateful_actor<node_state>;
+
+  node_actor_impl(caf::actor_config& cfg, std::string name, std::string cookie,
+                  std::size_t memory_limit, backend_options opts)
+    : super(cfg), log_name_(name), name_(std::move(name)), cookie_(std::move(cookie)),
+      memory_limit_(memory_limit), opts_(std::move(opts)) {}
+
+  caf::behavior make_behavior() override {
+    return node_impl(this, std::move(name_), std::move(cookie_), memory_limit_,
+                     std::move(opts_));
+  }
+
+  using super::enqueue;
+
+  void enqueue(caf::mailbox_element_ptr x, caf::execution_unit* host) override {
+    if (x && x->sender && x->sender->node() != node()
+        && x->content().match_elements<caf::exit_msg>()) {
+      std::cerr << fmt::format("multidev node {}: dropped an exit message from node {}\n",
+                               log_name_, caf::to_string(x->sender->node()))
+                << std::flush;
+      return;
+    }
+    super::enqueue(std::move(x), host);
+  }
+
+private:
+  const std::string log_name_; // read by enqueue, on any thread
+  std::string name_;
+  std::string cookie_;
+  std::size_t memory_limit_;
+  backend_options opts_;
+};
+
 } // namespace
 
 std::size_t default_session_memory_limit() {
@@ -424,7 +456,7 @@ node_actor spawn_node_actor(backend& b, std::string name, const std::string& coo
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
     node = caf::actor_cast<node_actor>(
-      b.system().spawn(node_impl, std::move(name), std::move(cookie), session_memory_limit,
+      b.system().spawn<node_actor_impl>(std::move(name), std::move(cookie), session_memory_limit,
                        std::move(opts)));
   }
   // It serves the backend's devices: it goes with them (~backend stops it).
