@@ -70,7 +70,7 @@ for name in sexp scenario protocol; do
     -rss_limit_mb=2048 -timeout=10 -artifact_prefix="$artifacts/" -print_final_stats=1 \
     "${extra[@]}" >"$log" 2>&1 || rc=$?
   # The last status line: runs, coverage, features, corpus, exec/s.
-  status=$(grep -E '^#[0-9]+' "$log" | tail -n 1 || true)
+  status=$(grep -a -E '^#[0-9]+' "$log" | tail -n 1 || true)
   echo "fuzz: fuzz_$name: ${status:-no status line}"
   if [ "$rc" -ne 0 ]; then
     failed+=("fuzz_$name")
