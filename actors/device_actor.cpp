@@ -31,6 +31,7 @@
 
 #include "actors/binding.hpp"
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/message_checks.hpp"
 #include "actors/remote/reply_sink.hpp"
 #include "messages/tsan.hpp"
 
@@ -144,6 +145,31 @@ auto attempt(const device_core& core, F& f) -> caf::expected<decltype(f())> {
   }
 }
 
+/// The refusal of the message being handled when `check` (message_checks.hpp)
+/// throws: an `invalid_argument` error naming the device, the field and its
+/// value; none when the message passes.
+template <class F>
+std::optional<caf::error> refused(const device_core& core, F check) {
+  try {
+    check();
+    return std::nullopt;
+  } catch (const std::invalid_argument& e) {
+    return make_error(errc::invalid_argument, core.name(), e.what());
+  }
+}
+
+/// The refusal of a request that would be deferred behind the full queue
+/// while `wire_limits::deferred_requests` are deferred already; none when
+/// it may go in or wait.
+std::optional<caf::error> deferral_refused(const device_state& st) {
+  if (st.deferred.size() < wire_limits::deferred_requests)
+    return std::nullopt;
+  return make_error(errc::invalid_argument, st.core->name(),
+                    fmt::format("the device's queue is full and {} requests wait for room "
+                                "already (at most {}): request refused",
+                                st.deferred.size(), wire_limits::deferred_requests));
+}
+
 /// Where the reply to the message being handled goes: what a response
 /// promise holds, without the actor.
 struct reply_to {
@@ -245,6 +271,8 @@ auto ordered(self_ptr self, F f) -> caf::result<decltype(f())> {
   auto& st = self->state;
   if (st.deferred.empty() && st.core->has_room())
     return attempt(*st.core, f);
+  if (auto err = deferral_refused(st))
+    return std::move(*err);
   auto rp = self->make_response_promise<value>();
   // The core, not the state: a refusal may come from the state's destructor.
   st.deferred.emplace_back([core = st.core, rp, f](bool refuse) mutable {
@@ -372,6 +400,16 @@ device_state::staged_batch& stage(self_ptr self, const batch_key& key, uint32_t 
                   "the batch is dropped",
                   name, key.second, n, expected));
   }
+  std::size_t held = 0; // the tasks of every open batch of this device
+  for (const auto& [k, b] : st.batches)
+    held += b.work.size();
+  if (part.size() > wire_limits::batch_tasks - std::min(held, wire_limits::batch_tasks)) {
+    st.batches.erase(it);
+    throw std::invalid_argument(fmt::format(
+      "schedule_batch on {}: batch {}: part {} of {} tasks: the open batches hold {} tasks "
+      "and may hold at most {}; the batch is dropped",
+      name, key.second, n, part.size(), held, wire_limits::batch_tasks));
+  }
   try {
     auto& work = it->second.work; // grown geometrically: no reserve per part
     for (const auto& spec : part)
@@ -442,6 +480,8 @@ struct batch_commit {
 caf::result<std::vector<uint64_t>> batch_part(self_ptr self, uint64_t batch, uint32_t part,
                                               std::vector<task_spec> specs, bool last) {
   batch_key key{caf::actor_cast<caf::actor_addr>(self->current_sender()), batch};
+  if (auto err = refused(*self->state.core, [&] { check_schedule(specs); }))
+    return std::move(*err);
   if (!last) {
     auto p = std::make_shared<const std::vector<task_spec>>(std::move(specs));
     return ordered(self, [self, key, part, p] {
@@ -455,6 +495,10 @@ caf::result<std::vector<uint64_t>> batch_part(self_ptr self, uint64_t batch, uin
   j->part = part;
   j->last = std::move(specs);
   auto rp = j->rp;
+  if (auto err = deferral_refused(self->state)) {
+    rp.deliver(std::move(*err));
+    return rp;
+  }
   self->state.deferred.emplace_back(batch_commit{self, std::move(j)});
   drain(self);
   return rp;
@@ -504,6 +548,8 @@ caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t
                                 std::string owner_name, std::string host = {},
                                 uint16_t port = 0) {
   auto c = self->state.core;
+  if (auto err = refused(*c, [&] { check_depend(owner_name, host); }))
+    return std::move(*err);
   const auto& sender = self->current_sender();
   caf::node_id via = sender ? sender->node() : caf::node_id{};
   // `owner_name` is the sender's name for the owner; one of this process's
@@ -596,6 +642,15 @@ caf::result<uint64_t, uint64_t> copy_from(self_ptr self, int32_t id, uint64_t of
                                           std::string source_name, std::string host,
                                           uint16_t port) {
   auto rp = self->make_response_promise<uint64_t, uint64_t>();
+  if (auto err = refused(*self->state.core, [&] { check_copy_from(source_name, host); })) {
+    rp.deliver(std::move(*err));
+    return rp;
+  }
+  if (!(self->state.deferred.empty() && self->state.core->has_room()))
+    if (auto err = deferral_refused(self->state)) {
+      rp.deliver(std::move(*err));
+      return rp;
+    }
   const auto& sender = self->current_sender();
   caf::node_id via = sender ? sender->node() : caf::node_id{};
   to_our_name(source_name, {});
@@ -820,18 +875,27 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     self->state.refuse_deferred(); // the state's destructor would, too
     self->quit(msg.reason);
   });
+  // A message that is only an error is a reply to nothing this actor asked
+  // (its requests have error handlers of their own): a peer's, or the
+  // refusal an actor that a `copy_to` sent bytes to answered them with.
+  // CAF's default handler quit the device with it.
+  self->set_error_handler([](caf::error&) {});
   // Any other end (a kill, an exception).
   self->attach_functor(kill_device);
   return {
     [self](schedule_atom, const task_spec& spec) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
+      if (auto err = refused(*c, [&] { check_schedule(spec); }))
+        return std::move(*err);
       return ordered(self, [c, spec] { return c->push(bind_spec(c, spec).work, false); });
     },
     [self](schedule_atom, const std::vector<task_spec>& specs)
       -> caf::result<std::vector<uint64_t>> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
+      if (auto err = refused(*c, [&] { check_schedule(specs); }))
+        return std::move(*err);
       return ordered(self, [c, specs] { return push_batch(c, specs); });
     },
     [self](schedule_atom, uint64_t batch, uint32_t part, std::vector<task_spec>& specs,
@@ -908,6 +972,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](lost_atom, const caf::actor& owner, const std::string& why) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      if (refused(*self->state.core, [&] { check_lost(why); }))
+        return; // no reply to give: dropped
       if (owner)
         fail_owner(self, owner.address(), why);
     },
@@ -941,6 +1007,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
                   int32_t mode) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
+      if (auto err = refused(*c, [&] { check_alloc(id, alignment, mode); }))
+        return std::move(*err);
       return ordered(self, [c, id, size, alignment, mode, guard] {
         if (guard && guard->memory_limit > 0) {
           // The session's quota, checked when the allocation is made.
@@ -1010,6 +1078,9 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         if (!r)
           reply_from_runner(to, caf::make_message(std::move(r.error())));
       };
+      if (!(self->state.deferred.empty() && c->has_room()))
+        if (auto err = deferral_refused(self->state))
+          return std::move(*err);
       now_or_deferred(self, std::move(go));
       return caf::delegated<std::string>{};
     },
@@ -1073,10 +1144,12 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       return self->state.core->recover();
     },
     [self](trace_atom) -> device_trace { return self->state.core->trace(); },
-    [self](result_atom, const std::string& name) {
+    [self](result_atom, const std::string& name) -> caf::result<bool, kernel_result> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      if (auto err = refused(*self->state.core, [&] { check_result(name); }))
+        return std::move(*err);
       auto r = self->state.core->results().get(name);
-      return caf::make_result(r.has_value(), r.value_or(kernel_result{}));
+      return {r.has_value(), r.value_or(kernel_result{})};
     },
   };
 }
@@ -1158,9 +1231,14 @@ std::size_t peer_guard::used_memory() const {
 }
 
 void peer_guard::vouch(const caf::node_id& n) {
+  check_trust(n);
   std::lock_guard guard{mu_};
-  if (std::find(vouched_.begin(), vouched_.end(), n) == vouched_.end())
-    vouched_.push_back(n);
+  if (std::find(vouched_.begin(), vouched_.end(), n) != vouched_.end())
+    return;
+  if (vouched_.size() >= wire_limits::vouched_nodes)
+    throw std::invalid_argument(fmt::format("trust: {} vouches for {} nodes already (at most {})",
+                                            who, vouched_.size(), wire_limits::vouched_nodes));
+  vouched_.push_back(n);
 }
 
 device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_core> core,

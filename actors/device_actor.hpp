@@ -58,6 +58,8 @@ struct peer_guard {
   caf::node_id client;
   /// Whether `n` may send messages: home and client without a lock.
   bool admits(const caf::node_id& n) const;
+  /// Admits `n` too; throws `std::invalid_argument` for the invalid node id
+  /// or past `wire_limits::vouched_nodes` nodes (message_checks.hpp).
   void vouch(const caf::node_id& n);
   /// The devices' name prefix for the refusals, e.g. "session 3 of node b".
   std::string who;

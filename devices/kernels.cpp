@@ -215,9 +215,13 @@ std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
                   .doc = "spin_ns NS: busy work for NS nanoseconds",
                   .check =
                     [](const kernel_args& a) {
-                      if (a.integer(0) < 0)
+                      // Bounded: `now + NS` must not overflow the clock's
+                      // nanoseconds (INT64_MAX did: undefined behaviour).
+                      constexpr int64_t most = 3'600'000'000'000; // an hour
+                      if (a.integer(0) < 0 || a.integer(0) > most)
                         throw std::invalid_argument(fmt::format(
-                          "NS (argument 0) is {}; expected a duration >= 0", a.integer(0)));
+                          "NS (argument 0) is {}; expected a duration from 0 to {} (an hour)",
+                          a.integer(0), most));
                     }});
   add("fail", {.params = {k::string},
                .body = [](kernel_call& c) -> void { throw std::runtime_error(c.string(0)); },

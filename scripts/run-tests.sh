@@ -4,8 +4,9 @@
 # UndefinedBehaviorSanitizer (the `sanitize` preset, in build-sanitize/; about
 # 10-15 minutes from scratch on 2 cores). MULTIDEV_SANITIZE=0 skips the second.
 # Then the fuzz smoke run: each libFuzzer harness of fuzz/ (the s-expression
-# parser, the scenario loader) for 60 s (scripts/run-fuzz.sh; about 4 minutes
-# with its build); MULTIDEV_FUZZ=0 skips it. Last, the core tests under
+# parser, the scenario loader, the actors' protocol) for 60 s
+# (scripts/run-fuzz.sh; 3 minutes of fuzzing, plus its build, which compiles
+# the whole library with clang once: ccache keeps it); MULTIDEV_FUZZ=0 skips it. Last, the core tests under
 # ThreadSanitizer (scripts/run-tsan.sh: the `tsan` preset in build-tsan/,
 # about 10 minutes with its build; every report with both sides in this
 # repository fails it); MULTIDEV_TSAN=0 skips it.

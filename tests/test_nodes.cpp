@@ -54,6 +54,7 @@
 #include <fstream>
 #include <sys/stat.h>
 #include <future>
+#include <limits>
 #include <optional>
 #include <map>
 #include <memory>
@@ -702,6 +703,92 @@ BOOST_AUTO_TEST_CASE(test_nodes_a_lost_node_is_drawn_from_its_last_reply_to_its_
                                                    {"device 2 (" + on_k[0].name() + ")", 1}}));
   BOOST_TEST(contains(timeline_svg(tl), "node lost: " + on_s[0].name()));
   silent.kill9(); // its runner still spins: no need to wait for it
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_a_node_keeps_serving_after_a_burst_of_bad_messages) {
+  // Issue 38 point 4, across processes: a session's client sends its
+  // device 1,000 messages with fields out of bounds (a memory mode, an
+  // alignment, names and texts too long, too many arguments, a span past a
+  // pool) and the node a few of its own; each gets a refusal naming the
+  // field, and the node goes on serving the session and a new one.
+  node_process node{tool(), 1, "b", true};
+  cluster c;
+  auto d = attach_one(c.b, node);
+  auto act = device_actor_of(c.b, d);
+  caf::scoped_actor self{c.sys};
+  const std::string long_name(2000, 'x');
+  int refused = 0;
+  std::string last_error;
+  auto expect_refusal = [&](auto&&... xs) {
+    bool value = false;
+    self->request(act, 10s, std::forward<decltype(xs)>(xs)...)
+      .receive([&](uint64_t) { value = true; },
+               [&](caf::error& e) {
+                 ++refused;
+                 last_error = c.sys.render(e);
+               });
+    return !value;
+  };
+  int accepted = 0;
+  auto burst_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 1000; ++i) {
+    bool ok = true;
+    switch (i % 5) {
+      case 0:
+        ok = expect_refusal(atoms::alloc_atom::value, int32_t{1}, uint64_t{64}, uint64_t{64},
+                            int32_t{100 + i});
+        break;
+      case 1:
+        ok = expect_refusal(atoms::alloc_atom::value, int32_t{1}, uint64_t{1}, uint64_t{1} << 40,
+                            int32_t{-1});
+        break;
+      case 2:
+        ok = expect_refusal(atoms::schedule_atom::value, task_spec{long_name, {}});
+        break;
+      case 3:
+        ok = expect_refusal(
+          atoms::schedule_atom::value,
+          task_spec{"fill", std::vector<kernel_arg>(100, kernel_arg{int64_t{i}})});
+        break;
+      default:
+        ok = expect_refusal(atoms::memset_atom::value, int32_t{7}, std::numeric_limits<uint64_t>::max(),
+                            uint64_t{8});
+        break;
+    }
+    if (!ok)
+      ++accepted;
+  }
+  auto burst_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()
+                                                            - burst_start)
+                    .count();
+  BOOST_TEST_MESSAGE("1,000 bad messages refused one by one in " << burst_ms << " ms");
+  BOOST_TEST(accepted == 0);
+  BOOST_TEST(refused == 1000, "the last refusal: " << last_error);
+  // The node actor itself: a client name too long, the invalid node vouched for.
+  auto node_actor_handle = c.sys.middleman().remote_actor<node_actor>("127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(bool(node_actor_handle),
+                     (node_actor_handle ? std::string{} : c.sys.render(node_actor_handle.error())));
+  std::string open_error;
+  self->request(*node_actor_handle, 10s, atoms::open_atom::value, long_name, int64_t{1'000'000'000},
+                load_cookie())
+    .receive([&](std::string&, std::string&, uint64_t, int64_t, std::vector<caf::actor>&) {},
+             [&](caf::error& e) { open_error = c.sys.render(e); });
+  BOOST_TEST(contains(open_error, "open: client name of 2000 bytes exceeds"), open_error);
+  // A stray error message, and an exit message (exit_reason::kill ends an
+  // actor whatever its exit handler says): either stopped the node actor.
+  self->send(caf::actor_cast<caf::actor>(*node_actor_handle),
+             caf::make_error(caf::sec::unexpected_message));
+  self->send_exit(*node_actor_handle, caf::exit_reason::kill);
+  // Still serving: the session's device runs work, and a second session opens.
+  c.b.alloc_pool(d, 1, 16, 64);
+  auto e = c.b.schedule_named(d, {"fill", {buffer(1, 16), 2.0}});
+  test_support::bounded([&] { c.b.sync(e); }, "work after the burst");
+  node_attach_options again;
+  again.name = "b2";
+  auto ds = attach_node(c.b, "127.0.0.1", node.port(), again);
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  test_support::bounded([&] { c.b.sync(c.b.schedule_named(ds[0], {"spin_ns", {int64_t{0}}})); },
+                        "work in a second session after the burst");
 }
 
 BOOST_AUTO_TEST_CASE(test_nodes_sigterm_stops_a_node_cleanly) {

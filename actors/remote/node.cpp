@@ -4,6 +4,7 @@
 #include "actors/backend_impl.hpp"
 #include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/message_checks.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/remote/node_listener.hpp"
 #include "actors/remote/tls_middleman.hpp"
@@ -218,6 +219,9 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                             std::chrono::duration_cast<std::chrono::nanoseconds>(
                               std::chrono::system_clock::now().time_since_epoch())
                               .count());
+  // A message that is only an error is a reply to nothing the node asked
+  // (CAF's default handler quits with it): a peer's, dropped.
+  self->set_error_handler([](caf::error&) {});
   self->set_exit_handler([self](caf::exit_msg& msg) {
     // The node stops: every session ends with it.
     std::vector<uint64_t> ids;
@@ -241,6 +245,23 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         return make_error(errc::invalid_argument, "node " + st.name,
                           sender ? "session refused: wrong cookie"
                                  : "session refused: an anonymous sender");
+      }
+      try {
+        detail::check_open(client);
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::invalid_argument, "node " + st.name, e.what());
+      }
+      auto open = std::count_if(st.sessions.begin(), st.sessions.end(), [&](const auto& kv) {
+        return kv.second.guard->client == sender->node();
+      });
+      if (static_cast<std::size_t>(open) >= detail::wire_limits::sessions_per_client) {
+        node_log(st, fmt::format("refused a session to {} ({}): {} sessions open already",
+                                 client, caf::to_string(sender->node()), open));
+        return make_error(errc::invalid_argument, "node " + st.name,
+                          fmt::format("open: client node {} holds {} sessions already (at "
+                                      "most {}): session refused",
+                                      caf::to_string(sender->node()), open,
+                                      detail::wire_limits::sessions_per_client));
       }
       lease_ns = std::clamp(lease_ns, min_lease_ns, max_lease_ns);
       auto id = ++st.last_session;
@@ -333,7 +354,11 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         return false;
       if (auto refused = not_the_client(self, id, i->second))
         return std::move(*refused);
-      i->second.guard->vouch(peer);
+      try {
+        i->second.guard->vouch(peer);
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::invalid_argument, "node " + self->state.name, e.what());
+      }
       detail::admit_peer(peer); // its direct connection to this node (with_route)
       return true;
     },
@@ -373,6 +398,46 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
   };
 }
 
+/// The node actor, which drops an exit message from another node before it
+/// reaches the mailbox: BASP carries an `exit_msg` as content like any
+/// other, and one with `exit_reason::kill` ends an actor whatever its exit
+/// handler says (CAF 0.17), so any peer could stop the node for every
+/// session. The node's owner stops it from this process (~backend, the tool).
+class node_actor_impl : public caf::stateful_actor<node_state> {
+public:
+  using super = caf::stateful_actor<node_state>;
+
+  node_actor_impl(caf::actor_config& cfg, std::string name, std::string cookie,
+                  std::size_t memory_limit, backend_options opts)
+    : super(cfg), log_name_(name), name_(std::move(name)), cookie_(std::move(cookie)),
+      memory_limit_(memory_limit), opts_(std::move(opts)) {}
+
+  caf::behavior make_behavior() override {
+    return node_impl(this, std::move(name_), std::move(cookie_), memory_limit_,
+                     std::move(opts_));
+  }
+
+  using super::enqueue;
+
+  void enqueue(caf::mailbox_element_ptr x, caf::execution_unit* host) override {
+    if (x && x->sender && x->sender->node() != node()
+        && x->content().match_elements<caf::exit_msg>()) {
+      std::cerr << fmt::format("multidev node {}: dropped an exit message from node {}\n",
+                               log_name_, caf::to_string(x->sender->node()))
+                << std::flush;
+      return;
+    }
+    super::enqueue(std::move(x), host);
+  }
+
+private:
+  const std::string log_name_; // read by enqueue, on any thread
+  std::string name_;
+  std::string cookie_;
+  std::size_t memory_limit_;
+  backend_options opts_;
+};
+
 } // namespace
 
 std::size_t default_session_memory_limit() {
@@ -397,7 +462,7 @@ node_actor spawn_node_actor(backend& b, std::string name, const std::string& coo
   {
     detail::logger_tie_guard untie; // spawning ties this thread to the system
     node = caf::actor_cast<node_actor>(
-      b.system().spawn(node_impl, std::move(name), std::move(cookie), session_memory_limit,
+      b.system().spawn<node_actor_impl>(std::move(name), std::move(cookie), session_memory_limit,
                        std::move(opts)));
   }
   // It serves the backend's devices: it goes with them (~backend stops it).

@@ -1,0 +1,71 @@
+#pragma once
+// What a peer's message may carry (issue 38 point 4): one check per message
+// kind that a peer can send to a device actor or a node actor, called in the
+// handler before anything is allocated, queued or deferred. Each throws
+// `std::invalid_argument` naming the message, the field and its value
+// ("alloc: alignment 2147483648 exceeds the limit of 1073741824"); the
+// handler replies with it as an `invalid_argument` error and goes on
+// serving. What needs the device's state in order (a pool's bounds at the
+// time the request runs, a seq scheduled) stays where it was: the pool
+// table (`span`, `check_request`) and `device_core::check_scheduled`.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/node_id.hpp>
+
+#include "multidev/task.hpp"
+
+namespace multidev::detail {
+
+/// The bounds of the fields of a peer's message.
+namespace wire_limits {
+/// A name: a kernel's, an owner's or source's (`depend`, `copy_from`), a
+/// result's, a session's client's.
+inline constexpr std::size_t name_bytes = 1024;
+/// A host name or address (`depend`, `copy_from`): a DNS name has at most 253.
+inline constexpr std::size_t host_bytes = 255;
+/// A reason (`lost`) or a kernel's text argument.
+inline constexpr std::size_t text_bytes = 4096;
+/// The arguments of one task (the kernels take a handful).
+inline constexpr std::size_t kernel_args = 64;
+/// A pool's alignment: a power of two up to 1 GiB (the largest huge page).
+/// Larger ones reserve address space far beyond the size the quota counts
+/// (the CPU driver rounds the block up to the alignment).
+inline constexpr uint64_t alignment = uint64_t{1} << 30;
+/// The tasks of one batch: in one message, or in all the parts of one
+/// batch sent in parts; also the tasks all open batches of one device hold.
+inline constexpr std::size_t batch_tasks = std::size_t{1} << 20;
+/// Requests a device actor holds back behind its full queue (flow control):
+/// more are refused, as a full queue with nothing to hold them would.
+inline constexpr std::size_t deferred_requests = std::size_t{1} << 16;
+/// Sessions one client node may hold open on a node at once.
+inline constexpr std::size_t sessions_per_client = 16;
+/// Nodes one session's client may vouch for (`trust`).
+inline constexpr std::size_t vouched_nodes = 64;
+} // namespace wire_limits
+
+/// `schedule` of one task: its kernel's name, argument count and text.
+void check_schedule(const task_spec& spec);
+/// `schedule` of a batch, whole or one part of it: its size, and each task.
+void check_schedule(const std::vector<task_spec>& specs);
+/// `depend`: the owner's name and the host its node listens on.
+void check_depend(const std::string& owner_name, const std::string& host);
+/// `lost`: the reason.
+void check_lost(const std::string& why);
+/// `copy_from`: the source's name and the host its node listens on.
+void check_copy_from(const std::string& source_name, const std::string& host);
+/// `alloc`: the memory mode (-1 or a `memory_mode`) and the alignment's
+/// bound (its being a power of two, the pool id and the size are checked by
+/// the pool table, in order).
+void check_alloc(int32_t id, uint64_t alignment, int32_t mode);
+/// `result`: the name.
+void check_result(const std::string& name);
+/// `open`: the client's name.
+void check_open(const std::string& client);
+/// `trust`: the node vouched for.
+void check_trust(const caf::node_id& peer);
+
+} // namespace multidev::detail
