@@ -220,7 +220,7 @@ std::map<std::string, std::shared_ptr<const kernel_def>> builtins() {
                       constexpr int64_t most = 3'600'000'000'000; // an hour
                       if (a.integer(0) < 0 || a.integer(0) > most)
                         throw std::invalid_argument(fmt::format(
-                          "NS (argument 0) is {}; expected a duration from 0 to {} (an hour)",
+                          "NS (argument 0) is {}; must be >= 0 and at most {} (an hour)",
                           a.integer(0), most));
                     }});
   add("fail", {.params = {k::string},
