@@ -1040,19 +1040,36 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto c = self->state.core;
       return ordered(self, [c, id, offset, size] { return c->memset_zero(id, offset, size); });
     },
-    [self](write_atom, int32_t id, uint64_t offset,
-           const std::string& bytes) -> caf::result<uint64_t> {
+    [self, guard](write_atom, int32_t id, uint64_t offset,
+                  const std::string& bytes) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       auto data = std::make_shared<const std::string>(bytes);
-      return ordered(self, [c, id, offset, data] { return c->write_bytes(id, offset, data); });
+      return ordered(self, [c, id, offset, data, guard] {
+        if (!guard)
+          return c->write_bytes(id, offset, data);
+        // A session's bytes held until the write ran count against its quota.
+        auto n = data->size();
+        guard->take_transfer(n, "write");
+        uint64_t seq = 0;
+        try {
+          seq = c->write_bytes(id, offset, data);
+          c->when_resolved(seq, [guard, n](const failure*) { guard->release_transfer(n); });
+        } catch (...) {
+          if (seq == 0)
+            guard->release_transfer(n);
+          throw;
+        }
+        return seq;
+      });
     },
-    [self](read_atom, int32_t id, uint64_t offset, uint64_t size) -> caf::result<std::string> {
+    [self, guard](read_atom, int32_t id, uint64_t offset,
+                  uint64_t size) -> caf::result<std::string> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       // Pushed in mailbox order (behind deferred requests, like `ordered`);
       // the reply comes from the runner once the read is done.
       auto c = self->state.core;
-      auto go = [c, id, offset, size,
+      auto go = [c, id, offset, size, guard,
                  to = reply_to{self->current_sender(), self->current_message_id(),
                                self->current_forwarding_stack(), self->address()}](bool refuse) mutable {
         if (refuse) {
@@ -1066,12 +1083,24 @@ device_actor_full::behavior_type device_impl(self_ptr self,
           // (read_bytes checks the span; an impossible allocation throws
           // before it), never fatal to the actor.
           c->pools().span(id, offset, size, "read");
-          auto out = std::make_shared<std::string>(size, '\0');
-          auto seq = c->read_bytes(id, offset, out);
-          c->when_resolved(seq, [to, out](const failure* cause) mutable {
-            reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
-                                        : caf::make_message(std::move(*out)));
-          });
+          // A session's read buffer counts against its quota until the reply.
+          if (guard)
+            guard->take_transfer(size, "read");
+          uint64_t seq = 0;
+          try {
+            auto out = std::make_shared<std::string>(size, '\0');
+            seq = c->read_bytes(id, offset, out);
+            c->when_resolved(seq, [to, out, guard, size](const failure* cause) mutable {
+              if (guard)
+                guard->release_transfer(size);
+              reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
+                                          : caf::make_message(std::move(*out)));
+            });
+          } catch (...) {
+            if (guard && seq == 0)
+              guard->release_transfer(size);
+            throw;
+          }
           return true;
         };
         auto r = attempt(*c, push_read);
@@ -1228,6 +1257,24 @@ std::size_t peer_guard::used_memory() const {
     if (auto c = weak.lock())
       n += c->pools().used_memory();
   return n;
+}
+
+void peer_guard::take_transfer(std::size_t n, const char* what) const {
+  if (memory_limit == 0)
+    return;
+  auto held = in_transit_.load(std::memory_order_relaxed);
+  do {
+    if (n > memory_limit || held > memory_limit - n)
+      throw std::invalid_argument(fmt::format(
+        "{}: {} of {} bytes refused: the session's transfers in flight hold {} bytes and may "
+        "hold at most its memory limit, {} bytes (multidev node --memory-limit)",
+        who, what, n, held, memory_limit));
+  } while (!in_transit_.compare_exchange_weak(held, held + n, std::memory_order_relaxed));
+}
+
+void peer_guard::release_transfer(std::size_t n) const noexcept {
+  if (memory_limit > 0)
+    in_transit_.fetch_sub(n, std::memory_order_relaxed);
 }
 
 void peer_guard::vouch(const caf::node_id& n) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -74,9 +75,18 @@ struct peer_guard {
   void count(std::shared_ptr<const device_core> core);
   /// What the pools of the session's devices hold, in bytes.
   std::size_t used_memory() const;
+  /// Takes `n` bytes of the session's transfers in flight (a read's
+  /// buffer, a write's bytes, between the request and its end): at most
+  /// `memory_limit` bytes at once besides the pools, so a session holds at
+  /// most twice its limit of the node's memory. Throws
+  /// `std::invalid_argument` naming the session, `what` and the limit past
+  /// it; nothing without a limit. `release_transfer` gives them back.
+  void take_transfer(std::size_t n, const char* what) const;
+  void release_transfer(std::size_t n) const noexcept;
 
 private:
   mutable std::mutex mu_;
+  mutable std::atomic<std::size_t> in_transit_{0};
   std::vector<caf::node_id> vouched_;
   std::vector<std::weak_ptr<const device_core>> cores_; // the backend owns them
 };

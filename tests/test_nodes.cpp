@@ -2106,3 +2106,45 @@ BOOST_AUTO_TEST_CASE(test_nodes_an_allocation_past_the_session_s_memory_limit_is
   test_support::sync(b2, b2.schedule_named(d2[0], {"fill", {buffer(1, 1000 * 1024), 1.0}}));
   BOOST_TEST(b1.get_used_memory(d1[0]) + b1.get_used_memory(d1[1]) <= 1024u * 1024u);
 }
+
+BOOST_AUTO_TEST_CASE(test_nodes_reads_and_writes_in_flight_count_against_the_quota) {
+  // A read's buffer is the node's memory from the request to the reply, a
+  // write's bytes until the write ran: queued behind a long task, they held
+  // any amount of it past --memory-limit. Now a session's transfers in
+  // flight hold at most its limit (besides its pools).
+  node_process node{tool(), 1, "q", false, {"--memory-limit", "1M"}};
+  caf::actor_system sys{cluster::make_cfg()};
+  backend b{sys, {.num_devices = 1}};
+  auto d = attach_node(b, "127.0.0.1", node.port());
+  BOOST_TEST_REQUIRE(d.size() == 1u);
+  b.alloc_pool(d[0], 1, 600 * 1024, 64);
+  b.sync_device(d[0]);
+  // The device busy for long: what follows stays queued (the test does not
+  // wait for it; the node goes with the test).
+  b.schedule_named(d[0], {"spin_ns", {int64_t{60'000'000'000}}});
+  auto act = device_actor_of(b, d[0]);
+  caf::scoped_actor self{sys};
+  self->send(act, atoms::read_atom::value, int32_t{1}, uint64_t{0}, uint64_t{600 * 1024});
+  auto read = [&](uint64_t size) {
+    std::string why;
+    self->request(act, 30s, atoms::read_atom::value, int32_t{1}, uint64_t{0}, size)
+      .receive([&](const std::string&) { why = "accepted"; },
+               [&](caf::error& e) { why = sys.render(e); });
+    return why;
+  };
+  auto second = read(600 * 1024);
+  BOOST_TEST(contains(second, "session 1 of node q: read of 614400 bytes refused: the session's "
+                              "transfers in flight hold 614400 bytes and may hold at most its "
+                              "memory limit, 1048576 bytes"),
+             second);
+  std::string write;
+  self->request(act, 30s, atoms::write_atom::value, int32_t{1}, uint64_t{0},
+                std::string(600 * 1024, 'x'))
+    .receive([&](uint64_t) { write = "accepted"; },
+             [&](caf::error& e) { write = sys.render(e); });
+  BOOST_TEST(contains(write, "write of 614400 bytes refused"), write);
+  // Within the limit: queued (its reply comes after the spin, unawaited).
+  self->send(act, atoms::read_atom::value, int32_t{1}, uint64_t{0}, uint64_t{100 * 1024});
+  auto third = read(400 * 1024);
+  BOOST_TEST(contains(third, "transfers in flight hold 716800 bytes"), third);
+}
