@@ -19,6 +19,7 @@
 #include <multidev/protocol.hpp>
 
 #include "scenario/node_process.hpp"
+#include "test_certs.hpp"
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -55,42 +56,9 @@ std::string tool() {
   return suite.argv[1];
 }
 
-/// Test certificates (scripts/make-test-certs.sh), made once.
-const std::optional<tls_files>& test_certificates() {
-  static const std::optional<tls_files> files = []() -> std::optional<tls_files> {
-    static const std::filesystem::path dir = [] {
-      auto d = std::filesystem::temp_directory_path()
-               / ("multidev-transport-certs-" + std::to_string(::getpid()));
-      std::filesystem::create_directories(d);
-      return d;
-    }();
-    static const struct remove_at_exit {
-      ~remove_at_exit() {
-        std::error_code ignored;
-        std::filesystem::remove_all(dir, ignored);
-      }
-    } cleanup;
-    auto cmd = std::string{MULTIDEV_SOURCE_DIR} + "/scripts/make-test-certs.sh '" + dir.string()
-               + "' >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0)
-      return std::nullopt;
-    return tls_files{.certificate = (dir / "node.pem").string(),
-                     .key = (dir / "node.key").string(),
-                     .ca_file = (dir / "ca.pem").string()};
-  }();
-  return files;
-}
-
-boost::test_tools::assertion_result have_certificates(boost::unit_test::test_unit_id) {
-  boost::test_tools::assertion_result r{test_certificates().has_value()};
-  r.message() << "the openssl command could not make test certificates";
-  return r;
-}
-
-std::vector<std::string> node_tls_args() {
-  const auto& f = *test_certificates();
-  return {"--tls-cert", f.certificate, "--tls-key", f.key, "--tls-ca", f.ca_file};
-}
+using test_support::have_certificates;
+using test_support::node_tls_args;
+using test_support::test_certificates;
 
 /// A client's actor system config: plain TCP, or TLS with the test's files.
 std::unique_ptr<caf::actor_system_config> client_cfg(bool tls) {

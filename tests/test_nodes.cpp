@@ -31,6 +31,7 @@
 #include "actors/remote/tls_middleman.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
+#include "test_certs.hpp"
 #include "test_support.hpp"
 
 
@@ -277,44 +278,9 @@ void expect_copy_fails_and_b0_recovers(a_node_on_each& n, const event& copied,
   n.b.sync(n.b.schedule_named(n.b0, {"spin_ns", {int64_t{0}}}));
 }
 
-/// Test certificates for TLS (scripts/make-test-certs.sh), made once; none
-/// when the openssl command cannot make them (the TLS tests are skipped).
-const std::optional<tls_files>& test_certificates() {
-  static const std::optional<tls_files> files = []() -> std::optional<tls_files> {
-    static const std::filesystem::path dir = [] {
-      auto d = std::filesystem::temp_directory_path() / ("multidev-certs-" + std::to_string(::getpid()));
-      std::filesystem::create_directories(d);
-      return d;
-    }();
-    static const struct remove_at_exit {
-      ~remove_at_exit() {
-        std::error_code ignored;
-        std::filesystem::remove_all(dir, ignored);
-      }
-    } cleanup;
-    auto cmd = std::string{MULTIDEV_SOURCE_DIR} + "/scripts/make-test-certs.sh '" + dir.string()
-               + "' >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0)
-      return std::nullopt;
-    return tls_files{.certificate = (dir / "node.pem").string(),
-                     .key = (dir / "node.key").string(),
-                     .ca_file = (dir / "ca.pem").string()};
-  }();
-  return files;
-}
-
-/// A precondition: skips the test (shown as skipped) without certificates.
-boost::test_tools::assertion_result have_certificates(boost::unit_test::test_unit_id) {
-  boost::test_tools::assertion_result r{test_certificates().has_value()};
-  r.message() << "the openssl command could not make test certificates";
-  return r;
-}
-
-/// The arguments that give a node the test certificates.
-std::vector<std::string> node_tls_args() {
-  const auto& f = *test_certificates();
-  return {"--tls-cert", f.certificate, "--tls-key", f.key, "--tls-ca", f.ca_file};
-}
+using test_support::have_certificates;
+using test_support::node_tls_args;
+using test_support::test_certificates;
 
 /// How a node is lost.
 enum class loss { kill9, sigterm, sigstop };
