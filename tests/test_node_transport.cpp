@@ -420,10 +420,16 @@ BOOST_AUTO_TEST_CASE(node_transport_idle_tcp_connections_to_a_tls_node_cost_no_c
 }
 
 /// A precondition: not in a build with AddressSanitizer or ThreadSanitizer.
-/// There (3 runs of 3 with ASan, 2026-12-06) the node at its descriptor
-/// limit lost its session: no renewal acknowledged within the lease; the
-/// default build keeps it in every run. Not diagnosed yet (issue 38 stays
-/// open for it): skipped there, shown as skipped, until it is.
+/// There (3 runs of 3 with the sanitize preset, 2026-12-06) the node at its
+/// descriptor limit lost its session: no renewal acknowledged within the
+/// lease; its stderr shows UBSan's "member call on address ... which does
+/// not point to an object of type 'tuple_vals_impl' ... invalid vptr ...
+/// memory cannot be printed" (caf/detail/tuple_vals.hpp:114), and the
+/// session is lost with halt_on_error=0 too. UBSan probes memory with a
+/// pipe, which a process at its limit cannot make, so the report may be the
+/// sanitizer's own; the loss is not explained by that. The default build
+/// keeps the session in every run. Not diagnosed yet (issue 38 stays open
+/// for it): skipped there, shown as skipped, until it is.
 boost::test_tools::assertion_result not_under_a_sanitizer(boost::unit_test::test_unit_id) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   boost::test_tools::assertion_result r{false};
