@@ -5,6 +5,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/remote/message_checks.hpp"
+#include "messages/tsan.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/remote/node_listener.hpp"
 #include "actors/remote/tls_middleman.hpp"
@@ -410,9 +411,13 @@ public:
   node_actor_impl(caf::actor_config& cfg, std::string name, std::string cookie,
                   std::size_t memory_limit, backend_options opts)
     : super(cfg), log_name_(name), name_(std::move(name)), cookie_(std::move(cookie)),
-      memory_limit_(memory_limit), opts_(std::move(opts)) {}
+      memory_limit_(memory_limit), opts_(std::move(opts)) {
+    detail::tsan_release(this); // the members, read by make_behavior (tsan.hpp)
+  }
 
   caf::behavior make_behavior() override {
+    // On the thread CAF first runs the actor on: its spawn handed it over.
+    detail::tsan_acquire(this);
     return node_impl(this, std::move(name_), std::move(cookie_), memory_limit_,
                      std::move(opts_));
   }
