@@ -203,6 +203,15 @@ double serve_one_session(bool tls, uint16_t port, std::chrono::milliseconds boun
   return std::chrono::duration<double>(steady::now() - t0).count();
 }
 
+/// `serve_one_session`, its exception caught: {seconds, ""}, or {-1, what}.
+std::pair<double, std::string> try_session(bool tls, uint16_t port) {
+  try {
+    return {serve_one_session(tls, port), {}};
+  } catch (const std::exception& e) {
+    return {-1, e.what()};
+  }
+}
+
 /// A TLS client of the node's (with the test's certificate) that completes
 /// the TLS handshake and then writes raw bytes: a BASP peer that lies.
 struct raw_tls_client {
@@ -368,13 +377,7 @@ BOOST_AUTO_TEST_CASE(node_transport_1000_idle_connections_at_the_fd_limit_leave_
                                                          << " oldest of " << conns.size()
                                                          << " idle connections");
   auto share = core_share(node.pid(), 2000ms);
-  double took = -1;
-  std::string error;
-  try {
-    took = serve_one_session(false, node.port());
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  auto [took, error] = try_session(false, node.port());
   BOOST_TEST_MESSAGE("plain TCP, node limit 256 descriptors: 1000 idle connections ("
                      << failed << " not accepted within 1 s): the node used " << share * 100
                      << "% of a core over 2 s; a session served in " << took << " s");
@@ -403,13 +406,7 @@ BOOST_AUTO_TEST_CASE(node_transport_idle_tcp_connections_to_a_tls_node_cost_no_c
   BOOST_TEST(closed == expect_closed, "the node closed " << closed << " of the " << expect_closed
                                                          << " oldest of 100 idle connections");
   auto share = core_share(node.pid(), 2000ms);
-  double took = -1;
-  std::string error;
-  try {
-    took = serve_one_session(true, node.port());
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  auto [took, error] = try_session(true, node.port());
   BOOST_TEST_MESSAGE("TLS: 100 idle TCP connections: the node used "
                      << share * 100 << "% of a core over 2 s; a session served in " << took
                      << " s");
@@ -471,13 +468,7 @@ BOOST_AUTO_TEST_CASE(node_transport_at_its_descriptor_limit_a_node_neither_spins
   b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
   // Every idle connection closed: at once at the limit, or at the timeout.
   auto closed = closed_by(conns, conns.size(), steady::now() + 20s);
-  double took = -1;
-  std::string error;
-  try {
-    took = serve_one_session(false, node.port());
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  auto [took, error] = try_session(false, node.port());
   BOOST_TEST_MESSAGE("plain TCP at the descriptor limit (" << in_use + 8 << "): "
                      << conns.size() << " idle connections: the node used " << share * 100
                      << "% of a core over 2 s; " << closed
