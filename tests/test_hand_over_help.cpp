@@ -187,7 +187,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   // z is left for device 1's own runner, once it is let go.
   BOOST_TEST(test_support::eventually([&] { return t.field(1, "run_by") == "returned"; }));
   BOOST_TEST(!z.is_done());
-  t.core(1).hold_after_wake(false);
+  t.core(1).runner().hold_after_wake(false);
   sync(t.b, z);
   BOOST_TEST((z_thread == t.runner[1]), "z ran on its own runner");
   BOOST_TEST(!y.is_done());
@@ -203,11 +203,11 @@ namespace {
 /// backstop's period set; both restored on the way out.
 struct deferring {
   explicit deferring(std::chrono::microseconds backstop_period) {
-    detail::device_core::set_defer_threshold_for_tests(1);
+    detail::device_runner::set_defer_threshold_for_tests(1);
     detail::wake_backstop::set_period_for_tests(backstop_period);
   }
   ~deferring() {
-    detail::device_core::set_defer_threshold_for_tests(0);
+    detail::device_runner::set_defer_threshold_for_tests(0);
     detail::wake_backstop::set_period_for_tests({});
   }
   deferring(const deferring&) = delete;

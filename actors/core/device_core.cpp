@@ -28,14 +28,12 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
     pools_(name_), window_(*this, outcomes_, trace_ ? &trace_->clock() : nullptr, this) {
   window_.attach(driver_->open_stream(ordinal_, window_.sink()), max_in_flight);
   // An asynchronous driver's items run on its stream: nothing to hand over.
-  hand_over_ = hand_over && !window_.async();
-  pin_runner_ = pin_runner;
-  thread_ = std::thread([this] { run(); });
+  runner_.start(hand_over && !window_.async(), pin_runner);
 }
 
 device_core::~device_core() {
   shutdown();
-  if (hand_over_)
+  if (runner_.hand_over())
     wake_backstop::instance().forget(this);
 }
 
@@ -62,9 +60,9 @@ void device_core::shutdown() {
   request_stop();
   cancel_unanswerable_waits();
   // Not from the device's own runner (or stream): it cannot wait for itself.
-  if (thread_.joinable() && current_runner != this) {
+  if (runner_.joinable() && current_runner != this) {
     window_.closing(); // bounds what stays in flight (a hung GPU)
-    thread_.join();
+    runner_.join();
     window_.close(); // the runner resolved everything it submitted
     // Its orders' pools, if it stopped without going idle: the memory goes now.
     extras_.let_go_of_spent_pools();

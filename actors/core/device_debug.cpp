@@ -43,10 +43,10 @@ sexp device_core::debug_info() const {
                           sexp::field("error", err ? *err : std::string{"none"}),
                           sexp::field("used_memory", std::to_string(pools_.used_memory())),
                           sexp::field("spare_extras", std::to_string(spare)),
-                          sexp::field("run_by", token_.state_name()),
-                          sexp::field("run_by_others", std::to_string(token_.run_by_others())),
-                          sexp::field("cpu", runner_cpu() < 0 ? std::string{"any"}
-                                                              : std::to_string(runner_cpu())),
+                          sexp::field("run_by", token().state_name()),
+                          sexp::field("run_by_others", std::to_string(token().run_by_others())),
+                          sexp::field("cpu", runner_.runner_cpu() < 0 ? std::string{"any"}
+                                                              : std::to_string(runner_.runner_cpu())),
                           pools});
   if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
     info.push_back(std::move(extra));

@@ -46,7 +46,7 @@ struct sync_resolver {
     }
     sig->flag.store(cause ? 2 : 1);
     if (serve) {
-      serve->wake_runner();
+      serve->runner().wake_runner();
       return;
     }
     sig->flag.notify_one();
@@ -91,7 +91,7 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
     outcome_board::invoke(r, outcomes_.outcome_for(seq, resolved, beyond, hold));
   while (has_gate) {
     const auto* c = outcomes_.outcome_for(gw.seq, resolved, beyond, hold);
-    if (c || !(try_claim(gw) || (runners_may_defer() && try_defer(gw))))
+    if (c || !(runner_.try_claim(gw) || (runners_may_defer() && runner_.try_defer(gw))))
       gate_waiters::resolve(gw, c);
     if (!more && !beyond)
       break;
@@ -202,7 +202,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     blocked_wait w;
     if (const auto* r = current_runner) {
       w.runner = r;
-      w.item = r->running_item();
+      w.item = r->runner().running_item();
     }
     w.owner = this;
     w.owner_name = name_;
@@ -215,7 +215,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
                            what, name_, seq};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
-    ring_deferred();
+    runner_.ring_deferred();
     auto sig = std::make_shared<sync_signal>();
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
     // A task on this device's own runner thread (an asynchronous driver that
@@ -244,7 +244,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     };
     uint32_t v;
     if (serve) {
-      if (!serve_started_until(sig->flag, deadline))
+      if (!runner_.serve_started_until(sig->flag, deadline))
         throw passed_deadline();
       v = sig->flag.load();
     } else if (timed) {
