@@ -45,6 +45,7 @@
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
 #include "actors/core/spin.hpp"
+#include "actors/core/stream_runner.hpp"
 #include "actors/core/stream_window.hpp"
 #include "actors/core/work_queue.hpp"
 #include "devices/driver.hpp"
@@ -305,6 +306,7 @@ private:
   /// The runner executes and resolves items with the pieces above and the
   /// resolving functions below (`complete`, `drop`, `poison`, ...).
   friend class device_runner;
+  friend class stream_runner;
   /// Appends the wait `g` (see push_gate) as an item of its own; never waits
   /// for room. Returns its seq.
   uint64_t enqueue_wait(std::shared_ptr<gate> g);

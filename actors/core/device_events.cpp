@@ -244,7 +244,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     };
     uint32_t v;
     if (serve) {
-      if (!runner_.serve_started_until(sig->flag, deadline))
+      if (!stream_runner::serve_started_until(*this, sig->flag, deadline))
         throw passed_deadline();
       v = sig->flag.load();
     } else if (timed) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "actors/core/backstop.hpp"
+#include "actors/core/stream_runner.hpp"
 #include "actors/core/trace.hpp"
 
 namespace multidev::detail {
@@ -42,7 +43,7 @@ void device_runner::run() {
   if (pin_runner_)
     cpu_.store(pin_to_next_cpu(), std::memory_order_relaxed);
   if (core_.window_.async()) {
-    run_async();
+    stream_runner{*this}.run();
     return;
   }
   auto pending = [&] { return core_.queue_.untaken(); };
@@ -663,156 +664,6 @@ void device_core::complete(uint64_t seq) {
   // on this event.
   if (outcomes_.publish(seq))
     fire(seq, nullptr);
-}
-
-// -- Asynchronous drivers -----------------------------------------------------
-//
-// The runner submits items to the device's stream and moves on; the stream
-// reports each one later, from its own thread, in any order. The window
-// (`window_`, stream_window.hpp) holds them between start and resolution and
-// resolves them strictly in seq order, calling back `resolve_flight`. The
-// runner starts an item only when the window has room, and otherwise sleeps
-// until a completion rings. Waits on other devices (gates) stay on the
-// runner: it starts nothing behind a gate until the gate opens (or the
-// driver ordered it on the device), while the items before it keep
-// completing. Pool releases, memsets and copies are queue items like any
-// other, so they go through the stream in order.
-
-void device_runner::run_async() {
-  std::vector<item> batch;
-  std::size_t next = 0; // batch[next]: the next item to start
-  uint64_t barrier = 0; // a failed wait: nothing behind it starts before it resolves
-  const gate* parked = nullptr;
-  int64_t parked_ns = 0; // when the runner began waiting on `parked` (trace)
-  // A wait ends when the awaited event resolves, or when it is dropped.
-  auto ended = [&](const gate& g) {
-    auto st = g.state.load(std::memory_order_seq_cst);
-    return st == gate::open || st == gate::failed ||
-           core_.window_.started() + 1 <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst);
-  };
-  // A gate the driver ordered on the device (asked when the runner reaches
-  // it, and again whenever the producer submitted more: take_reask).
-  const gate* on_device = nullptr;
-  const gate* asked = nullptr;
-  auto startable = [&] {
-    if (!core_.window_.has_room(barrier))
-      return false;
-    if (next < batch.size()) {
-      auto* g = batch[next].as_gate();
-      if (!g || ended(*g) || g == on_device)
-        return true;
-      if (g != asked || core_.window_.take_reask()) {
-        asked = g;
-        if (order_on_device(*g))
-          on_device = g;
-      }
-      return g == on_device;
-    }
-    return core_.queue_.has_untaken();
-  };
-  // Nothing in flight, nothing taken (the stream may have resolved the
-  // last items while the runner looked elsewhere).
-  auto idle = [&] { return core_.window_.idle() && next == batch.size(); };
-  auto park = [&](const gate* g) {
-    if (parked == g)
-      return;
-    if (g && core_.trace_) [[unlikely]]
-      parked_ns = core_.trace_->clock().now();
-    core_.gates_.set_parked_on(parked = g);
-  };
-  for (;;) {
-    core_.window_.settle_gated();
-    if (core_.window_.retirable())
-      core_.window_.retire_ready();
-    if (startable()) {
-      if (next == batch.size()) {
-        batch.clear();
-        next = 0;
-        take_batch(batch);
-        continue;
-      }
-      auto& it = batch[next++];
-      int64_t waited_since = 0;
-      bool gate_on_device = false;
-      if (auto* g = it.as_gate()) {
-        waited_since = parked == g ? parked_ns : 0;
-        park(nullptr);
-        gate_on_device = g == on_device && !ended(*g);
-        on_device = asked = nullptr; // a later gate may reuse the address
-        if (g->state.load() == gate::failed)
-          barrier = core_.window_.started() + 1;
-      }
-      if (it.extra.is_text()) [[unlikely]] {
-        // The item outlives its batch in the window: its description leaves
-        // the batch's text with it. Out of memory, it goes nameless.
-        try {
-          it.extra = extra_ptr{named_extra::make(text_of(it), nullptr, it.extra.text_kind())};
-        } catch (...) {
-          it.extra = extra_ptr{};
-        }
-      }
-      core_.check_lease();
-      core_.window_.start(std::move(it), waited_since, gate_on_device);
-      continue;
-    }
-    if (idle()) {
-      // Wait for work like the synchronous runner.
-      auto queued = [&] { return core_.queue_.has_untaken(); };
-      if (!spin_until(queued, 16) && !core_.queue_.sleep_until_work())
-        return;
-      continue;
-    }
-    if (next < batch.size())
-      if (auto* g = batch[next].as_gate(); g && !ended(*g))
-        park(g);
-    auto ready = [&] {
-      return core_.window_.settle_gated() || core_.window_.retirable() || startable() || idle();
-    };
-    if (spin_until(ready, 16))
-      continue;
-    // Sleep until a completion, a gate or a cancel rings, or a producer
-    // (which tests the runner's mark under the queue's lock) brings work. A
-    // stop rings too, and is seen once idle. Polled, as in sleep_until_work.
-    core_.queue_.sleep_for_work_unless(ready, [](const auto& bell, uint32_t seen) {
-      bell_sleep_polled(bell, seen);
-    });
-  }
-}
-
-bool device_runner::serve_started_until(const std::atomic<uint32_t>& flag,
-                                      std::chrono::steady_clock::time_point deadline) noexcept {
-  for (;;) {
-    core_.window_.resolve_settled();
-    if (flag.load(std::memory_order_seq_cst) != 0)
-      return true;
-    auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
-      return false;
-    // As run_async sleeps: whoever ends a gate, reports an item or resolves
-    // the awaited seq (the sync's resolver) rings once the runner is marked
-    // asleep.
-    core_.queue_.sleep_for_work_unless(
-      [&] { return flag.load(std::memory_order_seq_cst) != 0 || core_.window_.resolve_settled(); },
-      [&](const auto& bell, uint32_t seen) {
-        if (deadline == std::chrono::steady_clock::time_point::max())
-          bell_sleep(bell, seen);
-        else
-          bell_sleep_for(bell, seen, deadline - now);
-      });
-  }
-}
-
-bool device_runner::order_on_device(const gate& g) {
-  if (g.remote)
-    return false;
-  auto owner = g.owner.lock();
-  // Streams of one driver instance only (one backend's devices).
-  if (!owner || owner.get() == &core_ || &owner->drv() != core_.driver_.get())
-    return false;
-  return core_.driver_->order_after(core_.ordinal_, owner->ordinal(), g.owner_seq, [this] {
-    core_.window_.ask_again();
-    core_.ring();
-  });
 }
 
 void device_core::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {

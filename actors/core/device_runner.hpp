@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// A device's runner: the thread that takes batches off the device's queue
-/// and executes them in seq order (on an asynchronous driver: submits them
-/// to the device's stream, whose window resolves them in order), parks at
+/// and executes them in seq order (on an asynchronous driver it runs a
+/// `stream_runner` instead: stream_runner.hpp), parks at
 /// waits on other devices, and, on a synchronous driver, hands the device's
 /// execution token over (exec_token.hpp) so that a dependency hop between
 /// two devices stays on one thread. Definitions: device_runner.cpp, beside
@@ -11,7 +11,7 @@
 ///
 /// Threads:
 /// - The runner thread (`start` .. `join`) runs `run`: the item loop of a
-///   synchronous driver, or `run_async`.
+///   synchronous driver, or a `stream_runner`'s (stream_runner.hpp).
 /// - On a synchronous driver the device's items, its batch (`batch_`) and
 ///   `executed_` belong to whoever holds its token: its own runner, or the
 ///   runner of another device that borrowed it (`try_claim`, `try_help`)
@@ -21,8 +21,6 @@
 ///   token holder's functions. It claims nothing more while serving.
 /// - `try_claim` and `try_defer`: the core's `fire`, on this device's own
 ///   runner running its own items (both check and refuse otherwise).
-/// - `serve_started_until`: this device's own runner thread, inside a
-///   task's sync, on an asynchronous driver.
 /// - `trace_done`, `trace_dropped`, `task_name`, `text_of`: whoever
 ///   resolves (`device_core::complete`, `drop`, `poison`): the token
 ///   holder, or on an asynchronous driver the window's retire-lock holder.
@@ -131,20 +129,8 @@ public:
   /// not scheduled yet would (see `try_help`). Turning it off releases it.
   void hold_after_wake(bool on) noexcept { token_.hold_after_wake(on); }
 
-  // -- The core's: on this device's own runner thread ---------------------------------
+  // -- The core's `fire`, on this device's own runner thread ---------------------------
 
-  /// On this device's runner thread, inside an item's work, on an
-  /// asynchronous driver that runs that work on the runner (the CUDA driver
-  /// launches an item's work as it submits it): a task that syncs on an
-  /// earlier item of its own device blocks the runner, and the runner alone
-  /// settles the waits the driver ordered on the device (`gated`), so an
-  /// item behind such a wait would never resolve. Until `flag` is non-zero
-  /// or `deadline` passes, does the runner's part for the items already
-  /// started (settles those waits as they end, resolves what is ready:
-  /// `stream_window::resolve_settled`), sleeping on the bell in between.
-  /// Whether `flag` became non-zero.
-  bool serve_started_until(const std::atomic<uint32_t>& flag,
-                           std::chrono::steady_clock::time_point deadline) noexcept;
   /// In `fire`, on this device's own runner: if the next item here is a
   /// pending gate on `w`'s device, and that device is parked at `w`'s gate,
   /// takes its token and opens the gate without waking its runner; this
@@ -176,6 +162,9 @@ public:
   std::string task_name(const item& it, uint64_t seq) const;
 
 private:
+  /// An asynchronous driver's loop takes its batches here (`take_batch`)
+  /// and reads their text (`text_of`).
+  friend class stream_runner;
   void run();
   /// Runner only (sync drivers): runs `batch_` from its position until it
   /// is spent or reaches a pending gate; `first`: the batch was just taken
@@ -255,16 +244,6 @@ private:
   /// (still parked at a pending gate, or past the awaited item): gives the
   /// token back as it was (its park number unchanged).
   void relend() noexcept;
-
-  /// The runner of an asynchronous driver: submits items to the device's
-  /// stream without waiting for them, at most the window's size at a time
-  /// (`stream_window`); they are resolved in seq order as they complete.
-  void run_async();
-  /// Whether the driver ordered this device's stream behind `g`'s event on
-  /// the hardware (a wait between two streams of one driver), so the runner
-  /// may go on past `g` without waiting for it. When it may later, the
-  /// driver's wake makes the window ask again (`stream_window::take_reask`).
-  bool order_on_device(const gate& g);
 
   // The first line holds what the item loop reads and writes per item (the
   // token holder's): the core, `executed_`, the batch's entries and position.
