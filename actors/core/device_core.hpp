@@ -12,7 +12,7 @@
 /// thread. One thread at a time executes items (or, on an asynchronous
 /// driver, submits them to the device's stream) and resolves them: the
 /// runner, or on a synchronous driver whichever runner holds the device's
-/// token (`token_`, "hand-over"); "runner only" below means that thread.
+/// token (`device_runner`, "hand-over"); "runner only" below means that thread.
 
 #include <atomic>
 #include <chrono>
