@@ -801,10 +801,10 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     } catch (...) {
       text = "unknown reason";
     }
-    c->kill("the device actor exited (" + text + ")"); // idempotent
+    c->life().kill("the device actor exited (" + text + ")"); // idempotent
     // Left by a kill of a device already stopping: the answers cannot come.
     static const std::string why = "the device's actor stopped before the answer came";
-    c->cancel_remote_waits(why);
+    c->life().cancel_remote_waits(why);
   };
   self->set_exit_handler([self, kill_device](caf::exit_msg& msg) {
     // On whichever thread delivers it (the multiplexer's, for a link's
@@ -954,7 +954,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         std::optional<memory_mode> m;
         if (mode >= 0 && mode <= static_cast<int32_t>(memory_mode::materialized))
           m = static_cast<memory_mode>(mode);
-        c->alloc_pool(id, size, alignment, m);
+        c->memory().alloc_pool(id, size, alignment, m);
         return static_cast<uint64_t>(c->pools().used_memory());
       });
     },
@@ -962,7 +962,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, id] {
-        c->free_pool(id);
+        c->memory().free_pool(id);
         return static_cast<uint64_t>(c->pools().used_memory());
       });
     },
@@ -970,14 +970,16 @@ device_actor_full::behavior_type device_impl(self_ptr self,
            uint64_t size) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
-      return ordered(self, [c, id, offset, size] { return c->memset_zero(id, offset, size); });
+      return ordered(self,
+                     [c, id, offset, size] { return c->memory().memset_zero(id, offset, size); });
     },
     [self](write_atom, int32_t id, uint64_t offset,
            const std::string& bytes) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       auto data = std::make_shared<const std::string>(bytes);
-      return ordered(self, [c, id, offset, data] { return c->write_bytes(id, offset, data); });
+      return ordered(self,
+                     [c, id, offset, data] { return c->memory().write_bytes(id, offset, data); });
     },
     [self](read_atom, int32_t id, uint64_t offset, uint64_t size) -> caf::result<std::string> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
@@ -999,7 +1001,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
           // before it), never fatal to the actor.
           c->pools().span(id, offset, size, "read");
           auto out = std::make_shared<std::string>(size, '\0');
-          auto seq = c->read_bytes(id, offset, out);
+          auto seq = c->memory().read_bytes(id, offset, out);
           c->when_resolved(seq, [to, out](const failure* cause) mutable {
             reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
                                         : caf::make_message(std::move(*out)));
@@ -1020,12 +1022,12 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](idle_atom) -> bool {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.deferred.empty() && self->state.core->is_idle();
+      return self->state.deferred.empty() && self->state.core->inspect().is_idle();
     },
     [self](memory_atom) -> uint64_t { return self->state.core->pools().used_memory(); },
     [self](debug_atom) -> std::string {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      auto info = self->state.core->debug_info();
+      auto info = self->state.core->inspect().debug_info();
       info.push_back(wait_graph_info_of(self->state.core));
       return info.to_string();
     },
@@ -1066,13 +1068,13 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](cancel_atom) -> uint64_t {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.core->cancel("cancelled by cancel(device)");
+      return self->state.core->life().cancel("cancelled by cancel(device)");
     },
     [self](recover_atom) -> bool {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.core->recover();
+      return self->state.core->life().recover();
     },
-    [self](trace_atom) -> device_trace { return self->state.core->trace(); },
+    [self](trace_atom) -> device_trace { return self->state.core->inspect().trace(); },
     [self](result_atom, const std::string& name) {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto r = self->state.core->results().get(name);

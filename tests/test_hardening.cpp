@@ -483,7 +483,7 @@ BOOST_AUTO_TEST_CASE(test_hardening_no_pool_is_allocated_on_a_shut_down_device) 
   auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
   auto core = b->get_device(0).get_runner().core();
   b.reset();
-  BOOST_CHECK_THROW(core->alloc_pool(1, 64, 64, std::nullopt), device_error);
+  BOOST_CHECK_THROW(core->memory().alloc_pool(1, 64, 64, std::nullopt), device_error);
   BOOST_TEST(core->pools().used_memory() == 0u);
 }
 

@@ -329,7 +329,7 @@ BOOST_AUTO_TEST_CASE(test_outcomes_destroy_policy_cancel_skips_queued_work) {
       auto core = d.get_runner().core();
       // Held until the destructor has begun (stopping: after any cancel).
       b.schedule_task(d, {"held", [core] {
-                            eventually([&] { return core->stopping(); });
+                            eventually([&] { return core->life().stopping(); });
                           }});
       for (int i = 0; i < 50; ++i)
         b.schedule_task(d, {"queued", [&] { ++ran; }});

@@ -86,7 +86,7 @@ BOOST_AUTO_TEST_CASE(test_session_lease_a_device_runs_items_while_its_lease_hold
     BOOST_TEST_CONTEXT("driver " << driver) {
       auto core = make_core(driver);
       auto deadline = std::make_shared<std::atomic<int64_t>>(now_ns() + hour_ns);
-      core->set_lease(deadline, "the session's lease is over");
+      core->life().set_lease(deadline, "the session's lease is over");
       std::atomic<int> ran{0};
       auto seq = core->push(multidev::task{.work = [&] { ++ran; }});
       BOOST_TEST(multidev::to_string(settle(*core, seq)) == "done");
@@ -101,7 +101,7 @@ BOOST_AUTO_TEST_CASE(test_session_lease_a_device_past_its_lease_cancels_what_it_
     BOOST_TEST_CONTEXT("driver " << driver) {
       auto core = make_core(driver);
       auto deadline = std::make_shared<std::atomic<int64_t>>(now_ns() - 1);
-      core->set_lease(deadline, "the session's lease is over");
+      core->life().set_lease(deadline, "the session's lease is over");
       std::atomic<int> ran{0};
       auto seq = core->push(multidev::task{.work = [&] { ++ran; }});
       BOOST_TEST(multidev::to_string(settle(*core, seq)) == "cancelled");

@@ -200,7 +200,7 @@ BOOST_AUTO_TEST_CASE(test_trace_record_is_written_before_its_event_resolves) {
   auto looked = std::make_shared<std::latch>(2);
   auto look = [core, seen, looked](uint64_t seq) {
     return [core, seen, looked, seq](const std::string* error) {
-      for (const auto& r : core->trace().records)
+      for (const auto& r : core->inspect().trace().records)
         if (r.seq == seq)
           seen->push_back(r.description + (r.failed ? " failed" : "") +
                           (error ? " (event failed)" : ""));

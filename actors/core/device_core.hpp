@@ -33,13 +33,15 @@
 #include <utility>
 #include <vector>
 
+#include "actors/core/device_inspector.hpp"
+#include "actors/core/device_life.hpp"
+#include "actors/core/device_memory.hpp"
 #include "actors/core/exec_token.hpp"
 #include "actors/core/extra_cache.hpp"
 #include "actors/core/gate.hpp"
 #include "actors/core/gate_list.hpp"
 #include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
-#include "actors/core/lease.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
@@ -176,16 +178,9 @@ public:
 
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
-  bool is_idle() const noexcept {
-    return outcomes_.finished() == queue_.scheduled() && !failed();
-  }
   /// On this device's runner thread (or its stream's): the seq of the item
   /// the calling thread runs. Only for that thread.
   uint64_t running_item() const noexcept { return window_.async() ? current_item : executed_; }
-  /// The description of the task at `seq` while the runner runs it, when
-  /// the trace is on and the task has one (a described task); empty
-  /// otherwise. Any thread (a deadline's chain).
-  std::string running_description(uint64_t seq) const;
   /// The CPU this device's runner pinned itself to (`pin_runners`), or -1
   /// (not pinned, or not yet started).
   int runner_cpu() const noexcept { return cpu_.load(std::memory_order_relaxed); }
@@ -240,85 +235,32 @@ public:
 
   // -- Failure, cancellation, recovery ----------------------------------------
 
-  /// Drops the work queued and not yet started: those items resolve
-  /// cancelled, in seq order, as the runner reaches them (a running task is
-  /// not interrupted; a runner parked on a wait leaves it). The device stays
-  /// usable. Returns the last seq cancelled (0 when there was nothing).
-  uint64_t cancel(std::string why = {});
-  /// Makes the device a session's (actors/remote/node.cpp): its runner starts an
-  /// item only while `*deadline` (steady-clock nanoseconds) is in the
-  /// future; past it, it stores 0 there (the lease is over for good: a
-  /// renewal is refused) and cancels everything not started, saying `why`.
-  /// Call it before any work is scheduled. A device without a lease (every
-  /// ordinary backend's) pays one branch on a null pointer per item.
-  void set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why);
-  /// Kills the device: the work not yet started fails with `reason`, no new
-  /// work is accepted, the runner stops once it has resolved what it held.
-  void kill(std::string reason);
-  /// Brings a failed device back: events that failed stay failed, pools
-  /// survive, new work runs. False when the device had not failed (or was
-  /// killed or shut down: those do not come back).
-  bool recover();
-  /// Whether the device is failed now (refusing work until `recover`).
-  bool failed() const noexcept { return failed_flag_.load(std::memory_order_acquire); }
-  /// Throws the `device_error` new work would get when the device is failed
-  /// (or killed); returns otherwise. For `await` on a device whose last item
-  /// finished before it failed.
-  void throw_if_failed() const;
-
-  /// The failure message, if the device failed.
-  std::optional<std::string> error() const;
-  /// A waiter's error without the leading `"<this device's name>: "`, so the
-  /// name is said once when the error is wrapped again.
-  std::string reason_of(std::string_view error) const;
-  /// Throws `device_error` if the device failed.
-  void check() const;
-  /// Stops accepting work and cancels remote waits; does not wait.
-  void request_stop();
-  /// Whether `request_stop` or `shutdown` was called.
-  bool stopping() const;
-  /// Fails the pending waits that may never be answered once this device
-  /// stops: remote ones, and local ones whose owner is gone or not stopping.
-  /// `shutdown` calls it; a backend calls it on all its devices, after asking
-  /// them all to stop and before joining any, so a chain of waits that leaves
-  /// the backend anywhere is cut.
-  void cancel_unanswerable_waits();
-  /// Fails the pending remote waits (the actor that would have opened them
-  /// is gone) with `why`.
-  void cancel_remote_waits(const std::string& why);
+  /// The device's life and failure state (device_life.hpp): `cancel`,
+  /// `kill`, `recover`, `request_stop`, `set_lease`; `failed()`, `error()`,
+  /// `check()`, `stopping()`. Any thread.
+  device_life& life() noexcept { return life_; }
+  const device_life& life() const noexcept { return life_; }
   /// Stops accepting work, cancels the waits that may never be answered (see
-  /// `push_gate`), finishes what was accepted, joins the runner. Waits still
-  /// pending afterwards resolve as failed. Idempotent.
+  /// `push_gate`, `device_life::cancel_unanswerable_waits`), finishes what
+  /// was accepted, joins the runner. Waits still pending afterwards resolve
+  /// as failed. Idempotent.
   void shutdown();
 
   // -- Pools (called by the device actor) -------------------------------------
 
-  void alloc_pool(int id, std::size_t size, std::size_t alignment,
-                  std::optional<memory_mode> mode);
-  void free_pool(int id);
-  uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
-  /// Copies `bytes` into pool `id` at `offset`, ordered with the work (a
-  /// transfer from another process); returns its seq. Never waits for room.
-  uint64_t write_bytes(int id, std::size_t offset, std::shared_ptr<const std::string> bytes);
-  /// Copies `out->size()` bytes of pool `id` at `offset` into `*out`,
-  /// ordered with the work; returns its seq (`*out` is filled once it is
-  /// done). Never waits for room.
-  uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
+  /// The pool operations ordered with the work (device_memory.hpp):
+  /// `alloc_pool`, `free_pool`, `memset_zero`, `write_bytes`, `read_bytes`.
+  /// Any thread.
+  device_memory memory() noexcept { return {*this, pools_}; }
 
-  /// Queue, progress, waits, error and pools.
-  sexp debug_info() const;
-  /// The gates queued here, not opened and not yet passed by the runner
-  /// (pending, or failed and still ahead), in the order they were queued (a
-  /// gate being queued has seq 0); `parked`, if given, is set
-  /// to the one the runner is parked on (null when none). For the wait graph.
-  std::vector<std::shared_ptr<gate>> pending_gates(const gate** parked = nullptr) const;
+  // -- Inspection ----------------------------------------------------------------
 
-  // -- Trace (device_trace.cpp) -------------------------------------------------
-
-  /// A copy of the runner trace, taken without stopping the runner, with
-  /// the host threads' blocking waits on this device (`host_span`); empty,
-  /// with capacity 0, when tracing is off. Any thread.
-  device_trace trace() const;
+  /// What the state looks like from outside (device_inspector.hpp):
+  /// `debug_info`, `pending_gates`, `trace`, `running_description`,
+  /// `is_idle`. Any thread.
+  device_inspector inspect() const noexcept {
+    return {*this, gates_, gate_waiters_, extras_, trace_.get()};
+  }
 
 private:
   /// How many queue entries ahead a producer prefetches for writing, and the
@@ -339,12 +281,6 @@ private:
   /// caller makes a `named_extra`).
   static extra_ptr append_text(std::string& text, std::string_view description,
                                trace_kind kind);
-  /// Throws `refusal_locked()`. Call with the queue's lock held.
-  [[noreturn, gnu::noinline, gnu::cold]] void throw_refusal_locked() const;
-  /// The error a push gets from a failed, killed or stopped device. Call
-  /// with the queue's lock held.
-  device_error refusal_locked() const;
-  void release_later(std::shared_ptr<pool> old, const char* what);
   void run();
   /// Runner only (sync drivers): runs `batch_` from `pos_` until it is spent
   /// or reaches a pending gate; `first`: the batch was just taken (trace).
@@ -485,20 +421,10 @@ private:
   /// Runner only: resolves an item that `cancel`, `kill` or a failure
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
-  /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`. Call with the queue's lock held; no-op when nothing new is
-  /// scheduled.
-  void drop_locked(const failure_ptr& cause) noexcept {
-    outcomes_.drop_through(queue_.scheduled(std::memory_order_relaxed), cause);
-  }
   /// Fires the waiters of seqs up to `upto` with their outcomes; with
   /// `beyond`, also the waiters of seqs not resolved, with that cause (at
   /// shutdown). Never throws.
   void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
-  /// A failure of this device itself (no task): killed, shut down.
-  failure_ptr device_failure(std::string message) const;
-  /// Fails the pending gates `which` selects, with `why`.
-  void cancel_gates(bool (*which)(const gate&), const std::string& why);
   /// Wakes the runner if it sleeps.
   void ring() noexcept { queue_.ring(); }
 
@@ -512,9 +438,8 @@ private:
   // move each other's lines back and forth.
 
   // Producer side: the queue, its backpressure and the runner's doorbell.
-  // Its lock also guards killed_, error_ and drops_ below.
+  // Its lock also guards the life's state (life_ below) and drops.
   work_queue_t queue_;
-  bool killed_ = false; // guarded by queue_'s lock
 
   // What became of each seq, and who is told (its own lines: the runner
   // writes its first as it resolves items). Drops are made under the
@@ -522,7 +447,6 @@ private:
   outcome_board outcomes_;
   // Runner side.
   alignas(64) uint64_t executed_ = 0; // runner only: seq of the item it is running
-  std::atomic<bool> failed_flag_{false}; // mirrors queue_.failed_locked()
   // The runner's records and host threads' blocking waits on this device;
   // null when tracing is off; set once, at construction.
   std::unique_ptr<trace_ring> trace_;
@@ -533,8 +457,9 @@ private:
   // tasks that are neither orders nor waits never touch them.
   extra_cache extras_;
 
-  // Cold: errors, backpressure, waiters, pools.
-  alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
+  // Cold: the life and failure state (read-mostly: written only as the
+  // device fails, recovers, is killed or stops), waiters, pools.
+  alignas(64) device_life life_;
   /// Local waits of other devices on this one's seqs, registered without a
   /// resolver (see gate_waiters.hpp); guarded by the waiter lock
   /// (`outcomes_.waiters_mutex()`), whose minimum covers them.
@@ -595,18 +520,6 @@ private:
   // Hand-over (sync drivers): whether this device lends its token (see
   // exec_token.hpp). Set before the runner starts.
   bool hand_over_ = true;
-  // A session's lease (`set_lease`; see lease.hpp); none for a device
-  // without one. Checked by the runner before each item.
-  session_lease lease_;
-  /// Before an item starts: cancels the queue once the lease is over (one
-  /// branch on a null pointer without a lease).
-  void check_lease() noexcept {
-    if (lease_.over()) [[unlikely]]
-      cancel_past_lease();
-  }
-  /// The lease is over: cancels what is scheduled and not yet dropped,
-  /// saying `lease_.why()`.
-  [[gnu::cold]] void cancel_past_lease() noexcept;
   bool pin_runner_ = false; // set before the runner starts
   // The CPU the runner pinned itself to, -1 when not pinned (debug info).
   std::atomic<int> cpu_{-1};
@@ -633,5 +546,9 @@ private:
 
   std::thread thread_;
 };
+
+inline bool device_inspector::is_idle() const noexcept {
+  return core_.outcomes().finished() == core_.queue().scheduled() && !core_.life().failed();
+}
 
 } // namespace multidev::detail

@@ -136,7 +136,7 @@ void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolv
     auto cause = outcomes_.cause_of(seq);
     resolve(cause.get());
   } else {
-    auto cause = device_failure("device is shut down");
+    auto cause = life_.device_failure("device is shut down");
     resolve(cause.get());
   }
 }
@@ -266,7 +266,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     throw_failure(std::move(cause));
 }
 
-std::string device_core::reason_of(std::string_view error) const {
+std::string device_life::reason_of(std::string_view error) const {
   // "<name>: <reason>", or "<name> waited for ..." (a failure with a path).
   if (error.starts_with(name_)) {
     auto rest = error.substr(name_.size());
@@ -278,14 +278,14 @@ std::string device_core::reason_of(std::string_view error) const {
   return std::string{error};
 }
 
-device_core::failure_ptr device_core::device_failure(std::string message) const {
+device_life::failure_ptr device_life::device_failure(std::string message) const {
   auto f = std::make_shared<failure>();
   f->device = name_;
   f->message = std::move(message);
   return f;
 }
 
-std::optional<std::string> device_core::error() const {
+std::optional<std::string> device_life::error() const {
   std::lock_guard guard{queue_.mutex()};
   if (queue_.failed_locked() && error_)
     return error_->describe_reason();
@@ -294,7 +294,7 @@ std::optional<std::string> device_core::error() const {
   return std::nullopt;
 }
 
-void device_core::check() const {
+void device_life::check() const {
   failure_ptr e;
   {
     std::lock_guard guard{queue_.mutex()};

@@ -62,7 +62,7 @@ void device_core::run() {
           cpu_relax();
     }
     if (!take_batch(batch_, batch_text_)) {
-      if (stopping())
+      if (life_.stopping())
         return;
       continue;
     }
@@ -147,7 +147,7 @@ template <bool bare>
   // An item that neither completed nor failed (none does today) still
   // leaves its record.
   if (ring.running()) [[unlikely]]
-    trace_done(executed_, failed());
+    trace_done(executed_, life_.failed());
 }
 
 void device_core::run_bare_items_traced(bool first) {
@@ -525,18 +525,8 @@ bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
   return true;
 }
 
-void device_core::cancel_past_lease() noexcept {
-  if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
-    try {
-      cancel(lease_.why());
-    } catch (...) {
-      cancel();
-    }
-  }
-}
-
 [[gnu::always_inline]] inline void device_core::execute_bare(item& it) {
-  check_lease(); // a session's: nothing starts once its lease is over
+  life_.check_lease(); // a session's: nothing starts once its lease is over
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
   if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
@@ -576,16 +566,12 @@ void device_core::note_running_text(const item& it, uint64_t seq) noexcept {
   }
 }
 
-std::string device_core::running_description(uint64_t seq) const {
-  return trace_ ? trace_->running_text(seq) : std::string{};
-}
-
 void device_core::execute(item& it) {
   if (!it.extra.order_or_wait()) {
     execute_bare(it);
     return;
   }
-  check_lease();
+  life_.check_lease();
   auto seq = ++executed_;
   if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
@@ -783,7 +769,7 @@ void device_core::run_async() {
           it.extra = extra_ptr{};
         }
       }
-      check_lease();
+      life_.check_lease();
       window_.start(std::move(it), waited_since, gate_on_device);
       continue;
     }
@@ -893,14 +879,10 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   }
   {
     std::lock_guard guard{queue_.mutex()};
-    if (!killed_) {
-      queue_.refuse_locked(false, true); // wakes the producers waiting for room
-      failed_flag_.store(true, std::memory_order_release);
-      error_ = cause;
-    }
+    life_.fail_locked(cause); // wakes the producers waiting for room
     // What is queued behind the failure fails with it, in order (with a
     // generic cause, should there be no memory to record this one).
-    drop_locked(cause);
+    life_.drop_locked(cause);
   }
   resolve_bad(seq, std::move(cause));
   queue_.call_room_callback();

@@ -121,7 +121,7 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
         running.push_back(d.name());
       ep.cancel(); // fails what waits on it too
       if (auto* c = d.get_runner().local_core())
-        c->cancel(message);
+        c->life().cancel(message);
     } catch (const std::exception&) {
       // A device that failed to come up: nothing to cancel.
     }
