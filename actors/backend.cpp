@@ -384,7 +384,7 @@ void backend::await(const device& d, std::chrono::steady_clock::time_point deadl
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core()) {
     try {
-      c->sync_until(c->queue().scheduled(), deadline, "await");
+      c->events().sync_until(c->queue().scheduled(), deadline, "await");
     } catch (const device_error&) {
       // The last item failed; a device recovered since is not failed, and
       // the failure stays on the items' own events.

@@ -742,7 +742,7 @@ caf::result<uint64_t> copy_to(self_ptr self, int32_t id, uint64_t offset, uint64
                               {},
                               trace_kind::copy},
                          false);
-      c->when_resolved(seq, [me, destination, transfer](const failure* cause) {
+      c->events().when_resolved(seq, [me, destination, transfer](const failure* cause) {
         if (cause)
           send_from(me, destination,
                     caf::make_message(bytes_atom::value, transfer, make_error(*cause)));
@@ -773,7 +773,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     auto& st = self->state;
     st.monitored.erase(dm.source);
     if (st.remote_waiters.erase(dm.source) > 0)
-      st.core->drop_waiters([&dm](const device_core::resolver& r) {
+      st.core->events().drop_waiters([&dm](const device_core::resolver& r) {
         auto* w = r.target<wait_reply>();
         return w != nullptr && w->requester == dm.source;
       });
@@ -859,7 +859,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         // killed with the device), so every wait gets exactly one reply,
         // even after this actor has stopped -- unless its requester went
         // away first (the down handler).
-        c->when_resolved(seq, wait_reply{remote, std::move(to), seq});
+        c->events().when_resolved(seq, wait_reply{remote, std::move(to), seq});
         return true;
       };
       auto r = attempt(*c, registered);
@@ -874,7 +874,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       const auto& sender = self->current_sender();
       if (!sender)
         return;
-      self->state.core->drop_waiter(seq, [&](const device_core::resolver& r) {
+      self->state.core->events().drop_waiter(seq, [&](const device_core::resolver& r) {
         auto* w = r.target<wait_reply>();
         return w != nullptr && w->to.sender == sender
                && w->to.mid.request_id().integer_value() == request;
@@ -1002,7 +1002,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
           c->pools().span(id, offset, size, "read");
           auto out = std::make_shared<std::string>(size, '\0');
           auto seq = c->memory().read_bytes(id, offset, out);
-          c->when_resolved(seq, [to, out](const failure* cause) mutable {
+          c->events().when_resolved(seq, [to, out](const failure* cause) mutable {
             reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
                                         : caf::make_message(std::move(*out)));
           });

@@ -127,13 +127,13 @@ public:
   bool is_done(uint64_t seq) override { return c_.outcomes().is_done(seq); }
   bool is_failed(uint64_t seq) override { return c_.outcomes().is_failed(seq); }
   event_state state(uint64_t seq) override { return c_.outcomes().state(seq); }
-  void sync(uint64_t seq) override { c_.sync(seq); }
+  void sync(uint64_t seq) override { c_.events().sync(seq); }
   void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
-    c_.sync_until(seq, deadline);
+    c_.events().sync_until(seq, deadline);
   }
   void when_done(uint64_t seq, on_resolved cb) override {
     c_.check_scheduled(seq, "when_done");
-    c_.when_resolved(seq, std::move(cb));
+    c_.events().when_resolved(seq, std::move(cb));
   }
   void cancel() override { c_.life().cancel("cancelled by cancel(device)"); }
   bool recover() override { return c_.life().recover(); }
@@ -147,7 +147,7 @@ public:
   uint64_t all_work() override { return c_.queue().scheduled(); }
   void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
   void await_until(std::chrono::steady_clock::time_point deadline) override {
-    c_.sync_until(c_.queue().scheduled(), deadline, "await");
+    c_.events().sync_until(c_.queue().scheduled(), deadline, "await");
   }
   bool is_idle() override { return c_.inspect().is_idle(); }
   std::size_t queue_length() override { return c_.queue().scheduled() - c_.outcomes().finished(); }
@@ -230,7 +230,7 @@ public:
   std::string read_bytes(int id, std::size_t offset, std::size_t size) override {
     c_.wait_for_room();
     auto out = std::make_shared<std::string>(size, '\0');
-    c_.sync(c_.memory().read_bytes(id, offset, out));
+    c_.events().sync(c_.memory().read_bytes(id, offset, out));
     return std::move(*out);
   }
   std::size_t used_memory() override { return c_.pools().used_memory(); }

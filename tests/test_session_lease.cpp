@@ -35,7 +35,7 @@ std::shared_ptr<d::device_core> make_core(const char* driver) {
 /// Syncs on `seq` for at most 10 s; the event's state then.
 multidev::event_state settle(d::device_core& core, uint64_t seq) {
   try {
-    core.sync_until(seq, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    core.events().sync_until(seq, std::chrono::steady_clock::now() + std::chrono::seconds(10));
   } catch (const std::exception&) {
     // failed, cancelled or timed out: the state says which
   }

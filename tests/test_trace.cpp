@@ -207,8 +207,8 @@ BOOST_AUTO_TEST_CASE(test_trace_record_is_written_before_its_event_resolves) {
       looked->count_down();
     };
   };
-  core->when_done(2, look(2));
-  core->when_done(3, look(3));
+  core->events().when_done(2, look(2));
+  core->events().when_done(3, look(3));
   release->open();
   BOOST_CHECK_THROW(test_support::bounded([&] { b.await(d); }), device_error);
   test_support::bounded([&] { looked->wait(); }, "the waiters");

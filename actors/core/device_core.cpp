@@ -25,7 +25,7 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     results_(std::move(results)), queue_(queue_capacity, on_a_runner), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
-    life_(name_, queue_, outcomes_, gates_), pools_(name_),
+    life_(name_, queue_, outcomes_, gates_), events_(*this, outcomes_), pools_(name_),
     window_(*this, outcomes_, trace_ ? &trace_->clock() : nullptr, this) {
   window_.attach(driver_->open_stream(ordinal_, window_.sink()), max_in_flight);
   // An asynchronous driver's items run on its stream: nothing to hand over.
@@ -79,12 +79,12 @@ void device_core::shutdown() {
   if (outcomes_.finished() < queue_.scheduled()) {
     try {
       auto cause = life_.device_failure("device is shut down");
-      fire(UINT64_MAX, cause.get());
+      events_.fire(UINT64_MAX, cause.get());
     } catch (...) {
-      fire(UINT64_MAX, &shut_down_cause);
+      events_.fire(UINT64_MAX, &shut_down_cause);
     }
   } else {
-    fire(outcomes_.finished());
+    events_.fire(outcomes_.finished());
   }
   pools_.clear();
 }

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/core/device_events.hpp"
 #include "actors/core/device_inspector.hpp"
 #include "actors/core/device_life.hpp"
 #include "actors/core/device_memory.hpp"
@@ -82,6 +83,10 @@ inline thread_local uint64_t current_item = 0;
 /// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
                     private stream_window::owner {
+  // Fires on the runner, and asks its hand-over there (`try_claim`,
+  // `try_defer`); a task's sync serves the stream (`serve_started_until`).
+  friend class device_events;
+
 public:
   /// Why an event did not complete; shared by every event it resolves.
   using failure_ptr = outcome_board::failure_ptr;
@@ -205,33 +210,13 @@ public:
   /// holds there before it takes its token back, as a runner the kernel has
   /// not scheduled yet would (see `try_help`). Turning it off releases it.
   void hold_after_wake(bool on) noexcept;
-  /// Blocks until `seq` is done; throws `device_error` if it failed,
-  /// `deadlock_error` when called from this runner on a seq ahead of it,
-  /// `std::invalid_argument` when `seq` was never scheduled.
-  void sync(uint64_t seq);
-  /// `sync` that gives up at `deadline` (`time_point::max()`: never), with a
-  /// `timeout_error` saying why `seq` is not done (`wait_chain`). From a
-  /// task, also throws `deadlock_error` when the wait would close a cycle of
-  /// runners (see wait_graph.hpp). `what` names the call in errors.
-  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
-                  const char* what = "sync");
-  /// Calls `r` once `seq` is resolved (at once if it is): with nullptr when
-  /// done, with its cause when it failed or was cancelled. An exception
-  /// thrown by `r` is swallowed.
-  void when_resolved(uint64_t seq, resolver r);
-  /// `when_resolved` with the cause rendered as a message naming the device.
-  void when_done(uint64_t seq, waiter w);
-  /// Forgets the waiters for which `pred` holds, uncalled (their requester
-  /// is gone: a node that went away); returns how many.
-  std::size_t drop_waiters(const std::function<bool(const resolver&)>& pred);
-  /// Forgets one waiter of `seq` for which `pred` holds, uncalled (a sync
-  /// that gave up at its deadline); false when there is none: it has fired,
-  /// or is firing now.
-  bool drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred);
-  /// For tests: registers `w` without looking at progress, as a waiter does
-  /// that loses the race with `complete` (it stores itself after the runner
-  /// read the waiter minimum, and before it re-checks progress).
-  void add_waiter_unchecked(uint64_t seq, waiter w);
+
+  // -- Waiters and syncs ------------------------------------------------------
+
+  /// Who waits for this device's seqs, and the blocking syncs
+  /// (device_events.hpp): `sync`, `sync_until`, `when_resolved`,
+  /// `when_done`, `drop_waiter(s)`. Any thread.
+  device_events& events() noexcept { return events_; }
 
   // -- Failure, cancellation, recovery ----------------------------------------
 
@@ -259,7 +244,7 @@ public:
   /// `debug_info`, `pending_gates`, `trace`, `running_description`,
   /// `is_idle`. Any thread.
   device_inspector inspect() const noexcept {
-    return {*this, gates_, gate_waiters_, extras_, trace_.get()};
+    return {*this, gates_, events_, extras_, trace_.get()};
   }
 
 private:
@@ -421,10 +406,6 @@ private:
   /// Runner only: resolves an item that `cancel`, `kill` or a failure
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
-  /// Fires the waiters of seqs up to `upto` with their outcomes; with
-  /// `beyond`, also the waiters of seqs not resolved, with that cause (at
-  /// shutdown). Never throws.
-  void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
   /// Wakes the runner if it sleeps.
   void ring() noexcept { queue_.ring(); }
 
@@ -460,18 +441,8 @@ private:
   // Cold: the life and failure state (read-mostly: written only as the
   // device fails, recovers, is killed or stops), waiters, pools.
   alignas(64) device_life life_;
-  /// Local waits of other devices on this one's seqs, registered without a
-  /// resolver (see gate_waiters.hpp); guarded by the waiter lock
-  /// (`outcomes_.waiters_mutex()`), whose minimum covers them.
-  gate_waiters gate_waiters_;
-  /// Registers `w` with this (owner) device, or resolves it at once as
-  /// `when_resolved` would call a resolver. Moves from `w` only once it is
-  /// stored: when this throws (out of memory), `w` is as it was.
-  void when_resolved(gate_waiter&& w);
-  /// Both `when_resolved`s: `enter()` under the waiter lock while `seq` is
-  /// pending, else `resolve(cause)` at once (null cause: done).
-  template <class Enter, class Resolve>
-  void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
+  // Who waits for this device's seqs (the waiter lock guards them).
+  device_events events_;
   /// In `fire`, on this device's own runner: if the next item here is a
   /// pending gate on `w`'s device, and that device is parked at `w`'s gate,
   /// takes its token and opens the gate without waking its runner; this

@@ -21,7 +21,7 @@ sexp device_inspector::debug_info() const {
   std::string parked;
   {
     std::lock_guard guard{core_.outcomes().waiters_mutex()};
-    waiting = core_.outcomes().waiter_count_locked() + gate_waiters_.size_locked();
+    waiting = events_.count_locked();
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
     if (auto* p = gates_.parked_on(std::memory_order_acquire))

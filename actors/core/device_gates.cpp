@@ -145,7 +145,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   gate_waiter w{seq, std::move(g), weak_from_this(), this};
   // The gate may open at once, on this thread, or later on owner's runner.
   try {
-    owner->when_resolved(std::move(w));
+    owner->events_.when_resolved(std::move(w));
   } catch (...) {
     // The gate is queued: left pending, it would hold this device forever.
     // `w` still holds it (`when_resolved` moves from it only once stored).

@@ -28,19 +28,19 @@ namespace multidev::detail {
 class device_core;
 class extra_cache;
 class gate_list;
-class gate_waiters;
+class device_events;
 class trace_ring;
 struct gate;
 
 class device_inspector {
 public:
   /// The core's parts that the public interface does not show: its gates,
-  /// the waiters registered on its seqs, its extras' cache and its trace
+  /// who waits for its seqs, its extras' cache and its trace
   /// (null when tracing is off).
   device_inspector(const device_core& core, const gate_list& gates,
-                   const gate_waiters& gate_waiters, const extra_cache& extras,
+                   const device_events& events, const extra_cache& extras,
                    const trace_ring* trace) noexcept
-    : core_(core), gates_(gates), gate_waiters_(gate_waiters), extras_(extras), trace_(trace) {}
+    : core_(core), gates_(gates), events_(events), extras_(extras), trace_(trace) {}
 
   /// Queue, progress, waits, error and pools.
   sexp debug_info() const;
@@ -63,7 +63,7 @@ public:
 private:
   const device_core& core_;
   const gate_list& gates_;
-  const gate_waiters& gate_waiters_;
+  const device_events& events_;
   const extra_cache& extras_;
   const trace_ring* trace_;
 };

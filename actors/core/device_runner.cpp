@@ -680,7 +680,7 @@ void device_core::complete(uint64_t seq) {
   // stay unresolved -- forever if the next task waits for whoever is waiting
   // on this event.
   if (outcomes_.publish(seq))
-    fire(seq, nullptr);
+    events_.fire(seq, nullptr);
 }
 
 // -- Asynchronous drivers -----------------------------------------------------
