@@ -74,9 +74,13 @@ inline thread_local uint64_t current_item = 0;
 /// The state a device actor owns. Pieces with their own state and rules:
 /// `outcome_board` (what became of each seq, and who is told),
 /// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
-/// `stream_window` (an asynchronous driver's items in flight).
-/// Its members are defined by job: device_core.cpp (life: start, stop,
-/// shutdown), device_queue.cpp (the producer side and backpressure),
+/// `stream_window` (an asynchronous driver's items in flight). Its faces,
+/// one per job, reached through an accessor: `life()` (device_life: the
+/// failure state and its transitions), `events()` (device_events: waiters
+/// and syncs), `memory()` (device_memory: pool operations ordered with the
+/// work), `inspect()` (device_inspector: debug info, pending gates, trace).
+/// Definitions by job: device_core.cpp (start, shutdown; the life's
+/// transitions), device_queue.cpp (the producer side and backpressure),
 /// device_runner.cpp (the runner thread), device_gates.cpp (waits for other
 /// devices), device_events.cpp (waiters and syncs over the outcome board),
 /// device_pools.cpp (pool operations ordered with the work),
