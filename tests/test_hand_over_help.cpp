@@ -90,7 +90,8 @@ struct help_scenario {
     release_c->open();
     // Device 1's wait has opened and its runner was rung; held, it cannot
     // take its token back.
-    BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).pending_gates().empty(); }));
+    BOOST_REQUIRE(
+      test_support::eventually([&] { return t.core(1).inspect().pending_gates().empty(); }));
     release_a->open();
     return y;
   }
@@ -178,7 +179,8 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   t.b.schedule_task(t.d[0], {"y", [&s] { s.y_thread = std::this_thread::get_id(); }});
   auto y = t.b.all_work(t.d[0]);
   s.release_c->open();
-  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).pending_gates().empty(); }));
+  BOOST_REQUIRE(
+    test_support::eventually([&] { return t.core(1).inspect().pending_gates().empty(); }));
   s.release_a->open();
   // Device 0 parks at g and helps device 1 up to x, which completes while
   // device 1's runner is held.

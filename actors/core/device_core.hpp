@@ -33,6 +33,10 @@
 #include <utility>
 #include <vector>
 
+#include "actors/core/device_events.hpp"
+#include "actors/core/device_inspector.hpp"
+#include "actors/core/device_life.hpp"
+#include "actors/core/device_memory.hpp"
 #include "actors/core/device_runner.hpp"
 #include "actors/core/exec_token.hpp"
 #include "actors/core/extra_cache.hpp"
@@ -40,7 +44,6 @@
 #include "actors/core/gate_list.hpp"
 #include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
-#include "actors/core/lease.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
@@ -75,15 +78,25 @@ inline thread_local uint64_t current_item = 0;
 /// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
 /// `stream_window` (an asynchronous driver's items in flight),
 /// `device_runner` (the runner thread and the hand-over: device_runner.hpp).
-/// Its members are defined by job: device_core.cpp (life: start, stop,
-/// shutdown), device_queue.cpp (the producer side and backpressure),
+/// Its faces, one per job, reached through an accessor: `runner()`
+/// (device_runner), `life()` (device_life: the failure state and its
+/// transitions), `events()` (device_events: waiters and syncs), `memory()`
+/// (device_memory: pool operations ordered with the work), `inspect()`
+/// (device_inspector: debug info, pending gates, trace).
+/// Definitions by job: device_core.cpp (start, shutdown; the life's
+/// transitions), device_queue.cpp (the producer side and backpressure),
 /// device_runner.cpp (resolving items, beside the runner's definitions),
-/// device_gates.cpp (waits for other
-/// devices), device_events.cpp (waiters and syncs over the outcome board),
+/// device_gates.cpp (waits for other devices), device_events.cpp (waiters
+/// and syncs over the outcome board),
 /// device_pools.cpp (pool operations ordered with the work),
 /// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
                     private stream_window::owner {
+  // Reads the trace (a host thread's wait) and the window (a task's sync
+  // on an asynchronous driver's runner thread); asks the runner's hand-over
+  // as it fires (`runner().try_claim`, `try_defer`).
+  friend class device_events;
+
 public:
   /// Why an event did not complete; shared by every event it resolves.
   using failure_ptr = outcome_board::failure_ptr;
@@ -185,122 +198,42 @@ public:
 
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
-  bool is_idle() const noexcept {
-    return outcomes_.finished() == queue_.scheduled() && !failed();
-  }
-  /// The description of the task at `seq` while the runner runs it, when
-  /// the trace is on and the task has one (a described task); empty
-  /// otherwise. Any thread (a deadline's chain).
-  std::string running_description(uint64_t seq) const;
-  /// Blocks until `seq` is done; throws `device_error` if it failed,
-  /// `deadlock_error` when called from this runner on a seq ahead of it,
-  /// `std::invalid_argument` when `seq` was never scheduled.
-  void sync(uint64_t seq);
-  /// `sync` that gives up at `deadline` (`time_point::max()`: never), with a
-  /// `timeout_error` saying why `seq` is not done (`wait_chain`). From a
-  /// task, also throws `deadlock_error` when the wait would close a cycle of
-  /// runners (see wait_graph.hpp). `what` names the call in errors.
-  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
-                  const char* what = "sync");
-  /// Calls `r` once `seq` is resolved (at once if it is): with nullptr when
-  /// done, with its cause when it failed or was cancelled. An exception
-  /// thrown by `r` is swallowed.
-  void when_resolved(uint64_t seq, resolver r);
-  /// `when_resolved` with the cause rendered as a message naming the device.
-  void when_done(uint64_t seq, waiter w);
-  /// Forgets the waiters for which `pred` holds, uncalled (their requester
-  /// is gone: a node that went away); returns how many.
-  std::size_t drop_waiters(const std::function<bool(const resolver&)>& pred);
-  /// Forgets one waiter of `seq` for which `pred` holds, uncalled (a sync
-  /// that gave up at its deadline); false when there is none: it has fired,
-  /// or is firing now.
-  bool drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred);
-  /// For tests: registers `w` without looking at progress, as a waiter does
-  /// that loses the race with `complete` (it stores itself after the runner
-  /// read the waiter minimum, and before it re-checks progress).
-  void add_waiter_unchecked(uint64_t seq, waiter w);
+
+  // -- Waiters and syncs ------------------------------------------------------
+
+  /// Who waits for this device's seqs, and the blocking syncs
+  /// (device_events.hpp): `sync`, `sync_until`, `when_resolved`,
+  /// `when_done`, `drop_waiter(s)`. Any thread.
+  device_events& events() noexcept { return events_; }
 
   // -- Failure, cancellation, recovery ----------------------------------------
 
-  /// Drops the work queued and not yet started: those items resolve
-  /// cancelled, in seq order, as the runner reaches them (a running task is
-  /// not interrupted; a runner parked on a wait leaves it). The device stays
-  /// usable. Returns the last seq cancelled (0 when there was nothing).
-  uint64_t cancel(std::string why = {});
-  /// Makes the device a session's (actors/remote/node.cpp): its runner starts an
-  /// item only while `*deadline` (steady-clock nanoseconds) is in the
-  /// future; past it, it stores 0 there (the lease is over for good: a
-  /// renewal is refused) and cancels everything not started, saying `why`.
-  /// Call it before any work is scheduled. A device without a lease (every
-  /// ordinary backend's) pays one branch on a null pointer per item.
-  void set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why);
-  /// Kills the device: the work not yet started fails with `reason`, no new
-  /// work is accepted, the runner stops once it has resolved what it held.
-  void kill(std::string reason);
-  /// Brings a failed device back: events that failed stay failed, pools
-  /// survive, new work runs. False when the device had not failed (or was
-  /// killed or shut down: those do not come back).
-  bool recover();
-  /// Whether the device is failed now (refusing work until `recover`).
-  bool failed() const noexcept { return failed_flag_.load(std::memory_order_acquire); }
-  /// Throws the `device_error` new work would get when the device is failed
-  /// (or killed); returns otherwise. For `await` on a device whose last item
-  /// finished before it failed.
-  void throw_if_failed() const;
-
-  /// The failure message, if the device failed.
-  std::optional<std::string> error() const;
-  /// A waiter's error without the leading `"<this device's name>: "`, so the
-  /// name is said once when the error is wrapped again.
-  std::string reason_of(std::string_view error) const;
-  /// Throws `device_error` if the device failed.
-  void check() const;
-  /// Stops accepting work and cancels remote waits; does not wait.
-  void request_stop();
-  /// Whether `request_stop` or `shutdown` was called.
-  bool stopping() const;
-  /// Fails the pending waits that may never be answered once this device
-  /// stops: remote ones, and local ones whose owner is gone or not stopping.
-  /// `shutdown` calls it; a backend calls it on all its devices, after asking
-  /// them all to stop and before joining any, so a chain of waits that leaves
-  /// the backend anywhere is cut.
-  void cancel_unanswerable_waits();
-  /// Fails the pending remote waits (the actor that would have opened them
-  /// is gone) with `why`.
-  void cancel_remote_waits(const std::string& why);
+  /// The device's life and failure state (device_life.hpp): `cancel`,
+  /// `kill`, `recover`, `request_stop`, `set_lease`; `failed()`, `error()`,
+  /// `check()`, `stopping()`. Any thread.
+  device_life& life() noexcept { return life_; }
+  const device_life& life() const noexcept { return life_; }
   /// Stops accepting work, cancels the waits that may never be answered (see
-  /// `push_gate`), finishes what was accepted, joins the runner. Waits still
-  /// pending afterwards resolve as failed. Idempotent.
+  /// `push_gate`, `device_life::cancel_unanswerable_waits`), finishes what
+  /// was accepted, joins the runner. Waits still pending afterwards resolve
+  /// as failed. Idempotent.
   void shutdown();
 
   // -- Pools (called by the device actor) -------------------------------------
 
-  void alloc_pool(int id, std::size_t size, std::size_t alignment,
-                  std::optional<memory_mode> mode);
-  void free_pool(int id);
-  uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
-  /// Copies `bytes` into pool `id` at `offset`, ordered with the work (a
-  /// transfer from another process); returns its seq. Never waits for room.
-  uint64_t write_bytes(int id, std::size_t offset, std::shared_ptr<const std::string> bytes);
-  /// Copies `out->size()` bytes of pool `id` at `offset` into `*out`,
-  /// ordered with the work; returns its seq (`*out` is filled once it is
-  /// done). Never waits for room.
-  uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
+  /// The pool operations ordered with the work (device_memory.hpp):
+  /// `alloc_pool`, `free_pool`, `memset_zero`, `write_bytes`, `read_bytes`.
+  /// Any thread.
+  device_memory memory() noexcept { return {*this, pools_}; }
 
-  /// Queue, progress, waits, error and pools.
-  sexp debug_info() const;
-  /// The gates queued here, not opened and not yet passed by the runner
-  /// (pending, or failed and still ahead), in the order they were queued (a
-  /// gate being queued has seq 0); `parked`, if given, is set
-  /// to the one the runner is parked on (null when none). For the wait graph.
-  std::vector<std::shared_ptr<gate>> pending_gates(const gate** parked = nullptr) const;
+  // -- Inspection ----------------------------------------------------------------
 
-  // -- Trace (device_trace.cpp) -------------------------------------------------
-
-  /// A copy of the runner trace, taken without stopping the runner, with
-  /// the host threads' blocking waits on this device (`host_span`); empty,
-  /// with capacity 0, when tracing is off. Any thread.
-  device_trace trace() const;
+  /// What the state looks like from outside (device_inspector.hpp):
+  /// `debug_info`, `pending_gates`, `trace`, `running_description`,
+  /// `is_idle`. Any thread.
+  device_inspector inspect() const noexcept {
+    return {*this, gates_, events_, extras_, trace_.get()};
+  }
 
 private:
   /// The runner executes and resolves items with the pieces above and the
@@ -320,12 +253,6 @@ private:
   /// caller makes a `named_extra`).
   static extra_ptr append_text(std::string& text, std::string_view description,
                                trace_kind kind);
-  /// Throws `refusal_locked()`. Call with the queue's lock held.
-  [[noreturn, gnu::noinline, gnu::cold]] void throw_refusal_locked() const;
-  /// The error a push gets from a failed, killed or stopped device. Call
-  /// with the queue's lock held.
-  device_error refusal_locked() const;
-  void release_later(std::shared_ptr<pool> old, const char* what);
   /// The window resolves an item (stream_window::owner): under its retire
   /// lock, in seq order, on the runner or the thread the stream reports on.
   void resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept override;
@@ -357,20 +284,6 @@ private:
   /// Runner only: resolves an item that `cancel`, `kill` or a failure
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
-  /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`. Call with the queue's lock held; no-op when nothing new is
-  /// scheduled.
-  void drop_locked(const failure_ptr& cause) noexcept {
-    outcomes_.drop_through(queue_.scheduled(std::memory_order_relaxed), cause);
-  }
-  /// Fires the waiters of seqs up to `upto` with their outcomes; with
-  /// `beyond`, also the waiters of seqs not resolved, with that cause (at
-  /// shutdown). Never throws.
-  void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
-  /// A failure of this device itself (no task): killed, shut down.
-  failure_ptr device_failure(std::string message) const;
-  /// Fails the pending gates `which` selects, with `why`.
-  void cancel_gates(bool (*which)(const gate&), const std::string& why);
   /// Wakes the runner if it sleeps.
   void ring() noexcept { queue_.ring(); }
 
@@ -384,19 +297,17 @@ private:
   // move each other's lines back and forth.
 
   // Producer side: the queue, its backpressure and the runner's doorbell.
-  // Its lock also guards killed_, error_ and drops_ below.
+  // Its lock also guards the life's state (life_ below) and drops.
   work_queue_t queue_;
-  bool killed_ = false; // guarded by queue_'s lock
 
   // What became of each seq, and who is told (its own lines: the runner
   // writes its first as it resolves items). Drops are made under the
   // queue's lock.
   outcome_board outcomes_;
-  // Runner side (the runner's own fields: `runner_`, last).
-  alignas(64) std::atomic<bool> failed_flag_{false}; // mirrors queue_.failed_locked()
-  // The runner's records and host threads' blocking waits on this device;
-  // null when tracing is off; set once, at construction.
-  std::unique_ptr<trace_ring> trace_;
+  // Runner side (the runner's own fields: `runner_`, last). The runner's
+  // records and host threads' blocking waits on this device; null when
+  // tracing is off; set once, at construction.
+  alignas(64) std::unique_ptr<trace_ring> trace_;
 
   // Orders' and waits' extras for reuse (see extra_cache.hpp): producers
   // take them, the runner hands them back as it takes a batch. Two lines of
@@ -404,20 +315,11 @@ private:
   // tasks that are neither orders nor waits never touch them.
   extra_cache extras_;
 
-  // Cold: errors, backpressure, waiters, pools.
-  alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
-  /// Local waits of other devices on this one's seqs, registered without a
-  /// resolver (see gate_waiters.hpp); guarded by the waiter lock
-  /// (`outcomes_.waiters_mutex()`), whose minimum covers them.
-  gate_waiters gate_waiters_;
-  /// Registers `w` with this (owner) device, or resolves it at once as
-  /// `when_resolved` would call a resolver. Moves from `w` only once it is
-  /// stored: when this throws (out of memory), `w` is as it was.
-  void when_resolved(gate_waiter&& w);
-  /// Both `when_resolved`s: `enter()` under the waiter lock while `seq` is
-  /// pending, else `resolve(cause)` at once (null cause: done).
-  template <class Enter, class Resolve>
-  void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
+  // Cold: the life and failure state (read-mostly: written only as the
+  // device fails, recovers, is killed or stops), waiters, pools.
+  alignas(64) device_life life_;
+  // Who waits for this device's seqs (the waiter lock guards them).
+  device_events events_;
   // The gates queued here, pending or passed (counted), and the one the
   // device is parked at. Guarded by the waiter lock (outcomes_.waiters_mutex();
   // see gate_list).
@@ -432,18 +334,6 @@ private:
   // members its completions touch, after the runner.
   stream_window window_;
 
-  // A session's lease (`set_lease`; see lease.hpp); none for a device
-  // without one. Checked by the runner before each item.
-  session_lease lease_;
-  /// Before an item starts: cancels the queue once the lease is over (one
-  /// branch on a null pointer without a lease).
-  void check_lease() noexcept {
-    if (lease_.over()) [[unlikely]]
-      cancel_past_lease();
-  }
-  /// The lease is over: cancels what is scheduled and not yet dropped,
-  /// saying `lease_.why()`.
-  [[gnu::cold]] void cancel_past_lease() noexcept;
   // The runner thread, its batch and the hand-over (device_runner.hpp):
   // last, so that it goes first (its thread is joined by then).
   device_runner runner_{*this};
@@ -457,6 +347,10 @@ inline uint64_t device_runner::running_item() const noexcept {
 
 inline void device_runner::wake_runner() noexcept {
   core_.ring();
+}
+
+inline bool device_inspector::is_idle() const noexcept {
+  return core_.outcomes().finished() == core_.queue().scheduled() && !core_.life().failed();
 }
 
 } // namespace multidev::detail

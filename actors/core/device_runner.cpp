@@ -70,7 +70,7 @@ void device_runner::run() {
           cpu_relax();
     }
     if (!take_batch(batch_.items())) {
-      if (core_.stopping())
+      if (core_.life_.stopping())
         return;
       continue;
     }
@@ -155,7 +155,7 @@ template <bool bare>
   // An item that neither completed nor failed (none does today) still
   // leaves its record.
   if (ring.running()) [[unlikely]]
-    trace_done(executed_, core_.failed());
+    trace_done(executed_, core_.life_.failed());
 }
 
 void device_runner::run_bare_items_traced(bool first) {
@@ -494,18 +494,8 @@ bool device_runner::take_batch(std::vector<item>& batch) {
   return true;
 }
 
-void device_core::cancel_past_lease() noexcept {
-  if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
-    try {
-      cancel(lease_.why());
-    } catch (...) {
-      cancel();
-    }
-  }
-}
-
 [[gnu::always_inline]] inline void device_runner::execute_bare(item& it) {
-  core_.check_lease(); // a session's: nothing starts once its lease is over
+  core_.life_.check_lease(); // a session's: nothing starts once its lease is over
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
   if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
@@ -545,16 +535,12 @@ void device_runner::note_running_text(const item& it, uint64_t seq) noexcept {
   }
 }
 
-std::string device_core::running_description(uint64_t seq) const {
-  return trace_ ? trace_->running_text(seq) : std::string{};
-}
-
 void device_runner::execute(item& it) {
   if (!it.extra.order_or_wait()) {
     execute_bare(it);
     return;
   }
-  core_.check_lease();
+  core_.life_.check_lease();
   auto seq = ++executed_;
   if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
@@ -663,7 +649,7 @@ void device_core::complete(uint64_t seq) {
   // stay unresolved -- forever if the next task waits for whoever is waiting
   // on this event.
   if (outcomes_.publish(seq))
-    fire(seq, nullptr);
+    events_.fire(seq, nullptr);
 }
 
 void device_core::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
@@ -712,14 +698,10 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   }
   {
     std::lock_guard guard{queue_.mutex()};
-    if (!killed_) {
-      queue_.refuse_locked(false, true); // wakes the producers waiting for room
-      failed_flag_.store(true, std::memory_order_release);
-      error_ = cause;
-    }
+    life_.fail_locked(cause); // wakes the producers waiting for room
     // What is queued behind the failure fails with it, in order (with a
     // generic cause, should there be no memory to record this one).
-    drop_locked(cause);
+    life_.drop_locked(cause);
   }
   resolve_bad(seq, std::move(cause));
   queue_.call_room_callback();

@@ -202,7 +202,7 @@ private:
   template <bool bare = false>
   void execute_traced(item& it, bool first_in_batch, int64_t start_ns = 0);
   /// Notes `it`'s text (a described task's) as running at `seq` in the
-  /// trace (`device_core::running_description`); trace on only.
+  /// trace (`device_inspector::running_description`); trace on only.
   void note_running_text(const item& it, uint64_t seq) noexcept;
 
   /// Whether the gate `g`, item `seq` here, no longer holds this device:

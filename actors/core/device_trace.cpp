@@ -77,12 +77,16 @@ void device_runner::trace_done(uint64_t seq, bool failed) noexcept {
   }();
 }
 
-device_trace device_core::trace() const {
+device_trace device_inspector::trace() const {
   if (trace_)
-    return trace_->snapshot(name_);
+    return trace_->snapshot(core_.name());
   device_trace t;
-  t.device = name_;
+  t.device = core_.name();
   return t;
+}
+
+std::string device_inspector::running_description(uint64_t seq) const {
+  return trace_ ? trace_->running_text(seq) : std::string{};
 }
 
 } // namespace multidev::detail

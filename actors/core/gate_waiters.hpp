@@ -57,7 +57,7 @@ public:
   // -- Under the waiter lock ------------------------------------------------------
 
   /// Lists `w`, in seq order (the registration half of
-  /// `device_core::when_resolved`; the caller then updates the minimum).
+  /// `device_events::when_resolved`; the caller then updates the minimum).
   /// Moves from `w` only once it is stored: when this throws (out of
   /// memory), `w` is as it was.
   void add_locked(gate_waiter&& w);

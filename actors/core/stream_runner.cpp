@@ -104,7 +104,7 @@ void stream_runner::start_next() {
       it.extra = extra_ptr{};
     }
   }
-  core_.check_lease();
+  core_.life_.check_lease();
   core_.window_.start(std::move(it), waited_since, gate_on_device);
 }
 
