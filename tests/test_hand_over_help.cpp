@@ -275,7 +275,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_runner_that_will_wait_leaves_the_slee
   deferred_run r{std::chrono::seconds{30}, false};
   auto& t = r.t;
   auto& s = r.s;
-  BOOST_TEST(t.core(1).token().deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 1u);
   BOOST_TEST(t.core(1).queue().rings() == s.rings_before, "device 1's runner was woken");
   BOOST_TEST((s.x_thread == t.runner[0]), "x ran on device 0's runner");
   BOOST_TEST(std::stoull(t.field(1, "run_by_others")) >= 1);
@@ -294,7 +294,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferred_wake_nobo
   deferred_run r{std::chrono::milliseconds{1}, true};
   auto& t = r.t;
   auto& s = r.s;
-  BOOST_TEST(t.core(1).token().deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 1u);
   BOOST_TEST(s.saw_x, "x never ran while device 0 waited for it in a task");
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner, rung");
   BOOST_TEST(t.core(1).queue().rings() > s.rings_before);
@@ -306,7 +306,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_runs_under_the_batch_polic
   // backstop.cpp). Its period here outlasts the test, so its thread still
   // runs, with the deferral left to ring.
   deferred_run r{std::chrono::seconds{30}, false};
-  BOOST_TEST(r.t.core(1).token().deferred_wakes() == 1u);
+  BOOST_TEST(r.t.core(1).runner().token().deferred_wakes() == 1u);
   auto& backstop = detail::wake_backstop::instance();
   BOOST_REQUIRE(test_support::eventually([&] { return backstop.thread_id() != 0; }));
   BOOST_TEST(sched_getscheduler(backstop.thread_id()) == SCHED_BATCH);
@@ -333,7 +333,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferral_made_whil
   auto rang = backstop.rang();
   deferral_scenario second{t, true};
   sync(t.b, second.y);
-  BOOST_TEST(t.core(1).token().deferred_wakes() == 2u);
+  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 2u);
   BOOST_TEST(second.saw_x, "the lingering backstop did not ring the second deferral");
   BOOST_TEST(backstop.rang() > rang);
 }
@@ -358,7 +358,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rin
   t.b.will_wait_for(t.ctx[0], x);
   auto y = t.b.all_work(t.d[0]);
   hold->open();
-  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).token().deferred_wakes() == 1u; }));
+  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).runner().token().deferred_wakes() == 1u; }));
   // Bounded: a host that did not ring would wait for the backstop's 30 s.
   BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
   BOOST_TEST((x_thread == t.runner[1]));

@@ -135,10 +135,8 @@ public:
   /// The pools as of the end of the queue: `find(id)`, `span(...)`,
   /// `used_memory()`. Any thread.
   const pool_table& pools() const noexcept { return pools_; }
-  /// Who may run this device's items (`state_name()`), and the hand-over's
-  /// counters (`run_by_others()`, `deferred_wakes()`). Any thread.
-  const exec_token& token() const noexcept { return runner_.token(); }
-  /// The runner: `running_item()`, `runner_cpu()`, `ring_if_deferred`,
+  /// The runner: `token()` (who may run this device's items, and the
+  /// hand-over's counters), `running_item()`, `runner_cpu()`, `ring_if_deferred`,
   /// `ring_deferred`, `wake_runner`, the tests' `hold_after_wake` (see
   /// device_runner.hpp for which thread may call what).
   device_runner& runner() noexcept { return runner_; }
@@ -258,7 +256,7 @@ private:
   void resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept override;
   /// The window has room or items to resolve (stream_window::owner): rings
   /// the runner.
-  void window_changed() noexcept override { ring(); }
+  void window_changed() noexcept override { queue_.ring(); }
   /// Why a task failed, from what it threw.
   failure_ptr task_failure(const item& it, uint64_t seq, std::exception_ptr e) const;
   /// Why a wait failed: the awaited event's cause, with this wait in front
@@ -284,8 +282,6 @@ private:
   /// Runner only: resolves an item that `cancel`, `kill` or a failure
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
-  /// Wakes the runner if it sleeps.
-  void ring() noexcept { queue_.ring(); }
 
   std::string name_;
   int ordinal_;
@@ -346,7 +342,7 @@ inline uint64_t device_runner::running_item() const noexcept {
 }
 
 inline void device_runner::wake_runner() noexcept {
-  core_.ring();
+  core_.queue_.ring();
 }
 
 inline bool device_inspector::is_idle() const noexcept {

@@ -241,7 +241,7 @@ std::shared_ptr<const failure> gate::owner_failure(const std::string& message) c
 
 void device_core::resolve_gate(gate& g, const failure_ptr& cause) noexcept {
   if (g.settle(cause))
-    ring();
+    queue_.ring();
 }
 
 void device_core::resolve_gate(gate& g, const std::string* error) noexcept {

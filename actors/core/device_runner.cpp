@@ -269,7 +269,7 @@ void device_runner::lend_at(const gate& g, uint64_t seq) noexcept {
   // ringing (Dekker: it stores the gate's state, then tries the token): a
   // runner that slept through that ring must see the wait ended.
   if (gate_ended(g, seq))
-    core_.ring();
+    core_.queue_.ring();
 }
 
 bool device_runner::try_claim(const gate_waiter& w) noexcept {
@@ -377,7 +377,7 @@ bool device_runner::try_defer(const gate_waiter& w) noexcept {
 bool device_runner::ring_if_deferred(uint64_t stamp) noexcept {
   if (!token_.clear_deferral(stamp))
     return false;
-  core_.ring();
+  core_.queue_.ring();
   return true;
 }
 
@@ -468,7 +468,7 @@ void device_runner::hand_back() noexcept {
   } else {
     token_.give_back();
   }
-  core_.ring();
+  core_.queue_.ring();
 }
 
 bool device_runner::take_batch(std::vector<item>& batch) {

@@ -143,7 +143,7 @@ bool stream_runner::order_on_device(const gate& g) {
   return core_.driver_->order_after(core_.ordinal_, owner->ordinal(), g.owner_seq,
                                     [&core = core_] {
                                       core.window_.ask_again();
-                                      core.ring();
+                                      core.queue_.ring();
                                     });
 }
 
