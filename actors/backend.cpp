@@ -180,7 +180,7 @@ device backend::get_device(int ordinal) {
     impl_->opts.trace_capacity, impl_->opts.max_in_flight, impl_->opts.hand_over,
     impl_->opts.pin_runners && local >= 2); // one device: no runner waits on another
   if (impl_->lease)
-    core->set_lease(impl_->lease, impl_->lease_why);
+    core->life().set_lease(impl_->lease, impl_->lease_why);
   if (impl_->guard)
     impl_->guard->count(core); // the session's memory quota
   auto id = static_cast<uint32_t>(rec->device_id);
@@ -384,15 +384,15 @@ void backend::await(const device& d, std::chrono::steady_clock::time_point deadl
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core()) {
     try {
-      c->sync_until(c->queue().scheduled(), deadline, "await");
+      c->events().sync_until(c->queue().scheduled(), deadline, "await");
     } catch (const device_error&) {
       // The last item failed; a device recovered since is not failed, and
       // the failure stays on the items' own events.
-      if (c->failed())
+      if (c->life().failed())
         throw;
     }
     // Failed (or killed) after its last item finished: it is failed all the same.
-    c->throw_if_failed();
+    c->life().throw_if_failed();
   } else {
     rec.ep().await_until(deadline);
   }

@@ -142,11 +142,11 @@ void backend_impl::stop_accepting() {
   // queue may be waiting on another device.
   if (opts.on_destroy == backend_options::destroy_policy::cancel)
     for (auto& c : all)
-      c->cancel("cancelled: the backend was destroyed");
+      c->life().cancel("cancelled: the backend was destroyed");
   for (auto& c : all)
-    c->request_stop();
+    c->life().request_stop();
   for (auto& c : all) // every device stops: cut what leaves the backend
-    c->cancel_unanswerable_waits();
+    c->life().cancel_unanswerable_waits();
   // The attached devices' links go too: calls still waiting on them (a task
   // syncing on a remote event, a host thread) fail instead of holding the
   // joins that follow.

@@ -797,7 +797,7 @@ caf::result<uint64_t> copy_to(self_ptr self, int32_t id, uint64_t offset, uint64
                               {},
                               trace_kind::copy},
                          false);
-      c->when_resolved(seq, [me, destination, transfer](const failure* cause) {
+      c->events().when_resolved(seq, [me, destination, transfer](const failure* cause) {
         if (cause)
           send_from(me, destination,
                     caf::make_message(bytes_atom::value, transfer, make_error(*cause)));
@@ -828,7 +828,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     auto& st = self->state;
     st.monitored.erase(dm.source);
     if (st.remote_waiters.erase(dm.source) > 0)
-      st.core->drop_waiters([&dm](const device_core::resolver& r) {
+      st.core->events().drop_waiters([&dm](const device_core::resolver& r) {
         auto* w = r.target<wait_reply>();
         return w != nullptr && w->requester == dm.source;
       });
@@ -856,10 +856,10 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     } catch (...) {
       text = "unknown reason";
     }
-    c->kill("the device actor exited (" + text + ")"); // idempotent
+    c->life().kill("the device actor exited (" + text + ")"); // idempotent
     // Left by a kill of a device already stopping: the answers cannot come.
     static const std::string why = "the device's actor stopped before the answer came";
-    c->cancel_remote_waits(why);
+    c->life().cancel_remote_waits(why);
   };
   self->set_exit_handler([self, kill_device](caf::exit_msg& msg) {
     // On whichever thread delivers it (the multiplexer's, for a link's
@@ -923,7 +923,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         // killed with the device), so every wait gets exactly one reply,
         // even after this actor has stopped -- unless its requester went
         // away first (the down handler).
-        c->when_resolved(seq, wait_reply{remote, std::move(to), seq});
+        c->events().when_resolved(seq, wait_reply{remote, std::move(to), seq});
         return true;
       };
       auto r = attempt(*c, registered);
@@ -938,7 +938,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       const auto& sender = self->current_sender();
       if (!sender)
         return;
-      self->state.core->drop_waiter(seq, [&](const device_core::resolver& r) {
+      self->state.core->events().drop_waiter(seq, [&](const device_core::resolver& r) {
         auto* w = r.target<wait_reply>();
         return w != nullptr && w->to.sender == sender
                && w->to.mid.request_id().integer_value() == request;
@@ -1022,7 +1022,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
         std::optional<memory_mode> m;
         if (mode >= 0 && mode <= static_cast<int32_t>(memory_mode::materialized))
           m = static_cast<memory_mode>(mode);
-        c->alloc_pool(id, size, alignment, m);
+        c->memory().alloc_pool(id, size, alignment, m);
         return static_cast<uint64_t>(c->pools().used_memory());
       });
     },
@@ -1030,7 +1030,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
       return ordered(self, [c, id] {
-        c->free_pool(id);
+        c->memory().free_pool(id);
         return static_cast<uint64_t>(c->pools().used_memory());
       });
     },
@@ -1038,7 +1038,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
            uint64_t size) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto c = self->state.core;
-      return ordered(self, [c, id, offset, size] { return c->memset_zero(id, offset, size); });
+      return ordered(self,
+                     [c, id, offset, size] { return c->memory().memset_zero(id, offset, size); });
     },
     [self, guard](write_atom, int32_t id, uint64_t offset,
                   const std::string& bytes) -> caf::result<uint64_t> {
@@ -1047,14 +1048,14 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       auto data = std::make_shared<const std::string>(bytes);
       return ordered(self, [c, id, offset, data, guard] {
         if (!guard)
-          return c->write_bytes(id, offset, data);
+          return c->memory().write_bytes(id, offset, data);
         // A session's bytes held until the write ran count against its quota.
         auto n = data->size();
         guard->take_transfer(n, "write");
         uint64_t seq = 0;
         try {
-          seq = c->write_bytes(id, offset, data);
-          c->when_resolved(seq, [guard, n](const failure*) { guard->release_transfer(n); });
+          seq = c->memory().write_bytes(id, offset, data);
+          c->events().when_resolved(seq, [guard, n](const failure*) { guard->release_transfer(n); });
         } catch (...) {
           if (seq == 0)
             guard->release_transfer(n);
@@ -1089,8 +1090,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
           uint64_t seq = 0;
           try {
             auto out = std::make_shared<std::string>(size, '\0');
-            seq = c->read_bytes(id, offset, out);
-            c->when_resolved(seq, [to, out, guard, size](const failure* cause) mutable {
+            seq = c->memory().read_bytes(id, offset, out);
+            c->events().when_resolved(seq, [to, out, guard, size](const failure* cause) mutable {
               if (guard)
                 guard->release_transfer(size);
               reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
@@ -1120,12 +1121,12 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](idle_atom) -> bool {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.deferred.empty() && self->state.core->is_idle();
+      return self->state.deferred.empty() && self->state.core->inspect().is_idle();
     },
     [self](memory_atom) -> uint64_t { return self->state.core->pools().used_memory(); },
     [self](debug_atom) -> std::string {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      auto info = self->state.core->debug_info();
+      auto info = self->state.core->inspect().debug_info();
       info.push_back(wait_graph_info_of(self->state.core));
       return info.to_string();
     },
@@ -1166,13 +1167,13 @@ device_actor_full::behavior_type device_impl(self_ptr self,
     },
     [self](cancel_atom) -> uint64_t {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.core->cancel("cancelled by cancel(device)");
+      return self->state.core->life().cancel("cancelled by cancel(device)");
     },
     [self](recover_atom) -> bool {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      return self->state.core->recover();
+      return self->state.core->life().recover();
     },
-    [self](trace_atom) -> device_trace { return self->state.core->trace(); },
+    [self](trace_atom) -> device_trace { return self->state.core->inspect().trace(); },
     [self](result_atom, const std::string& name) -> caf::result<bool, kernel_result> {
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       if (auto err = refused(*self->state.core, [&] { check_result(name); }))

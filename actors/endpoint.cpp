@@ -127,16 +127,16 @@ public:
   bool is_done(uint64_t seq) override { return c_.outcomes().is_done(seq); }
   bool is_failed(uint64_t seq) override { return c_.outcomes().is_failed(seq); }
   event_state state(uint64_t seq) override { return c_.outcomes().state(seq); }
-  void sync(uint64_t seq) override { c_.sync(seq); }
+  void sync(uint64_t seq) override { c_.events().sync(seq); }
   void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline) override {
-    c_.sync_until(seq, deadline);
+    c_.events().sync_until(seq, deadline);
   }
   void when_done(uint64_t seq, on_resolved cb) override {
     c_.check_scheduled(seq, "when_done");
-    c_.when_resolved(seq, std::move(cb));
+    c_.events().when_resolved(seq, std::move(cb));
   }
-  void cancel() override { c_.cancel("cancelled by cancel(device)"); }
-  bool recover() override { return c_.recover(); }
+  void cancel() override { c_.life().cancel("cancelled by cancel(device)"); }
+  bool recover() override { return c_.life().recover(); }
 
   uint64_t schedule_named(const task_spec& spec) override {
     return c_.push(bind_spec(core(), spec).work);
@@ -147,9 +147,9 @@ public:
   uint64_t all_work() override { return c_.queue().scheduled(); }
   void await() override { await_until(std::chrono::steady_clock::time_point::max()); }
   void await_until(std::chrono::steady_clock::time_point deadline) override {
-    c_.sync_until(c_.queue().scheduled(), deadline, "await");
+    c_.events().sync_until(c_.queue().scheduled(), deadline, "await");
   }
-  bool is_idle() override { return c_.is_idle(); }
+  bool is_idle() override { return c_.inspect().is_idle(); }
   std::size_t queue_length() override { return c_.queue().scheduled() - c_.outcomes().finished(); }
 
   void flush() override {
@@ -216,25 +216,26 @@ public:
 
   void alloc_pool(int id, std::size_t size, std::size_t alignment,
                   std::optional<memory_mode> mode) override {
-    c_.alloc_pool(id, size, alignment, mode);
+    c_.memory().alloc_pool(id, size, alignment, mode);
   }
-  void free_pool(int id) override { c_.free_pool(id); }
+  void free_pool(int id) override { c_.memory().free_pool(id); }
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size) override {
-    return c_.memset_zero(id, offset, size);
+    return c_.memory().memset_zero(id, offset, size);
   }
   uint64_t write_bytes(int id, std::size_t offset, std::string bytes) override {
     c_.wait_for_room();
-    return c_.write_bytes(id, offset, std::make_shared<const std::string>(std::move(bytes)));
+    return c_.memory().write_bytes(id, offset,
+                                   std::make_shared<const std::string>(std::move(bytes)));
   }
   std::string read_bytes(int id, std::size_t offset, std::size_t size) override {
     c_.wait_for_room();
     auto out = std::make_shared<std::string>(size, '\0');
-    c_.sync(c_.read_bytes(id, offset, out));
+    c_.events().sync(c_.memory().read_bytes(id, offset, out));
     return std::move(*out);
   }
   std::size_t used_memory() override { return c_.pools().used_memory(); }
-  sexp debug_info() override { return c_.debug_info(); }
-  device_trace trace() override { return c_.trace(); }
+  sexp debug_info() override { return c_.inspect().debug_info(); }
+  device_trace trace() override { return c_.inspect().trace(); }
   std::optional<kernel_result> result(const std::string& name) override {
     return c_.results().get(name);
   }

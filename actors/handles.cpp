@@ -142,7 +142,7 @@ void event::sync(std::chrono::steady_clock::time_point deadline) const {
 void event::sync() const {
   if (ep_) {
     if (auto* c = ep_->core().get())
-      c->sync(seq_);
+      c->events().sync(seq_);
     else
       ep_->sync(seq_);
     return;

@@ -61,7 +61,7 @@ void edges_of(const wait_table& t, const device_core& d, uint64_t seq,
     else if (i->second.first < os)
       i->second = {os, how()};
   };
-  for (const auto& g : d.pending_gates()) {
+  for (const auto& g : d.inspect().pending_gates()) {
     auto at = g->seq.load();
     if (at == 0 || at > seq || g->state.load() == gate::failed)
       continue; // a failed gate holds nothing: it fails its device when reached
@@ -169,7 +169,7 @@ std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* 
     auto finished = d->outcomes().finished();
     if (seq <= finished)
       return out + fmt::format("has finished seq {} now", seq);
-    if (auto err = d->error())
+    if (auto err = d->life().error())
       return out + fmt::format("has failed: {}", *err);
     if (std::find(seen.begin(), seen.end(), std::pair{d, seq}) != seen.end())
       return out + "closes a cycle";
@@ -177,7 +177,7 @@ std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* 
     // What holds the runner: the gate it is parked on, or its task blocked
     // in a sync; else it is running (or about to run) its next item.
     const gate* parked = nullptr;
-    auto gates = d->pending_gates(&parked);
+    auto gates = d->inspect().pending_gates(&parked);
     std::shared_ptr<gate> held_by;
     for (auto& g : gates)
       if (g.get() == parked && g->seq.load() <= seq)
@@ -214,7 +214,7 @@ std::string wait_chain_rest(const device_core& owner, uint64_t seq, remote_hop* 
     }
     auto ahead = seq - finished - 1;
     // The task it runs, by its description when the trace holds it.
-    auto what = d->running_description(finished + 1);
+    auto what = d->inspect().running_description(finished + 1);
     auto running = what.empty() ? fmt::format("is running its seq {}", finished + 1)
                                 : fmt::format("is running '{}' (its seq {})", what, finished + 1);
     if (ahead == 0)
@@ -323,7 +323,7 @@ sexp graph_info(std::span<const std::shared_ptr<device_core>> devices, bool only
   auto info = sexp::list({sexp::atom("wait_for")});
   for (const auto& d : devices) {
     const gate* parked = nullptr;
-    for (const auto& g : d->pending_gates(&parked)) {
+    for (const auto& g : d->inspect().pending_gates(&parked)) {
       auto o = local_owner(*g);
       auto w = sexp::list({sexp::atom("wait"), sexp::field("waiter", d->name()),
                            sexp::field("at_seq", std::to_string(g->seq.load())),

@@ -21,6 +21,7 @@ set(MULTIDEV_LIBRARY_SOURCES
   actors/core/device_queue.cpp
   actors/core/extra_cache.cpp
   actors/core/device_runner.cpp
+  actors/core/stream_runner.cpp
   actors/core/stream_window.cpp
   actors/core/device_gates.cpp
   actors/core/gate_waiters.cpp

@@ -68,7 +68,7 @@ count() {
 }
 
 echo "per hop (callgrind; $small and $large hops, $reps times each):"
-count "multidev, the runners running the chain" 'multidev::detail::device_core::run()' \
+count "multidev, the runners running the chain" 'multidev::detail::device_runner::run()' \
   "$build/bin/hop_costs" HOPS "$reps"
 count "multidev, the host scheduling it" '*schedule_chain*' \
   "$build/bin/hop_costs" HOPS "$reps"

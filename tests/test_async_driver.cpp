@@ -102,7 +102,7 @@ BOOST_AUTO_TEST_CASE(test_async_driver_out_of_order_completions_resolve_in_seq_o
   std::mutex mu;
   std::vector<uint64_t> order;
   for (uint64_t seq = 1; seq <= n; ++seq)
-    core->when_done(seq, [&, seq](const std::string*) {
+    core->events().when_done(seq, [&, seq](const std::string*) {
       std::lock_guard guard{mu};
       order.push_back(seq);
     });

@@ -64,8 +64,9 @@ BOOST_AUTO_TEST_CASE(test_faults_throwing_waiter_does_not_kill_the_runner_or_str
   b.schedule_task(d, {"work", [] {}});
   auto e = b.all_work(d);
   std::atomic<int> second{0};
-  core->when_done(e.seq(), [](const std::string*) { throw std::runtime_error("waiter boom"); });
-  core->when_done(e.seq(), [&](const std::string* error) { second = error ? 2 : 1; });
+  core->events().when_done(e.seq(),
+                          [](const std::string*) { throw std::runtime_error("waiter boom"); });
+  core->events().when_done(e.seq(), [&](const std::string* error) { second = error ? 2 : 1; });
   release->open();
   bounded([&] { b.sync(e); }, "sync");
   // The event is done once the runner publishes its progress; it calls the

@@ -90,7 +90,8 @@ struct help_scenario {
     release_c->open();
     // Device 1's wait has opened and its runner was rung; held, it cannot
     // take its token back.
-    BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).pending_gates().empty(); }));
+    BOOST_REQUIRE(
+      test_support::eventually([&] { return t.core(1).inspect().pending_gates().empty(); }));
     release_a->open();
     return y;
   }
@@ -178,7 +179,8 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   t.b.schedule_task(t.d[0], {"y", [&s] { s.y_thread = std::this_thread::get_id(); }});
   auto y = t.b.all_work(t.d[0]);
   s.release_c->open();
-  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).pending_gates().empty(); }));
+  BOOST_REQUIRE(
+    test_support::eventually([&] { return t.core(1).inspect().pending_gates().empty(); }));
   s.release_a->open();
   // Device 0 parks at g and helps device 1 up to x, which completes while
   // device 1's runner is held.
@@ -187,7 +189,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   // z is left for device 1's own runner, once it is let go.
   BOOST_TEST(test_support::eventually([&] { return t.field(1, "run_by") == "returned"; }));
   BOOST_TEST(!z.is_done());
-  t.core(1).hold_after_wake(false);
+  t.core(1).runner().hold_after_wake(false);
   sync(t.b, z);
   BOOST_TEST((z_thread == t.runner[1]), "z ran on its own runner");
   BOOST_TEST(!y.is_done());
@@ -203,11 +205,11 @@ namespace {
 /// backstop's period set; both restored on the way out.
 struct deferring {
   explicit deferring(std::chrono::microseconds backstop_period) {
-    detail::device_core::set_defer_threshold_for_tests(1);
+    detail::device_runner::set_defer_threshold_for_tests(1);
     detail::wake_backstop::set_period_for_tests(backstop_period);
   }
   ~deferring() {
-    detail::device_core::set_defer_threshold_for_tests(0);
+    detail::device_runner::set_defer_threshold_for_tests(0);
     detail::wake_backstop::set_period_for_tests({});
   }
   deferring(const deferring&) = delete;
@@ -273,7 +275,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_runner_that_will_wait_leaves_the_slee
   deferred_run r{std::chrono::seconds{30}, false};
   auto& t = r.t;
   auto& s = r.s;
-  BOOST_TEST(t.core(1).token().deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 1u);
   BOOST_TEST(t.core(1).queue().rings() == s.rings_before, "device 1's runner was woken");
   BOOST_TEST((s.x_thread == t.runner[0]), "x ran on device 0's runner");
   BOOST_TEST(std::stoull(t.field(1, "run_by_others")) >= 1);
@@ -292,7 +294,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferred_wake_nobo
   deferred_run r{std::chrono::milliseconds{1}, true};
   auto& t = r.t;
   auto& s = r.s;
-  BOOST_TEST(t.core(1).token().deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 1u);
   BOOST_TEST(s.saw_x, "x never ran while device 0 waited for it in a task");
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner, rung");
   BOOST_TEST(t.core(1).queue().rings() > s.rings_before);
@@ -304,7 +306,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_runs_under_the_batch_polic
   // backstop.cpp). Its period here outlasts the test, so its thread still
   // runs, with the deferral left to ring.
   deferred_run r{std::chrono::seconds{30}, false};
-  BOOST_TEST(r.t.core(1).token().deferred_wakes() == 1u);
+  BOOST_TEST(r.t.core(1).runner().token().deferred_wakes() == 1u);
   auto& backstop = detail::wake_backstop::instance();
   BOOST_REQUIRE(test_support::eventually([&] { return backstop.thread_id() != 0; }));
   BOOST_TEST(sched_getscheduler(backstop.thread_id()) == SCHED_BATCH);
@@ -331,7 +333,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferral_made_whil
   auto rang = backstop.rang();
   deferral_scenario second{t, true};
   sync(t.b, second.y);
-  BOOST_TEST(t.core(1).token().deferred_wakes() == 2u);
+  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 2u);
   BOOST_TEST(second.saw_x, "the lingering backstop did not ring the second deferral");
   BOOST_TEST(backstop.rang() > rang);
 }
@@ -356,7 +358,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rin
   t.b.will_wait_for(t.ctx[0], x);
   auto y = t.b.all_work(t.d[0]);
   hold->open();
-  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).token().deferred_wakes() == 1u; }));
+  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).runner().token().deferred_wakes() == 1u; }));
   // Bounded: a host that did not ring would wait for the backstop's 30 s.
   BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
   BOOST_TEST((x_thread == t.runner[1]));

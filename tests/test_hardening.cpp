@@ -63,10 +63,10 @@ BOOST_AUTO_TEST_CASE(test_hardening_finished_seq_is_done_for_a_waiter_that_lost_
   // A waiter that stored itself after `complete(five)` read the waiter
   // minimum, and before its own re-check: still registered, seq already done.
   std::optional<std::string> told_five, told_boom;
-  core->add_waiter_unchecked(five.seq(), [&](const std::string* error) {
+  core->events().add_waiter_unchecked(five.seq(), [&](const std::string* error) {
     told_five = error ? *error : "done";
   });
-  core->add_waiter_unchecked(boom.seq(), [&](const std::string* error) {
+  core->events().add_waiter_unchecked(boom.seq(), [&](const std::string* error) {
     told_boom = error ? *error : "done";
   });
   release->open();
@@ -483,7 +483,7 @@ BOOST_AUTO_TEST_CASE(test_hardening_no_pool_is_allocated_on_a_shut_down_device) 
   auto b = std::make_unique<backend>(backend_options{.num_devices = 1});
   auto core = b->get_device(0).get_runner().core();
   b.reset();
-  BOOST_CHECK_THROW(core->alloc_pool(1, 64, 64, std::nullopt), device_error);
+  BOOST_CHECK_THROW(core->memory().alloc_pool(1, 64, 64, std::nullopt), device_error);
   BOOST_TEST(core->pools().used_memory() == 0u);
 }
 

@@ -103,12 +103,13 @@ BOOST_AUTO_TEST_CASE(test_outcomes_each_event_resolves_once_and_done_stays_done)
   auto behind = b.all_work(d);
   std::atomic<int> calls_ok{0}, calls_bad{0}, calls_behind{0};
   std::atomic<int> ok_failed{0};
-  core->when_resolved(ok.seq(), [&](const failure* f) {
+  core->events().when_resolved(ok.seq(), [&](const failure* f) {
     ++calls_ok;
     ok_failed = f ? 1 : 0;
   });
-  core->when_resolved(bad.seq(), [&](const failure* f) { calls_bad += f ? 1 : 100; });
-  core->when_resolved(behind.seq(), [&](const failure* f) { calls_behind += f ? 1 : 100; });
+  core->events().when_resolved(bad.seq(), [&](const failure* f) { calls_bad += f ? 1 : 100; });
+  core->events().when_resolved(behind.seq(),
+                               [&](const failure* f) { calls_behind += f ? 1 : 100; });
   BOOST_TEST((b.state(ok) == event_state::pending));
   release->open();
   BOOST_CHECK_THROW(bounded([&] { b.sync(behind); }, "sync behind"), device_error);
@@ -329,7 +330,7 @@ BOOST_AUTO_TEST_CASE(test_outcomes_destroy_policy_cancel_skips_queued_work) {
       auto core = d.get_runner().core();
       // Held until the destructor has begun (stopping: after any cancel).
       b.schedule_task(d, {"held", [core] {
-                            eventually([&] { return core->stopping(); });
+                            eventually([&] { return core->life().stopping(); });
                           }});
       for (int i = 0; i < 50; ++i)
         b.schedule_task(d, {"queued", [&] { ++ran; }});

@@ -35,7 +35,7 @@ std::shared_ptr<d::device_core> make_core(const char* driver) {
 /// Syncs on `seq` for at most 10 s; the event's state then.
 multidev::event_state settle(d::device_core& core, uint64_t seq) {
   try {
-    core.sync_until(seq, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    core.events().sync_until(seq, std::chrono::steady_clock::now() + std::chrono::seconds(10));
   } catch (const std::exception&) {
     // failed, cancelled or timed out: the state says which
   }
@@ -86,7 +86,7 @@ BOOST_AUTO_TEST_CASE(test_session_lease_a_device_runs_items_while_its_lease_hold
     BOOST_TEST_CONTEXT("driver " << driver) {
       auto core = make_core(driver);
       auto deadline = std::make_shared<std::atomic<int64_t>>(now_ns() + hour_ns);
-      core->set_lease(deadline, "the session's lease is over");
+      core->life().set_lease(deadline, "the session's lease is over");
       std::atomic<int> ran{0};
       auto seq = core->push(multidev::task{.work = [&] { ++ran; }});
       BOOST_TEST(multidev::to_string(settle(*core, seq)) == "done");
@@ -101,7 +101,7 @@ BOOST_AUTO_TEST_CASE(test_session_lease_a_device_past_its_lease_cancels_what_it_
     BOOST_TEST_CONTEXT("driver " << driver) {
       auto core = make_core(driver);
       auto deadline = std::make_shared<std::atomic<int64_t>>(now_ns() - 1);
-      core->set_lease(deadline, "the session's lease is over");
+      core->life().set_lease(deadline, "the session's lease is over");
       std::atomic<int> ran{0};
       auto seq = core->push(multidev::task{.work = [&] { ++ran; }});
       BOOST_TEST(multidev::to_string(settle(*core, seq)) == "cancelled");

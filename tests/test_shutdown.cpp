@@ -101,7 +101,10 @@ BOOST_AUTO_TEST_CASE(test_shutdown_destroying_backend_finishes_queued_work) {
     BOOST_TEST(e.is_done());
     BOOST_TEST(!e.is_failed());
   }
-  bounded([&] { kept.get_runner().core()->sync(kept.get_runner().core()->queue().scheduled()); });
+  bounded([&] {
+    auto c = kept.get_runner().core();
+    c->events().sync(c->queue().scheduled());
+  });
   BOOST_TEST(kept.get_runner().queue_length() == 0u);
   BOOST_TEST(kept.get_runner().core()->pools().used_memory() == 0u); // pools freed
   // Runners and the backend's own actor system threads are gone.

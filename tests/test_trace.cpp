@@ -200,15 +200,15 @@ BOOST_AUTO_TEST_CASE(test_trace_record_is_written_before_its_event_resolves) {
   auto looked = std::make_shared<std::latch>(2);
   auto look = [core, seen, looked](uint64_t seq) {
     return [core, seen, looked, seq](const std::string* error) {
-      for (const auto& r : core->trace().records)
+      for (const auto& r : core->inspect().trace().records)
         if (r.seq == seq)
           seen->push_back(r.description + (r.failed ? " failed" : "") +
                           (error ? " (event failed)" : ""));
       looked->count_down();
     };
   };
-  core->when_done(2, look(2));
-  core->when_done(3, look(3));
+  core->events().when_done(2, look(2));
+  core->events().when_done(3, look(3));
   release->open();
   BOOST_CHECK_THROW(test_support::bounded([&] { b.await(d); }), device_error);
   test_support::bounded([&] { looked->wait(); }, "the waiters");

@@ -1,5 +1,5 @@
 // A device core's life: start, stop accepting, cancel what may never be
-// answered, drain, join.
+// answered, drain, join; and its failure state's transitions (device_life).
 #include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
@@ -25,21 +25,20 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
   : name_(std::move(name)), ordinal_(ordinal), driver_(std::move(drv)),
     results_(std::move(results)), queue_(queue_capacity, on_a_runner), outcomes_(name_),
     trace_(trace_capacity > 0 ? std::make_unique<trace_ring>(trace_capacity) : nullptr),
-    pools_(name_), window_(*this, outcomes_, trace_ ? &trace_->clock() : nullptr, this) {
+    life_(name_, queue_, outcomes_, gates_), events_(*this, outcomes_), pools_(name_),
+    window_(*this, outcomes_, trace_ ? &trace_->clock() : nullptr, this) {
   window_.attach(driver_->open_stream(ordinal_, window_.sink()), max_in_flight);
   // An asynchronous driver's items run on its stream: nothing to hand over.
-  hand_over_ = hand_over && !window_.async();
-  pin_runner_ = pin_runner;
-  thread_ = std::thread([this] { run(); });
+  runner_.start(hand_over && !window_.async(), pin_runner);
 }
 
 device_core::~device_core() {
   shutdown();
-  if (hand_over_)
+  if (runner_.hand_over())
     wake_backstop::instance().forget(this);
 }
 
-void device_core::request_stop() {
+void device_life::request_stop() {
   {
     std::lock_guard guard{queue_.mutex()};
     if (queue_.stopping_locked())
@@ -50,21 +49,21 @@ void device_core::request_stop() {
   static const std::string why = "the wait was cancelled at shutdown";
   cancel_remote_waits(why);
   queue_.call_room_callback();
-  ring();
+  queue_.ring();
 }
 
-bool device_core::stopping() const {
+bool device_life::stopping() const {
   std::lock_guard guard{queue_.mutex()};
   return queue_.stopping_locked();
 }
 
 void device_core::shutdown() {
-  request_stop();
-  cancel_unanswerable_waits();
+  life_.request_stop();
+  life_.cancel_unanswerable_waits();
   // Not from the device's own runner (or stream): it cannot wait for itself.
-  if (thread_.joinable() && current_runner != this) {
+  if (runner_.joinable() && current_runner != this) {
     window_.closing(); // bounds what stays in flight (a hung GPU)
-    thread_.join();
+    runner_.join();
     window_.close(); // the runner resolved everything it submitted
     // Its orders' pools, if it stopped without going idle: the memory goes now.
     extras_.let_go_of_spent_pools();
@@ -77,18 +76,18 @@ void device_core::shutdown() {
   // runner, which cannot drain itself).
   if (outcomes_.finished() < queue_.scheduled()) {
     try {
-      auto cause = device_failure("device is shut down");
-      fire(UINT64_MAX, cause.get());
+      auto cause = life_.device_failure("device is shut down");
+      events_.fire(UINT64_MAX, cause.get());
     } catch (...) {
-      fire(UINT64_MAX, &shut_down_cause);
+      events_.fire(UINT64_MAX, &shut_down_cause);
     }
   } else {
-    fire(outcomes_.finished());
+    events_.fire(outcomes_.finished());
   }
   pools_.clear();
 }
 
-uint64_t device_core::cancel(std::string why) {
+uint64_t device_life::cancel(std::string why) {
   auto cause = std::make_shared<failure>();
   cause->origin_kind = failure::kind::cancelled;
   cause->device = name_;
@@ -106,11 +105,7 @@ uint64_t device_core::cancel(std::string why) {
   return upto;
 }
 
-void device_core::set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why) {
-  lease_.set(std::move(deadline), std::move(why));
-}
-
-void device_core::kill(std::string reason) {
+void device_life::kill(std::string reason) {
   auto cause = device_failure("killed: " + reason);
   {
     std::lock_guard guard{queue_.mutex()};
@@ -130,7 +125,7 @@ void device_core::kill(std::string reason) {
   queue_.ring_bell();
 }
 
-bool device_core::recover() {
+bool device_life::recover() {
   std::lock_guard guard{queue_.mutex()};
   if (!queue_.failed_locked() || killed_ || queue_.stopping_locked())
     return false;
@@ -138,6 +133,16 @@ bool device_core::recover() {
   failed_flag_.store(false, std::memory_order_release);
   error_.reset();
   return true;
+}
+
+void device_life::cancel_past_lease() noexcept {
+  if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
+    try {
+      cancel(lease_.why());
+    } catch (...) {
+      cancel();
+    }
+  }
 }
 
 } // namespace multidev::detail

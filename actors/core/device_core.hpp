@@ -12,7 +12,7 @@
 /// thread. One thread at a time executes items (or, on an asynchronous
 /// driver, submits them to the device's stream) and resolves them: the
 /// runner, or on a synchronous driver whichever runner holds the device's
-/// token (`token_`, "hand-over"); "runner only" below means that thread.
+/// token (`device_runner`, "hand-over"); "runner only" below means that thread.
 
 #include <atomic>
 #include <chrono>
@@ -33,17 +33,22 @@
 #include <utility>
 #include <vector>
 
+#include "actors/core/device_events.hpp"
+#include "actors/core/device_inspector.hpp"
+#include "actors/core/device_life.hpp"
+#include "actors/core/device_memory.hpp"
+#include "actors/core/device_runner.hpp"
 #include "actors/core/exec_token.hpp"
 #include "actors/core/extra_cache.hpp"
 #include "actors/core/gate.hpp"
 #include "actors/core/gate_list.hpp"
 #include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
-#include "actors/core/lease.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
 #include "actors/core/spin.hpp"
+#include "actors/core/stream_runner.hpp"
 #include "actors/core/stream_window.hpp"
 #include "actors/core/work_queue.hpp"
 #include "devices/driver.hpp"
@@ -71,15 +76,27 @@ inline thread_local uint64_t current_item = 0;
 /// The state a device actor owns. Pieces with their own state and rules:
 /// `outcome_board` (what became of each seq, and who is told),
 /// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
-/// `stream_window` (an asynchronous driver's items in flight).
-/// Its members are defined by job: device_core.cpp (life: start, stop,
-/// shutdown), device_queue.cpp (the producer side and backpressure),
-/// device_runner.cpp (the runner thread), device_gates.cpp (waits for other
-/// devices), device_events.cpp (waiters and syncs over the outcome board),
+/// `stream_window` (an asynchronous driver's items in flight),
+/// `device_runner` (the runner thread and the hand-over: device_runner.hpp).
+/// Its faces, one per job, reached through an accessor: `runner()`
+/// (device_runner), `life()` (device_life: the failure state and its
+/// transitions), `events()` (device_events: waiters and syncs), `memory()`
+/// (device_memory: pool operations ordered with the work), `inspect()`
+/// (device_inspector: debug info, pending gates, trace).
+/// Definitions by job: device_core.cpp (start, shutdown; the life's
+/// transitions), device_queue.cpp (the producer side and backpressure),
+/// device_runner.cpp (resolving items, beside the runner's definitions),
+/// device_gates.cpp (waits for other devices), device_events.cpp (waiters
+/// and syncs over the outcome board),
 /// device_pools.cpp (pool operations ordered with the work),
 /// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
                     private stream_window::owner {
+  // Reads the trace (a host thread's wait) and the window (a task's sync
+  // on an asynchronous driver's runner thread); asks the runner's hand-over
+  // as it fires (`runner().try_claim`, `try_defer`).
+  friend class device_events;
+
 public:
   /// Why an event did not complete; shared by every event it resolves.
   using failure_ptr = outcome_board::failure_ptr;
@@ -118,9 +135,12 @@ public:
   /// The pools as of the end of the queue: `find(id)`, `span(...)`,
   /// `used_memory()`. Any thread.
   const pool_table& pools() const noexcept { return pools_; }
-  /// Who may run this device's items (`state_name()`), and the hand-over's
-  /// counters (`run_by_others()`, `deferred_wakes()`). Any thread.
-  const exec_token& token() const noexcept { return token_; }
+  /// The runner: `token()` (who may run this device's items, and the
+  /// hand-over's counters), `running_item()`, `runner_cpu()`, `ring_if_deferred`,
+  /// `ring_deferred`, `wake_runner`, the tests' `hold_after_wake` (see
+  /// device_runner.hpp for which thread may call what).
+  device_runner& runner() noexcept { return runner_; }
+  const device_runner& runner() const noexcept { return runner_; }
 
   // -- Work ------------------------------------------------------------------
 
@@ -176,156 +196,48 @@ public:
 
   /// Throws `std::invalid_argument` when `seq` was never scheduled here.
   void check_scheduled(uint64_t seq, const char* what) const;
-  bool is_idle() const noexcept {
-    return outcomes_.finished() == queue_.scheduled() && !failed();
-  }
-  /// On this device's runner thread (or its stream's): the seq of the item
-  /// the calling thread runs. Only for that thread.
-  uint64_t running_item() const noexcept { return window_.async() ? current_item : executed_; }
-  /// The description of the task at `seq` while the runner runs it, when
-  /// the trace is on and the task has one (a described task); empty
-  /// otherwise. Any thread (a deadline's chain).
-  std::string running_description(uint64_t seq) const;
-  /// The CPU this device's runner pinned itself to (`pin_runners`), or -1
-  /// (not pinned, or not yet started).
-  int runner_cpu() const noexcept { return cpu_.load(std::memory_order_relaxed); }
-  /// The backstop (and a host that blocks on this device): rings the runner
-  /// if its wake-up deferred with `stamp` is still deferred (nobody took its
-  /// items up). Whether it rang.
-  bool ring_if_deferred(uint64_t stamp) noexcept;
-  /// Rings the runner if its wake-up is deferred now, whatever the stamp:
-  /// for whoever needs this device's items and will not run them itself.
-  void ring_deferred() noexcept {
-    if (auto stamp = token_.deferred())
-      ring_if_deferred(stamp);
-  }
-  /// Rings the runner: the resolver of a task's sync on its own runner
-  /// thread, which serves the stream while it waits (`sync_until`).
-  void wake_runner() { ring(); }
-  /// For tests: a runner defers a wake-up only while the process has at
-  /// least `n` runners (0 restores the default: one more than its CPUs;
-  /// see `runners_may_defer`).
-  static void set_defer_threshold_for_tests(int n) noexcept;
-  /// For tests: while on, this runner, woken at a wait with hand-over on,
-  /// holds there before it takes its token back, as a runner the kernel has
-  /// not scheduled yet would (see `try_help`). Turning it off releases it.
-  void hold_after_wake(bool on) noexcept;
-  /// Blocks until `seq` is done; throws `device_error` if it failed,
-  /// `deadlock_error` when called from this runner on a seq ahead of it,
-  /// `std::invalid_argument` when `seq` was never scheduled.
-  void sync(uint64_t seq);
-  /// `sync` that gives up at `deadline` (`time_point::max()`: never), with a
-  /// `timeout_error` saying why `seq` is not done (`wait_chain`). From a
-  /// task, also throws `deadlock_error` when the wait would close a cycle of
-  /// runners (see wait_graph.hpp). `what` names the call in errors.
-  void sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
-                  const char* what = "sync");
-  /// Calls `r` once `seq` is resolved (at once if it is): with nullptr when
-  /// done, with its cause when it failed or was cancelled. An exception
-  /// thrown by `r` is swallowed.
-  void when_resolved(uint64_t seq, resolver r);
-  /// `when_resolved` with the cause rendered as a message naming the device.
-  void when_done(uint64_t seq, waiter w);
-  /// Forgets the waiters for which `pred` holds, uncalled (their requester
-  /// is gone: a node that went away); returns how many.
-  std::size_t drop_waiters(const std::function<bool(const resolver&)>& pred);
-  /// Forgets one waiter of `seq` for which `pred` holds, uncalled (a sync
-  /// that gave up at its deadline); false when there is none: it has fired,
-  /// or is firing now.
-  bool drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred);
-  /// For tests: registers `w` without looking at progress, as a waiter does
-  /// that loses the race with `complete` (it stores itself after the runner
-  /// read the waiter minimum, and before it re-checks progress).
-  void add_waiter_unchecked(uint64_t seq, waiter w);
+
+  // -- Waiters and syncs ------------------------------------------------------
+
+  /// Who waits for this device's seqs, and the blocking syncs
+  /// (device_events.hpp): `sync`, `sync_until`, `when_resolved`,
+  /// `when_done`, `drop_waiter(s)`. Any thread.
+  device_events& events() noexcept { return events_; }
 
   // -- Failure, cancellation, recovery ----------------------------------------
 
-  /// Drops the work queued and not yet started: those items resolve
-  /// cancelled, in seq order, as the runner reaches them (a running task is
-  /// not interrupted; a runner parked on a wait leaves it). The device stays
-  /// usable. Returns the last seq cancelled (0 when there was nothing).
-  uint64_t cancel(std::string why = {});
-  /// Makes the device a session's (actors/remote/node.cpp): its runner starts an
-  /// item only while `*deadline` (steady-clock nanoseconds) is in the
-  /// future; past it, it stores 0 there (the lease is over for good: a
-  /// renewal is refused) and cancels everything not started, saying `why`.
-  /// Call it before any work is scheduled. A device without a lease (every
-  /// ordinary backend's) pays one branch on a null pointer per item.
-  void set_lease(std::shared_ptr<std::atomic<int64_t>> deadline, std::string why);
-  /// Kills the device: the work not yet started fails with `reason`, no new
-  /// work is accepted, the runner stops once it has resolved what it held.
-  void kill(std::string reason);
-  /// Brings a failed device back: events that failed stay failed, pools
-  /// survive, new work runs. False when the device had not failed (or was
-  /// killed or shut down: those do not come back).
-  bool recover();
-  /// Whether the device is failed now (refusing work until `recover`).
-  bool failed() const noexcept { return failed_flag_.load(std::memory_order_acquire); }
-  /// Throws the `device_error` new work would get when the device is failed
-  /// (or killed); returns otherwise. For `await` on a device whose last item
-  /// finished before it failed.
-  void throw_if_failed() const;
-
-  /// The failure message, if the device failed.
-  std::optional<std::string> error() const;
-  /// A waiter's error without the leading `"<this device's name>: "`, so the
-  /// name is said once when the error is wrapped again.
-  std::string reason_of(std::string_view error) const;
-  /// Throws `device_error` if the device failed.
-  void check() const;
-  /// Stops accepting work and cancels remote waits; does not wait.
-  void request_stop();
-  /// Whether `request_stop` or `shutdown` was called.
-  bool stopping() const;
-  /// Fails the pending waits that may never be answered once this device
-  /// stops: remote ones, and local ones whose owner is gone or not stopping.
-  /// `shutdown` calls it; a backend calls it on all its devices, after asking
-  /// them all to stop and before joining any, so a chain of waits that leaves
-  /// the backend anywhere is cut.
-  void cancel_unanswerable_waits();
-  /// Fails the pending remote waits (the actor that would have opened them
-  /// is gone) with `why`.
-  void cancel_remote_waits(const std::string& why);
+  /// The device's life and failure state (device_life.hpp): `cancel`,
+  /// `kill`, `recover`, `request_stop`, `set_lease`; `failed()`, `error()`,
+  /// `check()`, `stopping()`. Any thread.
+  device_life& life() noexcept { return life_; }
+  const device_life& life() const noexcept { return life_; }
   /// Stops accepting work, cancels the waits that may never be answered (see
-  /// `push_gate`), finishes what was accepted, joins the runner. Waits still
-  /// pending afterwards resolve as failed. Idempotent.
+  /// `push_gate`, `device_life::cancel_unanswerable_waits`), finishes what
+  /// was accepted, joins the runner. Waits still pending afterwards resolve
+  /// as failed. Idempotent.
   void shutdown();
 
   // -- Pools (called by the device actor) -------------------------------------
 
-  void alloc_pool(int id, std::size_t size, std::size_t alignment,
-                  std::optional<memory_mode> mode);
-  void free_pool(int id);
-  uint64_t memset_zero(int id, std::size_t offset, std::size_t size);
-  /// Copies `bytes` into pool `id` at `offset`, ordered with the work (a
-  /// transfer from another process); returns its seq. Never waits for room.
-  uint64_t write_bytes(int id, std::size_t offset, std::shared_ptr<const std::string> bytes);
-  /// Copies `out->size()` bytes of pool `id` at `offset` into `*out`,
-  /// ordered with the work; returns its seq (`*out` is filled once it is
-  /// done). Never waits for room.
-  uint64_t read_bytes(int id, std::size_t offset, std::shared_ptr<std::string> out);
+  /// The pool operations ordered with the work (device_memory.hpp):
+  /// `alloc_pool`, `free_pool`, `memset_zero`, `write_bytes`, `read_bytes`.
+  /// Any thread.
+  device_memory memory() noexcept { return {*this, pools_}; }
 
-  /// Queue, progress, waits, error and pools.
-  sexp debug_info() const;
-  /// The gates queued here, not opened and not yet passed by the runner
-  /// (pending, or failed and still ahead), in the order they were queued (a
-  /// gate being queued has seq 0); `parked`, if given, is set
-  /// to the one the runner is parked on (null when none). For the wait graph.
-  std::vector<std::shared_ptr<gate>> pending_gates(const gate** parked = nullptr) const;
+  // -- Inspection ----------------------------------------------------------------
 
-  // -- Trace (device_trace.cpp) -------------------------------------------------
-
-  /// A copy of the runner trace, taken without stopping the runner, with
-  /// the host threads' blocking waits on this device (`host_span`); empty,
-  /// with capacity 0, when tracing is off. Any thread.
-  device_trace trace() const;
+  /// What the state looks like from outside (device_inspector.hpp):
+  /// `debug_info`, `pending_gates`, `trace`, `running_description`,
+  /// `is_idle`. Any thread.
+  device_inspector inspect() const noexcept {
+    return {*this, gates_, events_, extras_, trace_.get()};
+  }
 
 private:
-  /// How many queue entries ahead a producer prefetches for writing, and the
-  /// runner for reading.
-  static constexpr std::size_t prefetch_items = queue_prefetch_items;
-  /// How many entries ahead the runner prefetches an entry's extra.
-  static constexpr std::size_t prefetch_extras = 3;
+  /// The runner executes and resolves items with the pieces above and the
+  /// resolving functions below (`complete`, `drop`, `poison`, ...).
+  friend class device_runner;
+  friend class stream_runner;
   /// Appends the wait `g` (see push_gate) as an item of its own; never waits
   /// for room. Returns its seq.
   uint64_t enqueue_wait(std::shared_ptr<gate> g);
@@ -339,115 +251,12 @@ private:
   /// caller makes a `named_extra`).
   static extra_ptr append_text(std::string& text, std::string_view description,
                                trace_kind kind);
-  /// Throws `refusal_locked()`. Call with the queue's lock held.
-  [[noreturn, gnu::noinline, gnu::cold]] void throw_refusal_locked() const;
-  /// The error a push gets from a failed, killed or stopped device. Call
-  /// with the queue's lock held.
-  device_error refusal_locked() const;
-  void release_later(std::shared_ptr<pool> old, const char* what);
-  void run();
-  /// Runner only (sync drivers): runs `batch_` from `pos_` until it is spent
-  /// or reaches a pending gate; `first`: the batch was just taken (trace).
-  void run_batch(bool first);
-  /// The token holder (sync drivers): runs `batch_[pos_]`, a task, or a gate
-  /// that ended, and moves past it.
-  void run_item(bool first_in_batch);
-  /// The own runner, in a batch without extras and with the trace off: runs
-  /// its bare closures from `pos_` while the batch stays so.
-  void run_bare_items();
-  /// The token holder: prefetches the entries after `pos_` (see
-  /// `prefetch_items`, `prefetch_extras`). Inlined: the short path of bare
-  /// closures calls it for every item.
-  void prefetch_ahead() const noexcept;
-  /// Whether the gate `g`, item `seq` here, no longer holds this device:
-  /// opened, failed, or dropped.
-  bool gate_ended(const gate& g, uint64_t seq) const noexcept;
-  /// The pending gate at `batch_[pos_]`, if that is one. Token holder only.
-  gate* pending_gate_at_pos() const noexcept;
-  /// The runner, at a pending gate at `batch_[pos_]`: serves the device it
-  /// claimed, if any, then waits until the gate ends or the token comes
-  /// back from a device that ran this one's items. Returns holding the token.
-  void park();
-  /// Token holder, parked at the pending gate `g`: lets a device that opens
-  /// it run this one's items (`token_` lendable). Returns the park's number
-  /// (`exec_token::park_at`).
-  uint32_t release_parked(gate& g) noexcept;
-  /// Token holder, at the gate `g` (item `seq`), which the caller keeps
-  /// alive: makes the token lendable, and rings the runner if `g` ended
-  /// meanwhile.
-  void lend_at(const gate& g, uint64_t seq) noexcept;
-  /// On another device's runner, holding this device's token: runs its items
-  /// up to the one `until` (the lender's gate, a wait on this device) waits
-  /// for, stopping early if `until` ends, or this device reaches a pending
-  /// gate or has nothing queued; then hands the token back.
-  void serve(const device_core& lender, const gate& until, uint64_t until_seq);
-  /// A device that ran this one's items gives the token back: lendable when
-  /// this one is parked at a pending gate, otherwise to its runner (woken).
-  void hand_back() noexcept;
-  /// Moves the whole queue into `batch` (empty) and its text into `text`
-  /// (the last batch's, dropped), and makes room; false, taking nothing,
-  /// when the queue is empty.
-  bool take_batch(std::vector<item>& batch, std::string& text);
-  /// Lets go of the batch `try_claim` replaced, once its last item is done.
-  void clear_spent_batch() noexcept {
-    spent_batch_.clear();
-    spent_batch_text_.clear();
-  }
-  void execute(item& it);
-  /// `execute` for an item without an order's or a wait's extra (a bare
-  /// closure, or a described task).
-  void execute_bare(item& it);
-  /// `execute_bare`'s end for a described task that ran: lets go of its
-  /// closure and what it held, and completes it.
-  void complete_described(item& it, uint64_t seq);
-  /// `run_bare_items` with the trace on: `first`, whether the batch's first
-  /// item is next (its start is read from the clock, the others' is the
-  /// previous end).
-  void run_bare_items_traced(bool first);
-  /// Runs the item's closure, if any; false when it threw (the device is
-  /// then poisoned at `seq`).
-  bool call_work(item& it, uint64_t seq);
-  /// `execute` timed into the trace; `first_in_batch`: the runner did other
-  /// things since the last item, so the start needs a clock read of its own.
-  /// `start_ns`, when not 0: when the item's record starts (a gate's: when
-  /// the device parked at it). `bare`: the item has no extra
-  /// (`execute_bare`, inlined for the short loop of bare closures).
-  template <bool bare = false>
-  void execute_traced(item& it, bool first_in_batch, int64_t start_ns = 0);
-  /// Records the item `execute_traced` (or `retire`) is resolving, if any,
-  /// as `seq`, ended now (or at the end `trace_ring::begin` was given);
-  /// `complete` and `poison` call it before the item's event resolves.
-  void trace_done(uint64_t seq, bool failed) noexcept;
-  /// Records an item the runner resolved without running it (cancelled,
-  /// killed, behind a failure) as kind `cancel`, instead of its own record.
-  void trace_dropped(const item& it, uint64_t seq) noexcept;
-  /// The runner of an asynchronous driver: submits items to the device's
-  /// stream without waiting for them, at most the window's size at a time
-  /// (`window_`); they are resolved in seq order as they complete.
-  void run_async();
-  /// Whether the driver ordered this device's stream behind `g`'s event on
-  /// the hardware (a wait between two streams of one driver), so the runner
-  /// may go on past `g` without waiting for it. When it may later, the
-  /// driver's wake makes the window ask again (`stream_window::take_reask`).
-  bool order_on_device(const gate& g);
-  /// On this device's runner thread, inside an item's work, on an
-  /// asynchronous driver that runs that work on the runner (the CUDA driver
-  /// launches an item's work as it submits it): a task that syncs on an
-  /// earlier item of its own device blocks the runner, and the runner alone
-  /// settles the waits the driver ordered on the device (`gated`), so an
-  /// item behind such a wait would never resolve. Until `flag` is non-zero
-  /// or `deadline` passes, does the runner's part for the items already
-  /// started (settles those waits as they end, resolves what is ready:
-  /// `stream_window::resolve_settled`), sleeping on the bell in between.
-  /// Whether `flag` became non-zero.
-  bool serve_started_until(const std::atomic<uint32_t>& flag,
-                           std::chrono::steady_clock::time_point deadline) noexcept;
   /// The window resolves an item (stream_window::owner): under its retire
   /// lock, in seq order, on the runner or the thread the stream reports on.
   void resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept override;
   /// The window has room or items to resolve (stream_window::owner): rings
   /// the runner.
-  void window_changed() noexcept override { ring(); }
+  void window_changed() noexcept override { queue_.ring(); }
   /// Why a task failed, from what it threw.
   failure_ptr task_failure(const item& it, uint64_t seq, std::exception_ptr e) const;
   /// Why a wait failed: the awaited event's cause, with this wait in front
@@ -455,20 +264,8 @@ private:
   failure_ptr gate_failure(const gate& g) const;
   /// The task's description as given, or built for an order; empty for a
   /// bare closure and a gate. A description in the batch's text is read
-  /// from `batch_text_`: `it` is in `batch_` (the token holder's).
+  /// from the runner's batch (`item_batch::text_of`): `it` is in it (the token holder's).
   std::string description_of(const item& it) const;
-  /// Notes `it`'s text (a described task's) as running at `seq` in the
-  /// trace (`running_description`); trace on only.
-  void note_running_text(const item& it, uint64_t seq) noexcept;
-  /// A described task's description in the batch's text (`it.extra` is a
-  /// place there), `it` in `batch_` or, on an asynchronous driver, just
-  /// taken from the runner's batch.
-  std::string_view text_of(const item& it) const noexcept {
-    return std::string_view{batch_text_}.substr(it.extra.text_offset(), it.extra.text_size());
-  }
-  /// The same without quotes, as a failure's `task` records it, or
-  /// `task#<seq>` for a nameless closure.
-  std::string task_name(const item& it, uint64_t seq) const;
   /// Resolving (`complete`, `resolve_bad`, `poison`, `drop`: "runner only"
   /// below) is one thread at a time, in seq order: the runner, or on an
   /// asynchronous driver whoever holds the window's retire lock (the runner,
@@ -485,22 +282,6 @@ private:
   /// Runner only: resolves an item that `cancel`, `kill` or a failure
   /// dropped, with the cause in force for it.
   void drop(item& it, uint64_t seq) noexcept;
-  /// Drops everything scheduled so far that is not yet dropped, with
-  /// `cause`. Call with the queue's lock held; no-op when nothing new is
-  /// scheduled.
-  void drop_locked(const failure_ptr& cause) noexcept {
-    outcomes_.drop_through(queue_.scheduled(std::memory_order_relaxed), cause);
-  }
-  /// Fires the waiters of seqs up to `upto` with their outcomes; with
-  /// `beyond`, also the waiters of seqs not resolved, with that cause (at
-  /// shutdown). Never throws.
-  void fire(uint64_t upto, const failure* beyond = nullptr) noexcept;
-  /// A failure of this device itself (no task): killed, shut down.
-  failure_ptr device_failure(std::string message) const;
-  /// Fails the pending gates `which` selects, with `why`.
-  void cancel_gates(bool (*which)(const gate&), const std::string& why);
-  /// Wakes the runner if it sleeps.
-  void ring() noexcept { queue_.ring(); }
 
   std::string name_;
   int ordinal_;
@@ -512,20 +293,17 @@ private:
   // move each other's lines back and forth.
 
   // Producer side: the queue, its backpressure and the runner's doorbell.
-  // Its lock also guards killed_, error_ and drops_ below.
+  // Its lock also guards the life's state (life_ below) and drops.
   work_queue_t queue_;
-  bool killed_ = false; // guarded by queue_'s lock
 
   // What became of each seq, and who is told (its own lines: the runner
   // writes its first as it resolves items). Drops are made under the
   // queue's lock.
   outcome_board outcomes_;
-  // Runner side.
-  alignas(64) uint64_t executed_ = 0; // runner only: seq of the item it is running
-  std::atomic<bool> failed_flag_{false}; // mirrors queue_.failed_locked()
-  // The runner's records and host threads' blocking waits on this device;
-  // null when tracing is off; set once, at construction.
-  std::unique_ptr<trace_ring> trace_;
+  // Runner side (the runner's own fields: `runner_`, last). The runner's
+  // records and host threads' blocking waits on this device; null when
+  // tracing is off; set once, at construction.
+  alignas(64) std::unique_ptr<trace_ring> trace_;
 
   // Orders' and waits' extras for reuse (see extra_cache.hpp): producers
   // take them, the runner hands them back as it takes a batch. Two lines of
@@ -533,51 +311,11 @@ private:
   // tasks that are neither orders nor waits never touch them.
   extra_cache extras_;
 
-  // Cold: errors, backpressure, waiters, pools.
-  alignas(64) failure_ptr error_;   // guarded by queue_'s lock: why the device failed
-  /// Local waits of other devices on this one's seqs, registered without a
-  /// resolver (see gate_waiters.hpp); guarded by the waiter lock
-  /// (`outcomes_.waiters_mutex()`), whose minimum covers them.
-  gate_waiters gate_waiters_;
-  /// Registers `w` with this (owner) device, or resolves it at once as
-  /// `when_resolved` would call a resolver. Moves from `w` only once it is
-  /// stored: when this throws (out of memory), `w` is as it was.
-  void when_resolved(gate_waiter&& w);
-  /// Both `when_resolved`s: `enter()` under the waiter lock while `seq` is
-  /// pending, else `resolve(cause)` at once (null cause: done).
-  template <class Enter, class Resolve>
-  void when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve);
-  /// In `fire`, on this device's own runner: if the next item here is a
-  /// pending gate on `w`'s device, and that device is parked at `w`'s gate,
-  /// takes its token and opens the gate without waking its runner; this
-  /// runner then runs its items (`serve`) instead of sleeping. Whether it did.
-  bool try_claim(const gate_waiter& w) noexcept;
-  /// In `fire`, on this device's own runner, when `try_claim` did not take
-  /// `w`: if the process has more runners than CPUs, `w`'s device is asleep,
-  /// parked at `w`'s gate, and this runner waits for that device within its
-  /// next few items (it will `try_help` there), opens the gate without
-  /// waking it; the backstop rings it if nobody took its items up a period
-  /// or two later. Whether it did.
-  bool try_defer(const gate_waiter& w) noexcept;
-  /// Only while the process has more runners than CPUs (`try_defer`): there
-  /// a woken runner mostly queues for a CPU that other runners keep busy,
-  /// and its wake-up and context switches cost more than its items (the
-  /// fan-out/fan-in DAG of `multidev bench` on 4 and 8 devices). With a CPU
-  /// for each runner, a woken one runs at once, beside this one. Inline: a
-  /// hop of a two-device chain asks on every firing.
-  static bool runners_may_defer() noexcept {
-    return live_runners.load(std::memory_order_relaxed) >=
-           defer_min_runners.load(std::memory_order_relaxed);
-  }
-  /// The runner, about to park at the pending gate `g` (a wait on another
-  /// device of this process): if that device is lendable and can run (its
-  /// own wait ended, its runner rung but not yet back), takes its token and
-  /// runs its items here (`serve`) until `g` ends. Whether it did.
-  bool try_help(const gate& g);
-  /// Token holder of a lendable device it found with nothing to run for it
-  /// (still parked at a pending gate, or past the awaited item): gives the
-  /// token back as it was (its park number unchanged).
-  void relend() noexcept;
+  // Cold: the life and failure state (read-mostly: written only as the
+  // device fails, recovers, is killed or stops), waiters, pools.
+  alignas(64) device_life life_;
+  // Who waits for this device's seqs (the waiter lock guards them).
+  device_events events_;
   // The gates queued here, pending or passed (counted), and the one the
   // device is parked at. Guarded by the waiter lock (outcomes_.waiters_mutex();
   // see gate_list).
@@ -592,46 +330,23 @@ private:
   // members its completions touch, after the runner.
   stream_window window_;
 
-  // Hand-over (sync drivers): whether this device lends its token (see
-  // exec_token.hpp). Set before the runner starts.
-  bool hand_over_ = true;
-  // A session's lease (`set_lease`; see lease.hpp); none for a device
-  // without one. Checked by the runner before each item.
-  session_lease lease_;
-  /// Before an item starts: cancels the queue once the lease is over (one
-  /// branch on a null pointer without a lease).
-  void check_lease() noexcept {
-    if (lease_.over()) [[unlikely]]
-      cancel_past_lease();
-  }
-  /// The lease is over: cancels what is scheduled and not yet dropped,
-  /// saying `lease_.why()`.
-  [[gnu::cold]] void cancel_past_lease() noexcept;
-  bool pin_runner_ = false; // set before the runner starts
-  // The CPU the runner pinned itself to, -1 when not pinned (debug info).
-  std::atomic<int> cpu_{-1};
-  // Who may run this device's items now, the parked gate and the deferred
-  // wake-up: the hand-over state machine.
-  exec_token token_;
-  // The batch being run and the next item in it, and whether any of its
-  // entries has an order's or a wait's extra (bare closures and described
-  // tasks need no look ahead at those): the token holder's.
-  std::vector<item> batch_;
-  std::size_t pos_ = 0;
-  bool batch_has_extras_ = false;
-  std::string batch_text_; // its described tasks' descriptions
-  // The runner's: the batch `try_claim` replaced while its last item ran.
-  std::vector<item> spent_batch_;
-  std::string spent_batch_text_;
-  /// The token holder: records `g` as the wait this device is parked at
-  /// (`gate_list::parked_on`, for the wait graph and debug info).
-  void mark_parked(const gate* g) noexcept;
-  /// The runner's wait at a pending gate when hand-over is off.
-  void wait_at_gate(const gate& g, uint64_t seq);
-  // This runner's: a device whose token `try_claim` took, to `serve`.
-  std::shared_ptr<device_core> claimed_;
-
-  std::thread thread_;
+  // The runner thread, its batch and the hand-over (device_runner.hpp):
+  // last, so that it goes first (its thread is joined by then).
+  device_runner runner_{*this};
 };
+
+// The runner's inline members that read its core (complete only here).
+
+inline uint64_t device_runner::running_item() const noexcept {
+  return core_.window_.async() ? current_item : executed_;
+}
+
+inline void device_runner::wake_runner() noexcept {
+  core_.queue_.ring();
+}
+
+inline bool device_inspector::is_idle() const noexcept {
+  return core_.outcomes().finished() == core_.queue().scheduled() && !core_.life().failed();
+}
 
 } // namespace multidev::detail

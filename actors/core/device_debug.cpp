@@ -1,4 +1,6 @@
 // A device core's debug info, as an s-expression.
+#include "actors/core/device_inspector.hpp"
+
 #include "actors/core/device_core.hpp"
 #include "actors/core/trace.hpp"
 
@@ -11,15 +13,15 @@ namespace {
 constexpr std::size_t debug_info_records = 8;
 } // namespace
 
-sexp device_core::debug_info() const {
-  auto s = queue_.scheduled();
-  auto f = outcomes_.finished();
+sexp device_inspector::debug_info() const {
+  auto s = core_.queue().scheduled();
+  auto f = core_.outcomes().finished();
   auto pending_waits = gates_.pending_waits();
   std::size_t waiting;
   std::string parked;
   {
-    std::lock_guard guard{outcomes_.waiters_mutex()};
-    waiting = outcomes_.waiter_count_locked() + gate_waiters_.size_locked();
+    std::lock_guard guard{core_.outcomes().waiters_mutex()};
+    waiting = events_.count_locked();
     // Named through the list of pending gates, which keeps them alive: the
     // parked one may be passed and freed meanwhile.
     if (auto* p = gates_.parked_on(std::memory_order_acquire))
@@ -30,10 +32,10 @@ sexp device_core::debug_info() const {
         return true;
       });
   }
-  auto pools = pools_.info();
+  auto pools = core_.pools().info();
   auto spare = extras_.spare_count();
-  auto err = error();
-  auto info = sexp::list({sexp::atom("device"), sexp::field("name", name_),
+  auto err = core_.life().error();
+  auto info = sexp::list({sexp::atom("device"), sexp::field("name", core_.name()),
                           sexp::field("queue_length", std::to_string(s - f)),
                           sexp::field("scheduled", std::to_string(s)),
                           sexp::field("finished", std::to_string(f)),
@@ -41,14 +43,16 @@ sexp device_core::debug_info() const {
                           sexp::field("waiters", std::to_string(waiting)),
                           sexp::field("parked_on", parked.empty() ? "none" : parked),
                           sexp::field("error", err ? *err : std::string{"none"}),
-                          sexp::field("used_memory", std::to_string(pools_.used_memory())),
+                          sexp::field("used_memory", std::to_string(core_.pools().used_memory())),
                           sexp::field("spare_extras", std::to_string(spare)),
-                          sexp::field("run_by", token_.state_name()),
-                          sexp::field("run_by_others", std::to_string(token_.run_by_others())),
-                          sexp::field("cpu", runner_cpu() < 0 ? std::string{"any"}
-                                                              : std::to_string(runner_cpu())),
+                          sexp::field("run_by", core_.runner().token().state_name()),
+                          sexp::field("run_by_others",
+                                      std::to_string(core_.runner().token().run_by_others())),
+                          sexp::field("cpu", core_.runner().runner_cpu() < 0
+                                                 ? std::string{"any"}
+                                                 : std::to_string(core_.runner().runner_cpu())),
                           pools});
-  if (auto extra = driver_->debug_info(ordinal_); !extra.items().empty())
+  if (auto extra = core_.drv().debug_info(core_.ordinal()); !extra.items().empty())
     info.push_back(std::move(extra));
   if (trace_)
     info.push_back(trace_->info(debug_info_records));

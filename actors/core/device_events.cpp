@@ -1,5 +1,7 @@
 // Progress and outcomes: what is done, what failed or was cancelled and why,
 // who is told, and blocking syncs.
+#include "actors/core/device_events.hpp"
+
 #include "actors/core/device_core.hpp"
 #include "actors/core/trace.hpp"
 #include "actors/wait_graph.hpp"
@@ -46,7 +48,7 @@ struct sync_resolver {
     }
     sig->flag.store(cause ? 2 : 1);
     if (serve) {
-      serve->wake_runner();
+      serve->runner().wake_runner();
       return;
     }
     sig->flag.notify_one();
@@ -62,7 +64,7 @@ void device_core::check_scheduled(uint64_t seq, const char* what) const {
       name_, s));
 }
 
-void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
+void device_events::fire(uint64_t upto, const failure* beyond) noexcept {
   // The due waiters' nodes move to a local map: no allocation, so nothing
   // can throw half-way and strand a waiter. Due gate waiters are taken one
   // at a time (the first with the resolvers, the rest after), for the same
@@ -91,7 +93,8 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
     outcome_board::invoke(r, outcomes_.outcome_for(seq, resolved, beyond, hold));
   while (has_gate) {
     const auto* c = outcomes_.outcome_for(gw.seq, resolved, beyond, hold);
-    if (c || !(try_claim(gw) || (runners_may_defer() && try_defer(gw))))
+    if (c || !(core_.runner().try_claim(gw) ||
+               (runners_may_defer() && core_.runner().try_defer(gw))))
       gate_waiters::resolve(gw, c);
     if (!more && !beyond)
       break;
@@ -103,7 +106,7 @@ void device_core::fire(uint64_t upto, const failure* beyond) noexcept {
   }
 }
 
-void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
+void device_events::add_waiter_unchecked(uint64_t seq, waiter w) {
   std::lock_guard guard{outcomes_.waiters_mutex()};
   outcomes_.add_locked(seq, [w = std::move(w)](const failure* cause) mutable {
     if (!cause) {
@@ -117,7 +120,7 @@ void device_core::add_waiter_unchecked(uint64_t seq, waiter w) {
 }
 
 template <class Enter, class Resolve>
-void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve) {
+void device_events::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolve) {
   {
     std::unique_lock guard{outcomes_.waiters_mutex()};
     if (outcomes_.accepts_locked(seq)) {
@@ -136,32 +139,32 @@ void device_core::when_resolved_as(uint64_t seq, Enter&& enter, Resolve&& resolv
     auto cause = outcomes_.cause_of(seq);
     resolve(cause.get());
   } else {
-    auto cause = device_failure("device is shut down");
+    auto cause = core_.life().device_failure("device is shut down");
     resolve(cause.get());
   }
 }
 
-void device_core::when_resolved(uint64_t seq, resolver r) {
+void device_events::when_resolved(uint64_t seq, resolver r) {
   when_resolved_as(
     seq, [&] { outcomes_.add_locked(seq, std::move(r)); },
     [&](const failure* cause) { outcome_board::invoke(r, cause); });
 }
 
-void device_core::when_resolved(gate_waiter&& w) {
+void device_events::when_resolved(gate_waiter&& w) {
   const auto seq = w.seq;
   when_resolved_as(
     seq, [&] { gate_waiters_.add_locked(std::move(w)); },
     [&](const failure* cause) { gate_waiters::resolve(w, cause); });
 }
 
-std::size_t device_core::drop_waiters(const std::function<bool(const resolver&)>& pred) {
+std::size_t device_events::drop_waiters(const std::function<bool(const resolver&)>& pred) {
   std::lock_guard guard{outcomes_.waiters_mutex()};
   auto n = outcomes_.drop_waiters_locked(pred);
   gate_waiters_.update_min_locked(outcomes_);
   return n;
 }
 
-bool device_core::drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred) {
+bool device_events::drop_waiter(uint64_t seq, const std::function<bool(const resolver&)>& pred) {
   std::lock_guard guard{outcomes_.waiters_mutex()};
   if (!outcomes_.drop_waiter_locked(seq, pred))
     return false;
@@ -169,7 +172,7 @@ bool device_core::drop_waiter(uint64_t seq, const std::function<bool(const resol
   return true;
 }
 
-void device_core::when_done(uint64_t seq, waiter w) {
+void device_events::when_done(uint64_t seq, waiter w) {
   when_resolved(seq, [w = std::move(w)](const failure* cause) mutable {
     if (!cause) {
       w(nullptr);
@@ -180,49 +183,49 @@ void device_core::when_done(uint64_t seq, waiter w) {
   });
 }
 
-void device_core::sync(uint64_t seq) {
+void device_events::sync(uint64_t seq) {
   sync_until(seq, std::chrono::steady_clock::time_point::max());
 }
 
-void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
+void device_events::sync_until(uint64_t seq, std::chrono::steady_clock::time_point deadline,
                              const char* what) {
   if (outcomes_.is_done(seq))
     return;
-  check_scheduled(seq, what);
+  core_.check_scheduled(seq, what);
   if (seq > outcomes_.finished()) {
     // A task may wait for its device's earlier items (on an asynchronous
     // driver they may have run and not yet be resolved), never for its own.
-    if (current_runner == this && (!window_.async() || seq >= current_item))
+    if (current_runner == &core_ && (!core_.window_.async() || seq >= current_item))
       throw deadlock_error(fmt::format(
         "{} on {} seq {} from a task of the same device, which has finished "
         "only up to seq {}: waiting would deadlock",
-        what, name_, seq, outcomes_.finished()));
+        what, core_.name(), seq, outcomes_.finished()));
     // Registered in the wait graph while blocked; from a task, registering
     // refuses a wait that closes a cycle of runners.
     blocked_wait w;
     if (const auto* r = current_runner) {
       w.runner = r;
-      w.item = r->running_item();
+      w.item = r->runner().running_item();
     }
-    w.owner = this;
-    w.owner_name = name_;
+    w.owner = &core_;
+    w.owner_name = core_.name();
     w.seq = seq;
     w.what = what;
     blocked_scope blocked{std::move(w)};
     // With tracing on, a host thread's wait goes in the trace (a task's
     // shows as its item).
-    host_wait_scope traced{current_runner == nullptr && trace_ ? &trace_->host_spans() : nullptr,
-                           what, name_, seq};
+    auto* spans = current_runner == nullptr && core_.trace_ ? &core_.trace_->host_spans() : nullptr;
+    host_wait_scope traced{spans, what, core_.name(), seq};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
-    ring_deferred();
+    core_.runner().ring_deferred();
     auto sig = std::make_shared<sync_signal>();
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
     // A task on this device's own runner thread (an asynchronous driver that
     // runs work as it submits it): the runner must go on settling the items
     // already started while it waits (`serve_started_until`), so the
     // resolver rings it.
-    device_core* serve = window_.async() && home_runner == this ? this : nullptr;
+    device_core* serve = core_.window_.async() && home_runner == &core_ ? &core_ : nullptr;
     sig->timed = timed && !serve;
     when_resolved(seq, sync_resolver{sig, serve});
     auto start = std::chrono::steady_clock::now();
@@ -237,14 +240,14 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
       });
       auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
       // Followed into other processes, whose answers it waits for a moment.
-      auto chain = follow_chain(*this, seq, std::chrono::steady_clock::now() + explain_budget);
+      auto chain = follow_chain(core_, seq, std::chrono::steady_clock::now() + explain_budget);
       return timeout_error(fmt::format("{} on {} seq {} passed its deadline after {:.3f} s: {}",
-                                       what, name_, seq, waited.count(), chain),
+                                       what, core_.name(), seq, waited.count(), chain),
                            chain);
     };
     uint32_t v;
     if (serve) {
-      if (!serve_started_until(sig->flag, deadline))
+      if (!stream_runner::serve_started_until(core_, sig->flag, deadline))
         throw passed_deadline();
       v = sig->flag.load();
     } else if (timed) {
@@ -266,7 +269,7 @@ void device_core::sync_until(uint64_t seq, std::chrono::steady_clock::time_point
     throw_failure(std::move(cause));
 }
 
-std::string device_core::reason_of(std::string_view error) const {
+std::string device_life::reason_of(std::string_view error) const {
   // "<name>: <reason>", or "<name> waited for ..." (a failure with a path).
   if (error.starts_with(name_)) {
     auto rest = error.substr(name_.size());
@@ -278,14 +281,14 @@ std::string device_core::reason_of(std::string_view error) const {
   return std::string{error};
 }
 
-device_core::failure_ptr device_core::device_failure(std::string message) const {
+device_life::failure_ptr device_life::device_failure(std::string message) const {
   auto f = std::make_shared<failure>();
   f->device = name_;
   f->message = std::move(message);
   return f;
 }
 
-std::optional<std::string> device_core::error() const {
+std::optional<std::string> device_life::error() const {
   std::lock_guard guard{queue_.mutex()};
   if (queue_.failed_locked() && error_)
     return error_->describe_reason();
@@ -294,7 +297,7 @@ std::optional<std::string> device_core::error() const {
   return std::nullopt;
 }
 
-void device_core::check() const {
+void device_life::check() const {
   failure_ptr e;
   {
     std::lock_guard guard{queue_.mutex()};

@@ -145,7 +145,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   gate_waiter w{seq, std::move(g), weak_from_this(), this};
   // The gate may open at once, on this thread, or later on owner's runner.
   try {
-    owner->when_resolved(std::move(w));
+    owner->events_.when_resolved(std::move(w));
   } catch (...) {
     // The gate is queued: left pending, it would hold this device forever.
     // `w` still holds it (`when_resolved` moves from it only once stored).
@@ -182,13 +182,13 @@ void device_core::push_gate(const std::shared_ptr<gate>& g) {
   }
 }
 
-std::vector<std::shared_ptr<gate>> device_core::pending_gates(const gate** parked) const {
+std::vector<std::shared_ptr<gate>> device_inspector::pending_gates(const gate** parked) const {
   std::vector<std::shared_ptr<gate>> out;
-  std::lock_guard guard{outcomes_.waiters_mutex()};
+  std::lock_guard guard{core_.outcomes().waiters_mutex()};
   out.reserve(gates_.size_locked());
   // A failed gate the runner has not reached yet is still a wait (it will
   // fail this device); one it has passed is history.
-  auto passed = outcomes_.finished();
+  auto passed = core_.outcomes().finished();
   gates_.find_locked([&](std::shared_ptr<gate> g) {
     if (g->state.load() != gate::open) {
       auto at = g->seq.load();
@@ -210,42 +210,45 @@ std::string gate::owner_label() const {
   return label.empty() ? std::string{"a device gone"} : label;
 }
 
-void device_core::resolve_gate(gate& g, const failure_ptr& cause) noexcept {
+bool gate::settle(const std::shared_ptr<const failure>& why) noexcept {
   // `resolving` makes the first resolution win and publishes the cause
   // before the final state; the runner only acts on open or failed.
   // Opening publishes nothing else: one compare-and-swap.
   int expected = gate::pending;
-  if (!g.state.compare_exchange_strong(expected, cause ? gate::resolving : gate::open))
-    return;
-  if (cause) {
-    g.cause = cause;
-    g.state.store(gate::failed, std::memory_order_seq_cst);
+  if (!state.compare_exchange_strong(expected, why ? gate::resolving : gate::open))
+    return false;
+  if (why) {
+    cause = why;
+    state.store(gate::failed, std::memory_order_seq_cst);
   }
-  ring();
+  return true;
+}
+
+std::shared_ptr<const failure> gate::owner_failure(const std::string& message) const noexcept {
+  // A message only (a CAF error rendered, a cancellation): the awaited
+  // device is its origin.
+  try {
+    auto f = std::make_shared<failure>();
+    f->device = owner_label();
+    f->message = message;
+    if (f->message.starts_with(f->device + ": "))
+      f->message.erase(0, f->device.size() + 2);
+    return f;
+  } catch (...) {
+    return unknown_cause();
+  }
+}
+
+void device_core::resolve_gate(gate& g, const failure_ptr& cause) noexcept {
+  if (g.settle(cause))
+    queue_.ring();
 }
 
 void device_core::resolve_gate(gate& g, const std::string* error) noexcept {
-  if (!error) {
-    resolve_gate(g, failure_ptr{});
-    return;
-  }
-  // A message only (a CAF error rendered, a cancellation): the awaited
-  // device is its origin.
-  failure_ptr cause;
-  try {
-    auto f = std::make_shared<failure>();
-    f->device = g.owner_label();
-    f->message = *error;
-    if (f->message.starts_with(f->device + ": "))
-      f->message.erase(0, f->device.size() + 2);
-    cause = std::move(f);
-  } catch (...) {
-    cause = unknown_cause();
-  }
-  resolve_gate(g, cause);
+  resolve_gate(g, error ? g.owner_failure(*error) : failure_ptr{});
 }
 
-void device_core::cancel_gates(bool (*which)(const gate&), const std::string& why) {
+void device_life::cancel_gates(bool (*which)(const gate&), const std::string& why) {
   // Candidates are copied out first and judged without the lock: judging may
   // take the last reference to an owner core, whose destructor joins its
   // runner, which may be inside our when_done, waiting for this very lock.
@@ -259,11 +262,11 @@ void device_core::cancel_gates(bool (*which)(const gate&), const std::string& wh
     });
   }
   for (auto& g : pending)
-    if (which(*g))
-      resolve_gate(*g, &why);
+    if (which(*g) && g->settle(g->owner_failure(why)))
+      queue_.ring();
 }
 
-void device_core::cancel_unanswerable_waits() {
+void device_life::cancel_unanswerable_waits() {
   // A local wait opens only if its owner drains too. An owner in another
   // backend, or one already gone, may never get there: joining behind it
   // could block forever. Owners that are stopping too drain (the backend
@@ -274,12 +277,12 @@ void device_core::cancel_unanswerable_waits() {
       if (g.remote)
         return true;
       auto o = g.owner.lock();
-      return !o || !o->stopping();
+      return !o || !o->life().stopping();
     },
     why);
 }
 
-void device_core::cancel_remote_waits(const std::string& why) {
+void device_life::cancel_remote_waits(const std::string& why) {
   cancel_gates([](const gate& g) { return g.remote; }, why);
 }
 

@@ -17,7 +17,8 @@ template <class MakeExtra>
 [[gnu::always_inline]] inline uint64_t device_core::enqueue(std::function<void()>&& work,
                                                             MakeExtra&& make_extra,
                                                             bool may_wait) {
-  return queue_.push(may_wait, std::move(work), make_extra, [this] { throw_refusal_locked(); });
+  return queue_.push(may_wait, std::move(work), make_extra,
+                     [this] { life_.throw_refusal_locked(); });
 }
 
 named_extra* named_extra::make(std::string_view description,
@@ -109,17 +110,17 @@ uint64_t device_core::push(task&& t, bool may_wait) {
     may_wait);
 }
 
-void device_core::throw_if_failed() const {
+void device_life::throw_if_failed() const {
   std::lock_guard guard{queue_.mutex()};
   if (queue_.failed_locked())
     throw refusal_locked();
 }
 
-void device_core::throw_refusal_locked() const {
+void device_life::throw_refusal_locked() const {
   throw refusal_locked();
 }
 
-device_error device_core::refusal_locked() const {
+device_error device_life::refusal_locked() const {
   if (killed_)
     return device_error(name_, fmt::format("{}; no new work is accepted",
                                            error_ ? error_->message : "killed"));

@@ -1,7 +1,9 @@
-// The runner thread: takes batches off the queue, runs them in order (or,
-// on an asynchronous driver, submits them to the device's stream and
-// resolves them in order as they complete), parks on gates, completes items
-// and fails the device when a task throws.
+// The runner thread (device_runner.hpp): takes batches off the queue, runs
+// them in order (or, on an asynchronous driver, submits them to the
+// device's stream and resolves them in order as they complete), parks on
+// gates and hands the device's token over. Beside it, in this file so that
+// the item loop inlines them, the core's resolving side: completes items
+// and fails the device when a task throws (`complete`, `drop`, `poison`).
 #include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
@@ -9,6 +11,7 @@
 #include <algorithm>
 
 #include "actors/core/backstop.hpp"
+#include "actors/core/stream_runner.hpp"
 #include "actors/core/trace.hpp"
 
 namespace multidev::detail {
@@ -27,19 +30,25 @@ namespace {
 thread_local bool serving_other = false;
 } // namespace
 
-void device_core::run() {
-  current_runner = this;
-  home_runner = this;
+void device_runner::start(bool hand_over, bool pin) {
+  hand_over_ = hand_over;
+  pin_runner_ = pin;
+  thread_ = std::thread([this] { run(); });
+}
+
+void device_runner::run() {
+  current_runner = &core_;
+  home_runner = &core_;
   runner_awake counted; // in awake_runners while this thread runs
   if (pin_runner_)
     cpu_.store(pin_to_next_cpu(), std::memory_order_relaxed);
-  if (window_.async()) {
-    run_async();
+  if (core_.window_.async()) {
+    stream_runner{*this}.run();
     return;
   }
-  auto pending = [&] { return queue_.untaken(); };
+  auto pending = [&] { return core_.queue_.untaken(); };
   for (;;) {
-    if (pos_ < batch_.size()) {
+    if (batch_.has_next()) {
       // Parked at a wait: back with the token once it ended, or once a
       // device that ran items here handed the token back.
       park();
@@ -47,11 +56,10 @@ void device_core::run() {
       continue;
     }
     batch_.clear();
-    pos_ = 0;
     if (pending() == 0 && !spin_until([&] { return pending() != 0; }, 16)) {
-      extras_.let_go_of_spent_pools(); // an idle device holds no pool
-      extras_.trim_spare_extras();
-      if (!queue_.sleep_until_work())
+      core_.extras_.let_go_of_spent_pools(); // an idle device holds no pool
+      core_.extras_.trim_spare_extras();
+      if (!core_.queue_.sleep_until_work())
         return;
     } else if (pending() < coalesce_items) {
       // A producer in a burst is appending right now: taking the lock for
@@ -61,8 +69,8 @@ void device_core::run() {
         for (int j = 0; j < 16; ++j)
           cpu_relax();
     }
-    if (!take_batch(batch_, batch_text_)) {
-      if (stopping())
+    if (!take_batch(batch_.items())) {
+      if (core_.life_.stopping())
         return;
       continue;
     }
@@ -70,10 +78,10 @@ void device_core::run() {
   }
 }
 
-void device_core::run_batch(bool first) {
-  while (pos_ < batch_.size()) {
-    if (!batch_has_extras_ && !claimed_) {
-      if (!trace_)
+void device_runner::run_batch(bool first) {
+  while (batch_.has_next()) {
+    if (!batch_.has_extras() && !claimed_) {
+      if (!core_.trace_)
         run_bare_items();
       else
         run_bare_items_traced(first);
@@ -87,9 +95,9 @@ void device_core::run_batch(bool first) {
       auto other = std::move(claimed_);
       if (auto* g = pending_gate_at_pos()) {
         mark_parked(g);
-        other->serve(*this, *g, executed_ + 1);
+        other->runner_.serve(*this, *g, executed_ + 1);
       } else {
-        other->hand_back();
+        other->runner_.hand_back();
       }
       first = false;
       continue;
@@ -100,37 +108,37 @@ void device_core::run_batch(bool first) {
         // deferred is not this runner's to take up any more.
         if (hand_over_ && !g->remote)
           if (auto o = g->owner.lock())
-            o->ring_deferred();
+            o->runner_.ring_deferred();
         return; // park
       }
       first = false;
       continue;
     }
-    prefetch_ahead();
+    batch_.prefetch_ahead();
     run_item(first);
     first = false;
-    if (!spent_batch_.empty()) [[unlikely]]
-      clear_spent_batch(); // `try_claim` took the next batch early
+    if (batch_.has_set_aside()) [[unlikely]]
+      batch_.clear_set_aside(); // `try_claim` took the next batch early
   }
 }
 
-void device_core::run_bare_items() {
+void device_runner::run_bare_items() {
   // A batch without orders and waits holds bare closures and described
   // tasks only: no gate to look for, no extra to fetch ahead, no trace.
   // Until the batch changes (`try_claim` may take the next one early) or a
   // firing claims another device.
-  while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
-    prefetch_ahead(); // the entries only: the batch has no extras
-    execute_bare(batch_[pos_++]);
-    if (!spent_batch_.empty()) [[unlikely]]
-      clear_spent_batch(); // `try_claim` took the next batch early
+  while (batch_.has_next() && !batch_.has_extras() && !claimed_) {
+    batch_.prefetch_ahead(); // the entries only: the batch has no extras
+    execute_bare(batch_.take_next());
+    if (batch_.has_set_aside()) [[unlikely]]
+      batch_.clear_set_aside(); // `try_claim` took the next batch early
   }
 }
 
 template <bool bare>
-[[gnu::always_inline]] inline void device_core::execute_traced(item& it, bool first_in_batch,
+[[gnu::always_inline]] inline void device_runner::execute_traced(item& it, bool first_in_batch,
                                                               int64_t start_ns) {
-  auto& ring = *trace_;
+  auto& ring = *core_.trace_;
   // Items of one batch run back to back: the previous end is this start.
   if (start_ns == 0)
     start_ns = first_in_batch ? ring.clock().now() : ring.last_end_ns();
@@ -147,55 +155,24 @@ template <bool bare>
   // An item that neither completed nor failed (none does today) still
   // leaves its record.
   if (ring.running()) [[unlikely]]
-    trace_done(executed_, failed());
+    trace_done(executed_, core_.life_.failed());
 }
 
-void device_core::run_bare_items_traced(bool first) {
+void device_runner::run_bare_items_traced(bool first) {
   // The same with the trace on: each item's record, without the general
   // path's look for a gate or an order.
-  while (pos_ < batch_.size() && !batch_has_extras_ && !claimed_) {
-    prefetch_ahead();
-    execute_traced<true>(batch_[pos_++], first);
+  while (batch_.has_next() && !batch_.has_extras() && !claimed_) {
+    batch_.prefetch_ahead();
+    execute_traced<true>(batch_.take_next(), first);
     first = false;
-    if (!spent_batch_.empty()) [[unlikely]]
-      clear_spent_batch(); // `try_claim` took the next batch early
+    if (batch_.has_set_aside()) [[unlikely]]
+      batch_.clear_set_aside(); // `try_claim` took the next batch early
   }
 }
 
-[[gnu::always_inline]] inline void device_core::prefetch_ahead() const noexcept {
-  // The entries, and what a wait's entry points to, were just written on
-  // the producer's core: fetch them ahead, each level once the one before
-  // it has had time to arrive.
-  auto n = batch_.size();
-  if (pos_ + prefetch_items < n)
-    __builtin_prefetch(&batch_[pos_ + prefetch_items], 0, 3);
-  // Looking at an entry's extra reads the entry: not for a batch of bare
-  // closures, whose entries are read only when they run. The extra and the
-  // gate are fetched for writing: recycling the extra drops its pool or its
-  // gate, whose reference count shares the gate's line, and a line fetched
-  // shared waited for the producer's core a second time then (a dependency
-  // hop: 331 against 221 ns, 6 rounds alternating).
-  if (!batch_has_extras_)
-    return;
-  if (pos_ + prefetch_extras < n)
-    if (auto* x = batch_[pos_ + prefetch_extras].extra.address())
-      prefetch_for_write(x);
-  if (pos_ + 2 < n)
-    if (auto* g = batch_[pos_ + 2].as_gate())
-      prefetch_for_write(g);
-  if (pos_ + 1 < n)
-    if (auto* x = batch_[pos_ + 1].extra.order_or_wait(); x && x->g) {
-      prefetch_for_write(x->g.get());
-      // Its last line too, which the gate's destruction reads first (its
-      // `cause`) as the runner lets go of it: 18% of device 0's runner in
-      // prebuilt rounds of the 8-device fan DAG, nearly all on that load.
-      __builtin_prefetch(&x->g->cause);
-    }
-}
-
-void device_core::run_item(bool first_in_batch) {
-  auto& it = batch_[pos_++];
-  if (trace_) [[unlikely]] {
+void device_runner::run_item(bool first_in_batch) {
+  auto& it = batch_.take_next();
+  if (core_.trace_) [[unlikely]] {
     auto start = it.as_gate() ? std::exchange(token_.parked_ns(), 0) : 0;
     execute_traced(it, first_in_batch, start);
   } else {
@@ -209,31 +186,31 @@ void device_core::run_item(bool first_in_batch) {
   // 1,950-2,150 ns against 2,600-3,100, and a prebuilt one 250-300 against
   // 450-640 (tools chain, this machine).
   if (it.extra.order_or_wait())
-    extras_.recycle(it);
+    core_.extras_.recycle(it);
 }
 
-bool device_core::gate_ended(const gate& g, uint64_t seq) const noexcept {
+bool device_runner::gate_ended(const gate& g, uint64_t seq) const noexcept {
   auto st = g.state.load(std::memory_order_seq_cst);
   return st == gate::open || st == gate::failed ||
-         seq <= outcomes_.dropped_upto(std::memory_order_seq_cst);
+         seq <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst);
 }
 
-gate* device_core::pending_gate_at_pos() const noexcept {
-  if (pos_ >= batch_.size())
+gate* device_runner::pending_gate_at_pos() const noexcept {
+  if (!batch_.has_next())
     return nullptr;
-  auto* g = batch_[pos_].as_gate();
+  auto* g = batch_.next().as_gate();
   return g && !gate_ended(*g, executed_ + 1) ? g : nullptr;
 }
 
-void device_core::mark_parked(const gate* g) noexcept {
-  if (gates_.parked_on(std::memory_order_relaxed) == g)
+void device_runner::mark_parked(const gate* g) noexcept {
+  if (core_.gates_.parked_on(std::memory_order_relaxed) == g)
     return;
-  if (g && trace_) [[unlikely]]
-    token_.parked_ns() = trace_->clock().now();
-  gates_.set_parked_on(g);
+  if (g && core_.trace_) [[unlikely]]
+    token_.parked_ns() = core_.trace_->clock().now();
+  core_.gates_.set_parked_on(g);
 }
 
-void device_core::park() {
+void device_runner::park() {
   for (;;) {
     auto* g = pending_gate_at_pos();
     if (!g)
@@ -246,7 +223,7 @@ void device_core::park() {
     }
     // Kept alive while this thread waits without the token: whoever holds
     // it may take a new batch and free this one.
-    auto keep = batch_[pos_].extra.order_or_wait()->g;
+    auto keep = batch_.next().extra.order_or_wait()->g;
     token_.set_spinning(true); // before the token is lendable
     auto mine = release_parked(*g);
     auto ready = [&] {
@@ -262,7 +239,7 @@ void device_core::park() {
         token_.set_spinning(false);
       }
       if (!spin) {
-        queue_.sleep_on_gate_until(ready);
+        core_.queue_.sleep_on_gate_until(ready);
         token_.wait_if_held_after_wake();
       }
       spin = false;
@@ -272,41 +249,39 @@ void device_core::park() {
   }
 }
 
-void device_core::wait_at_gate(const gate& g, uint64_t seq) {
+void device_runner::wait_at_gate(const gate& g, uint64_t seq) {
   // A cancel or kill while parked ends the wait too (it rings the bell).
   auto ended = [&] { return gate_ended(g, seq); };
   if (!spin_on_gate(ended))
-    queue_.sleep_on_gate_until(ended);
+    core_.queue_.sleep_on_gate_until(ended);
 }
 
-uint32_t device_core::release_parked(gate& g) noexcept {
+uint32_t device_runner::release_parked(gate& g) noexcept {
   auto seq = executed_ + 1;
   auto n = token_.park_at(&g);
   lend_at(g, seq);
   return n;
 }
 
-void device_core::lend_at(const gate& g, uint64_t seq) noexcept {
+void device_runner::lend_at(const gate& g, uint64_t seq) noexcept {
   token_.lend();
   // Against an opener that found the token held or lent and fell back to
   // ringing (Dekker: it stores the gate's state, then tries the token): a
   // runner that slept through that ring must see the wait ended.
   if (gate_ended(g, seq))
-    ring();
+    core_.queue_.ring();
 }
 
-bool device_core::try_claim(const gate_waiter& w) noexcept {
+bool device_runner::try_claim(const gate_waiter& w) noexcept {
   // Only this device's own runner, running its own items: it holds its
-  // token, and batch_[pos_] is its next item.
-  if (!hand_over_ || current_runner != this || serving_other || claimed_)
+  // token, and batch_.next() is its next item.
+  if (!hand_over_ || current_runner != &core_ || serving_other || claimed_)
     return false;
-  if (pos_ == batch_.size() && spent_batch_.empty() && queue_.has_untaken()) {
+  if (!batch_.has_next() && !batch_.has_set_aside() && core_.queue_.has_untaken()) {
     // The next item is queued, not yet taken: take it now. The item running
     // (in this batch) stays where it is until `run_batch` frees the batch.
-    batch_.swap(spent_batch_);
-    batch_text_.swap(spent_batch_text_); // the running item's description with it
-    pos_ = 0;
-    take_batch(batch_, batch_text_);
+    batch_.set_aside();
+    take_batch(batch_.items());
   }
   auto* next = pending_gate_at_pos();
   // Its next item waits for w's device (owner equality without touching
@@ -316,17 +291,17 @@ bool device_core::try_claim(const gate_waiter& w) noexcept {
       w.waiter.owner_before(next->owner))
     return false;
   auto other = w.waiter.lock();
-  if (!other || !other->hand_over_)
+  if (!other || !other->runner_.hand_over_)
     return false;
-  if (!other->token_.try_borrow())
+  if (!other->runner_.token_.try_borrow())
     return false;
-  other->token_.take_up_deferral();
+  other->runner_.token_.take_up_deferral();
   // Holding its token: it stays where it is.
   // Opened without ringing its runner.
   int expected = gate::pending;
-  if (other->token_.parked_gate() != w.g.get() ||
+  if (other->runner_.token_.parked_gate() != w.g.get() ||
       !w.g->state.compare_exchange_strong(expected, gate::open)) {
-    other->hand_back();
+    other->runner_.hand_back();
     return false;
   }
   claimed_ = std::move(other);
@@ -339,33 +314,34 @@ namespace {
 constexpr std::size_t defer_look_ahead = 16;
 } // namespace
 
-void device_core::set_defer_threshold_for_tests(int n) noexcept {
+void device_runner::set_defer_threshold_for_tests(int n) noexcept {
   defer_min_runners.store(n > 0 ? n : process_cpus() + 1, std::memory_order_relaxed);
 }
 
-bool device_core::try_defer(const gate_waiter& w) noexcept {
+bool device_runner::try_defer(const gate_waiter& w) noexcept {
   // The caller asked `runners_may_defer`. Only this device's own runner,
   // running its own items (as try_claim).
-  if (!hand_over_ || current_runner != this || serving_other || claimed_)
+  if (!hand_over_ || current_runner != &core_ || serving_other || claimed_)
     return false;
   // This runner waits for w's device soon: it will run that device's items
   // at its own wait (`try_help`), so they do not wait on it long. Its own
   // entries only: no lock, no reference count yet.
   bool waits_for_it = false;
-  auto first = batch_has_extras_ ? pos_ : batch_.size();
-  auto end = std::min(batch_.size(), pos_ + defer_look_ahead);
+  const auto& items = batch_.items();
+  auto first = batch_.has_extras() ? batch_.pos() : items.size();
+  auto end = std::min(items.size(), batch_.pos() + defer_look_ahead);
   // The entries' extras and their gates were written by the host: read one
   // entry after the other, each cost two cache misses in a row (try_defer
   // took 29% of device 0's runner in prebuilt rounds of the 8-device fan
   // DAG). Fetched in two passes first, the misses of each level overlap.
   for (auto i = first; i < end; ++i)
-    if (auto* x = batch_[i].extra.order_or_wait())
+    if (auto* x = items[i].extra.order_or_wait())
       __builtin_prefetch(x);
   for (auto i = first; i < end; ++i)
-    if (auto* g = batch_[i].as_gate())
+    if (auto* g = items[i].as_gate())
       __builtin_prefetch(g);
   for (auto i = first; i < end; ++i) {
-    auto* g = batch_[i].as_gate();
+    auto* g = items[i].as_gate();
     // The owner first: on the gate's first line, where `remote` is not.
     if (g && !g->owner.owner_before(w.waiter) && !w.waiter.owner_before(g->owner) && !g->remote) {
       waits_for_it = true;
@@ -375,76 +351,72 @@ bool device_core::try_defer(const gate_waiter& w) noexcept {
   if (!waits_for_it)
     return false;
   auto other = w.waiter.lock();
-  if (!other || !other->hand_over_)
+  if (!other || !other->runner_.hand_over_)
     return false;
   // Asleep, parked at exactly this gate, the token left there: only a ring
   // or a helper gets its items run. Awake (spinning, or rung already), it
   // takes them up itself.
-  if (other->queue_.sleeping(std::memory_order_seq_cst) != work_queue_t::on_gate ||
-      other->token_.state(std::memory_order_relaxed) != exec_token::lendable ||
+  if (other->queue_.sleeping(std::memory_order_seq_cst) != device_core::work_queue_t::on_gate ||
+      other->runner_.token_.state(std::memory_order_relaxed) != exec_token::lendable ||
       other->gates_.parked_on(std::memory_order_acquire) != w.g.get())
     return false;
   auto stamp = wake_backstop::next_stamp();
-  other->token_.defer(stamp);
+  other->runner_.token_.defer(stamp);
   int expected = gate::pending;
   if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
     // Resolved meanwhile (a cancel): whoever did rang it.
-    other->ring_if_deferred(stamp);
+    other->runner_.ring_if_deferred(stamp);
     return true;
   }
-  other->token_.count_deferred_wake();
+  other->runner_.token_.count_deferred_wake();
   if (!wake_backstop::instance().deferred(other.get(), stamp))
-    other->ring_if_deferred(stamp); // no backstop: rung now, as without deferral
+    other->runner_.ring_if_deferred(stamp); // no backstop: rung now, as without deferral
   return true;
 }
 
-bool device_core::ring_if_deferred(uint64_t stamp) noexcept {
+bool device_runner::ring_if_deferred(uint64_t stamp) noexcept {
   if (!token_.clear_deferral(stamp))
     return false;
-  ring();
+  core_.queue_.ring();
   return true;
 }
 
-void device_core::hold_after_wake(bool on) noexcept {
-  token_.hold_after_wake(on);
-}
-
-bool device_core::try_help(const gate& g) {
+bool device_runner::try_help(const gate& g) {
   // Only this device's own runner, running its own items (as try_claim).
-  if (!hand_over_ || current_runner != this || serving_other || g.remote)
+  if (!hand_over_ || current_runner != &core_ || serving_other || g.remote)
     return false;
   auto other = g.owner.lock();
-  if (!other || other.get() == this || !other->hand_over_)
+  if (!other || other.get() == &core_ || !other->runner_.hand_over_)
     return false;
   // Lendable means parked at a wait: its runner left the token there. Not
   // while that runner spins there (see try_borrow_unless_spinning). Asleep,
   // rung or not, it may be a context switch away (a hint: a runner that
   // starts spinning now finds the token lent and sleeps, as for any lent
   // token).
-  if (!other->token_.try_borrow_unless_spinning())
+  if (!other->runner_.token_.try_borrow_unless_spinning())
     return false;
-  if (other->pending_gate_at_pos() || other->executed_ >= g.owner_seq) {
-    other->relend(); // still held there, or past what g waits for: left as it was
+  if (other->runner_.pending_gate_at_pos() || other->runner_.executed_ >= g.owner_seq) {
+    other->runner_.relend(); // still held there, or past what g waits for: left as it was
     return false;
   }
   // Its wait has ended, and its runner (rung, or its wake-up deferred) has
   // not taken the token back yet: the items it would run are those this
   // runner waits for.
-  other->token_.take_up_deferral();
+  other->runner_.token_.take_up_deferral();
   mark_parked(&g);
-  other->serve(*this, g, executed_ + 1);
+  other->runner_.serve(*this, g, executed_ + 1);
   return true;
 }
 
-void device_core::relend() noexcept {
+void device_runner::relend() noexcept {
   // The gate is kept alive across the release: once the token is lendable,
   // its runner may take it, run past the gate and free it.
-  auto keep = batch_[pos_].extra.order_or_wait()->g;
+  auto keep = batch_.next().extra.order_or_wait()->g;
   lend_at(*keep, executed_ + 1);
 }
 
-void device_core::serve(const device_core& lender, const gate& until, uint64_t until_seq) {
-  current_runner = this;
+void device_runner::serve(const device_runner& lender, const gate& until, uint64_t until_seq) {
+  current_runner = &core_;
   serving_other = true;
   bool first = false;
   uint64_t ran = 0;
@@ -453,16 +425,15 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
   // finished opens on the host), and an item past it is one the lender
   // does not wait for, which could even wait for the lender's later work.
   while (executed_ < until.owner_seq) {
-    if (pos_ == batch_.size()) {
+    if (!batch_.has_next()) {
       batch_.clear();
-      pos_ = 0;
-      if (!take_batch(batch_, batch_text_))
+      if (!take_batch(batch_.items()))
         break;
       first = true;
     }
     if (pending_gate_at_pos())
       break;
-    prefetch_ahead();
+    batch_.prefetch_ahead();
     run_item(first);
     first = false;
     ++ran;
@@ -471,76 +442,64 @@ void device_core::serve(const device_core& lender, const gate& until, uint64_t u
   }
   token_.count_run_by_others(ran);
   serving_other = false;
-  current_runner = &lender;
+  current_runner = &lender.core_;
   hand_back();
 }
 
-void device_core::hand_back() noexcept {
-  if (pos_ == batch_.size() && queue_.has_untaken()) {
+void device_runner::hand_back() noexcept {
+  if (!batch_.has_next() && core_.queue_.has_untaken()) {
     // Where the device stands is in the items queued since: most often the
     // next wait of a chain, where it parks lendable again.
     batch_.clear();
-    pos_ = 0;
-    take_batch(batch_, batch_text_);
+    take_batch(batch_.items());
   }
   if (auto* g = pending_gate_at_pos()) {
     // Kept alive across the release, as in relend.
-    auto keep = batch_[pos_].extra.order_or_wait()->g;
+    auto keep = batch_.next().extra.order_or_wait()->g;
     mark_parked(g);
     release_parked(*g);
     return;
   }
-  if (pos_ == batch_.size()) {
+  if (!batch_.has_next()) {
     batch_.clear(); // what the items held goes now, not when the runner wakes
-    pos_ = 0;
     // Nothing to run: a producer rings the runner as for any idle device.
-    if (queue_.settle_idle_runner([&] { token_.give_back(); }))
+    if (core_.queue_.settle_idle_runner([&] { token_.give_back(); }))
       return;
   } else {
     token_.give_back();
   }
-  ring();
+  core_.queue_.ring();
 }
 
-bool device_core::take_batch(std::vector<item>& batch, std::string& text) {
-  auto t = queue_.take(batch, text);
+bool device_runner::take_batch(std::vector<item>& batch) {
+  auto t = core_.queue_.take(batch, batch_.text());
   if (!t.took)
     return false;
-  batch_has_extras_ = t.flagged;
-  extras_.hand_back_if_due();
+  batch_.taken(t.flagged);
+  core_.extras_.hand_back_if_due();
   if (t.wants_room)
-    queue_.call_room_callback();
+    core_.queue_.call_room_callback();
   return true;
 }
 
-[[gnu::always_inline]] inline bool device_core::call_work(item& it, uint64_t seq) {
+[[gnu::always_inline]] inline bool device_runner::call_work(item& it, uint64_t seq) {
   if (!it.work)
     return true;
   try {
     it.work();
   } catch (...) {
-    poison(seq, [&] { return task_failure(it, seq, std::current_exception()); });
+    core_.poison(seq, [&] { return core_.task_failure(it, seq, std::current_exception()); });
     return false;
   }
   return true;
 }
 
-void device_core::cancel_past_lease() noexcept {
-  if (queue_.scheduled(std::memory_order_acquire) > outcomes_.dropped_upto(std::memory_order_acquire)) {
-    try {
-      cancel(lease_.why());
-    } catch (...) {
-      cancel();
-    }
-  }
-}
-
-[[gnu::always_inline]] inline void device_core::execute_bare(item& it) {
-  check_lease(); // a session's: nothing starts once its lease is over
+[[gnu::always_inline]] inline void device_runner::execute_bare(item& it) {
+  core_.life_.check_lease(); // a session's: nothing starts once its lease is over
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
-  if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
-    drop(it, seq);
+  if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
+    core_.drop(it, seq);
     return;
   }
   // The closure is left for batch.clear(): writing to the entry here would
@@ -551,59 +510,55 @@ void device_core::cancel_past_lease() noexcept {
     complete_described(it, seq);
     return;
   }
-  complete(seq);
+  core_.complete(seq);
 }
 
-void device_core::complete_described(item& it, uint64_t seq) {
+void device_runner::complete_described(item& it, uint64_t seq) {
   // Its captures and what it held go before its event is done (task.hpp).
   it.work = nullptr;
   if (auto* n = it.extra.named_holding())
     n->keep_alive.reset();
-  complete(seq); // records it in the trace, its description read there
+  core_.complete(seq); // records it in the trace, its description read there
 }
 
-void device_core::note_running_text(const item& it, uint64_t seq) noexcept {
+void device_runner::note_running_text(const item& it, uint64_t seq) noexcept {
   if (it.extra.is_text()) {
-    trace_->note_running(seq, text_of(it));
+    core_.trace_->note_running(seq, text_of(it));
   } else if (auto* n = it.extra.named()) {
-    trace_->note_running(seq, n->description());
+    core_.trace_->note_running(seq, n->description());
   } else {
     try {
-      trace_->note_running(seq, description_of(it)); // an order's, built now
+      core_.trace_->note_running(seq, core_.description_of(it)); // an order's, built now
     } catch (...) {
       // Out of memory: the chain says its seq only.
     }
   }
 }
 
-std::string device_core::running_description(uint64_t seq) const {
-  return trace_ ? trace_->running_text(seq) : std::string{};
-}
-
-void device_core::execute(item& it) {
+void device_runner::execute(item& it) {
   if (!it.extra.order_or_wait()) {
     execute_bare(it);
     return;
   }
-  check_lease();
+  core_.life_.check_lease();
   auto seq = ++executed_;
-  if (seq <= outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
+  if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
-      mark_parked(nullptr); // it may be freed with the item (extras_.recycle)
-    drop(it, seq);
+      mark_parked(nullptr); // it may be freed with the item (core_.extras_.recycle)
+    core_.drop(it, seq);
     return;
   }
   if (auto* gp = it.as_gate()) {
     // Ended: the runner parked until it did (`park`).
     auto& g = *gp;
     mark_parked(nullptr);
-    if (g.state.load() != gate::open && seq <= outcomes_.dropped_upto(std::memory_order_seq_cst)) {
-      drop(it, seq); // counts the gate off
+    if (g.state.load() != gate::open && seq <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst)) {
+      core_.drop(it, seq); // counts the gate off
       return;
     }
-    gates_.count_passed();
+    core_.gates_.count_passed();
     if (g.state.load() == gate::failed) {
-      poison(seq, [&] { return gate_failure(g); });
+      core_.poison(seq, [&] { return core_.gate_failure(g); });
       return;
     }
   } else if (!call_work(it, seq)) {
@@ -612,8 +567,8 @@ void device_core::execute(item& it) {
   // Release what an order held (a freed pool's memory) before its event is
   // done, so whoever syncs on it sees the memory gone.
   it.work = nullptr;
-  extras_.release_hold(*it.extra.order_or_wait());
-  complete(seq);
+  core_.extras_.release_hold(*it.extra.order_or_wait());
+  core_.complete(seq);
 }
 
 device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
@@ -627,7 +582,7 @@ device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
   } catch (...) {
   }
   return std::make_shared<failure>(
-    failure{failure::kind::failed, name_, task_name(it, seq), seq, std::move(what), {}});
+    failure{failure::kind::failed, name_, runner_.task_name(it, seq), seq, std::move(what), {}});
 }
 
 device_core::failure_ptr device_core::gate_failure(const gate& g) const {
@@ -642,7 +597,7 @@ device_core::failure_ptr device_core::gate_failure(const gate& g) const {
 
 std::string device_core::description_of(const item& it) const {
   if (it.extra.is_text())
-    return std::string{text_of(it)};
+    return std::string{runner_.text_of(it)};
   if (auto* n = it.extra.named())
     return std::string{n->description()};
   auto* x = it.extra.order_or_wait();
@@ -661,10 +616,10 @@ std::string device_core::description_of(const item& it) const {
                                : fmt::format("{} '{}' (#{})", o.what, x->node_label, o.id);
 }
 
-std::string device_core::task_name(const item& it, uint64_t seq) const {
+std::string device_runner::task_name(const item& it, uint64_t seq) const {
   if (auto* g = it.as_gate())
     return "wait for " + g->what();
-  auto d = description_of(it);
+  auto d = core_.description_of(it);
   return d.empty() ? nameless_task_name(seq) : d;
 }
 
@@ -672,7 +627,7 @@ void device_core::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
     gates_.count_passed();
   if (trace_) [[unlikely]]
-    trace_dropped(it, seq);
+    runner_.trace_dropped(it, seq);
   it.work = nullptr;
   extras_.release_hold(it);
   outcomes_.record_dropped(seq); // with the cause of the drop that covers it
@@ -686,7 +641,7 @@ void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
 
 void device_core::complete(uint64_t seq) {
   if (trace_) [[unlikely]]
-    trace_done(seq, false); // before the event is done, so whoever syncs sees it
+    runner_.trace_done(seq, false); // before the event is done, so whoever syncs sees it
   // Store-then-load against a registration's store-then-load of the
   // waiters' minimum and the progress (Dekker, `outcome_board::publish`):
   // both sides need StoreLoad order, or a waiter that registers at this very
@@ -694,157 +649,7 @@ void device_core::complete(uint64_t seq) {
   // stay unresolved -- forever if the next task waits for whoever is waiting
   // on this event.
   if (outcomes_.publish(seq))
-    fire(seq, nullptr);
-}
-
-// -- Asynchronous drivers -----------------------------------------------------
-//
-// The runner submits items to the device's stream and moves on; the stream
-// reports each one later, from its own thread, in any order. The window
-// (`window_`, stream_window.hpp) holds them between start and resolution and
-// resolves them strictly in seq order, calling back `resolve_flight`. The
-// runner starts an item only when the window has room, and otherwise sleeps
-// until a completion rings. Waits on other devices (gates) stay on the
-// runner: it starts nothing behind a gate until the gate opens (or the
-// driver ordered it on the device), while the items before it keep
-// completing. Pool releases, memsets and copies are queue items like any
-// other, so they go through the stream in order.
-
-void device_core::run_async() {
-  std::vector<item> batch;
-  std::size_t next = 0; // batch[next]: the next item to start
-  uint64_t barrier = 0; // a failed wait: nothing behind it starts before it resolves
-  const gate* parked = nullptr;
-  int64_t parked_ns = 0; // when the runner began waiting on `parked` (trace)
-  // A wait ends when the awaited event resolves, or when it is dropped.
-  auto ended = [&](const gate& g) {
-    auto st = g.state.load(std::memory_order_seq_cst);
-    return st == gate::open || st == gate::failed ||
-           window_.started() + 1 <= outcomes_.dropped_upto(std::memory_order_seq_cst);
-  };
-  // A gate the driver ordered on the device (asked when the runner reaches
-  // it, and again whenever the producer submitted more: take_reask).
-  const gate* on_device = nullptr;
-  const gate* asked = nullptr;
-  auto startable = [&] {
-    if (!window_.has_room(barrier))
-      return false;
-    if (next < batch.size()) {
-      auto* g = batch[next].as_gate();
-      if (!g || ended(*g) || g == on_device)
-        return true;
-      if (g != asked || window_.take_reask()) {
-        asked = g;
-        if (order_on_device(*g))
-          on_device = g;
-      }
-      return g == on_device;
-    }
-    return queue_.has_untaken();
-  };
-  // Nothing in flight, nothing taken (the stream may have resolved the
-  // last items while the runner looked elsewhere).
-  auto idle = [&] { return window_.idle() && next == batch.size(); };
-  auto park = [&](const gate* g) {
-    if (parked == g)
-      return;
-    if (g && trace_) [[unlikely]]
-      parked_ns = trace_->clock().now();
-    gates_.set_parked_on(parked = g);
-  };
-  for (;;) {
-    window_.settle_gated();
-    if (window_.retirable())
-      window_.retire_ready();
-    if (startable()) {
-      if (next == batch.size()) {
-        batch.clear();
-        next = 0;
-        take_batch(batch, batch_text_);
-        continue;
-      }
-      auto& it = batch[next++];
-      int64_t waited_since = 0;
-      bool gate_on_device = false;
-      if (auto* g = it.as_gate()) {
-        waited_since = parked == g ? parked_ns : 0;
-        park(nullptr);
-        gate_on_device = g == on_device && !ended(*g);
-        on_device = asked = nullptr; // a later gate may reuse the address
-        if (g->state.load() == gate::failed)
-          barrier = window_.started() + 1;
-      }
-      if (it.extra.is_text()) [[unlikely]] {
-        // The item outlives its batch in the window: its description leaves
-        // the batch's text with it. Out of memory, it goes nameless.
-        try {
-          it.extra = extra_ptr{named_extra::make(text_of(it), nullptr, it.extra.text_kind())};
-        } catch (...) {
-          it.extra = extra_ptr{};
-        }
-      }
-      check_lease();
-      window_.start(std::move(it), waited_since, gate_on_device);
-      continue;
-    }
-    if (idle()) {
-      // Wait for work like the synchronous runner.
-      auto queued = [&] { return queue_.has_untaken(); };
-      if (!spin_until(queued, 16) && !queue_.sleep_until_work())
-        return;
-      continue;
-    }
-    if (next < batch.size())
-      if (auto* g = batch[next].as_gate(); g && !ended(*g))
-        park(g);
-    auto ready = [&] {
-      return window_.settle_gated() || window_.retirable() || startable() || idle();
-    };
-    if (spin_until(ready, 16))
-      continue;
-    // Sleep until a completion, a gate or a cancel rings, or a producer
-    // (which tests the runner's mark under the queue's lock) brings work. A
-    // stop rings too, and is seen once idle. Polled, as in sleep_until_work.
-    queue_.sleep_for_work_unless(ready, [](const auto& bell, uint32_t seen) {
-      bell_sleep_polled(bell, seen);
-    });
-  }
-}
-
-bool device_core::serve_started_until(const std::atomic<uint32_t>& flag,
-                                      std::chrono::steady_clock::time_point deadline) noexcept {
-  for (;;) {
-    window_.resolve_settled();
-    if (flag.load(std::memory_order_seq_cst) != 0)
-      return true;
-    auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
-      return false;
-    // As run_async sleeps: whoever ends a gate, reports an item or resolves
-    // the awaited seq (the sync's resolver) rings once the runner is marked
-    // asleep.
-    queue_.sleep_for_work_unless(
-      [&] { return flag.load(std::memory_order_seq_cst) != 0 || window_.resolve_settled(); },
-      [&](const auto& bell, uint32_t seen) {
-        if (deadline == std::chrono::steady_clock::time_point::max())
-          bell_sleep(bell, seen);
-        else
-          bell_sleep_for(bell, seen, deadline - now);
-      });
-  }
-}
-
-bool device_core::order_on_device(const gate& g) {
-  if (g.remote)
-    return false;
-  auto owner = g.owner.lock();
-  // Streams of one driver instance only (one backend's devices).
-  if (!owner || owner.get() == this || &owner->drv() != driver_.get())
-    return false;
-  return driver_->order_after(ordinal_, owner->ordinal(), g.owner_seq, [this] {
-    window_.ask_again();
-    ring();
-  });
+    events_.fire(seq, nullptr);
 }
 
 void device_core::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
@@ -871,7 +676,7 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
       gates_.count_passed();
     } else {
       if (trace_) [[unlikely]]
-        trace_done(seq, false); // while its description is still there
+        runner_.trace_done(seq, false); // while its description is still there
       f.it = item{}; // what the task held goes before its event is done
     }
     complete(seq);
@@ -884,7 +689,7 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   // Runs on the runner, outside any handler: nothing here may throw. A cause
   // that cannot be made (out of memory) becomes a preallocated one.
   if (trace_) [[unlikely]]
-    trace_done(seq, true);
+    runner_.trace_done(seq, true);
   failure_ptr cause;
   try {
     cause = make();
@@ -893,14 +698,10 @@ void device_core::poison(uint64_t seq, MakeCause make) noexcept {
   }
   {
     std::lock_guard guard{queue_.mutex()};
-    if (!killed_) {
-      queue_.refuse_locked(false, true); // wakes the producers waiting for room
-      failed_flag_.store(true, std::memory_order_release);
-      error_ = cause;
-    }
+    life_.fail_locked(cause); // wakes the producers waiting for room
     // What is queued behind the failure fails with it, in order (with a
     // generic cause, should there be no memory to record this one).
-    drop_locked(cause);
+    life_.drop_locked(cause);
   }
   resolve_bad(seq, std::move(cause));
   queue_.call_room_callback();

@@ -1,5 +1,6 @@
-// The runner trace of a device core: timing the items the runner executes,
-// and copying the records out for the public API and debug info.
+// The runner trace of a device core: the records of the items the runner
+// resolves (`device_runner::trace_done`, `trace_dropped`), and copying the
+// records out for the public API and debug info.
 #include "actors/core/device_core.hpp"
 
 #include <algorithm>
@@ -9,8 +10,8 @@
 
 namespace multidev::detail {
 
-void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
-  auto& ring = *trace_;
+void device_runner::trace_dropped(const item& it, uint64_t seq) noexcept {
+  auto& ring = *core_.trace_;
   trace_ring::entry e{seq, trace_kind::cancel, 0, 0, true, 0};
   if (ring.running()) {
     e.start_ns = ring.running_start_ns();
@@ -27,8 +28,8 @@ void device_core::trace_dropped(const item& it, uint64_t seq) noexcept {
   ring.write(e, description, {});
 }
 
-void device_core::trace_done(uint64_t seq, bool failed) noexcept {
-  auto& ring = *trace_;
+void device_runner::trace_done(uint64_t seq, bool failed) noexcept {
+  auto& ring = *core_.trace_;
   if (!ring.running())
     return;
   trace_ring::entry e{seq, trace_kind::task, ring.running_start_ns(), ring.running_end_ns(),
@@ -55,7 +56,7 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
       e.kind = it->extra.order_or_wait()->kind;
       std::string description; // an order's, built now
       try {
-        description = description_of(*it);
+        description = core_.description_of(*it);
       } catch (...) {
         // Out of memory: the record goes without its text.
       }
@@ -76,12 +77,16 @@ void device_core::trace_done(uint64_t seq, bool failed) noexcept {
   }();
 }
 
-device_trace device_core::trace() const {
+device_trace device_inspector::trace() const {
   if (trace_)
-    return trace_->snapshot(name_);
+    return trace_->snapshot(core_.name());
   device_trace t;
-  t.device = name_;
+  t.device = core_.name();
   return t;
+}
+
+std::string device_inspector::running_description(uint64_t seq) const {
+  return trace_ ? trace_->running_text(seq) : std::string{};
 }
 
 } // namespace multidev::detail

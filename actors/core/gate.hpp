@@ -59,6 +59,14 @@ struct gate {
   std::string what() const noexcept;
   /// The awaited device's name, as a failure's path records it.
   std::string owner_label() const;
+  /// Opens (`cause == nullptr`) or fails the gate; the first resolution
+  /// wins. Whether this call resolved it: the caller then rings the runner
+  /// of the device it is queued on. Never throws.
+  bool settle(const std::shared_ptr<const failure>& cause) noexcept;
+  /// A failure of the awaited device with `message` only (a CAF error's
+  /// rendering, a cancellation), its leading `"<owner>: "` taken off.
+  /// Never throws (a fixed cause when out of memory).
+  std::shared_ptr<const failure> owner_failure(const std::string& message) const noexcept;
   /// Why the awaited event did not complete; written before `state`
   /// becomes `failed` (null when even that could not be made).
   std::shared_ptr<const failure> cause;

@@ -18,7 +18,7 @@
 ///   taking one moves one entry, amortized.
 /// - Every waiter added is taken once (`take_due_locked`), in seq order; the
 ///   owner then opens or fails its gate (`resolve`), or hands the waiting
-///   device over (`device_core::try_claim`, `try_defer`).
+///   device over (`device_runner::try_claim`, `try_defer`).
 /// - The owner's outcome board stores a minimum at most the seq of every
 ///   waiter listed here and there (`update_min_locked`), so that a `publish`
 ///   that passes a waiter's seq reports it due.
@@ -57,7 +57,7 @@ public:
   // -- Under the waiter lock ------------------------------------------------------
 
   /// Lists `w`, in seq order (the registration half of
-  /// `device_core::when_resolved`; the caller then updates the minimum).
+  /// `device_events::when_resolved`; the caller then updates the minimum).
   /// Moves from `w` only once it is stored: when this throws (out of
   /// memory), `w` is as it was.
   void add_locked(gate_waiter&& w);

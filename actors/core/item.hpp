@@ -90,7 +90,7 @@ private:
 /// An entry's extra: none (a bare closure), an `item_extra` (an order or
 /// a wait, owned), a `named_extra` (owned), or a described task's text:
 /// where its description is in the text of the entry's batch (the queue's text,
-/// as it was pushed, `batch_text_` as it runs), and its kind. One word,
+/// as it was pushed, `item_batch::text` as it runs), and its kind. One word,
 /// so that an entry stays 40 bytes: the low bits say which (the two kinds
 /// of allocation are at least 8-aligned), the rest is the pointer or the
 /// text's place.

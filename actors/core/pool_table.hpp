@@ -24,7 +24,7 @@ namespace multidev::detail {
 /// still uses pools that the table has since replaced or freed. The table
 /// maps ids to shared `pool`s: a lookup hands out a reference, and a pool
 /// replaced or freed lives on in the work that holds it (the device orders
-/// its release behind that work, see `device_core::release_later`).
+/// its release behind that work, see `device_memory::release_later`).
 ///
 /// Invariants:
 /// - At most one pool per id; ids are not negative.

@@ -220,14 +220,14 @@ private:
   // behind it until the runner has resolved it (and dropped them).
   alignas(64) std::atomic<uint64_t> stream_failed_at_{0};
   // Set (and the runner rung) when a gate's producer submitted more, so the
-  // runner asks `order_on_device` again.
+  // runner asks `stream_runner::order_on_device` again.
   std::atomic<bool> reask_{false};
   // Destroyed before the slots its completions touch (and, as a member of
   // the device, before what the owner's resolutions touch, after the runner).
   std::unique_ptr<stream> stream_;
 };
 
-// Inline: the runner's loop polls these while it spins (`run_async`).
+// Inline: the runner's loop polls these while it spins (`stream_runner::run`).
 
 inline bool stream_window::settle_gated() noexcept {
   // Only the runner reads a gated flight's gate: nothing retires it (or

@@ -688,7 +688,7 @@ public:
     blocked_wait w;
     if (const auto* r = current_runner) {
       w.runner = r;
-      w.item = r->running_item();
+      w.item = r->runner().running_item();
     }
     w.owner_name = name();
     w.seq = seq;

@@ -62,7 +62,7 @@ struct node_session {
   std::string client;
   std::shared_ptr<backend> b;
   /// Its devices' runners start an item only before this (steady ns); 0
-  /// once over (device_core::set_lease).
+  /// once over (device_life::set_lease).
   std::shared_ptr<std::atomic<int64_t>> lease;
   int64_t lease_ns = 0;
   /// When the node received each renewal whose acknowledgement the client
@@ -124,7 +124,7 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
         running.push_back(d.name());
       ep.cancel(); // fails what waits on it too
       if (auto* c = d.get_runner().local_core())
-        c->cancel(message);
+        c->life().cancel(message);
     } catch (const std::exception&) {
       // A device that failed to come up: nothing to cancel.
     }

@@ -3,7 +3,7 @@
 // empty tasks alternating between two devices, each waiting for the one
 // before through will_wait_for, scheduled while device 0 is held, then run.
 // The scheduling is in `schedule_chain` and the running on the runner
-// threads (`device_core::run`), so that callgrind can collect either alone.
+// threads (`device_runner::run`), so that callgrind can collect either alone.
 //
 //   hop_costs HOPS REPS
 #include <multidev/multidev.hpp>
