@@ -403,7 +403,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                                        sexp::field("lease_until_ns",
                                                    std::to_string(s.lease->load())),
                                        sexp::field("used_memory", std::to_string(used)),
-                                       sexp::field("queued", std::to_string(queued))}));
+                                       sexp::field("queued", std::to_string(queued)),
+                                       // The waits its devices hold (wait_budget).
+                                       sexp::field("waits",
+                                                   std::to_string(s.guard->waits.held()))}));
       }
       return sexp::list({sexp::atom("node"), sexp::field("name", st.name),
                          sexp::field("identity", st.identity), sexp::list(std::move(sessions)),
