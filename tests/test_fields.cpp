@@ -338,20 +338,23 @@ BOOST_AUTO_TEST_CASE(test_fields_a_stray_error_message_stops_neither_a_device_no
 namespace {
 
 /// An owner that takes `wait` requests and answers none until told
-/// ("answer"): a seq of it that a device depends on stays pending.
+/// ("answer"), then each with `value`: a seq of it that a device depends on
+/// stays pending until then. (An argument: CAF 0.17 spawns a function actor
+/// without one through a null `shared_ptr<std::tuple<>>`, which UBSan
+/// reports.)
 struct silent_owner_state {
   std::vector<caf::response_promise> held;
 };
 
-caf::behavior silent_owner(caf::stateful_actor<silent_owner_state>* self) {
+caf::behavior silent_owner(caf::stateful_actor<silent_owner_state>* self, uint64_t value) {
   return {
     [self](wait_atom, uint64_t) -> caf::result<uint64_t> {
       self->state.held.push_back(self->make_response_promise());
       return caf::delegated<uint64_t>{};
     },
-    [self](const std::string&) {
+    [self, value](const std::string&) {
       for (auto& rp : self->state.held)
-        rp.deliver(uint64_t{1});
+        rp.deliver(value);
       self->state.held.clear();
     },
   };
@@ -393,7 +396,7 @@ BOOST_AUTO_TEST_CASE(test_fields_a_sessions_waits_are_bounded) {
   // refused naming the session and the limit, and the node serves on.
   one_node f;
   auto a = session_devices(f, "a");
-  auto owner = f.sys.spawn(silent_owner);
+  auto owner = f.sys.spawn(silent_owner, uint64_t{1});
   auto gate = ask<uint64_t>(f.sys, a[0], depend_atom::value, owner, uint64_t{1});
   BOOST_TEST_REQUIRE(gate.value.has_value(), gate.error);
   caf::scoped_actor self{f.sys};
