@@ -212,6 +212,7 @@ struct wait_reply {
   caf::actor_addr requester;
   reply_to to;
   uint64_t seq;
+  std::shared_ptr<void> ticket; // a session's (peer_guard::waits), back as this goes
   void operator()(const failure* cause) {
     reply_from_runner(to, cause ? caf::make_message(make_error(*cause))
                                 : caf::make_message(seq));
@@ -903,7 +904,7 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       tsan_turn turn{self}; // the actor's state (tsan.hpp)
       return batch_part(self, batch, part, std::move(specs), last);
     },
-    [self](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
+    [self, guard](wait_atom, uint64_t seq) -> caf::result<uint64_t> {
       tsan_turn turn{self}; // remote_waiters, shared with the down handler
       auto& st = self->state;
       if (st.core->outcomes().is_done(seq))
@@ -917,13 +918,14 @@ device_actor_full::behavior_type device_impl(self_ptr self,
                   self->address()};
       auto registered = [&] {
         c->check_scheduled(seq, "wait");
+        auto ticket = guard ? guard->waits.take(guard->who, seq) : nullptr;
         if (remote && st.remote_waiters.insert(remote).second)
           watch(self, remote);
         // Every registered seq resolves once (done, failed, cancelled, or
         // killed with the device), so every wait gets exactly one reply,
         // even after this actor has stopped -- unless its requester went
         // away first (the down handler).
-        c->events().when_resolved(seq, wait_reply{remote, std::move(to), seq});
+        c->events().when_resolved(seq, wait_reply{remote, std::move(to), seq, std::move(ticket)});
         return true;
       };
       auto r = attempt(*c, registered);

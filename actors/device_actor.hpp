@@ -17,6 +17,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/core/device_core.hpp"
+#include "actors/remote/message_checks.hpp"
 #include "multidev/protocol.hpp"
 
 namespace caf {
@@ -83,6 +84,9 @@ struct peer_guard {
   /// it; nothing without a limit. `release_transfer` gives them back.
   void take_transfer(std::size_t n, const char* what) const;
   void release_transfer(std::size_t n) const noexcept;
+  /// The `wait`s its devices hold for their requesters: at most
+  /// `wire_limits::session_waits` at once (message_checks.hpp).
+  wait_budget waits;
 
 private:
   mutable std::mutex mu_;

@@ -12,10 +12,13 @@
 #include <caf/actor_system.hpp>
 #include <caf/node_id.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
 
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "actors/remote/message_checks.hpp"
 #include "test_support.hpp"
 
 #include <chrono>
@@ -330,4 +333,123 @@ BOOST_AUTO_TEST_CASE(test_fields_a_stray_error_message_stops_neither_a_device_no
   BOOST_TEST(id.value.has_value(), "the device after the stray errors: " << id.error);
   auto again = f.open("client");
   BOOST_TEST(again.value.has_value(), again.error);
+}
+
+namespace {
+
+/// An owner that takes `wait` requests and answers none until told
+/// ("answer"), then each with `value`: a seq of it that a device depends on
+/// stays pending until then. (An argument: CAF 0.17 spawns a function actor
+/// without one through a null `shared_ptr<std::tuple<>>`, which UBSan
+/// reports.)
+struct silent_owner_state {
+  std::vector<caf::response_promise> held;
+};
+
+caf::behavior silent_owner(caf::stateful_actor<silent_owner_state>* self, uint64_t value) {
+  return {
+    [self](wait_atom, uint64_t) -> caf::result<uint64_t> {
+      self->state.held.push_back(self->make_response_promise());
+      return caf::delegated<uint64_t>{};
+    },
+    [self, value](const std::string&) {
+      for (auto& rp : self->state.held)
+        rp.deliver(value);
+      self->state.held.clear();
+    },
+  };
+}
+
+/// Opens a session for `client` on `f`'s node: its devices.
+std::vector<caf::actor> session_devices(one_node& f, const std::string& client) {
+  caf::scoped_actor self{f.sys};
+  std::vector<caf::actor> devs;
+  std::string err;
+  self->request(f.node, reply_limit, open_atom::value, client, int64_t{10'000'000'000}, f.cookie)
+    .receive([&](std::string&, std::string&, uint64_t, int64_t,
+                 std::vector<caf::actor>& ds) { devs = std::move(ds); },
+             [&](caf::error& e) { err = strings_of(f.sys, e).second; });
+  BOOST_TEST_REQUIRE(devs.size() == 1u, "session for " << client << ": " << err);
+  return devs;
+}
+
+/// The waits session `id` of `f`'s node holds, from the node's `debug`
+/// ("(session (id 1) ... (waits N))"); what went wrong otherwise.
+std::string session_waits(one_node& f, uint64_t id) {
+  auto d = ask<std::string>(f.sys, f.node, debug_atom::value);
+  if (!d.value)
+    return "(no debug: " + d.error + ")";
+  auto at = d.value->find("(session (id " + std::to_string(id) + ") ");
+  auto w = at == std::string::npos ? at : d.value->find("(waits ", at);
+  if (w == std::string::npos)
+    return "(not in " + *d.value + ")";
+  w += 7;
+  return d.value->substr(w, d.value->find(')', w) - w);
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_fields_a_sessions_waits_are_bounded) {
+  // A session's client could register any number of `wait`s on a seq that
+  // never resolves: each a reply owed, held by the device until the seq
+  // resolves (maybe never). 65,536 at once per session; the next is
+  // refused naming the session and the limit, and the node serves on.
+  one_node f;
+  auto a = session_devices(f, "a");
+  auto owner = f.sys.spawn(silent_owner, uint64_t{1});
+  auto gate = ask<uint64_t>(f.sys, a[0], depend_atom::value, owner, uint64_t{1});
+  BOOST_TEST_REQUIRE(gate.value.has_value(), gate.error);
+  caf::scoped_actor self{f.sys};
+  for (int i = 0; i < 65536; ++i)
+    self->send(a[0], wait_atom::value, *gate.value); // registered: its seq is pending
+  refused(ask<uint64_t>(f.sys, a[0], wait_atom::value, *gate.value),
+          "a wait past the session's bound",
+          "wait: session 1 of node n holds 65536 waits for their requesters already (at most "
+          "65536 at once)");
+  BOOST_TEST(session_waits(f, 1) == "65536");
+  // The session goes on; another session is served.
+  auto pool = ask<uint64_t>(f.sys, a[0], alloc_atom::value, int32_t{1}, uint64_t{64},
+                            uint64_t{64}, int32_t{-1});
+  BOOST_TEST(pool.value.has_value(), "session a after the refusal: " << pool.error);
+  auto b = session_devices(f, "b");
+  auto other = ask<uint64_t>(f.sys, b[0], alloc_atom::value, int32_t{1}, uint64_t{64},
+                             uint64_t{64}, int32_t{-1});
+  BOOST_TEST(other.value.has_value(), "session b: " << other.error);
+  // The awaited seq resolves (the reply reaches the device through its
+  // reply sink, a hop later): every wait answered, their tickets back.
+  self->send(owner, std::string{"answer"});
+  std::string last;
+  BOOST_TEST(test_support::eventually([&] { return (last = session_waits(f, 1)) == "0"; }),
+             "session 1 holds " << last << " waits after the awaited seq resolved");
+  auto done = ask<uint64_t>(f.sys, a[0], wait_atom::value, *gate.value);
+  BOOST_TEST(done.value.has_value(), done.error);
+  self->send_exit(owner, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(test_fields_a_wait_budget_gives_a_ticket_back_as_it_goes) {
+  // What the session's devices share: a ticket per wait, back when the
+  // wait's last copy goes (answered or dropped).
+  detail::wait_budget budget;
+  std::vector<std::shared_ptr<void>> tickets;
+  for (std::size_t i = 0; i < detail::wire_limits::session_waits; ++i)
+    tickets.push_back(budget.take("session 1 of node n", i));
+  BOOST_TEST(budget.held() == detail::wire_limits::session_waits);
+  std::string err;
+  try {
+    budget.take("session 1 of node n", 99);
+  } catch (const std::invalid_argument& e) {
+    err = e.what();
+  }
+  BOOST_TEST(contains(err, "the wait for seq 99 is refused"), err);
+  auto copy = tickets.back();
+  tickets.pop_back();
+  BOOST_TEST(budget.held() == detail::wire_limits::session_waits, "a copy holds the ticket");
+  copy.reset();
+  BOOST_TEST(budget.held() == detail::wire_limits::session_waits - 1);
+  {
+    auto again = budget.take("session 1 of node n", 100); // room again
+    BOOST_TEST(budget.held() == detail::wire_limits::session_waits);
+  }
+  tickets.clear();
+  BOOST_TEST(budget.held() == 0u);
 }

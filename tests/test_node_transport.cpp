@@ -13,6 +13,8 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/io/basp/header.hpp>
 #include <caf/io/middleman.hpp>
 
 #include <multidev/multidev.hpp>
@@ -185,6 +187,36 @@ std::string huge_header() {
   const unsigned char h[32] = {2, 0, 0, 0, 0xff, 0xff, 0xff, 0xf0, 0, 0, 0, 0, 0, 0, 0, 0,
                                0, 0, 0, 0, 0,    0,    0,    1,    0, 0, 0, 0, 0, 0, 0, 1};
   return std::string{reinterpret_cast<const char*>(h), sizeof h};
+}
+
+/// A well-formed BASP direct_message header announcing a payload of
+/// `len` bytes.
+std::string header_announcing(caf::actor_system& sys, uint32_t len) {
+  caf::io::basp::header hdr{caf::io::basp::message_type::direct_message, 0, len, 0, 1, 1};
+  std::vector<char> bytes;
+  caf::binary_serializer sink{sys, bytes};
+  BOOST_TEST_REQUIRE(!sink(hdr));
+  return std::string{bytes.begin(), bytes.end()};
+}
+
+/// A BASP client handshake (CAF 0.17.6 basp::instance::write_client_handshake:
+/// the header, then the sender's node id) that claims to come from node
+/// `claimed`.
+std::string handshake_claiming(caf::actor_system& sys, caf::node_id claimed) {
+  std::vector<char> payload;
+  caf::binary_serializer ps{sys, payload};
+  BOOST_TEST_REQUIRE(!ps(claimed));
+  caf::io::basp::header hdr{caf::io::basp::message_type::client_handshake,
+                            0,
+                            static_cast<uint32_t>(payload.size()),
+                            0,
+                            caf::invalid_actor_id,
+                            caf::invalid_actor_id};
+  std::vector<char> bytes;
+  caf::binary_serializer sink{sys, bytes};
+  BOOST_TEST_REQUIRE(!sink(hdr));
+  bytes.insert(bytes.end(), payload.begin(), payload.end());
+  return std::string{bytes.begin(), bytes.end()};
 }
 
 /// Attaches the node at `port` (as a fresh client) and runs a task on its
@@ -416,22 +448,40 @@ BOOST_AUTO_TEST_CASE(node_transport_idle_tcp_connections_to_a_tls_node_cost_no_c
     ::close(fd);
 }
 
-/// A precondition: not in a build with AddressSanitizer or ThreadSanitizer.
-/// There (3 runs of 3 with the sanitize preset, 2026-12-06) the node at its
-/// descriptor limit lost its session: no renewal acknowledged within the
-/// lease; its stderr shows UBSan's "member call on address ... which does
-/// not point to an object of type 'tuple_vals_impl' ... invalid vptr ...
-/// memory cannot be printed" (caf/detail/tuple_vals.hpp:114), and the
-/// session is lost with halt_on_error=0 too. UBSan probes memory with a
-/// pipe, which a process at its limit cannot make, so the report may be the
-/// sanitizer's own; the loss is not explained by that. The default build
-/// keeps the session in every run. Not diagnosed yet (issue 38 stays open
-/// for it): skipped there, shown as skipped, until it is.
+/// A precondition: not in a build with AddressSanitizer (the sanitize
+/// preset, ASan with UBSan) or ThreadSanitizer.
+///
+/// Sanitize preset, diagnosed (2026-12-06): the node does not lose the
+/// session, it dies. UBSan's vptr check reads the vtable prefix of the
+/// object only after `IsAccessibleMemoryRange`, which probes memory by
+/// writing it into a `pipe()`; at the descriptor limit `pipe()` fails with
+/// EMFILE, the probe says "not accessible", and UBSan reports a valid CAF
+/// message as "member call on address ... which does not point to an
+/// object of type 'tuple_vals_impl' ... object has invalid vptr <memory
+/// cannot be printed>" (caf/detail/tuple_vals.hpp:114). The preset compiles
+/// with -fno-sanitize-recover=all, so that report exits the node with
+/// status 1 (whatever UBSAN_OPTIONS' halt_on_error says); the client then
+/// sees no renewal acknowledged and the session lost. Seen: the node's
+/// stderr and its exit status 1 right after the report, in the run with
+/// this case forced; and a 20-line program whose valid derived object,
+/// called through a base pointer after it used up its descriptors, gets the
+/// same report and exits 1 (0 with the checks recoverable: the call is
+/// fine). No descriptor the node could keep spare helps: any check in any
+/// thread while the node is at its limit fails so. The default build keeps
+/// the session in every run.
+///
+/// ThreadSanitizer: skipped since the case came; not diagnosed there (TSan
+/// has no vptr check; not run under TSan for this).
 boost::test_tools::assertion_result not_under_a_sanitizer(boost::unit_test::test_unit_id) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__)
   boost::test_tools::assertion_result r{false};
-  r.message() << "under a sanitizer the node at its descriptor limit loses its session (not "
-                 "diagnosed yet; see the comment)";
+  r.message() << "under the sanitize preset UBSan's vptr check probes memory with pipe(), which "
+                 "fails at the descriptor limit: it reports a valid CAF message as an invalid "
+                 "vptr and, unrecoverable, exits the node (see the comment)";
+  return r;
+#elif defined(__SANITIZE_THREAD__)
+  boost::test_tools::assertion_result r{false};
+  r.message() << "not diagnosed under ThreadSanitizer (see the comment)";
   return r;
 #else
   return true;
@@ -499,4 +549,48 @@ BOOST_AUTO_TEST_CASE(node_transport_a_flood_of_small_messages_without_a_session_
                      << std::chrono::duration<double>(steady::now() - t0).count() << " s");
   ::close(fd);
   serve_one_session(false, node.port());
+}
+
+BOOST_AUTO_TEST_CASE(node_transport_a_peer_claiming_an_admitted_clients_node_id_stays_capped) {
+  // A client opens a session: its node is admitted. A forger (a local user
+  // who learned the client's node id: host id + pid in CAF 0.17) connects
+  // with a BASP handshake claiming that id, then announces a 256 MiB
+  // payload. Admission belongs to the connection that carried the client's
+  // handshake, not to the id: the forger's connection is closed at the
+  // 64 KiB cap before anything is allocated, and the client goes on.
+  node_process node{tool(), 1, "i"};
+  auto cfg = client_cfg(false);
+  caf::actor_system sys{*cfg};
+  backend b{sys, {.num_devices = 1}};
+  auto ds = attach_node(b, "127.0.0.1", node.port(), 20s);
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  b.alloc_pool(ds[0], 1, 1024, 64);
+  b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
+  auto idle = status_kib(node.pid(), "VmRSS");
+  auto idle_peak = status_kib(node.pid(), "VmHWM");
+  BOOST_TEST_REQUIRE(idle > 0);
+  int fd = connect_to(node.port());
+  BOOST_TEST_REQUIRE(fd >= 0);
+  send_all(fd, handshake_claiming(sys, sys.node()) + header_announcing(sys, 256u << 20));
+  auto t0 = steady::now();
+  bool closed = closed_within(fd, 10s);
+  auto took = std::chrono::duration<double>(steady::now() - t0).count();
+  ::close(fd);
+  auto after = status_kib(node.pid(), "VmRSS");
+  auto peak = status_kib(node.pid(), "VmHWM");
+  BOOST_TEST(closed, "the node kept open for 10 s the connection of a peer that claimed the "
+                     "client's node id and announced a 256 MiB payload");
+  BOOST_TEST(peak < 2 * idle_peak, "the node's peak RSS went from " << idle_peak << " KiB to "
+                                                                    << peak << " KiB");
+  // Closed by the cap, which the node notes on its stderr.
+  auto log = node.errors();
+  BOOST_TEST(log.find("announced a payload of 268435456 bytes before a session opened")
+               != std::string::npos,
+             "the node did not note closing the forger's connection at the cap; its stderr: "
+               << log);
+  // The real client's session goes on, on its own connection.
+  b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 2.0}}));
+  BOOST_TEST_MESSAGE("a peer claiming an admitted client's node id, 256 MiB announced: RSS "
+                     << idle << " KiB idle (peak " << idle_peak << "), " << after
+                     << " KiB after (peak " << peak << "); closed after " << took << " s");
 }

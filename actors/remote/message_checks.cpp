@@ -83,4 +83,18 @@ void check_trust(const caf::node_id& peer) {
     throw std::invalid_argument("trust: node is the invalid node id");
 }
 
+std::shared_ptr<void> wait_budget::take(const std::string& who, uint64_t seq) const {
+  auto held = held_->load(std::memory_order_relaxed);
+  do {
+    if (held >= wire_limits::session_waits)
+      throw std::invalid_argument(fmt::format(
+        "wait: {} holds {} waits for their requesters already (at most {} at once): the wait "
+        "for seq {} is refused",
+        who, held, wire_limits::session_waits, seq));
+  } while (!held_->compare_exchange_weak(held, held + 1, std::memory_order_relaxed));
+  return std::shared_ptr<void>{nullptr, [counter = held_](void*) {
+                                 counter->fetch_sub(1, std::memory_order_relaxed);
+                               }};
+}
+
 } // namespace multidev::detail

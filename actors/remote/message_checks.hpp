@@ -9,8 +9,10 @@
 // time the request runs, a seq scheduled) stays where it was: the pool
 // table (`span`, `check_request`) and `device_core::check_scheduled`.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,7 +47,28 @@ inline constexpr std::size_t deferred_requests = std::size_t{1} << 16;
 inline constexpr std::size_t sessions_per_client = 16;
 /// Nodes one session's client may vouch for (`trust`).
 inline constexpr std::size_t vouched_nodes = 64;
+/// `wait`s the devices of one session hold for their requesters at once
+/// (each is a reply owed, kept until the awaited seq resolves: maybe never).
+inline constexpr std::size_t session_waits = std::size_t{1} << 16;
 } // namespace wire_limits
+
+/// What the waits registered on one session's devices hold (issue 38
+/// point 2): a `wait` takes a ticket, given back when its reply leaves or
+/// the wait is dropped (its requester gone, its deadline passed). Past
+/// `wire_limits::session_waits` at once, `take` refuses. Thread safe.
+class wait_budget {
+public:
+  /// A ticket for a wait on `seq` (its last copy gives it back); throws
+  /// `std::invalid_argument` naming `who` (the session), the seq and the
+  /// limit when the session holds the limit already.
+  std::shared_ptr<void> take(const std::string& who, uint64_t seq) const;
+  /// The tickets out now.
+  std::size_t held() const noexcept { return held_->load(std::memory_order_relaxed); }
+
+private:
+  /// Shared with the tickets, which may outlive the budget's owner.
+  std::shared_ptr<std::atomic<std::size_t>> held_ = std::make_shared<std::atomic<std::size_t>>(0);
+};
 
 /// `schedule` of one task: its kernel's name, argument count and text.
 void check_schedule(const task_spec& spec);

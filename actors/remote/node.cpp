@@ -73,6 +73,9 @@ struct node_session {
   /// Who may send the session's devices messages: the client's node (the
   /// sender of `open`), and the nodes it vouches for (`trust`).
   std::shared_ptr<detail::peer_guard> guard;
+  /// The nodes this session admitted to the node's port (its client, the
+  /// nodes it vouched for): forgotten there when no session names them.
+  std::vector<caf::node_id> admitted;
 };
 
 struct node_state {
@@ -113,6 +116,14 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
                              s.client, why);
   st.ended[id] = message;
   s.lease->store(0, std::memory_order_release);
+  for (const auto& n : s.admitted) {
+    auto named = std::any_of(st.sessions.begin(), st.sessions.end(), [&](const auto& kv) {
+      const auto& a = kv.second.admitted;
+      return std::find(a.begin(), a.end(), n) != a.end();
+    });
+    if (!named)
+      detail::forget_peer(self->system(), n);
+  }
   std::size_t queued = 0;
   std::vector<std::string> running;
   for (int k = 0; k < s.b->num_devices(); ++k) {
@@ -294,7 +305,8 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       // Its node's connections leave the limits of the unauthenticated
       // (issue 38 point 3): recorded before the reply leaves, so the
       // client's next message finds it.
-      detail::admit_peer(sender->node());
+      detail::admit_peer(self->system(), sender->node());
+      s.admitted.push_back(sender->node());
       st.sessions.emplace(id, std::move(s));
       node_log(st, fmt::format("session {} opened for {} (lease {:.3f} s)", id, client,
                                static_cast<double>(lease_ns) / 1e9));
@@ -360,7 +372,11 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       } catch (const std::invalid_argument& e) {
         return make_error(errc::invalid_argument, "node " + self->state.name, e.what());
       }
-      detail::admit_peer(peer); // its direct connection to this node (with_route)
+      // Its direct connection to this node (with_route).
+      detail::admit_peer(self->system(), peer);
+      auto& a = i->second.admitted;
+      if (std::find(a.begin(), a.end(), peer) == a.end())
+        a.push_back(peer);
       return true;
     },
     [self](atoms::debug_atom) -> std::string {
@@ -387,7 +403,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                                        sexp::field("lease_until_ns",
                                                    std::to_string(s.lease->load())),
                                        sexp::field("used_memory", std::to_string(used)),
-                                       sexp::field("queued", std::to_string(queued))}));
+                                       sexp::field("queued", std::to_string(queued)),
+                                       // The waits its devices hold (wait_budget).
+                                       sexp::field("waits",
+                                                   std::to_string(s.guard->waits.held()))}));
       }
       return sexp::list({sexp::atom("node"), sexp::field("name", st.name),
                          sexp::field("identity", st.identity), sexp::list(std::move(sessions)),

@@ -37,8 +37,9 @@
 #include <chrono>
 #include <iostream>
 #include <list>
+#include <map>
+#include <mutex>
 #include <memory>
-#include <shared_mutex>
 #include <vector>
 
 namespace multidev::detail {
@@ -51,14 +52,56 @@ using rw_state = caf::io::network::rw_state;
 using operation = caf::io::network::operation;
 using clock_type = std::chrono::steady_clock;
 
-std::shared_mutex peers_mu;
+class guarded_scribe_base;
 
-std::set<caf::node_id>& peers() {
-  static std::set<caf::node_id> admitted;
-  return admitted;
+/// Who skips the limits (issue 38 point 3): a *connection*, not a node id.
+/// Per actor system and node id: the connection that carried that node's
+/// first BASP handshake and is still open (its claimant: CAF's route to the
+/// node, basp::instance keeping the first direct route per node id and
+/// dropping later handshakes), and whether the node actor admitted the
+/// node. A second connection claiming the id is no claimant: it stays held
+/// to the limits, whatever the node actor admitted.
+struct peer_claim {
+  const guarded_scribe_base* conn = nullptr; // none yet (admitted before it came)
+  bool admitted = false;
+};
+
+using claim_key = std::pair<const caf::actor_system*, caf::node_id>;
+
+std::mutex claims_mu;
+
+std::map<claim_key, peer_claim>& claims() {
+  static std::map<claim_key, peer_claim> all;
+  return all;
 }
 
-class guarded_scribe_base;
+/// Whether `conn`, whose handshake says it is node `n`, is `n`'s claimant
+/// now (it becomes it if `n` has none).
+bool claim_peer(const caf::actor_system* sys, const caf::node_id& n,
+                const guarded_scribe_base* conn) {
+  std::lock_guard guard{claims_mu};
+  auto& c = claims()[{sys, n}];
+  if (c.conn == nullptr)
+    c.conn = conn;
+  return c.conn == conn;
+}
+
+/// Whether `conn` is `n`'s claimant and `n` is admitted.
+bool admitted_conn(const caf::actor_system* sys, const caf::node_id& n,
+                   const guarded_scribe_base* conn) {
+  std::lock_guard guard{claims_mu};
+  auto i = claims().find({sys, n});
+  return i != claims().end() && i->second.conn == conn && i->second.admitted;
+}
+
+/// `conn` closes: if it was `n`'s claimant, `n` is forgotten.
+void release_claim(const caf::actor_system* sys, const caf::node_id& n,
+                   const guarded_scribe_base* conn) {
+  std::lock_guard guard{claims_mu};
+  auto i = claims().find({sys, n});
+  if (i != claims().end() && i->second.conn == conn)
+    claims().erase(i);
+}
 using guarded_ptr = caf::intrusive_ptr<guarded_scribe_base>;
 
 /// Why the node closed an unauthenticated connection; each is noted on the
@@ -67,6 +110,8 @@ enum class closed_for { payload, messages, timeout, crowd, count };
 
 /// A port's shared state. Touched on the multiplexer's thread only.
 struct listener_state {
+  /// The system whose node actor admits peers (`admit_peer`).
+  const caf::actor_system* sys = nullptr;
   node_transport_limits limits;
   std::size_t max_unauthenticated = 0; // limits', capped by RLIMIT_NOFILE
   std::string name;
@@ -96,14 +141,26 @@ public:
   explicit guarded_scribe_base(native_socket fd)
     : scribe(caf::io::network::conn_hdl_from_socket(fd)), accepted_(clock_type::now()) {}
 
+  ~guarded_scribe_base() override { drop_claim(); }
+
   clock_type::time_point accepted() const { return accepted_; }
 
-  /// Whether the peer is admitted now (its node opened a session since);
-  /// takes the connection off `pending` if so.
+  /// Whether the peer is admitted now (its node opened a session since, or
+  /// was vouched for, and this connection carried its handshake first);
+  /// takes the connection off `pending` if so. Once admitted, a connection
+  /// stays so until it closes.
   bool admitted_now() {
-    if (!admitted_ && peer_ && admitted_peer(peer_))
+    if (!admitted_ && claimant_ && admitted_conn(sys_, peer_, this))
       admit();
     return admitted_;
+  }
+
+  /// The connection closes: it is no longer its node's claimant.
+  void drop_claim() {
+    if (claimant_) {
+      claimant_ = false;
+      release_claim(sys_, peer_, this);
+    }
   }
 
   /// Closes the connection (the peer sees a reset or FIN), and tells the
@@ -112,6 +169,7 @@ public:
 
   void enlist(const std::shared_ptr<listener_state>& st) {
     st_ = st;
+    sys_ = st->sys;
     st->pending.emplace_back(this);
     where_ = std::prev(st->pending.end());
     listed_ = true;
@@ -145,8 +203,10 @@ protected:
         // (basp/instance.cpp, write_server_handshake, write_client_handshake).
         caf::binary_deserializer source{ctx, bytes, n};
         caf::node_id nid;
-        if (!source(nid))
+        if (!source(nid) && nid) {
           peer_ = nid;
+          claimant_ = claim_peer(sys_, nid, this);
+        }
       }
       return true;
     }
@@ -202,7 +262,10 @@ protected:
 
 private:
   clock_type::time_point accepted_;
+  const caf::actor_system* sys_ = nullptr;
   caf::node_id peer_;
+  /// Whether this connection is `peer_`'s claimant (`claim_peer`).
+  bool claimant_ = false;
   std::list<guarded_ptr>::iterator where_;
   bool listed_ = false;
   bool payload_next_ = false;
@@ -322,6 +385,7 @@ public:
   void remove_from_loop() override {
     // Every close passes here (detach): by the broker, the peer or us.
     unlist();
+    drop_claim();
     stream_.passivate();
   }
 
@@ -508,18 +572,22 @@ caf::behavior sweeper(caf::event_based_actor* self, std::weak_ptr<listener_state
 
 } // namespace
 
-void admit_peer(const caf::node_id& n) {
+void admit_peer(const caf::actor_system& sys, const caf::node_id& n) {
   if (!n)
     return;
-  std::unique_lock guard{peers_mu};
-  peers().insert(n);
+  std::lock_guard guard{claims_mu};
+  claims()[{&sys, n}].admitted = true;
 }
 
-bool admitted_peer(const caf::node_id& n) {
-  if (!n)
-    return false;
-  std::shared_lock guard{peers_mu};
-  return peers().count(n) > 0;
+void forget_peer(const caf::actor_system& sys, const caf::node_id& n) {
+  std::lock_guard guard{claims_mu};
+  auto i = claims().find({&sys, n});
+  if (i == claims().end())
+    return;
+  if (i->second.conn == nullptr)
+    claims().erase(i);
+  else
+    i->second.admitted = false;
 }
 
 caf::expected<uint16_t> publish_guarded(const caf::actor& whom, std::set<std::string> sigs,
@@ -533,6 +601,7 @@ caf::expected<uint16_t> publish_guarded(const caf::actor& whom, std::set<std::st
   if (!fd)
     return std::move(fd.error());
   auto st = std::make_shared<listener_state>();
+  st->sys = &sys;
   st->limits = limits;
   st->limits.handshake_timeout = std::max(limits.handshake_timeout, std::chrono::milliseconds{1});
   // Half the descriptors at most, so that sessions' connections, their

@@ -16,7 +16,8 @@
 /// connections wrap CAF's stream (plain TCP) or CAF's TLS session (as
 /// tls_middleman.cpp does) and read each BASP header before the broker does.
 /// Until the peer is *admitted* (`admit_peer`: its node opened a session
-/// with the cookie, or a client that did vouched for it), a connection:
+/// with the cookie, or a client that did vouched for it, and this is the
+/// connection that carried its node's handshake first), a connection:
 /// - is closed, before anything is allocated for it, at a header whose
 ///   payload exceeds `max_unauthenticated_payload`, or when it sends more
 ///   than `max_unauthenticated_messages` headers a second (a burst of as
@@ -29,6 +30,7 @@
 /// again: its reads cost one flag test more than CAF's.
 
 #include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
 #include <caf/node_id.hpp>
 
@@ -40,12 +42,17 @@
 
 namespace multidev::detail {
 
-/// Records that peers of node `n` may use the node's port without the limits
-/// above (thread safe; called by the node actor).
-void admit_peer(const caf::node_id& n);
+/// Records that node `n` may use the port of `sys`'s node without the
+/// limits above, over the one connection that carried `n`'s BASP handshake
+/// first and is still open (CAF's route to `n`; thread safe; called by the
+/// node actor). A second connection claiming `n`'s id stays held to the
+/// limits: admission is a connection's, not a node id's. `n` is forgotten
+/// when that connection closes.
+void admit_peer(const caf::actor_system& sys, const caf::node_id& n);
 
-/// Whether `admit_peer(n)` was called in this process.
-bool admitted_peer(const caf::node_id& n);
+/// Undoes `admit_peer(sys, n)` (no session of `n`'s is left): a connection
+/// admitted already stays so until it closes.
+void forget_peer(const caf::actor_system& sys, const caf::node_id& n);
 
 /// Publishes `whom` (whose interface is `sigs`) on `address:port` through
 /// the guarded doorman, over TLS when `whom`'s system has the OpenSSL
