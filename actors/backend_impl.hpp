@@ -74,7 +74,13 @@ inline device_core& local_core(const device_record& rec, const char* what,
   refuse_remote(rec, what, instead);
 }
 
+/// A number no other backend of the process has (`backend_impl::id`).
+uint64_t next_backend_id() noexcept;
+
 struct backend_impl {
+  /// Unique in the process, unlike the address: a round is replayed only
+  /// by the backend that recorded it (`round_state::backend_id`).
+  uint64_t id = next_backend_id();
   backend_options opts;
   std::unique_ptr<caf::actor_system_config> own_cfg;
   std::unique_ptr<caf::actor_system> own_sys;
