@@ -449,7 +449,23 @@ replay_events backend::replay(const round& r) {
           bound.work.work = detail::with_provenance{std::move(bound.work.work), st, i, n};
           out.items.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
         } else {
-          out.items.push_back(schedule_named(it.dev, it.spec));
+          // An attached device: the run of named items on it, as one batch
+          // (one message instead of a round trip per task).
+          std::size_t j = i + 1;
+          while (j < st->items.size() && st->items[j].k == kind::named
+                 && st->items[j].dev == it.dev)
+            ++j;
+          if (j == i + 1) {
+            out.items.push_back(schedule_named(it.dev, it.spec));
+          } else {
+            std::vector<task_spec> specs;
+            specs.reserve(j - i);
+            for (auto k = i; k < j; ++k)
+              specs.push_back(st->items[k].spec);
+            for (auto& e : schedule_batch(it.dev, specs))
+              out.items.push_back(std::move(e));
+            i = j - 1;
+          }
         }
         break;
       case kind::wait:

@@ -14,7 +14,12 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+
 #include "multidev/multidev.hpp"
+#include "multidev/protocol.hpp"
 #include "test_support.hpp"
 
 using namespace multidev;
@@ -152,7 +157,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_capture_refuses_what_cannot_be_replayed) {
   sync(b, b.all_work(d0));
   BOOST_TEST(ran.load());
   // An empty round and another backend's round are refused by replay.
-  expect_throw<std::invalid_argument>([&] { b.replay(round{}); }, "empty round");
+  expect_throw<std::invalid_argument>([&] { b.replay(multidev::round{}); }, "empty round");
   expect_throw<std::invalid_argument>([&] { other.replay(r); },
                                       "round 'r' was recorded by another backend");
 }
@@ -347,4 +352,63 @@ BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_and_memset_are_replayed_in_order) {
   auto bad = b.record("bad", [&] { b.memset_zero(d0, 99, 0, 4); });
   expect_throw<std::invalid_argument>([&] { b.replay(bad); },
                                       "replay: replay 1 of round 'bad', item 'memset_zero 99 0'");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_system) {
+  // Node A's device a0, attached to backend b of another actor system: a
+  // round allocates a pool there, fills and sums it (a slot sets the
+  // value), and b's local device waits for the sum inside the round.
+  auto make_system = [](caf::actor_system_config& cfg) {
+    cfg.load<caf::io::middleman>();
+    register_types(cfg);
+    cfg.set("scheduler.max-threads", size_t{2});
+    return std::make_unique<caf::actor_system>(cfg);
+  };
+  caf::actor_system_config cfg_a, cfg_b;
+  auto sys_a = make_system(cfg_a);
+  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 1});
+  auto port = sys_a->middleman().publish(device_actor_of(*a, a->get_device(0)), 0, "127.0.0.1");
+  BOOST_REQUIRE(static_cast<bool>(port));
+  auto sys_b = make_system(cfg_b);
+  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
+  {
+    watchdog guard{"a round on an attached device"};
+    auto actor = sys_b->middleman().remote_actor<device_actor>("127.0.0.1", *port);
+    BOOST_REQUIRE(static_cast<bool>(actor));
+    auto a0 = attach_device(*b, *actor);
+    auto l0 = b->get_device(0);
+    constexpr std::size_t n = 16;
+    buffer_arg whole{buffer_loc{5, 0}, n * sizeof(float)};
+    std::atomic<int> after{0};
+    event filled, summed;
+    auto r = b->record("remote", [&] {
+      b->alloc_pool(a0, 5, n * sizeof(float), 64);
+      filled = b->schedule_named(a0, {"fill", {whole, 1.0}});
+      summed = b->schedule_named(a0, {"checksum", {whole, std::string{"rsum"}}});
+      b->will_wait_for(b->make_context(l0), summed);
+      b->schedule_task(l0, {"after the sum", [&] { ++after; }});
+    });
+    auto s = r.slot(filled, 1);
+    for (double v : {1.0, 4.0}) {
+      r.arg(s) = v;
+      auto ev = b->replay(r);
+      BOOST_TEST(ev.items.size() == 5u);
+      BOOST_TEST((ev.items[1].key() == a0.key()));
+      BOOST_TEST(ev.items[1].seq() < ev.items[2].seq());
+      sync(*b, ev.all_work_of(l0));
+      auto res = b->result(a0, "rsum");
+      BOOST_REQUIRE(res.has_value());
+      BOOST_TEST(res->sum == v * n);
+    }
+    BOOST_TEST(after.load() == 2);
+    // A closure cannot travel to a0: refused when recorded.
+    expect_throw<std::invalid_argument>(
+      [&] { b->record("bad", [&] { b->schedule_task(a0, {"t", [] {}}); }); },
+      "is a device of another process");
+  }
+  watchdog guard{"shutting down both systems"};
+  b.reset();
+  sys_b.reset();
+  a.reset();
+  sys_a.reset();
 }
