@@ -23,6 +23,7 @@
 namespace multidev::detail {
 
 struct peer_guard; // actors/device_actor.hpp
+struct round_state; // actors/round_state.hpp
 
 /// OCANNL's device record: identity plus the transfer bookkeeping, guarded by
 /// `mu`. Holds no strong actor handle, so a user keeping a `device` past the
@@ -112,6 +113,11 @@ struct backend_impl {
   /// stopped at shutdown: one left running would hold its actor system
   /// (a backend's own: ~backend) forever. Weak: the backend keeps none alive.
   std::vector<caf::actor_addr> node_actors;
+
+  /// The rounds replayed here whose tasks may still read them (see
+  /// `keep_for_replays` in actors/round_state.hpp), under `rounds_mu`.
+  std::mutex rounds_mu;
+  std::vector<std::shared_ptr<const round_state>> replayed_rounds;
 
   /// A node attached with `attach_node`: its devices take the ordinals after
   /// the local ones, in attachment order; attaching a node of the same name

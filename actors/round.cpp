@@ -20,7 +20,7 @@ using detail::record_of;
 
 namespace detail {
 
-thread_local capture* current_capture = nullptr;
+constinit thread_local capture* current_capture = nullptr;
 
 uint64_t next_backend_id() noexcept {
   static std::atomic<uint64_t> next{1};
@@ -87,7 +87,7 @@ std::string provenance(const round_state& st, uint64_t n, std::size_t i) {
 /// it was. Built only when the work throws.
 struct with_provenance {
   std::function<void()> inner;
-  std::shared_ptr<const round_state> st;
+  const round_state* st; // kept by the backend (keep_for_replays)
   std::size_t item;
   uint64_t n;
   void operator()() const {
@@ -107,6 +107,35 @@ void check_device(const backend_impl& impl, const device& d) {
 }
 
 } // namespace
+
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<const round_state>& st) {
+  std::lock_guard guard{impl.rounds_mu};
+  auto& kept = impl.replayed_rounds;
+  std::erase_if(kept, [&st](const std::shared_ptr<const round_state>& x) {
+    if (x == st || x.use_count() > 1)
+      return false;
+    return std::all_of(x->last_local.begin(), x->last_local.end(), [](const auto& cs) {
+      return cs.first->outcomes().finished() >= cs.second;
+    });
+  });
+  if (std::find(kept.begin(), kept.end(), st) == kept.end())
+    kept.push_back(st);
+}
+
+void note_replayed(backend_impl& impl, round_state& st,
+                   const std::vector<std::pair<const device_core*, uint64_t>>& pushed) {
+  if (pushed.empty())
+    return;
+  std::lock_guard guard{impl.rounds_mu};
+  for (const auto& [c, seq] : pushed) {
+    auto i = std::find_if(st.last_local.begin(), st.last_local.end(),
+                          [c = c](const auto& x) { return x.first == c; });
+    if (i == st.last_local.end())
+      st.last_local.emplace_back(c, seq);
+    else
+      i->second = std::max(i->second, seq);
+  }
+}
 
 // -- Capture --------------------------------------------------------------------
 
@@ -422,11 +451,26 @@ replay_events backend::replay(const round& r) {
     detail::refuse_in_round("replay", "a replay inside a record would nest rounds");
   if (!r)
     throw std::invalid_argument("replay: an empty round (default-constructed)");
-  auto st = r.state();
+  std::shared_ptr<detail::round_state> st = r.state();
   if (st->backend_id != impl_->id)
     throw std::invalid_argument(fmt::format(
       "replay: round '{}' was recorded by another backend; replay it there", st->name));
+  detail::keep_for_replays(*impl_, st);
   const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
+  // The last seq with a wrapper on each local device, for keep_for_replays.
+  std::vector<std::pair<const detail::device_core*, uint64_t>> pushed;
+  auto note = [&pushed](const detail::device_core* c, uint64_t seq) {
+    for (auto& [core, last] : pushed)
+      if (core == c) {
+        last = seq;
+        return;
+      }
+    pushed.emplace_back(c, seq);
+  };
+  struct on_exit { // also when an item is refused part way
+    std::function<void()> f;
+    ~on_exit() { f(); }
+  } noted{[&] { detail::note_replayed(*impl_, *st, pushed); }};
   replay_events out;
   out.round_id = st->id;
   out.items.reserve(st->items.size());
@@ -438,16 +482,18 @@ replay_events backend::replay(const round& r) {
       switch (it.k) {
       case kind::task: {
         task t = it.work;
-        t.work = detail::with_provenance{std::move(t.work), st, i, n};
+        t.work = detail::with_provenance{std::move(t.work), st.get(), i, n};
         auto& c = detail::local_core(rec, "replay", "a closure cannot travel there");
         out.items.emplace_back(rec.r.endpoint(), c.push(std::move(t)));
+        note(&c, out.items.back().seq());
         break;
       }
       case kind::named:
         if (auto* c = rec.r.local_core()) {
           auto bound = detail::bind_spec(rec.r.core(), it.spec);
-          bound.work.work = detail::with_provenance{std::move(bound.work.work), st, i, n};
+          bound.work.work = detail::with_provenance{std::move(bound.work.work), st.get(), i, n};
           out.items.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
+          note(c, out.items.back().seq());
         } else {
           // An attached device: the run of named items on it, as one batch
           // (one message instead of a round trip per task).
@@ -474,8 +520,9 @@ replay_events backend::replay(const round& r) {
         break;
       case kind::run: {
         routine rr = it.r;
-        rr.schedule.work = detail::with_provenance{std::move(rr.schedule.work), st, i, n};
+        rr.schedule.work = detail::with_provenance{std::move(rr.schedule.work), st.get(), i, n};
         out.items.push_back(run(rr));
+        note(rec.r.local_core(), out.items.back().seq());
         break;
       }
       case kind::copy:

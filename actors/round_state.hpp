@@ -78,6 +78,10 @@ struct round_state {
   std::vector<device> devices;
   /// Replays started so far.
   std::atomic<uint64_t> replays{0};
+  /// For each local device, the last seq a replay of this round pushed there
+  /// with a provenance wrapper (guarded by `backend_impl::rounds_mu`): the
+  /// backend keeps the round until they are resolved (`keep_for_replays`).
+  std::vector<std::pair<const device_core*, uint64_t>> last_local;
 
   /// Item `i`'s recorded event.
   event recorded_event(std::size_t i) const;
@@ -102,7 +106,9 @@ struct capture {
   round_state* round = nullptr;
 };
 /// Set by `backend::record` on the recording thread for the body's run.
-extern thread_local capture* current_capture;
+/// `constinit`: no dynamic initialization, so reading it costs no TLS
+/// wrapper call, only the thread-local load.
+extern constinit thread_local capture* current_capture;
 
 /// The capture of `owner` on this thread; throws `std::invalid_argument`
 /// naming `call` when this thread records a round of another backend.
@@ -128,6 +134,17 @@ void record_pool_call(const backend_impl& impl, round_item::kind k, const device
                       std::size_t alignment, std::optional<memory_mode> mode);
 /// `all_work(d)` inside a record: the recorded event of the last item on `d`.
 event recorded_all_work(const backend_impl& impl, const device& d);
+
+/// Keeps `st` alive in `impl` while a replay's wrappers may read it: a
+/// replayed task's closure holds a plain pointer to its round (a shared one
+/// would make the host and the runner bounce its count between their caches
+/// on every task), so the backend holds the round from its first replay
+/// until nobody else does and every seq in `last_local` is resolved. Drops
+/// the rounds that are past that. One lock per replay.
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<const round_state>& st);
+/// Raises `st.last_local` to the seqs in `pushed` (after a replay).
+void note_replayed(backend_impl& impl, round_state& st,
+                   const std::vector<std::pair<const device_core*, uint64_t>>& pushed);
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.

@@ -18,6 +18,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 
+#include "actors/round_state.hpp"
 #include "multidev/multidev.hpp"
 #include "multidev/protocol.hpp"
 #include "test_support.hpp"
@@ -411,4 +412,30 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_s
   sys_b.reset();
   a.reset();
   sys_a.reset();
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_backend_keeps_a_dropped_round_until_its_replays_resolve) {
+  backend b{backend_options{.num_devices = 1}};
+  auto d0 = b.get_device(0);
+  std::weak_ptr<const detail::round_state> gone;
+  event failed;
+  {
+    auto release = block_runner(b, d0);
+    auto r = b.record("dropped", [&] {
+      b.schedule_task(d0, {"late", [] { throw std::runtime_error("late failure"); }});
+    });
+    gone = r.state();
+    failed = b.replay(r).items[0];
+    // The handle goes while the item is queued: its failure still names the round.
+    r = multidev::round{};
+    BOOST_TEST(!gone.expired());
+    release->open();
+  }
+  expect_throw<device_error>([&] { bounded([&] { b.sync(failed); }); },
+                             "replay 1 of round 'dropped', item 'late 0': late failure");
+  BOOST_TEST(b.recover(d0));
+  // Once resolved, the next replay (of any round) lets it go.
+  auto other = b.record("other", [&] { b.schedule_task(d0, {"t", [] {}}); });
+  sync(b, b.replay(other).items[0]);
+  BOOST_TEST(gone.expired());
 }
