@@ -1066,6 +1066,21 @@ double multidev_bytes_per_queued_task(const backend_options& opts, int n, bool d
 /// The bound on what a description adds to a queued task (issue 36).
 constexpr double described_task_bytes = 128;
 
+/// One round of case 3's DAG (see `multidev_fan_dag_us`), call by call.
+void schedule_fan_dag_round(backend& b, const std::vector<device>& devs,
+                            const std::vector<context>& ctx, int width) {
+  auto n = devs.size();
+  b.schedule_task(devs[0], empty_task()); // the source
+  auto source = b.all_work(devs[0]);
+  for (std::size_t j = 1; j < n; ++j)
+    b.will_wait_for(ctx[j], source);
+  for (int i = 0; i < width; ++i)
+    b.schedule_task(devs[static_cast<std::size_t>(i) % n], empty_task());
+  for (std::size_t j = 1; j < n; ++j)
+    b.will_wait_for(ctx[0], b.all_work(devs[j]));
+  b.schedule_task(devs[0], empty_task()); // the sink
+}
+
 /// Case 3: µs per round of the fan-out/fan-in DAG on `devs`: a source task
 /// on device 0, `width` empty tasks spread round-robin over the devices,
 /// each after the source (one `will_wait_for` per other device; device 0's
@@ -1078,22 +1093,12 @@ constexpr double described_task_bytes = 128;
 double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
                            const std::vector<context>& ctx, int width, int rounds,
                            bool prebuilt = false) {
-  auto n = devs.size();
   std::optional<runner_hold> hold;
   if (prebuilt)
     hold.emplace(b, devs[0]);
   auto t0 = clock_type::now();
-  for (int r = 0; r < rounds; ++r) {
-    b.schedule_task(devs[0], empty_task()); // the source
-    auto source = b.all_work(devs[0]);
-    for (std::size_t j = 1; j < n; ++j)
-      b.will_wait_for(ctx[j], source);
-    for (int i = 0; i < width; ++i)
-      b.schedule_task(devs[static_cast<std::size_t>(i) % n], empty_task());
-    for (std::size_t j = 1; j < n; ++j)
-      b.will_wait_for(ctx[0], b.all_work(devs[j]));
-    b.schedule_task(devs[0], empty_task()); // the sink
-  }
+  for (int r = 0; r < rounds; ++r)
+    schedule_fan_dag_round(b, devs, ctx, width);
   if (hold) {
     t0 = clock_type::now();
     hold->release();
@@ -1109,18 +1114,7 @@ double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
 /// device 0 as there.
 double multidev_fan_dag_replay_us(backend& b, const std::vector<device>& devs,
                                   const std::vector<context>& ctx, int width, int rounds) {
-  auto n = devs.size();
-  auto r = b.record("fan_dag", [&] {
-    b.schedule_task(devs[0], empty_task()); // the source
-    auto source = b.all_work(devs[0]);
-    for (std::size_t j = 1; j < n; ++j)
-      b.will_wait_for(ctx[j], source);
-    for (int i = 0; i < width; ++i)
-      b.schedule_task(devs[static_cast<std::size_t>(i) % n], empty_task());
-    for (std::size_t j = 1; j < n; ++j)
-      b.will_wait_for(ctx[0], b.all_work(devs[j]));
-    b.schedule_task(devs[0], empty_task()); // the sink
-  });
+  auto r = b.record("fan_dag", [&] { schedule_fan_dag_round(b, devs, ctx, width); });
   auto t0 = clock_type::now();
   event last;
   for (int i = 0; i < rounds; ++i)
