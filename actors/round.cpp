@@ -101,6 +101,25 @@ struct with_provenance {
   }
 };
 
+/// A replayed task's work: the recorded closure itself, run in place (the
+/// round is kept while its replays run, see keep_for_replays), with the
+/// failure text of `with_provenance`. 16 trivially copyable bytes, so the
+/// task's `std::function` holds it without allocating.
+struct replayed_task {
+  const round_state* st;
+  uint32_t item;
+  uint32_t n; // the replay's number, modulo 2^32
+  void operator()() const {
+    try {
+      st->items[item].work.work();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}: {}", provenance(*st, n, item), e.what()));
+    } catch (...) {
+      throw std::runtime_error(fmt::format("{}: unknown exception", provenance(*st, n, item)));
+    }
+  }
+};
+
 /// Checks that `d` is a device of `impl` (made or attached there).
 void check_device(const backend_impl& impl, const device& d) {
   impl.endpoint_of(d);
@@ -108,8 +127,24 @@ void check_device(const backend_impl& impl, const device& d) {
 
 } // namespace
 
-void keep_for_replays(backend_impl& impl, const std::shared_ptr<const round_state>& st) {
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
+                      std::span<const event> pushed) {
   std::lock_guard guard{impl.rounds_mu};
+  // The last seq with a wrapper on each local device (the items whose work
+  // reads the round: tasks, local named tasks, routines).
+  for (std::size_t i = 0; i < pushed.size(); ++i) {
+    auto k = st->items[i].k;
+    const auto* c = pushed[i].core().get();
+    if (!c || (k != round_item::kind::task && k != round_item::kind::named
+               && k != round_item::kind::run))
+      continue;
+    auto at = std::find_if(st->last_local.begin(), st->last_local.end(),
+                           [c](const auto& x) { return x.first == c; });
+    if (at == st->last_local.end())
+      st->last_local.emplace_back(c, pushed[i].seq());
+    else
+      at->second = std::max(at->second, pushed[i].seq());
+  }
   auto& kept = impl.replayed_rounds;
   std::erase_if(kept, [&st](const std::shared_ptr<const round_state>& x) {
     if (x == st || x.use_count() > 1)
@@ -120,21 +155,6 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<const round_stat
   });
   if (std::find(kept.begin(), kept.end(), st) == kept.end())
     kept.push_back(st);
-}
-
-void note_replayed(backend_impl& impl, round_state& st,
-                   const std::vector<std::pair<const device_core*, uint64_t>>& pushed) {
-  if (pushed.empty())
-    return;
-  std::lock_guard guard{impl.rounds_mu};
-  for (const auto& [c, seq] : pushed) {
-    auto i = std::find_if(st.last_local.begin(), st.last_local.end(),
-                          [c = c](const auto& x) { return x.first == c; });
-    if (i == st.last_local.end())
-      st.last_local.emplace_back(c, seq);
-    else
-      i->second = std::max(i->second, seq);
-  }
 }
 
 // -- Capture --------------------------------------------------------------------
@@ -455,24 +475,22 @@ replay_events backend::replay(const round& r) {
   if (st->backend_id != impl_->id)
     throw std::invalid_argument(fmt::format(
       "replay: round '{}' was recorded by another backend; replay it there", st->name));
-  detail::keep_for_replays(*impl_, st);
-  const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
-  // The last seq with a wrapper on each local device, for keep_for_replays.
-  std::vector<std::pair<const detail::device_core*, uint64_t>> pushed;
-  auto note = [&pushed](const detail::device_core* c, uint64_t seq) {
-    for (auto& [core, last] : pushed)
-      if (core == c) {
-        last = seq;
-        return;
-      }
-    pushed.emplace_back(c, seq);
+  // When an item is refused part way too, the backend keeps the round while
+  // the wrapped items pushed so far may run.
+  struct keep_on_throw {
+    detail::backend_impl& impl;
+    const std::shared_ptr<detail::round_state>& st;
+    const replay_events& out;
+    bool kept = false;
+    ~keep_on_throw() {
+      if (!kept)
+        detail::keep_for_replays(impl, st, out.items);
+    }
   };
-  struct on_exit { // also when an item is refused part way
-    std::function<void()> f;
-    ~on_exit() { f(); }
-  } noted{[&] { detail::note_replayed(*impl_, *st, pushed); }};
+  const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
   replay_events out;
   out.round_id = st->id;
+  keep_on_throw guard{*impl_, st, out};
   out.items.reserve(st->items.size());
   using kind = detail::round_item::kind;
   for (std::size_t i = 0; i < st->items.size(); ++i) {
@@ -481,11 +499,11 @@ replay_events backend::replay(const round& r) {
     try {
       switch (it.k) {
       case kind::task: {
-        task t = it.work;
-        t.work = detail::with_provenance{std::move(t.work), st.get(), i, n};
+        task t{it.work.description,
+               detail::replayed_task{st.get(), static_cast<uint32_t>(i), static_cast<uint32_t>(n)},
+               nullptr, it.work.kind}; // the round keeps the recorded keep_alive
         auto& c = detail::local_core(rec, "replay", "a closure cannot travel there");
         out.items.emplace_back(rec.r.endpoint(), c.push(std::move(t)));
-        note(&c, out.items.back().seq());
         break;
       }
       case kind::named:
@@ -493,7 +511,6 @@ replay_events backend::replay(const round& r) {
           auto bound = detail::bind_spec(rec.r.core(), it.spec);
           bound.work.work = detail::with_provenance{std::move(bound.work.work), st.get(), i, n};
           out.items.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
-          note(c, out.items.back().seq());
         } else {
           // An attached device: the run of named items on it, as one batch
           // (one message instead of a round trip per task).
@@ -522,7 +539,6 @@ replay_events backend::replay(const round& r) {
         routine rr = it.r;
         rr.schedule.work = detail::with_provenance{std::move(rr.schedule.work), st.get(), i, n};
         out.items.push_back(run(rr));
-        note(rec.r.local_core(), out.items.back().seq());
         break;
       }
       case kind::copy:
@@ -551,6 +567,8 @@ replay_events backend::replay(const round& r) {
   out.all_work.reserve(st->devices.size());
   for (const auto& d : st->devices)
     out.all_work.emplace_back(d, all_work(d));
+  detail::keep_for_replays(*impl_, st, out.items);
+  guard.kept = true;
   return out;
 }
 

@@ -135,16 +135,16 @@ void record_pool_call(const backend_impl& impl, round_item::kind k, const device
 /// `all_work(d)` inside a record: the recorded event of the last item on `d`.
 event recorded_all_work(const backend_impl& impl, const device& d);
 
-/// Keeps `st` alive in `impl` while a replay's wrappers may read it: a
+/// Keeps `st` alive in `impl` while a replay's wrappers may read it (called
+/// as a replay returns, `pushed` being its items' events so far): a
 /// replayed task's closure holds a plain pointer to its round (a shared one
 /// would make the host and the runner bounce its count between their caches
 /// on every task), so the backend holds the round from its first replay
-/// until nobody else does and every seq in `last_local` is resolved. Drops
-/// the rounds that are past that. One lock per replay.
-void keep_for_replays(backend_impl& impl, const std::shared_ptr<const round_state>& st);
-/// Raises `st.last_local` to the seqs in `pushed` (after a replay).
-void note_replayed(backend_impl& impl, round_state& st,
-                   const std::vector<std::pair<const device_core*, uint64_t>>& pushed);
+/// until nobody else does and every seq in `last_local` is resolved. Raises
+/// `last_local` to `pushed`'s wrapped items and drops the rounds past that.
+/// One lock per replay.
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
+                      std::span<const event> pushed);
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.
