@@ -1,7 +1,8 @@
 // Recorded rounds (issue 41): `backend::record` captures a step's calls
 // without running them, `backend::replay` runs them again, with slots,
 // rebound in-round waits, provenance in failures, cancel, recover and
-// shutdown as for ordinary work.
+// shutdown as for ordinary work. Runs on the cpu driver and again on the
+// fake one (test_rounds_fake), whose items complete on a driver thread.
 #define BOOST_TEST_MODULE rounds
 #include <boost/test/unit_test.hpp>
 
@@ -54,7 +55,7 @@ buffer_arg buf(const context& c, const tnode& t) {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_rounds_record_runs_nothing_and_each_replay_runs_it_once) {
-  backend b{backend_options{.num_devices = 2}};
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   auto before0 = b.all_work(d0), before1 = b.all_work(d1);
   std::atomic<int> ran0{0}, ran1{0};
@@ -102,8 +103,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_record_runs_nothing_and_each_replay_runs_it_onc
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_capture_refuses_what_cannot_be_replayed) {
-  backend b{backend_options{.num_devices = 2}};
-  backend other{backend_options{.num_devices = 1}};
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  backend other{on_test_driver(backend_options{.num_devices = 1})};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   auto ctx0 = b.make_context(d0);
   auto [c, t] = node_on(b, ctx0, 1, 4);
@@ -164,7 +165,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_capture_refuses_what_cannot_be_replayed) {
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_slot_argument_is_read_by_each_replay) {
-  backend b{backend_options{.num_devices = 2}};
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   constexpr std::size_t n = 8;
   auto [c0, t] = node_on(b, b.make_context(d0), 1, n);
@@ -201,7 +202,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_slot_argument_is_read_by_each_replay) {
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_in_round_wait_rebinds_to_each_replays_event) {
-  backend b{backend_options{.num_devices = 2}};
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   event a, after;
   auto r = b.record("step", [&] {
@@ -226,7 +227,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_in_round_wait_rebinds_to_each_replays_event) {
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_failure_names_replay_round_and_item_and_spares_the_next) {
-  backend b{backend_options{.num_devices = 2}};
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
   auto d0 = b.get_device(0), d1 = b.get_device(1);
   std::atomic<bool> fail{false};
   std::atomic<int> independent{0};
@@ -274,7 +275,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_failure_names_replay_round_and_item_and_spares_
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_cancel_mid_replay_drops_queued_replays_only) {
-  backend b{backend_options{.num_devices = 1}};
+  backend b{on_test_driver(backend_options{.num_devices = 1})};
   auto d0 = b.get_device(0);
   std::atomic<int> ran{0};
   auto r = b.record("step", [&] {
@@ -304,7 +305,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_shutdown_with_replays_in_flight_neither_hangs_n
     auto ran = std::make_shared<std::atomic<int>>(0);
     std::promise<void> open;
     auto b = std::make_unique<backend>(
-      backend_options{.num_devices = 2, .on_destroy = policy});
+      on_test_driver(backend_options{.num_devices = 2, .on_destroy = policy}));
     auto d0 = b->get_device(0), d1 = b->get_device(1);
     auto r = b->record("step", [&] {
       b->schedule_task(d0, {"t", [ran] { ++*ran; }});
@@ -328,7 +329,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_shutdown_with_replays_in_flight_neither_hangs_n
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_and_memset_are_replayed_in_order) {
-  backend b{backend_options{.num_devices = 1}};
+  backend b{on_test_driver(backend_options{.num_devices = 1})};
   auto d0 = b.get_device(0);
   constexpr int pool = 7;
   constexpr std::size_t bytes = 8 * sizeof(float);
@@ -415,7 +416,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_s
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_backend_keeps_a_dropped_round_until_its_replays_resolve) {
-  backend b{backend_options{.num_devices = 1}};
+  backend b{on_test_driver(backend_options{.num_devices = 1})};
   auto d0 = b.get_device(0);
   std::weak_ptr<const detail::round_state> gone;
   event failed;
