@@ -16,6 +16,7 @@
 #include "actors/device_actor.hpp"
 #include "actors/endpoint.hpp"
 #include "actors/logger_tie.hpp"
+#include "actors/round_state.hpp"
 #include "actors/wait_graph.hpp"
 #include "devices/registry.hpp"
 #include "multidev/protocol.hpp"
@@ -105,19 +106,30 @@ caf::actor_system& backend::system() const {
 
 void backend::alloc_pool(const device& d, int pool_id, std::size_t size_in_bytes,
                          std::size_t alignment, std::optional<memory_mode> mode) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_pool_call(*impl_, detail::round_item::kind::alloc_pool, d, pool_id, 0,
+                                    size_in_bytes, alignment, mode);
   impl_->endpoint_of(d).alloc_pool(pool_id, size_in_bytes, alignment, mode);
 }
 
 void backend::free_pool(const device& d, int pool_id) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_pool_call(*impl_, detail::round_item::kind::free_pool, d, pool_id, 0, 0,
+                                    0, std::nullopt);
   impl_->endpoint_of(d).free_pool(pool_id);
 }
 
 void backend::memset_zero(const device& d, int pool_id, std::size_t offset,
                           std::size_t size_in_bytes) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_pool_call(*impl_, detail::round_item::kind::memset, d, pool_id, offset,
+                                    size_in_bytes, 0, std::nullopt);
   impl_->endpoint_of(d).memset_zero(pool_id, offset, size_in_bytes);
 }
 
 void backend::flush(const device& d) const {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("flush", "it waits for a round trip now; flush after replay");
   impl_->endpoint_of(d).flush();
 }
 
@@ -227,14 +239,20 @@ std::string backend::get_name(const device& d) const {
 }
 
 void backend::sync(const event& e) const {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("sync", "it waits now; sync the replay's events after replay");
   e.sync();
 }
 
 void backend::sync(const event& e, std::chrono::steady_clock::time_point deadline) const {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("sync", "it waits now; sync the replay's events after replay");
   e.sync(deadline);
 }
 
 void backend::sync(const event& e, std::chrono::steady_clock::duration timeout) const {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("sync", "it waits now; sync the replay's events after replay");
   e.sync(std::chrono::steady_clock::now() + timeout);
 }
 
@@ -257,14 +275,20 @@ event_state backend::state(const event& e) const {
 }
 
 void backend::cancel(const device& d) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("cancel", "it drops work now, not at each replay; cancel outside the record");
   record_of(d).ep().cancel();
 }
 
 bool backend::recover(const device& d) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("recover", "it brings a device back now, not at each replay; recover outside the record");
   return record_of(d).ep().recover();
 }
 
 void backend::will_wait_for(const context& ctx, const event& e) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_wait(*impl_, ctx, e);
   auto& w = record_of(ctx.device).r;
   // The hot path: both devices in this process.
   if (auto* c = w.local_core())
@@ -381,6 +405,8 @@ void backend::await(const device& d, std::chrono::steady_clock::duration timeout
 }
 
 void backend::await(const device& d, std::chrono::steady_clock::time_point deadline) const {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("await", "it waits now; await after replay");
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core()) {
     try {
@@ -399,6 +425,8 @@ void backend::await(const device& d, std::chrono::steady_clock::time_point deadl
 }
 
 event backend::all_work(const device& d) const {
+  if (detail::current_capture) [[unlikely]]
+    return detail::recorded_all_work(*impl_, d);
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core())
     return event{rec.r.endpoint(), c->queue().scheduled()};
@@ -410,6 +438,8 @@ bool backend::is_idle(const device& d) const {
 }
 
 void backend::schedule_task(const device& d, task t) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_task(*impl_, d, std::move(t));
   auto& rec = record_of(d);
   if (auto* c = rec.r.local_core()) {
     c->push(std::move(t));
@@ -421,11 +451,15 @@ void backend::schedule_task(const device& d, task t) {
 }
 
 event backend::schedule_named(const device& d, const task_spec& spec) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_named(*impl_, d, spec);
   auto& rec = record_of(d);
   return event{rec.r.endpoint(), rec.ep().schedule_named(spec)};
 }
 
 std::vector<event> backend::schedule_batch(const device& d, std::span<const task_spec> specs) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_batch(*impl_, d, specs);
   auto& rec = record_of(d);
   auto seqs = rec.ep().schedule_batch(specs);
   std::vector<event> events;

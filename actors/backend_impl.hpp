@@ -23,6 +23,7 @@
 namespace multidev::detail {
 
 struct peer_guard; // actors/device_actor.hpp
+struct round_state; // actors/round_state.hpp
 
 /// OCANNL's device record: identity plus the transfer bookkeeping, guarded by
 /// `mu`. Holds no strong actor handle, so a user keeping a `device` past the
@@ -74,7 +75,13 @@ inline device_core& local_core(const device_record& rec, const char* what,
   refuse_remote(rec, what, instead);
 }
 
+/// A number no other backend of the process has (`backend_impl::id`).
+uint64_t next_backend_id() noexcept;
+
 struct backend_impl {
+  /// Unique in the process, unlike the address: a round is replayed only
+  /// by the backend that recorded it (`round_state::backend_id`).
+  uint64_t id = next_backend_id();
   backend_options opts;
   std::unique_ptr<caf::actor_system_config> own_cfg;
   std::unique_ptr<caf::actor_system> own_sys;
@@ -106,6 +113,11 @@ struct backend_impl {
   /// stopped at shutdown: one left running would hold its actor system
   /// (a backend's own: ~backend) forever. Weak: the backend keeps none alive.
   std::vector<caf::actor_addr> node_actors;
+
+  /// The rounds replayed here whose tasks may still read them (see
+  /// `keep_for_replays` in actors/round_state.hpp), under `rounds_mu`.
+  std::mutex rounds_mu;
+  std::vector<std::shared_ptr<const round_state>> replayed_rounds;
 
   /// A node attached with `attach_node`: its devices take the ordinals after
   /// the local ones, in attachment order; attaching a node of the same name

@@ -9,6 +9,7 @@
 
 #include "actors/backend_impl.hpp"
 #include "actors/binding.hpp"
+#include "actors/round_state.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/kernels.hpp"
 
@@ -238,6 +239,8 @@ placed_node place_node(backend& b, const context& ctx, const tnode& t, bool publ
 // writes it before other threads may use it. The init_* functions below
 // enter it only once its write is scheduled.
 context backend::alloc_node(const context& ctx, const tnode& t) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("alloc_node", "it allocates and enters the node in the constant cache now; allocate nodes before recording (alloc_pool is recorded)");
   return place_node(*this, ctx, t, true).ctx;
 }
 
@@ -306,6 +309,8 @@ routine backend::link(const context& ctx, const std::string& kernel,
 }
 
 event backend::run(const routine& r) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_run(impl(), r);
   if (!r.schedule.work)
     throw std::invalid_argument(fmt::format(
       "run: routine '{}' has no task to run again (a copy across processes happens in "
@@ -410,6 +415,8 @@ static bool host_copy(const context& ctx, const tnode& t, std::byte* host, std::
 }
 
 bool backend::from_host(const context& ctx, const tnode& t, std::span<const std::byte> host) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("from_host", "it reads host memory that a replay could not name again; copy from the host before recording, or from a device buffer inside the round");
   if (crosses_processes(ctx)) {
     // The bytes travel in the message: the host's may change once it returns.
     auto loc = ctx.buffers.find(t);
@@ -429,6 +436,8 @@ bool backend::from_host(const context& ctx, const tnode& t, std::span<const std:
 
 context backend::init_from_host(const context& ctx, const tnode& t,
                                 std::span<const std::byte> host) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("init_from_host", "it allocates and reads host memory now; do it before recording");
   if (crosses_processes(ctx)) {
     check_size(t, host.size(), "init_from_host");
     auto c = ctx.buffers.contains(t) ? ctx : alloc_node(ctx, t);
@@ -447,6 +456,8 @@ context backend::init_from_host(const context& ctx, const tnode& t,
 }
 
 bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> host) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("to_host", "it writes host memory the host then reads; read the results after replay, with to_host on the replay's events");
   if (crosses_processes(ctx)) {
     // Blocks until the bytes are here (after the device's work so far).
     if (!ctx.buffers.contains(t))
@@ -459,8 +470,10 @@ bool backend::to_host(const context& ctx, const tnode& t, std::span<std::byte> h
   return host_copy(ctx, t, host.data(), host.size(), false);
 }
 
-std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,
-                                                 const context& dst, const context& src) {
+/// `device_to_device`, setting `copied` to the copy's event on `dst`.
+static std::optional<routine> copy_node(backend& b, const tnode& t, merge_buffer_use into,
+                                        const context& dst, const context& src,
+                                        event& copied) {
   if (crosses_processes(dst, &src)) {
     // Across processes (`move_bytes`): read from the source after its work
     // so far (its writer of `t` included), then written to the destination
@@ -480,7 +493,8 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
     if (into == merge_buffer_use::no) {
       r.context = dst;
       r.outputs.insert(t);
-      auto done = move_bytes(*this, src, t, dst.device, dst.buffers.at(t));
+      auto done = move_bytes(b, src, t, dst.device, dst.buffers.at(t));
+      copied = done;
       std::lock_guard guard{drec.mu};
       drec.updating_for[t] = done;
     } else {
@@ -490,12 +504,13 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
         grow = drec.merge_buffer_capacity < t.size_in_bytes;
       }
       if (grow) {
-        alloc_pool(dst.device, 0, t.size_in_bytes, node_alignment, memory_mode::device_only);
+        b.alloc_pool(dst.device, 0, t.size_in_bytes, node_alignment, memory_mode::device_only);
         std::lock_guard guard{drec.mu};
         drec.merge_buffer_capacity = t.size_in_bytes;
       }
-      r.context = make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
-      auto done = move_bytes(*this, src, t, dst.device, buffer_loc{0, 0});
+      r.context = b.make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
+      auto done = move_bytes(b, src, t, dst.device, buffer_loc{0, 0});
+      copied = done;
       std::lock_guard guard{drec.mu};
       drec.updating_for_merge_buffer.emplace(t, done);
     }
@@ -544,7 +559,7 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
       grow = drec.merge_buffer_capacity < n || !mb || mb->size < n;
     }
     if (grow) {
-      alloc_pool(dst.device, 0, n, node_alignment, memory_mode::device_only);
+      b.alloc_pool(dst.device, 0, n, node_alignment, memory_mode::device_only);
       mb = dcore->pools().find(0);
       if (!mb || mb->size < n)
         throw std::invalid_argument(fmt::format(
@@ -554,7 +569,7 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
       std::lock_guard guard{drec.mu};
       drec.merge_buffer_capacity = n;
     }
-    r.context = make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
+    r.context = b.make_child(dst, std::nullopt, std::nullopt, std::optional<tnode>{t});
     r.pinned_pools.push_back({dcore, 0, mb});
     std::byte* to = mb->base();
     r.schedule = task{r.name, [drv, to, from, n] { drv->copy(to, from, n); },
@@ -562,11 +577,32 @@ std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_us
                                                  std::shared_ptr<detail::pool>>>(sp, mb),
                       trace_kind::copy};
   }
-  run(r);
+  copied = b.run(r);
   return r;
 }
 
+std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,
+                                                 const context& dst, const context& src) {
+  if (detail::current_capture) [[unlikely]]
+    return detail::record_copy(impl(), t, into, dst, src);
+  event copied;
+  return copy_node(*this, t, into, dst, src, copied);
+}
+
+event detail::copy_step(backend& b, const tnode& t, merge_buffer_use into, const context& dst,
+                        const context& src) {
+  event copied;
+  if (!copy_node(b, t, into, dst, src, copied))
+    throw std::invalid_argument(fmt::format(
+      "device_to_device: node {} is not in the context of {} or of {}", node_name(t),
+      src.device.name(), dst.device.name()));
+  return copied;
+}
+
+
 context backend::init_from_device(const tnode& t, const context& dst, const context& src) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("init_from_device", "it allocates the node now; allocate it before recording and record device_to_device");
   if (crosses_processes(dst, &src)) {
     if (!src.buffers.contains(t))
       throw std::invalid_argument(fmt::format(
@@ -589,6 +625,8 @@ context backend::init_from_device(const tnode& t, const context& dst, const cont
 }
 
 void backend::sync_device(const device& d) {
+  if (detail::current_capture) [[unlikely]]
+    detail::refuse_in_round("sync_device", "it waits now; wait after replay");
   await(d);
   auto& rec = record_of(d);
   std::lock_guard guard{rec.mu};

@@ -36,6 +36,7 @@ set(MULTIDEV_LIBRARY_SOURCES
   actors/trace_file.cpp
   actors/core/result_board.cpp
   actors/binding.cpp
+  actors/round.cpp
   actors/device_actor.cpp
   actors/endpoint.cpp
   actors/remote/endpoint_remote.cpp

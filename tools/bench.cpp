@@ -932,6 +932,32 @@ double multidev_ns_per_hop(backend& b, const device& d0, const device& d1, int h
   return seconds_since(t0) * 1e9 / hops;
 }
 
+/// `will_wait_for_chain_replay`: the chain of `multidev_ns_per_hop`, 64
+/// hops a round, recorded once (issue 41) and replayed until `hops` hops
+/// ran; timed from the first replay to the last hop, the host's replays
+/// included. A round starts and ends on `d0`, so replays join in `d0`'s order.
+double multidev_ns_per_hop_replay(backend& b, const device& d0, const device& d1, int hops) {
+  constexpr int per_round = 64;
+  context ctx[2] = {b.make_context(d0), b.make_context(d1)};
+  auto r = b.record("chain", [&] {
+    b.schedule_task(d0, task{{}, [] {}, {}});
+    event last = b.all_work(d0);
+    for (int i = 1; i <= per_round; ++i) {
+      auto& c = ctx[i % 2];
+      b.will_wait_for(c, last);
+      b.schedule_task(c.device, task{{}, [] {}, {}});
+      last = b.all_work(c.device);
+    }
+  });
+  int rounds = std::max(1, hops / per_round);
+  auto t0 = clock_type::now();
+  event last;
+  for (int i = 0; i < rounds; ++i)
+    last = b.replay(r).all_work_of(d0);
+  b.sync(last);
+  return seconds_since(t0) * 1e9 / (rounds * per_round);
+}
+
 } // namespace
 
 bool bench_result::meets_target() const {
@@ -1040,6 +1066,21 @@ double multidev_bytes_per_queued_task(const backend_options& opts, int n, bool d
 /// The bound on what a description adds to a queued task (issue 36).
 constexpr double described_task_bytes = 128;
 
+/// One round of case 3's DAG (see `multidev_fan_dag_us`), call by call.
+void schedule_fan_dag_round(backend& b, const std::vector<device>& devs,
+                            const std::vector<context>& ctx, int width) {
+  auto n = devs.size();
+  b.schedule_task(devs[0], empty_task()); // the source
+  auto source = b.all_work(devs[0]);
+  for (std::size_t j = 1; j < n; ++j)
+    b.will_wait_for(ctx[j], source);
+  for (int i = 0; i < width; ++i)
+    b.schedule_task(devs[static_cast<std::size_t>(i) % n], empty_task());
+  for (std::size_t j = 1; j < n; ++j)
+    b.will_wait_for(ctx[0], b.all_work(devs[j]));
+  b.schedule_task(devs[0], empty_task()); // the sink
+}
+
 /// Case 3: µs per round of the fan-out/fan-in DAG on `devs`: a source task
 /// on device 0, `width` empty tasks spread round-robin over the devices,
 /// each after the source (one `will_wait_for` per other device; device 0's
@@ -1052,27 +1093,33 @@ constexpr double described_task_bytes = 128;
 double multidev_fan_dag_us(backend& b, const std::vector<device>& devs,
                            const std::vector<context>& ctx, int width, int rounds,
                            bool prebuilt = false) {
-  auto n = devs.size();
   std::optional<runner_hold> hold;
   if (prebuilt)
     hold.emplace(b, devs[0]);
   auto t0 = clock_type::now();
-  for (int r = 0; r < rounds; ++r) {
-    b.schedule_task(devs[0], empty_task()); // the source
-    auto source = b.all_work(devs[0]);
-    for (std::size_t j = 1; j < n; ++j)
-      b.will_wait_for(ctx[j], source);
-    for (int i = 0; i < width; ++i)
-      b.schedule_task(devs[static_cast<std::size_t>(i) % n], empty_task());
-    for (std::size_t j = 1; j < n; ++j)
-      b.will_wait_for(ctx[0], b.all_work(devs[j]));
-    b.schedule_task(devs[0], empty_task()); // the sink
-  }
+  for (int r = 0; r < rounds; ++r)
+    schedule_fan_dag_round(b, devs, ctx, width);
   if (hold) {
     t0 = clock_type::now();
     hold->release();
   }
   b.sync(b.all_work(devs[0]));
+  return seconds_since(t0) * 1e6 / rounds;
+}
+
+/// `fan_dag_<N>dev_replay`: the same DAG as `multidev_fan_dag_us`, recorded
+/// once as a round (issue 41) and replayed `rounds` times; timed from the
+/// first replay to the last sink, so the host's replays are in the figure
+/// (as the host's scheduling is in `fan_dag_<N>dev`). Rounds chain through
+/// device 0 as there.
+double multidev_fan_dag_replay_us(backend& b, const std::vector<device>& devs,
+                                  const std::vector<context>& ctx, int width, int rounds) {
+  auto r = b.record("fan_dag", [&] { schedule_fan_dag_round(b, devs, ctx, width); });
+  auto t0 = clock_type::now();
+  event last;
+  for (int i = 0; i < rounds; ++i)
+    last = b.replay(r).all_work_of(devs[0]);
+  b.sync(last);
   return seconds_since(t0) * 1e6 / rounds;
 }
 
@@ -1133,8 +1180,10 @@ void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts
   const std::array<int, 4> counts{1, 2, 4, 8};
   auto name = [](int n) { return fmt::format("fan_dag_{}dev", n); };
   auto prebuilt_name = [](int n) { return fmt::format("fan_dag_{}dev_prebuilt", n); };
+  auto replay_name = [](int n) { return fmt::format("fan_dag_{}dev_replay", n); };
   if (std::none_of(counts.begin(), counts.end(), [&](int n) {
-        return is_wanted(o, name(n)) || is_wanted(o, prebuilt_name(n));
+        return is_wanted(o, name(n)) || is_wanted(o, prebuilt_name(n))
+               || is_wanted(o, replay_name(n));
       }))
     return;
   auto bopts = opts;
@@ -1145,7 +1194,8 @@ void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts
   int rounds = o.quick ? 100 : 500;
   int starpu_rounds = std::max(1, rounds / 5);
   for (int n : counts) {
-    if (!is_wanted(o, name(n)) && !is_wanted(o, prebuilt_name(n)))
+    if (!is_wanted(o, name(n)) && !is_wanted(o, prebuilt_name(n))
+        && !is_wanted(o, replay_name(n)))
       continue;
     std::vector<device> devs;
     std::vector<context> ctx;
@@ -1171,6 +1221,14 @@ void fan_dag_figures(std::vector<bench_result>& out, const backend_options& opts
             [&] { return multidev_fan_dag_us(b, devs, ctx, width, rounds, true); },
             {{prebuilt_name(n), "oneTBB flow graph", std::nullopt,
               [&] { return peers::tbb_fan_dag_us(n, width, rounds); }, tbb_missing()}});
+    if (is_wanted(o, replay_name(n)))
+      compare(out, o, reps, "us/round",
+              [&] { return multidev_fan_dag_replay_us(b, devs, ctx, width, rounds); },
+              {{replay_name(n), "oneTBB flow graph", 1.0,
+                [&] { return peers::tbb_fan_dag_us(n, width, rounds); }, tbb_missing()},
+               {replay_name(n), "the same rounds scheduled call by call (fan_dag)",
+                std::nullopt,
+                [&] { return multidev_fan_dag_us(b, devs, ctx, width, rounds); }}});
   }
 }
 
@@ -1432,6 +1490,11 @@ void shared_backend_figures(std::vector<bench_result>& out, const backend_option
             [&] { return caf_hops->ns_per_hop_detached(hops); }},
            {"will_wait_for_chain", "StarPU read-write chain on one handle", 1.0,
             [&] { return peers::starpu_ns_per_hop(starpu_hops); }, starpu_missing()}});
+  compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop_replay(b, d0, d1, hops); },
+          {{"will_wait_for_chain_replay", "oneTBB two-node ping-pong", 1.0,
+            [&] { return peers::tbb_ns_per_hop(hops); }, tbb_missing()},
+           {"will_wait_for_chain_replay", "the same chain scheduled call by call", std::nullopt,
+            [&] { return multidev_ns_per_hop(b, d0, d1, hops, false); }}});
   compare(out, o, reps, "ns/hop", [&] { return multidev_ns_per_hop(b, d0, d1, hops, false); },
           {{"will_wait_for_chain_scheduled", "atomic wait/notify ping-pong", std::nullopt,
             atomic_hop},
@@ -1966,16 +2029,19 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
 
 const std::vector<std::string>& case_names() {
   static const std::vector<std::string> names{
-    "independent_tasks",        "independent_tasks_described", "will_wait_for_chain",         "will_wait_for_chain_scheduled",
+    "independent_tasks",        "independent_tasks_described", "will_wait_for_chain",
+    "will_wait_for_chain_replay",                              "will_wait_for_chain_scheduled",
     "copy_host_to_device_64MiB", "copy_device_to_device_64MiB", "copy_4KiB",
     "gradient_merge_1dev",      "gradient_merge_2dev",         "gradient_merge_4dev",
     "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
     "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
     "node_hop",                 "node_hop_vs_tcp",             "copy_node_to_node_64MiB",
     "copy_node_to_node_call",
-    "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_2dev",
-    "fan_dag_2dev_prebuilt",    "fan_dag_4dev",                "fan_dag_4dev_prebuilt",
-    "fan_dag_8dev",             "fan_dag_8dev_prebuilt",       "wake_after_idle",
+    "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_1dev_replay",
+    "fan_dag_2dev",             "fan_dag_2dev_prebuilt",       "fan_dag_2dev_replay",
+    "fan_dag_4dev",             "fan_dag_4dev_prebuilt",       "fan_dag_4dev_replay",
+    "fan_dag_8dev",             "fan_dag_8dev_prebuilt",       "fan_dag_8dev_replay",
+    "wake_after_idle",
     "scale_1dev",               "scale_2dev",                  "scale_4dev",
     "scale_8dev",               "scale_depth_1",               "scale_depth_100",
     "scale_depth_10000",        "scale_depth_1000000",         "bytes_per_idle_device",

@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -44,6 +45,7 @@
 #include "multidev/event.hpp"
 #include "multidev/fwd.hpp"
 #include "multidev/kernels.hpp"
+#include "multidev/round.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"
 #include "multidev/trace.hpp"
@@ -348,6 +350,38 @@ public:
   /// backend: this one's for its own devices, the remote backend's (one
   /// round trip) for a device of another process.
   std::optional<kernel_result> result(const device& d, const std::string& name) const;
+
+  // -- Recorded rounds (multidev/round.hpp, docs/api.md) ----------------------
+
+  /// Runs `body` on this thread, capturing instead of running every work
+  /// call it makes on this backend (`schedule_task`, `schedule_named`,
+  /// `schedule_batch`, `will_wait_for`, `run`, `device_to_device`,
+  /// `memset_zero`, `alloc_pool`, `free_pool`), on local or attached
+  /// devices, into a round named `name`; nothing is scheduled. Inside, the
+  /// events those calls return are recorded events (see round.hpp) and
+  /// `all_work(d)` is the recorded event of the last item recorded on `d`.
+  /// Refused with `std::invalid_argument` naming the call (and the capture
+  /// is dropped): what reads, waits or decides now (`sync`, `await`,
+  /// `to_host`, `from_host`, `init_from_host`, `init_from_device`,
+  /// `alloc_node`, `flush`, `sync_device`, `cancel`, `recover`), a
+  /// `will_wait_for` on an event made outside the round that is still
+  /// pending, `all_work` of a device the round has not touched yet, another
+  /// backend's calls, and a nested `record` or a `replay`. Other threads'
+  /// calls are not captured. An exception from `body` drops the capture and
+  /// propagates.
+  round record(std::string name, const std::function<void()>& body);
+  /// `record` with the name `"round <id>"`.
+  round record(const std::function<void()>& body);
+  /// Schedules the round's items once more, in record order, each through
+  /// the call it was recorded from (its checks included), with its slots'
+  /// current values and each in-round `will_wait_for` waiting for this
+  /// replay's item. Replays queue behind each other and behind other work
+  /// like any calls. A task or named task of a device of this process that
+  /// fails says `replay N of round 'R', item 'I': ` in front of its error.
+  /// Throws `std::invalid_argument` for an empty round or one recorded by
+  /// another backend, and, prefixed the same way, when an item is refused
+  /// (a pool it uses was freed): the items before it stay scheduled.
+  replay_events replay(const round& r);
 
   /// The actor system the devices live in.
   caf::actor_system& system() const;

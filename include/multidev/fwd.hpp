@@ -39,6 +39,10 @@ class event;
 struct context;
 struct routine;
 enum class merge_buffer_use;
+// round.hpp
+struct round_slot;
+struct replay_events;
+class round;
 // backend.hpp
 struct backend_options;
 class backend;

@@ -11,6 +11,7 @@
 #include "multidev/event.hpp"
 #include "multidev/fwd.hpp"
 #include "multidev/kernels.hpp"
+#include "multidev/round.hpp"
 #include "multidev/sexp.hpp"
 #include "multidev/task.hpp"
 #include "multidev/trace.hpp"

@@ -1,0 +1,575 @@
+// Recorded rounds (issue 41): the capture behind `backend::record` and the
+// per-call replay behind `backend::replay` (docs/design.md, "Recorded rounds").
+#include "actors/round_state.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <stdexcept>
+
+#include "actors/backend_impl.hpp"
+#include "actors/binding.hpp"
+#include "multidev/backend.hpp"
+#include "multidev/kernels.hpp"
+
+namespace multidev {
+
+using detail::record_of;
+
+namespace detail {
+
+constinit thread_local capture* current_capture = nullptr;
+
+uint64_t next_backend_id() noexcept {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+node_ref recorded_node() {
+  static const node_ref n{"multidev-recorded-round"};
+  return n;
+}
+
+event round_state::recorded_event(std::size_t i) const {
+  return event{device_key{recorded_node(), id}, static_cast<uint64_t>(i) + 1};
+}
+
+std::size_t round_state::index_of(const event& e, const char* what) const {
+  if (!is_recorded(e) || e.key().device_id != id || e.seq() == 0 || e.seq() > items.size())
+    throw std::invalid_argument(fmt::format(
+      "{}: {} is not an event recorded in round '{}' (an event returned inside its "
+      "record body)",
+      what, to_sexp(e).to_string(), name));
+  return static_cast<std::size_t>(e.seq() - 1);
+}
+
+std::optional<std::size_t> round_state::last_on(const device& d) const {
+  for (auto i = items.size(); i-- > 0;)
+    if (items[i].dev == d)
+      return i;
+  return std::nullopt;
+}
+
+event round_state::add(round_item it, std::string_view label) {
+  it.name = fmt::format("{} {}", label, items.size());
+  if (std::find(devices.begin(), devices.end(), it.dev) == devices.end())
+    devices.push_back(it.dev);
+  items.push_back(std::move(it));
+  return recorded_event(items.size() - 1);
+}
+
+round_state& capture_of(const backend_impl& owner, const char* call) {
+  auto* c = current_capture;
+  if (c->owner != &owner)
+    throw std::invalid_argument(fmt::format(
+      "{}: this thread is recording round '{}' of another backend; a round records "
+      "the calls of the backend that records it only",
+      call, c->round->name));
+  return *c->round;
+}
+
+void refuse_in_round(const char* call, const char* why) {
+  auto* c = current_capture;
+  throw std::invalid_argument(fmt::format("{}: cannot be recorded in round '{}': {}", call,
+                                          c ? c->round->name : std::string{"?"}, why));
+}
+
+namespace {
+
+/// "replay N of round 'R', item 'I'".
+std::string provenance(const round_state& st, uint64_t n, std::size_t i) {
+  return fmt::format("replay {} of round '{}', item '{}'", n, st.name, st.items[i].name);
+}
+
+/// A replayed item's work: its failure says which replay, round and item
+/// it was. Built only when the work throws.
+struct with_provenance {
+  std::function<void()> inner;
+  const round_state* st; // kept by the backend (keep_for_replays)
+  std::size_t item;
+  uint64_t n;
+  void operator()() const {
+    try {
+      inner();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}: {}", provenance(*st, n, item), e.what()));
+    } catch (...) {
+      throw std::runtime_error(fmt::format("{}: unknown exception", provenance(*st, n, item)));
+    }
+  }
+};
+
+/// A replayed task's work: the recorded closure itself, run in place (the
+/// round is kept while its replays run, see keep_for_replays), with the
+/// failure text of `with_provenance`. 16 trivially copyable bytes, so the
+/// task's `std::function` holds it without allocating.
+struct replayed_task {
+  const round_state* st;
+  uint32_t item;
+  uint32_t n; // the replay's number, modulo 2^32
+  void operator()() const {
+    try {
+      st->items[item].work.work();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}: {}", provenance(*st, n, item), e.what()));
+    } catch (...) {
+      throw std::runtime_error(fmt::format("{}: unknown exception", provenance(*st, n, item)));
+    }
+  }
+};
+
+/// Checks that `d` is a device of `impl` (made or attached there).
+void check_device(const backend_impl& impl, const device& d) {
+  impl.endpoint_of(d);
+}
+
+} // namespace
+
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
+                      std::span<const event> pushed) {
+  std::lock_guard guard{impl.rounds_mu};
+  // The last seq with a wrapper on each local device (the items whose work
+  // reads the round: tasks, local named tasks, routines).
+  for (std::size_t i = 0; i < pushed.size(); ++i) {
+    auto k = st->items[i].k;
+    const auto* c = pushed[i].core().get();
+    if (!c || (k != round_item::kind::task && k != round_item::kind::named
+               && k != round_item::kind::run))
+      continue;
+    auto at = std::find_if(st->last_local.begin(), st->last_local.end(),
+                           [c](const auto& x) { return x.first == c; });
+    if (at == st->last_local.end())
+      st->last_local.emplace_back(c, pushed[i].seq());
+    else
+      at->second = std::max(at->second, pushed[i].seq());
+  }
+  auto& kept = impl.replayed_rounds;
+  std::erase_if(kept, [&st](const std::shared_ptr<const round_state>& x) {
+    if (x == st || x.use_count() > 1)
+      return false;
+    return std::all_of(x->last_local.begin(), x->last_local.end(), [](const auto& cs) {
+      return cs.first->outcomes().finished() >= cs.second;
+    });
+  });
+  if (std::find(kept.begin(), kept.end(), st) == kept.end())
+    kept.push_back(st);
+}
+
+// -- Capture --------------------------------------------------------------------
+
+void record_task(const backend_impl& impl, const device& d, task&& t) {
+  auto& st = capture_of(impl, "schedule_task");
+  auto& rec = record_of(d);
+  check_device(impl, d);
+  if (!rec.r.local_core())
+    refuse_remote(rec, "schedule_task",
+                  "a closure cannot travel there: schedule a kernel registered on its "
+                  "node with schedule_named");
+  round_item it;
+  it.k = round_item::kind::task;
+  it.dev = d;
+  std::string label = t.description.empty() ? std::string{"task"} : t.description;
+  it.work = std::move(t);
+  st.add(std::move(it), label);
+}
+
+event record_named(const backend_impl& impl, const device& d, const task_spec& spec) {
+  auto& st = capture_of(impl, "schedule_named");
+  check_device(impl, d);
+  check_task_spec(spec); // the kernel and its arguments' kinds; pools at replay
+  round_item it;
+  it.k = round_item::kind::named;
+  it.dev = d;
+  it.spec = spec;
+  it.slots.assign(spec.args.size(), false);
+  return st.add(std::move(it), spec.kernel);
+}
+
+std::vector<event> record_batch(const backend_impl& impl, const device& d,
+                                std::span<const task_spec> specs) {
+  capture_of(impl, "schedule_batch");
+  check_device(impl, d);
+  for (const auto& s : specs) // none recorded when one does not fit
+    check_task_spec(s);
+  std::vector<event> out;
+  out.reserve(specs.size());
+  for (const auto& s : specs)
+    out.push_back(record_named(impl, d, s));
+  return out;
+}
+
+void record_wait(const backend_impl& impl, const context& ctx, const event& e) {
+  auto& st = capture_of(impl, "will_wait_for");
+  check_device(impl, ctx.device);
+  round_item it;
+  it.k = round_item::kind::wait;
+  it.dev = ctx.device;
+  it.ctx = ctx;
+  if (is_recorded(e)) {
+    it.on_item = st.index_of(e, "will_wait_for");
+  } else if (e.key() != device_key{}) {
+    auto ep = e.endpoint();
+    if (!ep)
+      throw std::invalid_argument(fmt::format(
+        "will_wait_for: no device of this process has the key of {} (attach its device "
+        "first)",
+        to_sexp(e).to_string()));
+    auto state = e.core() ? e.core()->outcomes().state(e.seq()) : ep->state(e.seq());
+    if (state == event_state::pending)
+      throw std::invalid_argument(fmt::format(
+        "will_wait_for: cannot be recorded in round '{}': {} was made outside the round "
+        "and is still pending, so a replay could not tell whether to wait for it again; "
+        "wait on an event returned inside the record body, or sync it before recording",
+        st.name, to_sexp(e).to_string()));
+    it.on = e; // resolved: each replay waits on it as the call would (a no-op when done)
+  }
+  st.add(std::move(it), "wait");
+}
+
+event record_run(const backend_impl& impl, const routine& r) {
+  auto& st = capture_of(impl, "run");
+  if (!r.schedule.work)
+    throw std::invalid_argument(fmt::format(
+      "run: routine '{}' has no task to run again (a copy across processes happens in "
+      "device_to_device itself: call it again)",
+      r.name));
+  auto& rec = record_of(r.context.device);
+  check_device(impl, r.context.device);
+  local_core(rec, "run",
+             "schedule its kernels with schedule_named (buffer arguments are locations in "
+             "its pools: alloc_node gives them)");
+  round_item it;
+  it.k = round_item::kind::run;
+  it.dev = r.context.device;
+  it.r = r;
+  return st.add(std::move(it), fmt::format("run {}", r.name));
+}
+
+std::optional<routine> record_copy(const backend_impl& impl, const tnode& t,
+                                   merge_buffer_use into, const context& dst,
+                                   const context& src) {
+  auto& st = capture_of(impl, "device_to_device");
+  check_device(impl, dst.device);
+  check_device(impl, src.device);
+  if (!src.buffers.contains(t))
+    return std::nullopt;
+  if (into == merge_buffer_use::no && !dst.buffers.contains(t))
+    return std::nullopt;
+  round_item it;
+  it.k = round_item::kind::copy;
+  it.dev = dst.device;
+  it.ctx = dst;
+  it.src = src;
+  it.node = t;
+  it.into = into;
+  routine r;
+  r.name = fmt::format("device_to_device #{} {} -> {} (recorded in round '{}')", t.id,
+                       src.device.name(), dst.device.name(), st.name);
+  r.copy_source = std::make_shared<const context>(src);
+  r.inputs.insert(t);
+  if (into == merge_buffer_use::no) {
+    r.context = dst;
+    r.outputs.insert(t);
+  } else {
+    r.context = dst;
+    r.context.parent = std::make_shared<const context>(dst);
+    r.context.merge_buffer_node = t;
+  }
+  // No task to run again: `run` refuses it (a replay of the round copies).
+  r.schedule = task{r.name, nullptr, {}, trace_kind::copy};
+  st.add(std::move(it), "copy");
+  return r;
+}
+
+void record_pool_call(const backend_impl& impl, round_item::kind k, const device& d, int pool_id,
+                      std::size_t offset, std::size_t size, std::size_t alignment,
+                      std::optional<memory_mode> mode) {
+  const char* call = k == round_item::kind::memset       ? "memset_zero"
+                     : k == round_item::kind::alloc_pool ? "alloc_pool"
+                                                         : "free_pool";
+  auto& st = capture_of(impl, call);
+  check_device(impl, d);
+  round_item it;
+  it.k = k;
+  it.dev = d;
+  it.pool_id = pool_id;
+  it.offset = offset;
+  it.size = size;
+  it.alignment = alignment;
+  it.mode = mode;
+  st.add(std::move(it), fmt::format("{} {}", call, pool_id));
+}
+
+event recorded_all_work(const backend_impl& impl, const device& d) {
+  auto& st = capture_of(impl, "all_work");
+  check_device(impl, d);
+  auto last = st.last_on(d);
+  if (!last)
+    throw std::invalid_argument(fmt::format(
+      "all_work: cannot be recorded in round '{}': nothing was recorded on {} yet, so "
+      "its all_work would name work outside the round; call it after recording work "
+      "there, or before record",
+      st.name, d.name()));
+  return st.recorded_event(*last);
+}
+
+} // namespace detail
+
+// -- round ----------------------------------------------------------------------
+
+detail::round_state& round::st() const {
+  if (!state_)
+    throw std::invalid_argument("round: an empty round (default-constructed)");
+  return *state_;
+}
+
+const std::string& round::name() const { return st().name; }
+std::size_t round::size() const { return st().items.size(); }
+uint64_t round::replays() const { return st().replays.load(std::memory_order_relaxed); }
+
+const std::string& round::item_name(std::size_t i) const {
+  auto& s = st();
+  if (i >= s.items.size())
+    throw std::invalid_argument(fmt::format("round '{}': no item {} (it has {})", s.name, i,
+                                            s.items.size()));
+  return s.items[i].name;
+}
+
+std::size_t round::index_of(const event& recorded) const {
+  return st().index_of(recorded, "round::index_of");
+}
+
+void round::name_item(const event& recorded, std::string name) {
+  auto& s = st();
+  s.items[s.index_of(recorded, "round::name_item")].name = std::move(name);
+}
+
+round_slot round::slot(const event& recorded, std::size_t arg) {
+  auto& s = st();
+  auto i = s.index_of(recorded, "round::slot");
+  auto& it = s.items[i];
+  if (it.k != detail::round_item::kind::named)
+    throw std::invalid_argument(fmt::format(
+      "round::slot: item '{}' of round '{}' is not a named task (only a named task's "
+      "scalar arguments can be slots)",
+      it.name, s.name));
+  if (arg >= it.spec.args.size())
+    throw std::invalid_argument(fmt::format(
+      "round::slot: item '{}' of round '{}' (kernel '{}') has {} arguments, not {}",
+      it.name, s.name, it.spec.kernel, it.spec.args.size(), arg + 1));
+  if (std::holds_alternative<buffer_arg>(it.spec.args[arg]))
+    throw std::invalid_argument(fmt::format(
+      "round::slot: argument {} of item '{}' of round '{}' (kernel '{}') is a buffer; only "
+      "scalar arguments can be slots",
+      arg, it.name, s.name, it.spec.kernel));
+  it.slots[arg] = true;
+  return round_slot{i, arg};
+}
+
+namespace {
+
+kernel_arg& slot_arg(detail::round_state& s, round_slot sl) {
+  if (sl.item >= s.items.size() || s.items[sl.item].k != detail::round_item::kind::named
+      || sl.arg >= s.items[sl.item].slots.size() || !s.items[sl.item].slots[sl.arg])
+    throw std::invalid_argument(fmt::format(
+      "round::arg: (item {}, argument {}) is not a slot of round '{}' (mark it with "
+      "round::slot)",
+      sl.item, sl.arg, s.name));
+  return s.items[sl.item].spec.args[sl.arg];
+}
+
+} // namespace
+
+round::arg_ref round::arg(round_slot s) {
+  slot_arg(st(), s);
+  return arg_ref{st(), s};
+}
+
+const kernel_arg& round::arg(round_slot s) const {
+  return slot_arg(st(), s);
+}
+
+round::arg_ref& round::arg_ref::set(kernel_arg v) {
+  auto& a = slot_arg(*st_, s_);
+  const auto& it = st_->items[s_.item];
+  auto def = find_kernel(it.spec.kernel);
+  if (!def)
+    throw std::invalid_argument(fmt::format("round::arg: kernel '{}' is no longer registered",
+                                            it.spec.kernel));
+  check_kernel_arg(it.spec.kernel, s_.arg, def->params.at(s_.arg), v);
+  a = std::move(v);
+  return *this;
+}
+
+round::arg_ref& round::arg_ref::operator=(double v) { return set(kernel_arg{v}); }
+round::arg_ref& round::arg_ref::operator=(int64_t v) { return set(kernel_arg{v}); }
+round::arg_ref& round::arg_ref::operator=(std::string v) { return set(kernel_arg{std::move(v)}); }
+const kernel_arg& round::arg_ref::value() const { return slot_arg(*st_, s_); }
+
+sexp round::describe() const {
+  auto& s = st();
+  auto items = sexp::list({sexp::atom("items")});
+  for (std::size_t i = 0; i < s.items.size(); ++i)
+    items.push_back(sexp::list({sexp::atom("item"), sexp::field("index", std::to_string(i)),
+                                sexp::field("name", s.items[i].name),
+                                sexp::field("device", s.items[i].dev.name())}));
+  return sexp::list({sexp::atom("round"), sexp::field("name", s.name),
+                     sexp::field("replays", std::to_string(replays())), std::move(items)});
+}
+
+const event& replay_events::of(const event& recorded) const {
+  if (!detail::is_recorded(recorded) || recorded.key().device_id != round_id
+      || recorded.seq() == 0 || recorded.seq() > items.size())
+    throw std::invalid_argument(fmt::format(
+      "replay_events::of: {} is not an event recorded in this replay's round",
+      to_sexp(recorded).to_string()));
+  return items[static_cast<std::size_t>(recorded.seq() - 1)];
+}
+
+const event& replay_events::all_work_of(const device& d) const {
+  for (const auto& [dev, e] : all_work)
+    if (dev == d)
+      return e;
+  throw std::invalid_argument(
+    fmt::format("replay_events::all_work_of: the round does not touch {}", d.name()));
+}
+
+// -- backend::record and backend::replay -------------------------------------------
+
+round backend::record(const std::function<void()>& body) {
+  static std::atomic<uint32_t> unnamed{1};
+  return record(fmt::format("round {}", unnamed.fetch_add(1, std::memory_order_relaxed)),
+                body);
+}
+
+round backend::record(std::string name, const std::function<void()>& body) {
+  if (auto* c = detail::current_capture)
+    throw std::invalid_argument(fmt::format(
+      "record: this thread is already recording round '{}'; rounds do not nest (record "
+      "'{}' before or after it)",
+      c->round->name, name));
+  if (!body)
+    throw std::invalid_argument(fmt::format("record: round '{}' has no body", name));
+  static std::atomic<uint32_t> next_id{1};
+  auto st = std::make_shared<detail::round_state>();
+  st->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  st->backend_id = impl_->id;
+  st->name = std::move(name);
+  detail::capture cap{impl_.get(), st.get()};
+  struct reset {
+    ~reset() { detail::current_capture = nullptr; }
+  } guard;
+  detail::current_capture = &cap;
+  body();
+  return round{std::move(st)};
+}
+
+replay_events backend::replay(const round& r) {
+  if (detail::current_capture)
+    detail::refuse_in_round("replay", "a replay inside a record would nest rounds");
+  if (!r)
+    throw std::invalid_argument("replay: an empty round (default-constructed)");
+  std::shared_ptr<detail::round_state> st = r.state();
+  if (st->backend_id != impl_->id)
+    throw std::invalid_argument(fmt::format(
+      "replay: round '{}' was recorded by another backend; replay it there", st->name));
+  // When an item is refused part way too, the backend keeps the round while
+  // the wrapped items pushed so far may run.
+  struct keep_on_throw {
+    detail::backend_impl& impl;
+    const std::shared_ptr<detail::round_state>& st;
+    const replay_events& out;
+    bool kept = false;
+    ~keep_on_throw() {
+      if (!kept)
+        detail::keep_for_replays(impl, st, out.items);
+    }
+  };
+  const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
+  replay_events out;
+  out.round_id = st->id;
+  keep_on_throw guard{*impl_, st, out};
+  out.items.reserve(st->items.size());
+  using kind = detail::round_item::kind;
+  for (std::size_t i = 0; i < st->items.size(); ++i) {
+    const auto& it = st->items[i];
+    auto& rec = record_of(it.dev);
+    try {
+      switch (it.k) {
+      case kind::task: {
+        task t{it.work.description,
+               detail::replayed_task{st.get(), static_cast<uint32_t>(i), static_cast<uint32_t>(n)},
+               nullptr, it.work.kind}; // the round keeps the recorded keep_alive
+        auto& c = detail::local_core(rec, "replay", "a closure cannot travel there");
+        out.items.emplace_back(rec.r.endpoint(), c.push(std::move(t)));
+        break;
+      }
+      case kind::named:
+        if (auto* c = rec.r.local_core()) {
+          auto bound = detail::bind_spec(rec.r.core(), it.spec);
+          bound.work.work = detail::with_provenance{std::move(bound.work.work), st.get(), i, n};
+          out.items.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
+        } else {
+          // An attached device: the run of named items on it, as one batch
+          // (one message instead of a round trip per task).
+          std::size_t j = i + 1;
+          while (j < st->items.size() && st->items[j].k == kind::named
+                 && st->items[j].dev == it.dev)
+            ++j;
+          if (j == i + 1) {
+            out.items.push_back(schedule_named(it.dev, it.spec));
+          } else {
+            std::vector<task_spec> specs;
+            specs.reserve(j - i);
+            for (auto k = i; k < j; ++k)
+              specs.push_back(st->items[k].spec);
+            for (auto& e : schedule_batch(it.dev, specs))
+              out.items.push_back(std::move(e));
+            i = j - 1;
+          }
+        }
+        break;
+      case kind::wait:
+        will_wait_for(it.ctx, it.on_item ? out.items[*it.on_item] : it.on);
+        out.items.push_back(all_work(it.dev));
+        break;
+      case kind::run: {
+        routine rr = it.r;
+        rr.schedule.work = detail::with_provenance{std::move(rr.schedule.work), st.get(), i, n};
+        out.items.push_back(run(rr));
+        break;
+      }
+      case kind::copy:
+        out.items.push_back(detail::copy_step(*this, it.node, it.into, it.ctx, it.src));
+        break;
+      case kind::memset: {
+        auto& ep = impl_->endpoint_of(it.dev);
+        out.items.emplace_back(ep.shared_from_this(),
+                               ep.memset_zero(it.pool_id, it.offset, it.size));
+        break;
+      }
+      case kind::alloc_pool:
+        alloc_pool(it.dev, it.pool_id, it.size, it.alignment, it.mode);
+        out.items.push_back(all_work(it.dev));
+        break;
+      case kind::free_pool:
+        free_pool(it.dev, it.pool_id);
+        out.items.push_back(all_work(it.dev));
+        break;
+      }
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(
+        fmt::format("replay: {}: {}", detail::provenance(*st, n, i), e.what()));
+    }
+  }
+  out.all_work.reserve(st->devices.size());
+  for (const auto& d : st->devices)
+    out.all_work.emplace_back(d, all_work(d));
+  detail::keep_for_replays(*impl_, st, out.items);
+  guard.kept = true;
+  return out;
+}
+
+} // namespace multidev

@@ -1,0 +1,154 @@
+#pragma once
+/// \file
+/// What a recorded round holds (`multidev/round.hpp`), and the capture that
+/// fills it: a thread-local pointer that the backend's work calls test
+/// before anything else (one thread-local load, no lock, no atomic, on the
+/// hot path), so a call made inside `backend::record` on the recording
+/// thread becomes an item instead of work.
+///
+/// Lifetimes: the round holds its items; an item holds what its per-call
+/// replay needs (the device handles, contexts, the task's closure, the
+/// routine with its pinned pools, the spec). A device handle keeps the
+/// device's record, not its backend: `replay` checks that the round is the
+/// backend's own (`round_state::backend_id`).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "multidev/context.hpp"
+#include "multidev/device.hpp"
+#include "multidev/event.hpp"
+#include "multidev/round.hpp"
+#include "multidev/task.hpp"
+
+namespace multidev::detail {
+
+struct backend_impl;
+
+/// One recorded call. Only the fields of its kind are set.
+struct round_item {
+  enum class kind : uint8_t { task, named, wait, run, copy, memset, alloc_pool, free_pool };
+  kind k = kind::task;
+  /// The device it is scheduled on (a copy's destination; a wait's waiter).
+  device dev;
+  /// For failure texts: `"<what> <index>"`, or the name given with `name_item`.
+  std::string name;
+  /// `task`: the task, copied at each replay.
+  task work;
+  /// `named`: the call; its slot arguments change between replays.
+  task_spec spec;
+  /// `named`: which arguments are slots (for `round::arg`).
+  std::vector<bool> slots;
+  /// `wait`: the waiter's context; `copy`: the destination's.
+  context ctx;
+  /// `copy`: the source's context.
+  context src;
+  /// `wait`: an event made outside the round (resolved when recorded)...
+  event on;
+  /// ... or the index of the item, inside the round, it waits for (rebound
+  /// to that item's event of each replay).
+  std::optional<std::size_t> on_item;
+  /// `run`: the routine.
+  routine r;
+  /// `copy`: the node and where it goes.
+  tnode node;
+  merge_buffer_use into = merge_buffer_use::no;
+  /// `memset`, `alloc_pool`, `free_pool`.
+  int pool_id = 0;
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  std::size_t alignment = 0;
+  std::optional<memory_mode> mode;
+};
+
+struct round_state {
+  /// Unique in the process: recorded events carry it (`recorded_node`).
+  uint32_t id = 0;
+  /// The backend that recorded it (`backend_impl::id`).
+  uint64_t backend_id = 0;
+  std::string name;
+  std::vector<round_item> items;
+  /// The devices it touches, in first-touch order (`replay_events::all_work`).
+  std::vector<device> devices;
+  /// Replays started so far.
+  std::atomic<uint64_t> replays{0};
+  /// For each local device, the last seq a replay of this round pushed there
+  /// with a provenance wrapper (guarded by `backend_impl::rounds_mu`): the
+  /// backend keeps the round until they are resolved (`keep_for_replays`).
+  std::vector<std::pair<const device_core*, uint64_t>> last_local;
+
+  /// Item `i`'s recorded event.
+  event recorded_event(std::size_t i) const;
+  /// The index of the item `e` names; throws `std::invalid_argument` (in
+  /// `what`'s name) when `e` is not one of this round's recorded events.
+  std::size_t index_of(const event& e, const char* what) const;
+  /// The last item recorded on `d`, if any.
+  std::optional<std::size_t> last_on(const device& d) const;
+  /// Appends `it` (naming it `"<label> <index>"`); returns its recorded event.
+  event add(round_item it, std::string_view label);
+};
+
+/// The node of recorded events: no device lives there, so they resolve to
+/// no endpoint (waiting on one outside its round throws).
+node_ref recorded_node();
+/// Whether `e` is a recorded event (of any round).
+inline bool is_recorded(const event& e) { return e.key().node == recorded_node(); }
+
+/// The capture in progress on this thread, if any: which backend and round.
+struct capture {
+  const backend_impl* owner = nullptr;
+  round_state* round = nullptr;
+};
+/// Set by `backend::record` on the recording thread for the body's run.
+/// `constinit`: no dynamic initialization, so reading it costs no TLS
+/// wrapper call, only the thread-local load.
+extern constinit thread_local capture* current_capture;
+
+/// The capture of `owner` on this thread; throws `std::invalid_argument`
+/// naming `call` when this thread records a round of another backend.
+round_state& capture_of(const backend_impl& owner, const char* call);
+/// Throws `std::invalid_argument`: `call` cannot be recorded in a round (it
+/// reads or waits now, or changes what a replay could not redo); `why` says
+/// what to do instead.
+[[noreturn]] void refuse_in_round(const char* call, const char* why);
+
+// The capture of each recordable call (actors/round.cpp); the backend's
+// members call them when `current_capture` is set.
+void record_task(const backend_impl& impl, const device& d, task&& t);
+event record_named(const backend_impl& impl, const device& d, const task_spec& spec);
+std::vector<event> record_batch(const backend_impl& impl, const device& d,
+                                std::span<const task_spec> specs);
+void record_wait(const backend_impl& impl, const context& ctx, const event& e);
+event record_run(const backend_impl& impl, const routine& r);
+std::optional<routine> record_copy(const backend_impl& impl, const tnode& t,
+                                   merge_buffer_use into, const context& dst,
+                                   const context& src);
+void record_pool_call(const backend_impl& impl, round_item::kind k, const device& d,
+                      int pool_id, std::size_t offset, std::size_t size,
+                      std::size_t alignment, std::optional<memory_mode> mode);
+/// `all_work(d)` inside a record: the recorded event of the last item on `d`.
+event recorded_all_work(const backend_impl& impl, const device& d);
+
+/// Keeps `st` alive in `impl` while a replay's wrappers may read it (called
+/// as a replay returns, `pushed` being its items' events so far): a
+/// replayed task's closure holds a plain pointer to its round (a shared one
+/// would make the host and the runner bounce its count between their caches
+/// on every task), so the backend holds the round from its first replay
+/// until nobody else does and every seq in `last_local` is resolved. Raises
+/// `last_local` to `pushed`'s wrapped items and drops the rounds past that.
+/// One lock per replay.
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
+                      std::span<const event> pushed);
+
+/// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
+/// throws `std::invalid_argument` when a context lacks `t`.
+event copy_step(backend& b, const tnode& t, merge_buffer_use into, const context& dst,
+                const context& src);
+
+} // namespace multidev::detail

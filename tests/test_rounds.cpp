@@ -1,0 +1,442 @@
+// Recorded rounds (issue 41): `backend::record` captures a step's calls
+// without running them, `backend::replay` runs them again, with slots,
+// rebound in-round waits, provenance in failures, cancel, recover and
+// shutdown as for ordinary work. Runs on the cpu driver and again on the
+// fake one (test_rounds_fake), whose items complete on a driver thread.
+#define BOOST_TEST_MODULE rounds
+#include <boost/test/unit_test.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+
+#include "actors/round_state.hpp"
+#include "multidev/multidev.hpp"
+#include "multidev/protocol.hpp"
+#include "test_support.hpp"
+
+using namespace multidev;
+using namespace test_support;
+
+namespace {
+
+/// Runs `f`, which must throw `E` with `needle` in its message; returns the message.
+template <class E, class F>
+std::string expect_throw(F f, const std::string& needle) {
+  try {
+    f();
+  } catch (const E& e) {
+    BOOST_TEST(contains(e.what(), needle), "'" << e.what() << "' lacks '" << needle << "'");
+    return e.what();
+  }
+  BOOST_ERROR("did not throw; expected '" << needle << "'");
+  return {};
+}
+
+/// A node of `n` floats allocated on `ctx`'s device.
+std::pair<context, tnode> node_on(backend& b, const context& ctx, int id, std::size_t n) {
+  tnode t{id, "n" + std::to_string(id), n * sizeof(float), memory_mode::on_device};
+  return {b.alloc_node(ctx, t), t};
+}
+
+buffer_arg buf(const context& c, const tnode& t) {
+  return buffer_arg{c.buffers.at(t), t.size_in_bytes};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_rounds_record_runs_nothing_and_each_replay_runs_it_once) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  auto before0 = b.all_work(d0), before1 = b.all_work(d1);
+  std::atomic<int> ran0{0}, ran1{0};
+  auto r = b.record("step", [&] {
+    b.schedule_task(d0, {"a", [&] { ++ran0; }});
+    auto a = b.all_work(d0);
+    b.will_wait_for(b.make_context(d1), a);
+    b.schedule_task(d1, {"b", [&] { ++ran1; }});
+    b.schedule_task(d0, {"c", [&] { ++ran0; }});
+  });
+  BOOST_TEST(r.name() == "step");
+  BOOST_TEST(r.size() == 4u);
+  // Nothing was scheduled: the devices' schedules did not move.
+  BOOST_TEST(b.all_work(d0) == before0);
+  BOOST_TEST(b.all_work(d1) == before1);
+  BOOST_TEST(ran0.load() == 0);
+
+  std::vector<replay_events> evs;
+  for (int i = 0; i < 3; ++i)
+    evs.push_back(b.replay(r));
+  for (const auto& [d, e] : evs.back().all_work)
+    sync(b, e);
+  BOOST_TEST(ran0.load() == 6);
+  BOOST_TEST(ran1.load() == 3);
+  BOOST_TEST(r.replays() == 3u);
+
+  // One event per item, in record order: on each device the seqs grow in
+  // record order and from one replay to the next (replays queue).
+  for (const auto& ev : evs) {
+    BOOST_TEST(ev.items.size() == 4u);
+    BOOST_TEST(ev.items[0].key() == d0.key());
+    BOOST_TEST(ev.items[1].key() == d1.key());
+    BOOST_TEST(ev.items[2].key() == d1.key());
+    BOOST_TEST(ev.items[3].key() == d0.key());
+    BOOST_TEST(ev.items[0].seq() < ev.items[3].seq());
+    BOOST_TEST(ev.items[1].seq() < ev.items[2].seq());
+    BOOST_TEST(ev.all_work.size() == 2u);
+    BOOST_TEST(ev.all_work_of(d0) == ev.items[3]);
+    BOOST_TEST(ev.all_work_of(d1) == ev.items[2]);
+    for (const auto& e : ev.items)
+      BOOST_TEST(b.is_done(e));
+  }
+  BOOST_TEST(evs[0].items[3].seq() < evs[1].items[0].seq());
+  BOOST_TEST(evs[1].items[2].seq() < evs[2].items[1].seq());
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_capture_refuses_what_cannot_be_replayed) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  backend other{on_test_driver(backend_options{.num_devices = 1})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  auto ctx0 = b.make_context(d0);
+  auto [c, t] = node_on(b, ctx0, 1, 4);
+  std::array<std::byte, 16> host{};
+  auto refused = [&](auto call, const std::string& needle) {
+    expect_throw<std::invalid_argument>([&] { b.record("bad", call); }, needle);
+  };
+  auto before = b.all_work(d0);
+  refused([&] { b.sync(before); }, "sync: cannot be recorded in round 'bad'");
+  refused([&] { b.await(d0); }, "await: cannot be recorded in round 'bad'");
+  refused([&] { b.to_host(c, t, host); }, "to_host: cannot be recorded in round 'bad'");
+  refused([&] { b.from_host(c, t, host); }, "from_host: cannot be recorded in round 'bad'");
+  refused([&] { b.cancel(d0); }, "cancel: cannot be recorded in round 'bad'");
+  refused([&] { b.recover(d0); }, "recover: cannot be recorded in round 'bad'");
+  refused([&] { b.flush(d0); }, "flush: cannot be recorded in round 'bad'");
+  refused([&] { b.sync_device(d0); }, "sync_device: cannot be recorded in round 'bad'");
+  refused([&] { b.alloc_node(ctx0, tnode{2, "x", 16, memory_mode::on_device}); },
+          "alloc_node: cannot be recorded in round 'bad'");
+  refused([&] { b.record("inner", [] {}); },
+          "record: this thread is already recording round 'bad'; rounds do not nest");
+  auto ok = b.record("ok", [&] { b.schedule_task(d0, {"t", [] {}}); });
+  refused([&] { b.replay(ok); }, "replay: cannot be recorded in round 'bad'");
+  refused([&] { other.schedule_task(other.get_device(0), {"t", [] {}}); },
+          "schedule_task: this thread is recording round 'bad' of another backend");
+  refused([&] { b.all_work(d1); }, "all_work: cannot be recorded in round 'bad': nothing was "
+                                   "recorded on " + d1.name());
+  refused([&] { b.schedule_named(d0, task_spec{"no_such_kernel", {}}); }, "no_such_kernel");
+
+  // A wait on an event made outside the round: refused while pending...
+  auto release = block_runner(b, d0);
+  b.schedule_task(d0, {"pending", [] {}});
+  auto pending = b.all_work(d0);
+  refused([&] { b.will_wait_for(b.make_context(d1), pending); },
+          "will_wait_for: cannot be recorded in round 'bad': ");
+  release->open();
+  sync(b, pending);
+  // ... and recorded once resolved.
+  auto w = b.record("resolved", [&] { b.will_wait_for(b.make_context(d1), pending); });
+  BOOST_TEST(w.size() == 1u);
+
+  // A recorded event is no point of any schedule: waiting on it outside its
+  // round, or in another round, is refused.
+  event recorded;
+  auto r = b.record("r", [&] { recorded = b.schedule_named(d0, {"spin_ns", {int64_t{0}}}); });
+  expect_throw<std::invalid_argument>([&] { b.sync(recorded); }, "no device of this process");
+  refused([&] { b.will_wait_for(b.make_context(d1), recorded); },
+          "is not an event recorded in round 'bad'");
+
+  // A refused capture leaves this thread recording nothing: work runs again.
+  std::atomic<bool> ran{false};
+  b.schedule_task(d0, {"after", [&] { ran = true; }});
+  sync(b, b.all_work(d0));
+  BOOST_TEST(ran.load());
+  // An empty round and another backend's round are refused by replay.
+  expect_throw<std::invalid_argument>([&] { b.replay(multidev::round{}); }, "empty round");
+  expect_throw<std::invalid_argument>([&] { other.replay(r); },
+                                      "round 'r' was recorded by another backend");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_slot_argument_is_read_by_each_replay) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  constexpr std::size_t n = 8;
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, n);
+  auto [c1, t1] = node_on(b, b.make_context(d1), 1, n);
+  event filled, summed;
+  auto r = b.record("step", [&] {
+    filled = b.schedule_named(d0, {"fill", {buf(c0, t), 1.0}});
+    b.will_wait_for(c1, filled); // a named task is no node's writer: order the copy
+    b.device_to_device(t, merge_buffer_use::no, c1, c0);
+    summed = b.schedule_named(d1, {"checksum", {buf(c1, t), std::string{"sum"}}});
+  });
+  BOOST_TEST(r.size() == 4u);
+  auto s = r.slot(filled, 1);
+  auto sum_after = [&](const replay_events& ev) {
+    sync(b, ev.of(summed));
+    auto res = b.result("sum");
+    BOOST_REQUIRE(res.has_value());
+    return res->sum;
+  };
+  BOOST_TEST(sum_after(b.replay(r)) == 1.0 * n);
+  r.arg(s) = 2.5;
+  BOOST_TEST(sum_after(b.replay(r)) == 2.5 * n);
+  r.arg(s) = 3; // an int for a float
+  BOOST_TEST(sum_after(b.replay(r)) == 3.0 * n);
+  BOOST_TEST(std::get<int64_t>(r.arg(s).value()) == 3);
+
+  // A value of a kind the kernel does not take there is refused and the old kept.
+  expect_throw<std::invalid_argument>([&] { r.arg(s) = std::string{"x"}; }, "fill");
+  BOOST_TEST(std::get<int64_t>(std::as_const(r).arg(s)) == 3);
+  // Only a named task's scalars can be slots.
+  expect_throw<std::invalid_argument>([&] { r.slot(filled, 0); }, "is a buffer");
+  expect_throw<std::invalid_argument>([&] { r.slot(filled, 2); }, "has 2 arguments, not 3");
+  expect_throw<std::invalid_argument>([&] { r.arg(round_slot{0, 0}); }, "is not a slot");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_in_round_wait_rebinds_to_each_replays_event) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  event a, after;
+  auto r = b.record("step", [&] {
+    a = b.schedule_named(d0, {"spin_ns", {int64_t{0}}});
+    b.will_wait_for(b.make_context(d1), a);
+    after = b.schedule_named(d1, {"spin_ns", {int64_t{0}}});
+  });
+  auto first = b.replay(r);
+  sync(b, first.of(after));
+  // The second replay's wait is on its own `a`, which the held runner of
+  // d0 keeps pending: d1's gate stays closed (bound to the first replay's
+  // `a`, done, it would be no gate at all).
+  auto release = block_runner(b, d0);
+  auto second = b.replay(r);
+  BOOST_TEST(second.of(a) != first.of(a));
+  BOOST_TEST(second.of(a).seq() > first.of(a).seq());
+  BOOST_TEST(field_of(b.get_debug_info(d1), "pending_waits") == "1");
+  BOOST_TEST(!b.is_done(second.of(after)));
+  release->open();
+  sync(b, second.of(after));
+  BOOST_TEST(b.is_done(second.of(a)));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_failure_names_replay_round_and_item_and_spares_the_next) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  std::atomic<bool> fail{false};
+  std::atomic<int> independent{0};
+  event grad, dependent;
+  auto r = b.record("step", [&] {
+    b.schedule_task(d0, {"grad", [&] {
+                           if (fail)
+                             throw std::runtime_error("boom");
+                         }});
+    grad = b.all_work(d0);
+    b.schedule_task(d1, {"independent", [&] { ++independent; }});
+    auto alone = b.all_work(d1);
+    b.will_wait_for(b.make_context(d1), grad);
+    dependent = b.schedule_named(d1, {"spin_ns", {int64_t{0}}});
+    (void)alone;
+  });
+  r.name_item(grad, "grad 3");
+  auto ok = b.replay(r);
+  sync(b, ok.all_work_of(d1));
+  fail = true;
+  auto bad = b.replay(r);
+  auto text = expect_throw<device_error>([&] { bounded([&] { b.sync(bad.of(grad)); }); },
+                                         "replay 2 of round 'step', item 'grad 3': boom");
+  // A data dependency carries the failure (with its provenance) ...
+  expect_throw<device_error>([&] { bounded([&] { b.sync(bad.of(dependent)); }); },
+                             "replay 2 of round 'step', item 'grad 3': boom");
+  // ... the independent item of the same replay is done.
+  BOOST_TEST((b.state(bad.items[1]) == event_state::done));
+  // The failed device refuses work as for ordinary work; recovered, the
+  // next replay runs whole.
+  BOOST_TEST(b.recover(d0));
+  BOOST_TEST(b.recover(d1));
+  fail = false;
+  auto next = b.replay(r);
+  for (const auto& e : next.items)
+    sync(b, e);
+  BOOST_TEST(independent.load() == 3);
+  BOOST_TEST(r.replays() == 3u);
+
+  // A named kernel's failure carries it too.
+  auto f = b.record("named", [&] { b.schedule_named(d1, {"fail", {std::string{"bad step"}}}); });
+  auto fe = b.replay(f);
+  expect_throw<device_error>([&] { bounded([&] { b.sync(fe.items[0]); }); },
+                             "replay 1 of round 'named', item 'fail 0': bad step");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_cancel_mid_replay_drops_queued_replays_only) {
+  backend b{on_test_driver(backend_options{.num_devices = 1})};
+  auto d0 = b.get_device(0);
+  std::atomic<int> ran{0};
+  auto r = b.record("step", [&] {
+    for (int i = 0; i < 4; ++i)
+      b.schedule_task(d0, {"t", [&] { ++ran; }});
+  });
+  auto release = block_runner(b, d0);
+  std::vector<replay_events> queued;
+  for (int i = 0; i < 5; ++i)
+    queued.push_back(b.replay(r));
+  b.cancel(d0);
+  release->open();
+  for (const auto& ev : queued)
+    for (const auto& e : ev.items) {
+      expect_throw<cancelled_error>([&] { bounded([&] { b.sync(e); }); }, "cancel");
+      BOOST_TEST((b.state(e) == event_state::cancelled));
+    }
+  BOOST_TEST(ran.load() == 0);
+  auto after = b.replay(r);
+  sync(b, after.all_work_of(d0));
+  BOOST_TEST(ran.load() == 4);
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_shutdown_with_replays_in_flight_neither_hangs_nor_crashes) {
+  for (auto policy : {backend_options::destroy_policy::drain,
+                      backend_options::destroy_policy::cancel}) {
+    auto ran = std::make_shared<std::atomic<int>>(0);
+    std::promise<void> open;
+    auto b = std::make_unique<backend>(
+      on_test_driver(backend_options{.num_devices = 2, .on_destroy = policy}));
+    auto d0 = b->get_device(0), d1 = b->get_device(1);
+    auto r = b->record("step", [&] {
+      b->schedule_task(d0, {"t", [ran] { ++*ran; }});
+      b->will_wait_for(b->make_context(d1), b->all_work(d0));
+      b->schedule_named(d1, {"spin_ns", {int64_t{1000}}});
+    });
+    b->schedule_task(d0, blocker(open.get_future().share()));
+    for (int i = 0; i < 50; ++i)
+      b->replay(r);
+    // The blocker is released while (or before) the teardown runs: either
+    // way the backend must go within the bound.
+    auto gone = std::async(std::launch::async, [&] { b.reset(); });
+    open.set_value();
+    bounded([&] { gone.get(); }, "destroying a backend with replays in flight");
+    if (policy == backend_options::destroy_policy::drain)
+      BOOST_TEST(ran->load() == 50);
+    else
+      BOOST_TEST(ran->load() <= 50);
+    BOOST_TEST(r.replays() == 50u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_and_memset_are_replayed_in_order) {
+  backend b{on_test_driver(backend_options{.num_devices = 1})};
+  auto d0 = b.get_device(0);
+  constexpr int pool = 7;
+  constexpr std::size_t bytes = 8 * sizeof(float);
+  buffer_arg whole{buffer_loc{pool, 0}, bytes};
+  auto r = b.record("pools", [&] {
+    b.alloc_pool(d0, pool, bytes, 64);
+    b.schedule_named(d0, {"fill", {whole, 2.0}});
+    b.memset_zero(d0, pool, 0, 4 * sizeof(float));
+    b.schedule_named(d0, {"checksum", {whole, std::string{"pools"}}});
+    b.free_pool(d0, pool);
+  });
+  BOOST_TEST(r.size() == 5u);
+  BOOST_TEST(b.get_used_memory(d0) == 0u); // nothing allocated by the record
+  for (int i = 0; i < 2; ++i) {
+    auto ev = b.replay(r);
+    sync(b, ev.all_work_of(d0));
+    auto res = b.result("pools");
+    BOOST_REQUIRE(res.has_value());
+    BOOST_TEST(res->sum == 2.0 * 4);
+  }
+  // An item refused at replay names the replay, round and item; those before it stay.
+  auto bad = b.record("bad", [&] { b.memset_zero(d0, 99, 0, 4); });
+  expect_throw<std::invalid_argument>([&] { b.replay(bad); },
+                                      "replay: replay 1 of round 'bad', item 'memset_zero 99 0'");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_system) {
+  // Node A's device a0, attached to backend b of another actor system: a
+  // round allocates a pool there, fills and sums it (a slot sets the
+  // value), and b's local device waits for the sum inside the round.
+  auto make_system = [](caf::actor_system_config& cfg) {
+    cfg.load<caf::io::middleman>();
+    register_types(cfg);
+    cfg.set("scheduler.max-threads", size_t{2});
+    return std::make_unique<caf::actor_system>(cfg);
+  };
+  caf::actor_system_config cfg_a, cfg_b;
+  auto sys_a = make_system(cfg_a);
+  auto a = std::make_unique<backend>(*sys_a, backend_options{.num_devices = 1});
+  auto port = sys_a->middleman().publish(device_actor_of(*a, a->get_device(0)), 0, "127.0.0.1");
+  BOOST_REQUIRE(static_cast<bool>(port));
+  auto sys_b = make_system(cfg_b);
+  auto b = std::make_unique<backend>(*sys_b, backend_options{.num_devices = 1});
+  {
+    watchdog guard{"a round on an attached device"};
+    auto actor = sys_b->middleman().remote_actor<device_actor>("127.0.0.1", *port);
+    BOOST_REQUIRE(static_cast<bool>(actor));
+    auto a0 = attach_device(*b, *actor);
+    auto l0 = b->get_device(0);
+    constexpr std::size_t n = 16;
+    buffer_arg whole{buffer_loc{5, 0}, n * sizeof(float)};
+    std::atomic<int> after{0};
+    event filled, summed;
+    auto r = b->record("remote", [&] {
+      b->alloc_pool(a0, 5, n * sizeof(float), 64);
+      filled = b->schedule_named(a0, {"fill", {whole, 1.0}});
+      summed = b->schedule_named(a0, {"checksum", {whole, std::string{"rsum"}}});
+      b->will_wait_for(b->make_context(l0), summed);
+      b->schedule_task(l0, {"after the sum", [&] { ++after; }});
+    });
+    auto s = r.slot(filled, 1);
+    for (double v : {1.0, 4.0}) {
+      r.arg(s) = v;
+      auto ev = b->replay(r);
+      BOOST_TEST(ev.items.size() == 5u);
+      BOOST_TEST((ev.items[1].key() == a0.key()));
+      BOOST_TEST(ev.items[1].seq() < ev.items[2].seq());
+      sync(*b, ev.all_work_of(l0));
+      auto res = b->result(a0, "rsum");
+      BOOST_REQUIRE(res.has_value());
+      BOOST_TEST(res->sum == v * n);
+    }
+    BOOST_TEST(after.load() == 2);
+    // A closure cannot travel to a0: refused when recorded.
+    expect_throw<std::invalid_argument>(
+      [&] { b->record("bad", [&] { b->schedule_task(a0, {"t", [] {}}); }); },
+      "is a device of another process");
+  }
+  watchdog guard{"shutting down both systems"};
+  b.reset();
+  sys_b.reset();
+  a.reset();
+  sys_a.reset();
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_backend_keeps_a_dropped_round_until_its_replays_resolve) {
+  backend b{on_test_driver(backend_options{.num_devices = 1})};
+  auto d0 = b.get_device(0);
+  std::weak_ptr<const detail::round_state> gone;
+  event failed;
+  {
+    auto release = block_runner(b, d0);
+    auto r = b.record("dropped", [&] {
+      b.schedule_task(d0, {"late", [] { throw std::runtime_error("late failure"); }});
+    });
+    gone = r.state();
+    failed = b.replay(r).items[0];
+    // The handle goes while the item is queued: its failure still names the round.
+    r = multidev::round{};
+    BOOST_TEST(!gone.expired());
+    release->open();
+  }
+  expect_throw<device_error>([&] { bounded([&] { b.sync(failed); }); },
+                             "replay 1 of round 'dropped', item 'late 0': late failure");
+  BOOST_TEST(b.recover(d0));
+  // Once resolved, the next replay (of any round) lets it go.
+  auto other = b.record("other", [&] { b.schedule_task(d0, {"t", [] {}}); });
+  sync(b, b.replay(other).items[0]);
+  BOOST_TEST(gone.expired());
+}
