@@ -77,7 +77,8 @@ inline thread_local uint64_t current_item = 0;
 /// `outcome_board` (what became of each seq, and who is told),
 /// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
 /// `stream_window` (an asynchronous driver's items in flight),
-/// `device_runner` (the runner thread and the hand-over: device_runner.hpp).
+/// `device_runner` (the runner thread: device_runner.hpp) and its
+/// `hand_over` (the token and the protocol around it: hand_over.hpp).
 /// Its faces, one per job, reached through an accessor: `runner()`
 /// (device_runner), `life()` (device_life: the failure state and its
 /// transitions), `events()` (device_events: waiters and syncs), `memory()`
@@ -85,7 +86,8 @@ inline thread_local uint64_t current_item = 0;
 /// (device_inspector: debug info, pending gates, trace).
 /// Definitions by job: device_core.cpp (start, shutdown; the life's
 /// transitions), device_queue.cpp (the producer side and backpressure),
-/// device_runner.cpp (resolving items, beside the runner's definitions),
+/// device_runner.cpp (resolving items, beside the runner's and the
+/// hand-over's definitions),
 /// device_gates.cpp (waits for other devices), device_events.cpp (waiters
 /// and syncs over the outcome board),
 /// device_pools.cpp (pool operations ordered with the work),
@@ -94,7 +96,7 @@ class device_core : public std::enable_shared_from_this<device_core>,
                     private stream_window::owner {
   // Reads the trace (a host thread's wait) and the window (a task's sync
   // on an asynchronous driver's runner thread); asks the runner's hand-over
-  // as it fires (`runner().try_claim`, `try_defer`).
+  // as it fires (`runner().handover().try_claim`, `try_defer`).
   friend class device_events;
 
 public:
@@ -135,10 +137,10 @@ public:
   /// The pools as of the end of the queue: `find(id)`, `span(...)`,
   /// `used_memory()`. Any thread.
   const pool_table& pools() const noexcept { return pools_; }
-  /// The runner: `token()` (who may run this device's items, and the
-  /// hand-over's counters), `running_item()`, `runner_cpu()`, `ring_if_deferred`,
-  /// `ring_deferred`, `wake_runner`, the tests' `hold_after_wake` (see
-  /// device_runner.hpp for which thread may call what).
+  /// The runner: `running_item()`, `runner_cpu()`, `wake_runner`, and its
+  /// `handover()` (hand_over.hpp: the token, `ring_if_deferred`,
+  /// `ring_deferred`, the tests' `hold_after_wake`); device_runner.hpp says
+  /// which thread may call what.
   device_runner& runner() noexcept { return runner_; }
   const device_runner& runner() const noexcept { return runner_; }
 
@@ -237,6 +239,7 @@ private:
   /// The runner executes and resolves items with the pieces above and the
   /// resolving functions below (`complete`, `drop`, `poison`, ...).
   friend class device_runner;
+  friend class hand_over;
   friend class stream_runner;
   /// Appends the wait `g` (see push_gate) as an item of its own; never waits
   /// for room. Returns its seq.
@@ -343,6 +346,10 @@ inline uint64_t device_runner::running_item() const noexcept {
 
 inline void device_runner::wake_runner() noexcept {
   core_.queue_.ring();
+}
+
+inline device_runner& hand_over::runner() const noexcept {
+  return core_.runner_;
 }
 
 inline bool device_inspector::is_idle() const noexcept {

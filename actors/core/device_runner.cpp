@@ -1,9 +1,11 @@
 // The runner thread (device_runner.hpp): takes batches off the queue, runs
 // them in order (or, on an asynchronous driver, submits them to the
-// device's stream and resolves them in order as they complete), parks on
-// gates and hands the device's token over. Beside it, in this file so that
-// the item loop inlines them, the core's resolving side: completes items
-// and fails the device when a task throws (`complete`, `drop`, `poison`).
+// device's stream and resolves them in order as they complete) and parks on
+// gates. Beside it, in this file so that the item loop and the hand-over
+// inline each other: the hand-over protocol (hand_over.hpp: claim, defer,
+// help, serve, hand back), and the core's resolving side, which completes
+// items and fails the device when a task throws (`complete`, `drop`,
+// `poison`).
 #include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
@@ -24,14 +26,8 @@ constexpr int coalesce_pauses = 64;
 
 } // namespace
 
-namespace {
-/// Set while this runner thread runs another device's items (`serve`): it
-/// claims nothing more until it is back on its own device.
-thread_local bool serving_other = false;
-} // namespace
-
 void device_runner::start(bool hand_over, bool pin) {
-  hand_over_ = hand_over;
+  handover_.enabled_ = hand_over;
   pin_runner_ = pin;
   thread_ = std::thread([this] { run(); });
 }
@@ -80,7 +76,7 @@ void device_runner::run() {
 
 void device_runner::run_batch(bool first) {
   while (batch_.has_next()) {
-    if (!batch_.has_extras() && !claimed_) {
+    if (!batch_.has_extras() && !handover_.claimed()) {
       if (!core_.trace_)
         run_bare_items();
       else
@@ -88,27 +84,21 @@ void device_runner::run_batch(bool first) {
       first = false;
       continue;
     }
-    if (claimed_) [[unlikely]] {
+    if (handover_.claimed()) [[unlikely]] {
       // The last item opened the wait of a device that this one waits for
       // next: run that device's items here rather than wake its runner and
-      // sleep (see exec_token).
-      auto other = std::move(claimed_);
-      if (auto* g = pending_gate_at_pos()) {
-        mark_parked(g);
-        other->runner_.serve(*this, *g, executed_ + 1);
-      } else {
-        other->runner_.hand_back();
-      }
+      // sleep (see hand_over.hpp).
+      handover_.serve_claimed();
       first = false;
       continue;
     }
     if (auto* g = pending_gate_at_pos()) {
-      if (!try_help(*g)) {
+      if (!handover_.try_help(*g)) {
         // Parking: a wake-up of the awaited device that some runner
         // deferred is not this runner's to take up any more.
-        if (hand_over_ && !g->remote)
+        if (handover_.enabled() && !g->remote)
           if (auto o = g->owner.lock())
-            o->runner_.ring_deferred();
+            o->runner_.handover_.ring_deferred();
         return; // park
       }
       first = false;
@@ -127,7 +117,7 @@ void device_runner::run_bare_items() {
   // tasks only: no gate to look for, no extra to fetch ahead, no trace.
   // Until the batch changes (`try_claim` may take the next one early) or a
   // firing claims another device.
-  while (batch_.has_next() && !batch_.has_extras() && !claimed_) {
+  while (batch_.has_next() && !batch_.has_extras() && !handover_.claimed()) {
     batch_.prefetch_ahead(); // the entries only: the batch has no extras
     execute_bare(batch_.take_next());
     if (batch_.has_set_aside()) [[unlikely]]
@@ -161,7 +151,7 @@ template <bool bare>
 void device_runner::run_bare_items_traced(bool first) {
   // The same with the trace on: each item's record, without the general
   // path's look for a gate or an order.
-  while (batch_.has_next() && !batch_.has_extras() && !claimed_) {
+  while (batch_.has_next() && !batch_.has_extras() && !handover_.claimed()) {
     batch_.prefetch_ahead();
     execute_traced<true>(batch_.take_next(), first);
     first = false;
@@ -173,7 +163,7 @@ void device_runner::run_bare_items_traced(bool first) {
 void device_runner::run_item(bool first_in_batch) {
   auto& it = batch_.take_next();
   if (core_.trace_) [[unlikely]] {
-    auto start = it.as_gate() ? std::exchange(token_.parked_ns(), 0) : 0;
+    auto start = it.as_gate() ? std::exchange(handover_.token_.parked_ns(), 0) : 0;
     execute_traced(it, first_in_batch, start);
   } else {
     execute(it);
@@ -202,50 +192,17 @@ gate* device_runner::pending_gate_at_pos() const noexcept {
   return g && !gate_ended(*g, executed_ + 1) ? g : nullptr;
 }
 
-void device_runner::mark_parked(const gate* g) noexcept {
-  if (core_.gates_.parked_on(std::memory_order_relaxed) == g)
-    return;
-  if (g && core_.trace_) [[unlikely]]
-    token_.parked_ns() = core_.trace_->clock().now();
-  core_.gates_.set_parked_on(g);
-}
-
 void device_runner::park() {
   for (;;) {
     auto* g = pending_gate_at_pos();
     if (!g)
       return;
     auto seq = executed_ + 1;
-    mark_parked(g);
-    if (!hand_over_) {
+    handover_.mark_parked(g);
+    if (handover_.enabled())
+      handover_.wait_lendable(*g, seq);
+    else
       wait_at_gate(*g, seq);
-      continue;
-    }
-    // Kept alive while this thread waits without the token: whoever holds
-    // it may take a new batch and free this one.
-    auto keep = batch_.next().extra.order_or_wait()->g;
-    token_.set_spinning(true); // before the token is lendable
-    auto mine = release_parked(*g);
-    auto ready = [&] {
-      return token_.may_take_back(mine, [&] { return gate_ended(*keep, seq); });
-    };
-    // Spins only while the wait is this runner's own: once the token is
-    // lent, whoever holds it rings this runner when it must act.
-    auto lent_or_ready = [&] { return token_.lent_now() || ready(); };
-    bool spin = true;
-    for (;;) {
-      if (spin) {
-        spin = spin_on_gate(lent_or_ready) && ready();
-        token_.set_spinning(false);
-      }
-      if (!spin) {
-        core_.queue_.sleep_on_gate_until(ready);
-        token_.wait_if_held_after_wake();
-      }
-      spin = false;
-      if (token_.try_take_back())
-        break; // holding the token again: look at where the device is now
-    }
   }
 }
 
@@ -254,221 +211,6 @@ void device_runner::wait_at_gate(const gate& g, uint64_t seq) {
   auto ended = [&] { return gate_ended(g, seq); };
   if (!spin_on_gate(ended))
     core_.queue_.sleep_on_gate_until(ended);
-}
-
-uint32_t device_runner::release_parked(gate& g) noexcept {
-  auto seq = executed_ + 1;
-  auto n = token_.park_at(&g);
-  lend_at(g, seq);
-  return n;
-}
-
-void device_runner::lend_at(const gate& g, uint64_t seq) noexcept {
-  token_.lend();
-  // Against an opener that found the token held or lent and fell back to
-  // ringing (Dekker: it stores the gate's state, then tries the token): a
-  // runner that slept through that ring must see the wait ended.
-  if (gate_ended(g, seq))
-    core_.queue_.ring();
-}
-
-bool device_runner::try_claim(const gate_waiter& w) noexcept {
-  // Only this device's own runner, running its own items: it holds its
-  // token, and batch_.next() is its next item.
-  if (!hand_over_ || current_runner != &core_ || serving_other || claimed_)
-    return false;
-  if (!batch_.has_next() && !batch_.has_set_aside() && core_.queue_.has_untaken()) {
-    // The next item is queued, not yet taken: take it now. The item running
-    // (in this batch) stays where it is until `run_batch` frees the batch.
-    batch_.set_aside();
-    take_batch(batch_.items());
-  }
-  auto* next = pending_gate_at_pos();
-  // Its next item waits for w's device (owner equality without touching
-  // the counts); a wait on any other device could open while this runner
-  // is busy with w's items, and this device would wait for nothing.
-  if (!next || next->remote || next->owner.owner_before(w.waiter) ||
-      w.waiter.owner_before(next->owner))
-    return false;
-  auto other = w.waiter.lock();
-  if (!other || !other->runner_.hand_over_)
-    return false;
-  if (!other->runner_.token_.try_borrow())
-    return false;
-  other->runner_.token_.take_up_deferral();
-  // Holding its token: it stays where it is.
-  // Opened without ringing its runner.
-  int expected = gate::pending;
-  if (other->runner_.token_.parked_gate() != w.g.get() ||
-      !w.g->state.compare_exchange_strong(expected, gate::open)) {
-    other->runner_.hand_back();
-    return false;
-  }
-  claimed_ = std::move(other);
-  return true;
-}
-
-namespace {
-/// How many items ahead `try_defer` looks for this runner's own wait on the
-/// device whose wake-up it would defer.
-constexpr std::size_t defer_look_ahead = 16;
-} // namespace
-
-void device_runner::set_defer_threshold_for_tests(int n) noexcept {
-  defer_min_runners.store(n > 0 ? n : process_cpus() + 1, std::memory_order_relaxed);
-}
-
-bool device_runner::try_defer(const gate_waiter& w) noexcept {
-  // The caller asked `runners_may_defer`. Only this device's own runner,
-  // running its own items (as try_claim).
-  if (!hand_over_ || current_runner != &core_ || serving_other || claimed_)
-    return false;
-  // This runner waits for w's device soon: it will run that device's items
-  // at its own wait (`try_help`), so they do not wait on it long. Its own
-  // entries only: no lock, no reference count yet.
-  bool waits_for_it = false;
-  const auto& items = batch_.items();
-  auto first = batch_.has_extras() ? batch_.pos() : items.size();
-  auto end = std::min(items.size(), batch_.pos() + defer_look_ahead);
-  // The entries' extras and their gates were written by the host: read one
-  // entry after the other, each cost two cache misses in a row (try_defer
-  // took 29% of device 0's runner in prebuilt rounds of the 8-device fan
-  // DAG). Fetched in two passes first, the misses of each level overlap.
-  for (auto i = first; i < end; ++i)
-    if (auto* x = items[i].extra.order_or_wait())
-      __builtin_prefetch(x);
-  for (auto i = first; i < end; ++i)
-    if (auto* g = items[i].as_gate())
-      __builtin_prefetch(g);
-  for (auto i = first; i < end; ++i) {
-    auto* g = items[i].as_gate();
-    // The owner first: on the gate's first line, where `remote` is not.
-    if (g && !g->owner.owner_before(w.waiter) && !w.waiter.owner_before(g->owner) && !g->remote) {
-      waits_for_it = true;
-      break;
-    }
-  }
-  if (!waits_for_it)
-    return false;
-  auto other = w.waiter.lock();
-  if (!other || !other->runner_.hand_over_)
-    return false;
-  // Asleep, parked at exactly this gate, the token left there: only a ring
-  // or a helper gets its items run. Awake (spinning, or rung already), it
-  // takes them up itself.
-  if (other->queue_.sleeping(std::memory_order_seq_cst) != device_core::work_queue_t::on_gate ||
-      other->runner_.token_.state(std::memory_order_relaxed) != exec_token::lendable ||
-      other->gates_.parked_on(std::memory_order_acquire) != w.g.get())
-    return false;
-  auto stamp = wake_backstop::next_stamp();
-  other->runner_.token_.defer(stamp);
-  int expected = gate::pending;
-  if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
-    // Resolved meanwhile (a cancel): whoever did rang it.
-    other->runner_.ring_if_deferred(stamp);
-    return true;
-  }
-  other->runner_.token_.count_deferred_wake();
-  if (!wake_backstop::instance().deferred(other.get(), stamp))
-    other->runner_.ring_if_deferred(stamp); // no backstop: rung now, as without deferral
-  return true;
-}
-
-bool device_runner::ring_if_deferred(uint64_t stamp) noexcept {
-  if (!token_.clear_deferral(stamp))
-    return false;
-  core_.queue_.ring();
-  return true;
-}
-
-bool device_runner::try_help(const gate& g) {
-  // Only this device's own runner, running its own items (as try_claim).
-  if (!hand_over_ || current_runner != &core_ || serving_other || g.remote)
-    return false;
-  auto other = g.owner.lock();
-  if (!other || other.get() == &core_ || !other->runner_.hand_over_)
-    return false;
-  // Lendable means parked at a wait: its runner left the token there. Not
-  // while that runner spins there (see try_borrow_unless_spinning). Asleep,
-  // rung or not, it may be a context switch away (a hint: a runner that
-  // starts spinning now finds the token lent and sleeps, as for any lent
-  // token).
-  if (!other->runner_.token_.try_borrow_unless_spinning())
-    return false;
-  if (other->runner_.pending_gate_at_pos() || other->runner_.executed_ >= g.owner_seq) {
-    other->runner_.relend(); // still held there, or past what g waits for: left as it was
-    return false;
-  }
-  // Its wait has ended, and its runner (rung, or its wake-up deferred) has
-  // not taken the token back yet: the items it would run are those this
-  // runner waits for.
-  other->runner_.token_.take_up_deferral();
-  mark_parked(&g);
-  other->runner_.serve(*this, g, executed_ + 1);
-  return true;
-}
-
-void device_runner::relend() noexcept {
-  // The gate is kept alive across the release: once the token is lendable,
-  // its runner may take it, run past the gate and free it.
-  auto keep = batch_.next().extra.order_or_wait()->g;
-  lend_at(*keep, executed_ + 1);
-}
-
-void device_runner::serve(const device_runner& lender, const gate& until, uint64_t until_seq) {
-  current_runner = &core_;
-  serving_other = true;
-  bool first = false;
-  uint64_t ran = 0;
-  // Up to the item the lender waits for, never past it: its gate may open
-  // later than that item (a wait whose registration the host has not yet
-  // finished opens on the host), and an item past it is one the lender
-  // does not wait for, which could even wait for the lender's later work.
-  while (executed_ < until.owner_seq) {
-    if (!batch_.has_next()) {
-      batch_.clear();
-      if (!take_batch(batch_.items()))
-        break;
-      first = true;
-    }
-    if (pending_gate_at_pos())
-      break;
-    batch_.prefetch_ahead();
-    run_item(first);
-    first = false;
-    ++ran;
-    if (lender.gate_ended(until, until_seq))
-      break;
-  }
-  token_.count_run_by_others(ran);
-  serving_other = false;
-  current_runner = &lender.core_;
-  hand_back();
-}
-
-void device_runner::hand_back() noexcept {
-  if (!batch_.has_next() && core_.queue_.has_untaken()) {
-    // Where the device stands is in the items queued since: most often the
-    // next wait of a chain, where it parks lendable again.
-    batch_.clear();
-    take_batch(batch_.items());
-  }
-  if (auto* g = pending_gate_at_pos()) {
-    // Kept alive across the release, as in relend.
-    auto keep = batch_.next().extra.order_or_wait()->g;
-    mark_parked(g);
-    release_parked(*g);
-    return;
-  }
-  if (!batch_.has_next()) {
-    batch_.clear(); // what the items held goes now, not when the runner wakes
-    // Nothing to run: a producer rings the runner as for any idle device.
-    if (core_.queue_.settle_idle_runner([&] { token_.give_back(); }))
-      return;
-  } else {
-    token_.give_back();
-  }
-  core_.queue_.ring();
 }
 
 bool device_runner::take_batch(std::vector<item>& batch) {
@@ -544,14 +286,14 @@ void device_runner::execute(item& it) {
   auto seq = ++executed_;
   if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
-      mark_parked(nullptr); // it may be freed with the item (core_.extras_.recycle)
+      handover_.mark_parked(nullptr); // it may be freed with the item (core_.extras_.recycle)
     core_.drop(it, seq);
     return;
   }
   if (auto* gp = it.as_gate()) {
     // Ended: the runner parked until it did (`park`).
     auto& g = *gp;
-    mark_parked(nullptr);
+    handover_.mark_parked(nullptr);
     if (g.state.load() != gate::open && seq <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst)) {
       core_.drop(it, seq); // counts the gate off
       return;
@@ -570,6 +312,291 @@ void device_runner::execute(item& it) {
   core_.extras_.release_hold(*it.extra.order_or_wait());
   core_.complete(seq);
 }
+
+// -- The hand-over (hand_over.hpp) ---------------------------------------------------
+// Here, not in a file of its own: `serve` runs the served device's items
+// through its runner's `run_item`, and the runner's loop calls
+// `mark_parked`, `try_help` and `serve_claimed`; one translation unit
+// inlines them into each other as before the split.
+
+namespace {
+/// Set while this runner thread runs another device's items (`serve`): it
+/// claims nothing more until it is back on its own device.
+thread_local bool serving_other = false;
+/// How many items ahead `try_defer` looks for this runner's own wait on the
+/// device whose wake-up it would defer.
+constexpr std::size_t defer_look_ahead = 16;
+} // namespace
+
+void hand_over::mark_parked(const gate* g) noexcept {
+  if (core_.gates_.parked_on(std::memory_order_relaxed) == g)
+    return;
+  if (g && core_.trace_) [[unlikely]]
+    token_.parked_ns() = core_.trace_->clock().now();
+  core_.gates_.set_parked_on(g);
+}
+
+void hand_over::wait_lendable(gate& g, uint64_t seq) {
+  auto& r = runner();
+  // Kept alive while this thread waits without the token: whoever holds
+  // it may take a new batch and free this one.
+  auto keep = r.batch_.next().extra.order_or_wait()->g;
+  token_.set_spinning(true); // before the token is lendable
+  auto mine = release_parked(g);
+  auto ready = [&] {
+    return token_.may_take_back(mine, [&] { return r.gate_ended(*keep, seq); });
+  };
+  // Spins only while the wait is this runner's own: once the token is
+  // lent, whoever holds it rings this runner when it must act.
+  auto lent_or_ready = [&] { return token_.lent_now() || ready(); };
+  bool spin = true;
+  for (;;) {
+    if (spin) {
+      spin = spin_on_gate(lent_or_ready) && ready();
+      token_.set_spinning(false);
+    }
+    if (!spin) {
+      core_.queue_.sleep_on_gate_until(ready);
+      token_.wait_if_held_after_wake();
+    }
+    spin = false;
+    if (token_.try_take_back())
+      return; // holding the token again: the runner looks at where the device is now
+  }
+}
+
+uint32_t hand_over::release_parked(gate& g) noexcept {
+  auto seq = runner().executed_ + 1;
+  auto n = token_.park_at(&g);
+  lend_at(g, seq);
+  return n;
+}
+
+void hand_over::lend_at(const gate& g, uint64_t seq) noexcept {
+  token_.lend();
+  // Against an opener that found the token held or lent and fell back to
+  // ringing (Dekker: it stores the gate's state, then tries the token): a
+  // runner that slept through that ring must see the wait ended.
+  if (runner().gate_ended(g, seq))
+    core_.queue_.ring();
+}
+
+bool hand_over::try_claim(const gate_waiter& w) noexcept {
+  // Only this device's own runner, running its own items: it holds its
+  // token, and batch_.next() is its next item.
+  if (!enabled_ || current_runner != &core_ || serving_other || claimed_)
+    return false;
+  auto& r = runner();
+  if (!r.batch_.has_next() && !r.batch_.has_set_aside() && core_.queue_.has_untaken()) {
+    // The next item is queued, not yet taken: take it now. The item running
+    // (in this batch) stays where it is until `run_batch` frees the batch.
+    r.batch_.set_aside();
+    r.take_batch(r.batch_.items());
+  }
+  auto* next = r.pending_gate_at_pos();
+  // Its next item waits for w's device (owner equality without touching
+  // the counts); a wait on any other device could open while this runner
+  // is busy with w's items, and this device would wait for nothing.
+  if (!next || next->remote || next->owner.owner_before(w.waiter) ||
+      w.waiter.owner_before(next->owner))
+    return false;
+  auto other = w.waiter.lock();
+  if (!other)
+    return false;
+  auto& o = other->runner_.handover_;
+  if (!o.enabled_ || !o.token_.try_borrow())
+    return false;
+  o.token_.take_up_deferral();
+  // Holding its token: it stays where it is.
+  // Opened without ringing its runner.
+  int expected = gate::pending;
+  if (o.token_.parked_gate() != w.g.get() ||
+      !w.g->state.compare_exchange_strong(expected, gate::open)) {
+    o.hand_back();
+    return false;
+  }
+  claimed_ = std::move(other);
+  return true;
+}
+
+void hand_over::serve_claimed() {
+  auto& r = runner();
+  auto other = std::move(claimed_);
+  if (auto* g = r.pending_gate_at_pos()) {
+    mark_parked(g);
+    other->runner_.handover_.serve(r, *g, r.executed_ + 1);
+  } else {
+    other->runner_.handover_.hand_back();
+  }
+}
+
+void hand_over::set_defer_threshold_for_tests(int n) noexcept {
+  defer_min_runners.store(n > 0 ? n : process_cpus() + 1, std::memory_order_relaxed);
+}
+
+bool hand_over::try_defer(const gate_waiter& w) noexcept {
+  // The caller asked `runners_may_defer`. Only this device's own runner,
+  // running its own items (as try_claim).
+  if (!enabled_ || current_runner != &core_ || serving_other || claimed_)
+    return false;
+  // This runner waits for w's device soon: it will run that device's items
+  // at its own wait (`try_help`), so they do not wait on it long. Its own
+  // entries only: no lock, no reference count yet.
+  bool waits_for_it = false;
+  const auto& batch = runner().batch_;
+  const auto& items = batch.items();
+  auto first = batch.has_extras() ? batch.pos() : items.size();
+  auto end = std::min(items.size(), batch.pos() + defer_look_ahead);
+  // The entries' extras and their gates were written by the host: read one
+  // entry after the other, each cost two cache misses in a row (try_defer
+  // took 29% of device 0's runner in prebuilt rounds of the 8-device fan
+  // DAG). Fetched in two passes first, the misses of each level overlap.
+  for (auto i = first; i < end; ++i)
+    if (auto* x = items[i].extra.order_or_wait())
+      __builtin_prefetch(x);
+  for (auto i = first; i < end; ++i)
+    if (auto* g = items[i].as_gate())
+      __builtin_prefetch(g);
+  for (auto i = first; i < end; ++i) {
+    auto* g = items[i].as_gate();
+    // The owner first: on the gate's first line, where `remote` is not.
+    if (g && !g->owner.owner_before(w.waiter) && !w.waiter.owner_before(g->owner) && !g->remote) {
+      waits_for_it = true;
+      break;
+    }
+  }
+  if (!waits_for_it)
+    return false;
+  auto other = w.waiter.lock();
+  if (!other)
+    return false;
+  auto& o = other->runner_.handover_;
+  if (!o.enabled_)
+    return false;
+  // Asleep, parked at exactly this gate, the token left there: only a ring
+  // or a helper gets its items run. Awake (spinning, or rung already), it
+  // takes them up itself.
+  if (other->queue_.sleeping(std::memory_order_seq_cst) != device_core::work_queue_t::on_gate ||
+      o.token_.state(std::memory_order_relaxed) != exec_token::lendable ||
+      other->gates_.parked_on(std::memory_order_acquire) != w.g.get())
+    return false;
+  auto stamp = wake_backstop::next_stamp();
+  o.token_.defer(stamp);
+  int expected = gate::pending;
+  if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
+    // Resolved meanwhile (a cancel): whoever did rang it.
+    o.ring_if_deferred(stamp);
+    return true;
+  }
+  o.token_.count_deferred_wake();
+  if (!wake_backstop::instance().deferred(other.get(), stamp))
+    o.ring_if_deferred(stamp); // no backstop: rung now, as without deferral
+  return true;
+}
+
+bool hand_over::ring_if_deferred(uint64_t stamp) noexcept {
+  if (!token_.clear_deferral(stamp))
+    return false;
+  core_.queue_.ring();
+  return true;
+}
+
+bool hand_over::try_help(const gate& g) {
+  // Only this device's own runner, running its own items (as try_claim).
+  if (!enabled_ || current_runner != &core_ || serving_other || g.remote)
+    return false;
+  auto other = g.owner.lock();
+  if (!other || other.get() == &core_ || !other->runner_.handover_.enabled_)
+    return false;
+  auto& o = other->runner_.handover_;
+  // Lendable means parked at a wait: its runner left the token there. Not
+  // while that runner spins there (see try_borrow_unless_spinning). Asleep,
+  // rung or not, it may be a context switch away (a hint: a runner that
+  // starts spinning now finds the token lent and sleeps, as for any lent
+  // token).
+  if (!o.token_.try_borrow_unless_spinning())
+    return false;
+  if (other->runner_.pending_gate_at_pos() || other->runner_.executed_ >= g.owner_seq) {
+    o.relend(); // still held there, or past what g waits for: left as it was
+    return false;
+  }
+  // Its wait has ended, and its runner (rung, or its wake-up deferred) has
+  // not taken the token back yet: the items it would run are those this
+  // runner waits for.
+  o.token_.take_up_deferral();
+  mark_parked(&g);
+  auto& r = runner();
+  o.serve(r, g, r.executed_ + 1);
+  return true;
+}
+
+void hand_over::relend() noexcept {
+  auto& r = runner();
+  // The gate is kept alive across the release: once the token is lendable,
+  // its runner may take it, run past the gate and free it.
+  auto keep = r.batch_.next().extra.order_or_wait()->g;
+  lend_at(*keep, r.executed_ + 1);
+}
+
+void hand_over::serve(const device_runner& lender, const gate& until, uint64_t until_seq) {
+  auto& r = runner();
+  current_runner = &core_;
+  serving_other = true;
+  bool first = false;
+  uint64_t ran = 0;
+  // Up to the item the lender waits for, never past it: its gate may open
+  // later than that item (a wait whose registration the host has not yet
+  // finished opens on the host), and an item past it is one the lender
+  // does not wait for, which could even wait for the lender's later work.
+  while (r.executed_ < until.owner_seq) {
+    if (!r.batch_.has_next()) {
+      r.batch_.clear();
+      if (!r.take_batch(r.batch_.items()))
+        break;
+      first = true;
+    }
+    if (r.pending_gate_at_pos())
+      break;
+    r.batch_.prefetch_ahead();
+    r.run_item(first);
+    first = false;
+    ++ran;
+    if (lender.gate_ended(until, until_seq))
+      break;
+  }
+  token_.count_run_by_others(ran);
+  serving_other = false;
+  current_runner = &lender.core_;
+  hand_back();
+}
+
+void hand_over::hand_back() noexcept {
+  auto& r = runner();
+  if (!r.batch_.has_next() && core_.queue_.has_untaken()) {
+    // Where the device stands is in the items queued since: most often the
+    // next wait of a chain, where it parks lendable again.
+    r.batch_.clear();
+    r.take_batch(r.batch_.items());
+  }
+  if (auto* g = r.pending_gate_at_pos()) {
+    // Kept alive across the release, as in relend.
+    auto keep = r.batch_.next().extra.order_or_wait()->g;
+    mark_parked(g);
+    release_parked(*g);
+    return;
+  }
+  if (!r.batch_.has_next()) {
+    r.batch_.clear(); // what the items held goes now, not when the runner wakes
+    // Nothing to run: a producer rings the runner as for any idle device.
+    if (core_.queue_.settle_idle_runner([&] { token_.give_back(); }))
+      return;
+  } else {
+    token_.give_back();
+  }
+  core_.queue_.ring();
+}
+
+// -- The core's resolving side ----------------------------------------------------
 
 device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
                                                    std::exception_ptr e) const {
