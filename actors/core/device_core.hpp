@@ -44,6 +44,7 @@
 #include "actors/core/gate_list.hpp"
 #include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
+#include "actors/core/item_resolver.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
@@ -78,7 +79,8 @@ inline thread_local uint64_t current_item = 0;
 /// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
 /// `stream_window` (an asynchronous driver's items in flight),
 /// `device_runner` (the runner thread: device_runner.hpp) and its
-/// `hand_over` (the token and the protocol around it: hand_over.hpp).
+/// `hand_over` (the token and the protocol around it: hand_over.hpp),
+/// `item_resolver` (the resolving side, a view: item_resolver.hpp).
 /// Its faces, one per job, reached through an accessor: `runner()`
 /// (device_runner), `life()` (device_life: the failure state and its
 /// transitions), `events()` (device_events: waiters and syncs), `memory()`
@@ -237,9 +239,10 @@ public:
 
 private:
   /// The runner executes and resolves items with the pieces above and the
-  /// resolving functions below (`complete`, `drop`, `poison`, ...).
+  /// resolving side (`resolving()`: `complete`, `drop`, `poison`, ...).
   friend class device_runner;
   friend class hand_over;
+  friend class item_resolver;
   friend class stream_runner;
   /// Appends the wait `g` (see push_gate) as an item of its own; never waits
   /// for room. Returns its seq.
@@ -260,31 +263,10 @@ private:
   /// The window has room or items to resolve (stream_window::owner): rings
   /// the runner.
   void window_changed() noexcept override { queue_.ring(); }
-  /// Why a task failed, from what it threw.
-  failure_ptr task_failure(const item& it, uint64_t seq, std::exception_ptr e) const;
-  /// Why a wait failed: the awaited event's cause, with this wait in front
-  /// of its path.
-  failure_ptr gate_failure(const gate& g) const;
-  /// The task's description as given, or built for an order; empty for a
-  /// bare closure and a gate. A description in the batch's text is read
-  /// from the runner's batch (`item_batch::text_of`): `it` is in it (the token holder's).
-  std::string description_of(const item& it) const;
-  /// Resolving (`complete`, `resolve_bad`, `poison`, `drop`: "runner only"
-  /// below) is one thread at a time, in seq order: the runner, or on an
-  /// asynchronous driver whoever holds the window's retire lock (the runner,
-  /// or the thread on which the stream reports).
-  void complete(uint64_t seq);
-  /// Runner only: resolves `seq` as failed (or cancelled) with `cause`.
-  void resolve_bad(uint64_t seq, failure_ptr cause) noexcept;
-  /// Runner only: `seq` failed with the cause `make()` returns (a fixed text
-  /// when that throws). The device fails: it refuses new work until
-  /// `recover`, and the items queued behind `seq` fail with the same cause
-  /// as the runner reaches them. Never throws.
-  template <class MakeCause>
-  void poison(uint64_t seq, MakeCause make) noexcept;
-  /// Runner only: resolves an item that `cancel`, `kill` or a failure
-  /// dropped, with the cause in force for it.
-  void drop(item& it, uint64_t seq) noexcept;
+  /// The resolving side (item_resolver.hpp: `complete`, `poison`,
+  /// `drop`, ...): one thread at a time, in seq order (the token holder, or
+  /// the window's retire-lock holder). A view: made and inlined per call.
+  item_resolver resolving() noexcept { return item_resolver{*this}; }
 
   std::string name_;
   int ordinal_;

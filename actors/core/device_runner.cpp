@@ -230,7 +230,8 @@ bool device_runner::take_batch(std::vector<item>& batch) {
   try {
     it.work();
   } catch (...) {
-    core_.poison(seq, [&] { return core_.task_failure(it, seq, std::current_exception()); });
+    auto r = core_.resolving();
+    r.poison(seq, [&] { return r.task_failure(it, seq, std::current_exception()); });
     return false;
   }
   return true;
@@ -241,7 +242,7 @@ bool device_runner::take_batch(std::vector<item>& batch) {
   auto seq = ++executed_; // runner-only count of items resolved
   // Cancelled, killed, or behind a failure: resolved without running.
   if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
-    core_.drop(it, seq);
+    core_.resolving().drop(it, seq);
     return;
   }
   // The closure is left for batch.clear(): writing to the entry here would
@@ -252,7 +253,7 @@ bool device_runner::take_batch(std::vector<item>& batch) {
     complete_described(it, seq);
     return;
   }
-  core_.complete(seq);
+  core_.resolving().complete(seq);
 }
 
 void device_runner::complete_described(item& it, uint64_t seq) {
@@ -260,7 +261,7 @@ void device_runner::complete_described(item& it, uint64_t seq) {
   it.work = nullptr;
   if (auto* n = it.extra.named_holding())
     n->keep_alive.reset();
-  core_.complete(seq); // records it in the trace, its description read there
+  core_.resolving().complete(seq); // records it in the trace, its description read there
 }
 
 void device_runner::note_running_text(const item& it, uint64_t seq) noexcept {
@@ -270,7 +271,7 @@ void device_runner::note_running_text(const item& it, uint64_t seq) noexcept {
     core_.trace_->note_running(seq, n->description());
   } else {
     try {
-      core_.trace_->note_running(seq, core_.description_of(it)); // an order's, built now
+      core_.trace_->note_running(seq, core_.resolving().description_of(it)); // an order's, built now
     } catch (...) {
       // Out of memory: the chain says its seq only.
     }
@@ -287,7 +288,7 @@ void device_runner::execute(item& it) {
   if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
     if (it.as_gate())
       handover_.mark_parked(nullptr); // it may be freed with the item (core_.extras_.recycle)
-    core_.drop(it, seq);
+    core_.resolving().drop(it, seq);
     return;
   }
   if (auto* gp = it.as_gate()) {
@@ -295,12 +296,13 @@ void device_runner::execute(item& it) {
     auto& g = *gp;
     handover_.mark_parked(nullptr);
     if (g.state.load() != gate::open && seq <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst)) {
-      core_.drop(it, seq); // counts the gate off
+      core_.resolving().drop(it, seq); // counts the gate off
       return;
     }
     core_.gates_.count_passed();
     if (g.state.load() == gate::failed) {
-      core_.poison(seq, [&] { return core_.gate_failure(g); });
+      auto r = core_.resolving();
+      r.poison(seq, [&] { return r.gate_failure(g); });
       return;
     }
   } else if (!call_work(it, seq)) {
@@ -310,7 +312,7 @@ void device_runner::execute(item& it) {
   // done, so whoever syncs on it sees the memory gone.
   it.work = nullptr;
   core_.extras_.release_hold(*it.extra.order_or_wait());
-  core_.complete(seq);
+  core_.resolving().complete(seq);
 }
 
 // -- The hand-over (hand_over.hpp) ---------------------------------------------------
@@ -596,9 +598,9 @@ void hand_over::hand_back() noexcept {
   core_.queue_.ring();
 }
 
-// -- The core's resolving side ----------------------------------------------------
+// -- The core's resolving side (item_resolver.hpp) ---------------------------------
 
-device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
+item_resolver::failure_ptr item_resolver::task_failure(const item& it, uint64_t seq,
                                                    std::exception_ptr e) const {
   std::string what = "unknown exception";
   try {
@@ -609,22 +611,22 @@ device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
   } catch (...) {
   }
   return std::make_shared<failure>(
-    failure{failure::kind::failed, name_, runner_.task_name(it, seq), seq, std::move(what), {}});
+    failure{failure::kind::failed, core_.name_, core_.runner_.task_name(it, seq), seq, std::move(what), {}});
 }
 
-device_core::failure_ptr device_core::gate_failure(const gate& g) const {
+item_resolver::failure_ptr item_resolver::gate_failure(const gate& g) const {
   auto f = std::make_shared<failure>();
   if (g.cause)
     *f = *g.cause;
   else
     f->message = "failed (its cause could not be recorded)";
-  f->path.insert(f->path.begin(), failure_hop{name_, g.owner_label(), g.owner_seq});
+  f->path.insert(f->path.begin(), failure_hop{core_.name_, g.owner_label(), g.owner_seq});
   return f;
 }
 
-std::string device_core::description_of(const item& it) const {
+std::string item_resolver::description_of(const item& it) const {
   if (it.extra.is_text())
-    return std::string{runner_.text_of(it)};
+    return std::string{core_.runner_.text_of(it)};
   if (auto* n = it.extra.named())
     return std::string{n->description()};
   auto* x = it.extra.order_or_wait();
@@ -632,11 +634,11 @@ std::string device_core::description_of(const item& it) const {
     return {};
   const auto& o = x->op;
   switch (o.naming) {
-  case order::pool_span:
+  case work_order::pool_span:
     return fmt::format("{} pool {} [{}, {})", o.what, o.id, o.offset, o.offset + o.bytes);
-  case order::pool:
+  case work_order::pool:
     return fmt::format("{} {}", o.what, o.id);
-  case order::node:
+  case work_order::node:
     break;
   }
   return x->node_label.empty() ? fmt::format("{} #{}", o.what, o.id)
@@ -646,45 +648,49 @@ std::string device_core::description_of(const item& it) const {
 std::string device_runner::task_name(const item& it, uint64_t seq) const {
   if (auto* g = it.as_gate())
     return "wait for " + g->what();
-  auto d = core_.description_of(it);
+  auto d = core_.resolving().description_of(it);
   return d.empty() ? nameless_task_name(seq) : d;
 }
 
-void device_core::drop(item& it, uint64_t seq) noexcept {
+void item_resolver::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
-    gates_.count_passed();
-  if (trace_) [[unlikely]]
-    runner_.trace_dropped(it, seq);
+    core_.gates_.count_passed();
+  if (core_.trace_) [[unlikely]]
+    core_.runner_.trace_dropped(it, seq);
   it.work = nullptr;
-  extras_.release_hold(it);
-  outcomes_.record_dropped(seq); // with the cause of the drop that covers it
+  core_.extras_.release_hold(it);
+  core_.outcomes_.record_dropped(seq); // with the cause of the drop that covers it
   complete(seq);
 }
 
-void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
-  outcomes_.record_bad(seq, std::move(cause));
+void item_resolver::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
+  core_.outcomes_.record_bad(seq, std::move(cause));
   complete(seq);
 }
 
-void device_core::complete(uint64_t seq) {
-  if (trace_) [[unlikely]]
-    runner_.trace_done(seq, false); // before the event is done, so whoever syncs sees it
+void item_resolver::complete(uint64_t seq) {
+  if (core_.trace_) [[unlikely]]
+    core_.runner_.trace_done(seq, false); // before the event is done, so whoever syncs sees it
   // Store-then-load against a registration's store-then-load of the
   // waiters' minimum and the progress (Dekker, `outcome_board::publish`):
   // both sides need StoreLoad order, or a waiter that registers at this very
   // moment and this check could both miss each other, and the event would
   // stay unresolved -- forever if the next task waits for whoever is waiting
   // on this event.
-  if (outcomes_.publish(seq))
-    events_.fire(seq, nullptr);
+  if (core_.outcomes_.publish(seq))
+    core_.events_.fire(seq, nullptr);
 }
 
 void device_core::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
+  resolving().resolve_flight(f, v);
+}
+
+void item_resolver::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
   auto seq = f.seq;
   // The record goes out as the item resolves (complete, poison, drop); a
   // settled item the stream did not report (a gate) ends now.
-  if (trace_) [[unlikely]]
-    trace_->begin(&f.it, f.start_ns, f.end_ns);
+  if (core_.trace_) [[unlikely]]
+    core_.trace_->begin(&f.it, f.start_ns, f.end_ns);
   auto* g = f.it.as_gate();
   switch (v) {
   case stream_window::verdict::dropped:
@@ -692,7 +698,7 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
     return;
   case stream_window::verdict::failed:
     if (g) {
-      gates_.count_passed();
+      core_.gates_.count_passed();
       poison(seq, [&] { return gate_failure(*g); });
     } else {
       poison(seq, [&] { return task_failure(f.it, seq, f.error); });
@@ -700,10 +706,10 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
     return;
   case stream_window::verdict::done:
     if (g) {
-      gates_.count_passed();
+      core_.gates_.count_passed();
     } else {
-      if (trace_) [[unlikely]]
-        runner_.trace_done(seq, false); // while its description is still there
+      if (core_.trace_) [[unlikely]]
+        core_.runner_.trace_done(seq, false); // while its description is still there
       f.it = item{}; // what the task held goes before its event is done
     }
     complete(seq);
@@ -712,26 +718,26 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
 }
 
 template <class MakeCause>
-void device_core::poison(uint64_t seq, MakeCause make) noexcept {
+void item_resolver::poison(uint64_t seq, MakeCause make) noexcept {
   // Runs on the runner, outside any handler: nothing here may throw. A cause
   // that cannot be made (out of memory) becomes a preallocated one.
-  if (trace_) [[unlikely]]
-    runner_.trace_done(seq, true);
+  if (core_.trace_) [[unlikely]]
+    core_.runner_.trace_done(seq, true);
   failure_ptr cause;
   try {
     cause = make();
   } catch (...) {
-    cause = outcomes_.fallback_cause();
+    cause = core_.outcomes_.fallback_cause();
   }
   {
-    std::lock_guard guard{queue_.mutex()};
-    life_.fail_locked(cause); // wakes the producers waiting for room
+    std::lock_guard guard{core_.queue_.mutex()};
+    core_.life_.fail_locked(cause); // wakes the producers waiting for room
     // What is queued behind the failure fails with it, in order (with a
     // generic cause, should there be no memory to record this one).
-    life_.drop_locked(cause);
+    core_.life_.drop_locked(cause);
   }
   resolve_bad(seq, std::move(cause));
-  queue_.call_room_callback();
+  core_.queue_.call_room_callback();
 }
 
 } // namespace multidev::detail
