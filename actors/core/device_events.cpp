@@ -56,12 +56,12 @@ struct sync_resolver {
 };
 } // namespace
 
-void device_core::check_scheduled(uint64_t seq, const char* what) const {
-  auto s = queue_.scheduled();
+void work_submission::check_scheduled(uint64_t seq, const char* what) const {
+  auto s = core().queue_.scheduled();
   if (seq > s)
     throw std::invalid_argument(fmt::format(
       "{}: seq {} was never scheduled on {} (it has scheduled {} so far)", what, seq,
-      name_, s));
+      core().name_, s));
 }
 
 void device_events::fire(uint64_t upto, const failure* beyond) noexcept {
