@@ -1,4 +1,4 @@
-// A test's hold on a device's runner (`device_runner::hold_after_wake`): once
+// A test's hold on a device's runner (`hand_over::hold_after_wake`): once
 // woken from its sleep at a wait, the runner stays there, without its token,
 // until the hold ends. The guard ends it on every way out, so a failing
 // check never leaves a runner held.
@@ -9,8 +9,8 @@
 namespace test_support {
 
 struct hold_guard {
-  explicit hold_guard(multidev::detail::device_core& c) : c(c) { c.runner().hold_after_wake(true); }
-  ~hold_guard() { c.runner().hold_after_wake(false); }
+  explicit hold_guard(multidev::detail::device_core& c) : c(c) { c.runner().handover().hold_after_wake(true); }
+  ~hold_guard() { c.runner().handover().hold_after_wake(false); }
   hold_guard(const hold_guard&) = delete;
   hold_guard& operator=(const hold_guard&) = delete;
   multidev::detail::device_core& c;

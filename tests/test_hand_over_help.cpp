@@ -189,7 +189,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_stops_at_the_item_it_waits_for) {
   // z is left for device 1's own runner, once it is let go.
   BOOST_TEST(test_support::eventually([&] { return t.field(1, "run_by") == "returned"; }));
   BOOST_TEST(!z.is_done());
-  t.core(1).runner().hold_after_wake(false);
+  t.core(1).runner().handover().hold_after_wake(false);
   sync(t.b, z);
   BOOST_TEST((z_thread == t.runner[1]), "z ran on its own runner");
   BOOST_TEST(!y.is_done());
@@ -205,11 +205,11 @@ namespace {
 /// backstop's period set; both restored on the way out.
 struct deferring {
   explicit deferring(std::chrono::microseconds backstop_period) {
-    detail::device_runner::set_defer_threshold_for_tests(1);
+    detail::hand_over::set_defer_threshold_for_tests(1);
     detail::wake_backstop::set_period_for_tests(backstop_period);
   }
   ~deferring() {
-    detail::device_runner::set_defer_threshold_for_tests(0);
+    detail::hand_over::set_defer_threshold_for_tests(0);
     detail::wake_backstop::set_period_for_tests({});
   }
   deferring(const deferring&) = delete;
@@ -275,7 +275,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_runner_that_will_wait_leaves_the_slee
   deferred_run r{std::chrono::seconds{30}, false};
   auto& t = r.t;
   auto& s = r.s;
-  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).runner().handover().token().deferred_wakes() == 1u);
   BOOST_TEST(t.core(1).queue().rings() == s.rings_before, "device 1's runner was woken");
   BOOST_TEST((s.x_thread == t.runner[0]), "x ran on device 0's runner");
   BOOST_TEST(std::stoull(t.field(1, "run_by_others")) >= 1);
@@ -294,7 +294,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferred_wake_nobo
   deferred_run r{std::chrono::milliseconds{1}, true};
   auto& t = r.t;
   auto& s = r.s;
-  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 1u);
+  BOOST_TEST(t.core(1).runner().handover().token().deferred_wakes() == 1u);
   BOOST_TEST(s.saw_x, "x never ran while device 0 waited for it in a task");
   BOOST_TEST((s.x_thread == t.runner[1]), "x ran on its own runner, rung");
   BOOST_TEST(t.core(1).queue().rings() > s.rings_before);
@@ -306,7 +306,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_runs_under_the_batch_polic
   // backstop.cpp). Its period here outlasts the test, so its thread still
   // runs, with the deferral left to ring.
   deferred_run r{std::chrono::seconds{30}, false};
-  BOOST_TEST(r.t.core(1).runner().token().deferred_wakes() == 1u);
+  BOOST_TEST(r.t.core(1).runner().handover().token().deferred_wakes() == 1u);
   auto& backstop = detail::wake_backstop::instance();
   BOOST_REQUIRE(test_support::eventually([&] { return backstop.thread_id() != 0; }));
   BOOST_TEST(sched_getscheduler(backstop.thread_id()) == SCHED_BATCH);
@@ -333,7 +333,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferral_made_whil
   auto rang = backstop.rang();
   deferral_scenario second{t, true};
   sync(t.b, second.y);
-  BOOST_TEST(t.core(1).runner().token().deferred_wakes() == 2u);
+  BOOST_TEST(t.core(1).runner().handover().token().deferred_wakes() == 2u);
   BOOST_TEST(second.saw_x, "the lingering backstop did not ring the second deferral");
   BOOST_TEST(backstop.rang() > rang);
 }
@@ -358,8 +358,55 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rin
   t.b.will_wait_for(t.ctx[0], x);
   auto y = t.b.all_work(t.d[0]);
   hold->open();
-  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).runner().token().deferred_wakes() == 1u; }));
+  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).runner().handover().token().deferred_wakes() == 1u; }));
   // Bounded: a host that did not ring would wait for the backstop's 30 s.
+  BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
+  BOOST_TEST((x_thread == t.runner[1]));
+  release->open();
+  sync(t.b, y);
+  BOOST_TEST(!release->timed_out());
+}
+
+BOOST_AUTO_TEST_CASE(test_hand_over_help_a_deferred_wake_is_rung_once_through_the_hand_over) {
+  // Through the hand-over's own interface (hand_over.hpp): a deferred
+  // wake-up is rung by its own stamp only, and once (`ring_if_deferred`,
+  // `ring_deferred`), whoever asks. Device 1's runner is left asleep by a
+  // deferral (the backstop's period outlasts the test) while device 0 is
+  // held in `between`: only these calls can wake it.
+  deferring on{std::chrono::seconds{30}};
+  three_devices t;
+  auto release = std::make_shared<test_support::latch_gate>();
+  auto hold = test_support::block_runner(t.b, t.d[0]);
+  t.b.schedule_task(t.d[0], {"source", [] {}});
+  t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
+  std::thread::id x_thread;
+  t.b.schedule_task(t.d[1], {"x", [&x_thread] { x_thread = std::this_thread::get_id(); }});
+  auto x = t.b.all_work(t.d[1]);
+  BOOST_REQUIRE(test_support::eventually([&] {
+    return t.field(1, "run_by") == "lendable" &&
+           (t.core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake);
+  }));
+  t.b.schedule_task(t.d[0], {"between", [release] { release->wait_in_task(); }});
+  t.b.will_wait_for(t.ctx[0], x);
+  auto y = t.b.all_work(t.d[0]);
+  hold->open();
+  auto& ho = t.core(1).runner().handover();
+  BOOST_REQUIRE(test_support::eventually([&] { return ho.token().deferred_wakes() == 1u; }));
+  auto stamp = ho.token().deferred();
+  BOOST_REQUIRE(stamp != 0u);
+  auto rings = t.core(1).queue().rings();
+  // Another stamp's ring (a backstop entry of an earlier deferral) rings nothing.
+  BOOST_TEST(!ho.ring_if_deferred(stamp + 1));
+  BOOST_TEST(ho.token().deferred() == stamp);
+  BOOST_TEST(t.core(1).queue().rings() == rings);
+  // Whoever needs the items now rings it, and takes the deferral up.
+  ho.ring_deferred();
+  BOOST_TEST(ho.token().deferred() == 0u);
+  BOOST_TEST(t.core(1).queue().rings() == rings + 1);
+  // The backstop's ring for the same stamp comes too late: no second ring.
+  BOOST_TEST(!ho.ring_if_deferred(stamp));
+  BOOST_TEST(t.core(1).queue().rings() == rings + 1);
+  // Rung, device 1's own runner runs x.
   BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
   BOOST_TEST((x_thread == t.runner[1]));
   release->open();

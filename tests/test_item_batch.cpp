@@ -1,7 +1,7 @@
 // The runner's batch on its own (actors/core/batch.hpp, issue 40 point 1):
 // the entries a runner took, where it stands in them, their descriptions'
 // text, and the batch a claim sets aside while its last item still runs
-// (`device_runner::try_claim`). This thread stands in for the token holder.
+// (`hand_over::try_claim`). This thread stands in for the token holder.
 #define BOOST_TEST_MODULE test_item_batch
 #include <boost/test/unit_test.hpp>
 

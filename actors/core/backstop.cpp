@@ -171,7 +171,7 @@ void wake_backstop::loop() noexcept {
     while (!entries_.empty() && entries_.front().at + p <= now) {
       auto e = entries_.front();
       entries_.pop_front();
-      if (e.core && e.core->runner().ring_if_deferred(e.stamp))
+      if (e.core && e.core->runner().handover().ring_if_deferred(e.stamp))
         ++rang_;
     }
     // Once a period, however many were deferred meanwhile: a deferral

@@ -3,7 +3,7 @@
 /// The backstop for deferred wake-ups. A runner that opens the wait of a
 /// sleeping device, in a process with more runners than CPUs, when it
 /// waits for that device itself a few items later, may leave the sleeper
-/// asleep (`device_runner::try_defer`): the opener runs the device's items
+/// asleep (`hand_over::try_defer`): the opener runs the device's items
 /// itself when it gets to its wait (`try_help`), and the context switches
 /// of a wake-up are saved. Should the opener not get there soon (one of its
 /// tasks blocks on that very device's work, say), the backstop rings the
@@ -32,7 +32,7 @@ public:
   static wake_backstop& instance();
 
   /// `core`'s wake-up was deferred, stamped `stamp` (see
-  /// `device_runner::ring_if_deferred`): rings it a period or two from now
+  /// `hand_over::ring_if_deferred`): rings it a period or two from now
   /// unless the deferral has been taken up (or rung) by then. False when
   /// the backstop's thread could not be started: the caller rings now.
   bool deferred(device_core* core, uint64_t stamp) noexcept;

@@ -2,7 +2,7 @@
 /// \file
 /// The batch a device's synchronous runner runs (see device_runner.hpp):
 /// the entries it took off the queue in one go, the next one to run, their
-/// descriptions' text, and the batch `device_runner::try_claim` set aside
+/// descriptions' text, and the batch `hand_over::try_claim` set aside
 /// while its last item still ran.
 ///
 /// Invariants:

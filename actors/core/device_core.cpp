@@ -34,7 +34,7 @@ device_core::device_core(std::string name, int ordinal, std::shared_ptr<driver> 
 
 device_core::~device_core() {
   shutdown();
-  if (runner_.hand_over())
+  if (runner_.handover().enabled())
     wake_backstop::instance().forget(this);
 }
 

@@ -44,12 +44,14 @@
 #include "actors/core/gate_list.hpp"
 #include "actors/core/gate_waiters.hpp"
 #include "actors/core/item.hpp"
+#include "actors/core/item_resolver.hpp"
 #include "actors/core/outcome_board.hpp"
 #include "actors/core/pool_table.hpp"
 #include "actors/core/result_board.hpp"
 #include "actors/core/spin.hpp"
 #include "actors/core/stream_runner.hpp"
 #include "actors/core/stream_window.hpp"
+#include "actors/core/submission.hpp"
 #include "actors/core/work_queue.hpp"
 #include "devices/driver.hpp"
 #include "multidev/backend.hpp"
@@ -77,24 +79,30 @@ inline thread_local uint64_t current_item = 0;
 /// `outcome_board` (what became of each seq, and who is told),
 /// `pool_table` (pool ids to memory), `trace_ring` (the trace, when on),
 /// `stream_window` (an asynchronous driver's items in flight),
-/// `device_runner` (the runner thread and the hand-over: device_runner.hpp).
+/// `device_runner` (the runner thread: device_runner.hpp) and its
+/// `hand_over` (the token and the protocol around it: hand_over.hpp),
+/// `item_resolver` (the resolving side, a view: item_resolver.hpp),
+/// `work_submission` (the submission path and its backpressure, a base:
+/// submission.hpp).
 /// Its faces, one per job, reached through an accessor: `runner()`
 /// (device_runner), `life()` (device_life: the failure state and its
 /// transitions), `events()` (device_events: waiters and syncs), `memory()`
 /// (device_memory: pool operations ordered with the work), `inspect()`
 /// (device_inspector: debug info, pending gates, trace).
 /// Definitions by job: device_core.cpp (start, shutdown; the life's
-/// transitions), device_queue.cpp (the producer side and backpressure),
-/// device_runner.cpp (resolving items, beside the runner's definitions),
+/// transitions), device_queue.cpp (the submission path and backpressure),
+/// device_runner.cpp (resolving items, beside the runner's and the
+/// hand-over's definitions),
 /// device_gates.cpp (waits for other devices), device_events.cpp (waiters
 /// and syncs over the outcome board),
 /// device_pools.cpp (pool operations ordered with the work),
 /// device_debug.cpp, device_trace.cpp (the runner trace).
 class device_core : public std::enable_shared_from_this<device_core>,
+                    public work_submission,
                     private stream_window::owner {
   // Reads the trace (a host thread's wait) and the window (a task's sync
   // on an asynchronous driver's runner thread); asks the runner's hand-over
-  // as it fires (`runner().try_claim`, `try_defer`).
+  // as it fires (`runner().handover().try_claim`, `try_defer`).
   friend class device_events;
 
 public:
@@ -135,67 +143,25 @@ public:
   /// The pools as of the end of the queue: `find(id)`, `span(...)`,
   /// `used_memory()`. Any thread.
   const pool_table& pools() const noexcept { return pools_; }
-  /// The runner: `token()` (who may run this device's items, and the
-  /// hand-over's counters), `running_item()`, `runner_cpu()`, `ring_if_deferred`,
-  /// `ring_deferred`, `wake_runner`, the tests' `hold_after_wake` (see
-  /// device_runner.hpp for which thread may call what).
+  /// The runner: `running_item()`, `runner_cpu()`, `wake_runner`, and its
+  /// `handover()` (hand_over.hpp: the token, `ring_if_deferred`,
+  /// `ring_deferred`, the tests' `hold_after_wake`); device_runner.hpp says
+  /// which thread may call what.
   device_runner& runner() noexcept { return runner_; }
   const device_runner& runner() const noexcept { return runner_; }
 
   // -- Work ------------------------------------------------------------------
 
-  /// Appends a task; returns its seq. When the queue is full and `may_wait`,
-  /// waits for room, unless called from a runner thread (of any device).
-  /// Actor handlers pass false: a CAF worker must not block. Throws
-  /// `device_error` when failed or shut down.
-  uint64_t push(task&& t, bool may_wait = true);
-  /// Work on one of this device's pools, named only when asked (see
-  /// `work_order` in item.hpp).
-  using order = work_order;
-  /// Appends `o` as an item of trace kind `kind`, holding `hold` (the pool)
-  /// until it is done; never waits for room. What it does follows from
-  /// `kind`: `copy` copies, `memset` zeroes, `pool` does nothing (it releases
-  /// `hold` in its turn). `label` names a node (`order::node`). Allocates
-  /// nothing once the runner has handed back an item of a label as long
-  /// (see `extra_cache`). Throws like `push`.
-  uint64_t push_order(const order& o, trace_kind kind, std::string_view label,
-                      std::shared_ptr<const void> hold);
-  /// Appends a wait on `owner`'s `seq` (a local will_wait_for). No-op when the
-  /// event is done or `owner` is this device, and for `wait_kind::order` when
-  /// it is resolved in any way; returns whether a gate was added. A
-  /// `wait_kind::order` gate opens when `seq` fails or is cancelled too.
-  /// Never waits for room (a wait is one small entry). Throws
-  /// `std::invalid_argument` when `owner` never scheduled `seq`.
-  bool push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
-                 wait_kind kind = wait_kind::data);
-  /// Appends a gate that someone else opens or fails (`g.remote`: a CAF reply
-  /// opens it); never waits for room. Gates still pending when this device
-  /// shuts down are failed if their owner is remote, gone, or not shutting
-  /// down itself, since their answer may never come; gates on owners that
-  /// are draining too open as those drain. The queue entry takes its own
-  /// reference to `g`.
-  void push_gate(const std::shared_ptr<gate>& g);
+  // Appending work (`push`, `push_order`, `push_wait`, `push_gate`) and its
+  // backpressure (`wait_for_room`, `has_room`, `notify_when_room`) are the
+  // submission path's: the base `work_submission` (submission.hpp).
+
   /// Opens (`cause == nullptr`) or fails a gate pushed here (the first
   /// resolution wins), and wakes the runner. Never throws.
   void resolve_gate(gate& g, const failure_ptr& cause) noexcept;
   /// The same with a message only (a CAF error's rendering): the cause is a
   /// failure of the gate's owner with that message.
   void resolve_gate(gate& g, const std::string* error) noexcept;
-
-  /// Waits until the queue has room (or the device failed or is stopping);
-  /// returns at once on any runner thread, like `push`. Reserves nothing.
-  void wait_for_room();
-  /// Whether the queue has room for another entry without waiting (or the
-  /// device failed or is stopping, so that a push fails at once).
-  bool has_room() const noexcept;
-  /// Flow control for producers that must not block (the device actor):
-  /// returns false when `has_room()`; otherwise stores `cb` (replacing an
-  /// earlier one) and returns true, and the runner calls `cb` once, on its
-  /// thread, when it next makes room, fails or stops. `cb` must not block.
-  bool notify_when_room(std::function<void()> cb);
-
-  /// Throws `std::invalid_argument` when `seq` was never scheduled here.
-  void check_scheduled(uint64_t seq, const char* what) const;
 
   // -- Waiters and syncs ------------------------------------------------------
 
@@ -235,53 +201,22 @@ public:
 
 private:
   /// The runner executes and resolves items with the pieces above and the
-  /// resolving functions below (`complete`, `drop`, `poison`, ...).
+  /// resolving side (`resolving()`: `complete`, `drop`, `poison`, ...).
   friend class device_runner;
+  friend class hand_over;
+  friend class item_resolver;
+  friend class work_submission;
   friend class stream_runner;
-  /// Appends the wait `g` (see push_gate) as an item of its own; never waits
-  /// for room. Returns its seq.
-  uint64_t enqueue_wait(std::shared_ptr<gate> g);
-  /// Appends an item built in its queue slot from `work` and the extra
-  /// `make_extra(text)` returns (`text`: the queue's, see `append_text`),
-  /// called with the queue's lock held; returns its seq.
-  template <class MakeExtra>
-  uint64_t enqueue(std::function<void()>&& work, MakeExtra&& make_extra, bool may_wait);
-  /// With the queue's lock held: appends `description` to the queue's
-  /// `text`; its place there, or null (no room left to address it: the
-  /// caller makes a `named_extra`).
-  static extra_ptr append_text(std::string& text, std::string_view description,
-                               trace_kind kind);
   /// The window resolves an item (stream_window::owner): under its retire
   /// lock, in seq order, on the runner or the thread the stream reports on.
   void resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept override;
   /// The window has room or items to resolve (stream_window::owner): rings
   /// the runner.
   void window_changed() noexcept override { queue_.ring(); }
-  /// Why a task failed, from what it threw.
-  failure_ptr task_failure(const item& it, uint64_t seq, std::exception_ptr e) const;
-  /// Why a wait failed: the awaited event's cause, with this wait in front
-  /// of its path.
-  failure_ptr gate_failure(const gate& g) const;
-  /// The task's description as given, or built for an order; empty for a
-  /// bare closure and a gate. A description in the batch's text is read
-  /// from the runner's batch (`item_batch::text_of`): `it` is in it (the token holder's).
-  std::string description_of(const item& it) const;
-  /// Resolving (`complete`, `resolve_bad`, `poison`, `drop`: "runner only"
-  /// below) is one thread at a time, in seq order: the runner, or on an
-  /// asynchronous driver whoever holds the window's retire lock (the runner,
-  /// or the thread on which the stream reports).
-  void complete(uint64_t seq);
-  /// Runner only: resolves `seq` as failed (or cancelled) with `cause`.
-  void resolve_bad(uint64_t seq, failure_ptr cause) noexcept;
-  /// Runner only: `seq` failed with the cause `make()` returns (a fixed text
-  /// when that throws). The device fails: it refuses new work until
-  /// `recover`, and the items queued behind `seq` fail with the same cause
-  /// as the runner reaches them. Never throws.
-  template <class MakeCause>
-  void poison(uint64_t seq, MakeCause make) noexcept;
-  /// Runner only: resolves an item that `cancel`, `kill` or a failure
-  /// dropped, with the cause in force for it.
-  void drop(item& it, uint64_t seq) noexcept;
+  /// The resolving side (item_resolver.hpp: `complete`, `poison`,
+  /// `drop`, ...): one thread at a time, in seq order (the token holder, or
+  /// the window's retire-lock holder). A view: made and inlined per call.
+  item_resolver resolving() noexcept { return item_resolver{*this}; }
 
   std::string name_;
   int ordinal_;
@@ -343,6 +278,18 @@ inline uint64_t device_runner::running_item() const noexcept {
 
 inline void device_runner::wake_runner() noexcept {
   core_.queue_.ring();
+}
+
+inline device_core& work_submission::core() noexcept {
+  return static_cast<device_core&>(*this);
+}
+
+inline const device_core& work_submission::core() const noexcept {
+  return static_cast<const device_core&>(*this);
+}
+
+inline device_runner& hand_over::runner() const noexcept {
+  return core_.runner_;
 }
 
 inline bool device_inspector::is_idle() const noexcept {

@@ -45,9 +45,9 @@ sexp device_inspector::debug_info() const {
                           sexp::field("error", err ? *err : std::string{"none"}),
                           sexp::field("used_memory", std::to_string(core_.pools().used_memory())),
                           sexp::field("spare_extras", std::to_string(spare)),
-                          sexp::field("run_by", core_.runner().token().state_name()),
+                          sexp::field("run_by", core_.runner().handover().token().state_name()),
                           sexp::field("run_by_others",
-                                      std::to_string(core_.runner().token().run_by_others())),
+                                      std::to_string(core_.runner().handover().token().run_by_others())),
                           sexp::field("cpu", core_.runner().runner_cpu() < 0
                                                  ? std::string{"any"}
                                                  : std::to_string(core_.runner().runner_cpu())),

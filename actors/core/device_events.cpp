@@ -56,12 +56,12 @@ struct sync_resolver {
 };
 } // namespace
 
-void device_core::check_scheduled(uint64_t seq, const char* what) const {
-  auto s = queue_.scheduled();
+void work_submission::check_scheduled(uint64_t seq, const char* what) const {
+  auto s = core().queue_.scheduled();
   if (seq > s)
     throw std::invalid_argument(fmt::format(
       "{}: seq {} was never scheduled on {} (it has scheduled {} so far)", what, seq,
-      name_, s));
+      core().name_, s));
 }
 
 void device_events::fire(uint64_t upto, const failure* beyond) noexcept {
@@ -93,8 +93,8 @@ void device_events::fire(uint64_t upto, const failure* beyond) noexcept {
     outcome_board::invoke(r, outcomes_.outcome_for(seq, resolved, beyond, hold));
   while (has_gate) {
     const auto* c = outcomes_.outcome_for(gw.seq, resolved, beyond, hold);
-    if (c || !(core_.runner().try_claim(gw) ||
-               (runners_may_defer() && core_.runner().try_defer(gw))))
+    if (c || !(core_.runner().handover().try_claim(gw) ||
+               (runners_may_defer() && core_.runner().handover().try_defer(gw))))
       gate_waiters::resolve(gw, c);
     if (!more && !beyond)
       break;
@@ -218,7 +218,7 @@ void device_events::sync_until(uint64_t seq, std::chrono::steady_clock::time_poi
     host_wait_scope traced{spans, what, core_.name(), seq};
     // A runner that left this device's runner asleep, to run its items
     // itself later, may be long in coming: this wait needs them now.
-    core_.runner().ring_deferred();
+    core_.runner().handover().ring_deferred();
     auto sig = std::make_shared<sync_signal>();
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
     // A task on this device's own runner thread (an asynchronous driver that

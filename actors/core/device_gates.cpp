@@ -120,9 +120,10 @@ const std::shared_ptr<const failure>& unknown_gate_cause() noexcept {
   return unknown_cause();
 }
 
-bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
-                            wait_kind kind) {
-  if (owner.get() == this || owner->outcomes().is_done(seq))
+bool work_submission::push_wait(const std::shared_ptr<device_core>& owner, uint64_t seq,
+                                wait_kind kind) {
+  auto& c = core();
+  if (owner.get() == &c || owner->outcomes().is_done(seq))
     return false;
   // An ordering-only wait on an item that failed or was cancelled: nothing
   // to wait for.
@@ -142,7 +143,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
   // into the waiter rather than being copied, and the waiter into the
   // owner's list: a host scheduling waits took five locked instructions on
   // the gate's count a wait where one does.
-  gate_waiter w{seq, std::move(g), weak_from_this(), this};
+  gate_waiter w{seq, std::move(g), c.weak_from_this(), &c};
   // The gate may open at once, on this thread, or later on owner's runner.
   try {
     owner->events_.when_resolved(std::move(w));
@@ -150,7 +151,7 @@ bool device_core::push_wait(const std::shared_ptr<device_core>& owner, uint64_t 
     // The gate is queued: left pending, it would hold this device forever.
     // `w` still holds it (`when_resolved` moves from it only once stored).
     static const std::string reason = "could not register the wait (out of memory)";
-    resolve_gate(*w.g, &reason);
+    c.resolve_gate(*w.g, &reason);
     throw;
   }
   return true;
@@ -166,18 +167,19 @@ std::string gate::what() const noexcept {
   }
 }
 
-void device_core::push_gate(const std::shared_ptr<gate>& g) {
+void work_submission::push_gate(const std::shared_ptr<gate>& g) {
+  auto& c = core();
   {
     // Registered before the push: `shutdown` stops the queue before it collects
     // these, so a gate is either collected (and maybe cancelled) or refused.
-    std::lock_guard guard{outcomes_.waiters_mutex()};
-    gates_.add_locked(g);
+    std::lock_guard guard{c.outcomes_.waiters_mutex()};
+    c.gates_.add_locked(g);
   }
   try {
     g->seq = enqueue_wait(g);
   } catch (...) {
-    std::lock_guard guard{outcomes_.waiters_mutex()};
-    gates_.take_back_locked();
+    std::lock_guard guard{c.outcomes_.waiters_mutex()};
+    c.gates_.take_back_locked();
     throw;
   }
 }

@@ -1,5 +1,6 @@
-// The producer side of a device's queue: appending, backpressure, flow
-// control for producers that must not block, and waking the runner.
+// The submission path (submission.hpp), the producer side of a device's
+// queue: appending, backpressure, flow control for producers that must not
+// block, and waking the runner. Its waits: device_gates.cpp.
 #include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
@@ -14,11 +15,12 @@ namespace multidev::detail {
 // call of its own cost it ~20 instructions (callgrind, 186 against 165 a
 // push).
 template <class MakeExtra>
-[[gnu::always_inline]] inline uint64_t device_core::enqueue(std::function<void()>&& work,
-                                                            MakeExtra&& make_extra,
-                                                            bool may_wait) {
-  return queue_.push(may_wait, std::move(work), make_extra,
-                     [this] { life_.throw_refusal_locked(); });
+[[gnu::always_inline]] inline uint64_t work_submission::enqueue(std::function<void()>&& work,
+                                                                MakeExtra&& make_extra,
+                                                                bool may_wait) {
+  auto& c = core();
+  return c.queue_.push(may_wait, std::move(work), make_extra,
+                       [&c] { c.life_.throw_refusal_locked(); });
 }
 
 named_extra* named_extra::make(std::string_view description,
@@ -44,8 +46,8 @@ void extra_ptr::destroy() noexcept {
     delete order_or_wait();
 }
 
-extra_ptr device_core::append_text(std::string& text, std::string_view description,
-                                                trace_kind kind) {
+extra_ptr work_submission::append_text(std::string& text, std::string_view description,
+                                      trace_kind kind) {
   auto offset = text.size();
   if (description.size() > extra_ptr::max_text ||
       offset + description.size() > extra_ptr::max_text_end) [[unlikely]]
@@ -54,9 +56,10 @@ extra_ptr device_core::append_text(std::string& text, std::string_view descripti
   return extra_ptr::text(offset, description.size(), kind);
 }
 
-uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_view label,
-                                 std::shared_ptr<const void> hold) {
-  auto extra = extras_.take();
+uint64_t work_submission::push_order(const order& o, trace_kind kind, std::string_view label,
+                                     std::shared_ptr<const void> hold) {
+  auto& c = core();
+  auto extra = c.extras_.take();
   extra->keep_alive = std::move(hold);
   extra->op = o;
   extra->kind = kind; // the description is unused
@@ -64,7 +67,7 @@ uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_vi
   // The closure holds the order by address (the item owns it, and moving the
   // item moves only the pointer): two pointers fit std::function's own room,
   // where the order's values would take an allocation of their own.
-  auto work = [kind, drv = driver_.get(), op = &extra->op]() -> std::function<void()> {
+  auto work = [kind, drv = c.driver_.get(), op = &extra->op]() -> std::function<void()> {
     if (kind == trace_kind::copy)
       return [drv, op] { drv->copy(op->dst, op->src, op->bytes); };
     if (kind == trace_kind::memset)
@@ -74,9 +77,9 @@ uint64_t device_core::push_order(const order& o, trace_kind kind, std::string_vi
   return enqueue(work(), [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
 }
 
-uint64_t device_core::enqueue_wait(std::shared_ptr<gate> g) {
+uint64_t work_submission::enqueue_wait(std::shared_ptr<gate> g) {
   // A wait's extra is reused, as an order's is (see extra_cache).
-  auto extra = extras_.take();
+  auto extra = core().extras_.take();
   extra->keep_alive.reset();
   extra->op.what = ""; // not an order
   extra->g = std::move(g);
@@ -86,7 +89,7 @@ uint64_t device_core::enqueue_wait(std::shared_ptr<gate> g) {
   return enqueue(nullptr, [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
 }
 
-uint64_t device_core::push(task&& t, bool may_wait) {
+uint64_t work_submission::push(task&& t, bool may_wait) {
   // A bare closure, the common case, carries nothing else: no extra.
   if (t.description.empty() && !t.keep_alive && t.kind == trace_kind::task) [[likely]]
     return enqueue(std::move(t.work), [](std::string&) { return extra_ptr{}; }, may_wait);
@@ -131,16 +134,16 @@ device_error device_life::refusal_locked() const {
   return device_error(name_, "device is shut down; no new work is accepted");
 }
 
-void device_core::wait_for_room() {
-  queue_.wait_for_room();
+void work_submission::wait_for_room() {
+  core().queue_.wait_for_room();
 }
 
-bool device_core::has_room() const noexcept {
-  return queue_.has_room();
+bool work_submission::has_room() const noexcept {
+  return core().queue_.has_room();
 }
 
-bool device_core::notify_when_room(std::function<void()> cb) {
-  return queue_.notify_when_room(std::move(cb));
+bool work_submission::notify_when_room(std::function<void()> cb) {
+  return core().queue_.notify_when_room(std::move(cb));
 }
 
 } // namespace multidev::detail

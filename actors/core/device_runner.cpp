@@ -1,9 +1,11 @@
 // The runner thread (device_runner.hpp): takes batches off the queue, runs
 // them in order (or, on an asynchronous driver, submits them to the
-// device's stream and resolves them in order as they complete), parks on
-// gates and hands the device's token over. Beside it, in this file so that
-// the item loop inlines them, the core's resolving side: completes items
-// and fails the device when a task throws (`complete`, `drop`, `poison`).
+// device's stream and resolves them in order as they complete) and parks on
+// gates. Beside it, in this file so that the item loop and the hand-over
+// inline each other: the hand-over protocol (hand_over.hpp: claim, defer,
+// help, serve, hand back), and the core's resolving side, which completes
+// items and fails the device when a task throws (`complete`, `drop`,
+// `poison`).
 #include "actors/core/device_core.hpp"
 
 #include <fmt/format.h>
@@ -24,14 +26,8 @@ constexpr int coalesce_pauses = 64;
 
 } // namespace
 
-namespace {
-/// Set while this runner thread runs another device's items (`serve`): it
-/// claims nothing more until it is back on its own device.
-thread_local bool serving_other = false;
-} // namespace
-
 void device_runner::start(bool hand_over, bool pin) {
-  hand_over_ = hand_over;
+  handover_.enabled_ = hand_over;
   pin_runner_ = pin;
   thread_ = std::thread([this] { run(); });
 }
@@ -80,7 +76,7 @@ void device_runner::run() {
 
 void device_runner::run_batch(bool first) {
   while (batch_.has_next()) {
-    if (!batch_.has_extras() && !claimed_) {
+    if (!batch_.has_extras() && !handover_.claimed()) {
       if (!core_.trace_)
         run_bare_items();
       else
@@ -88,27 +84,21 @@ void device_runner::run_batch(bool first) {
       first = false;
       continue;
     }
-    if (claimed_) [[unlikely]] {
+    if (handover_.claimed()) [[unlikely]] {
       // The last item opened the wait of a device that this one waits for
       // next: run that device's items here rather than wake its runner and
-      // sleep (see exec_token).
-      auto other = std::move(claimed_);
-      if (auto* g = pending_gate_at_pos()) {
-        mark_parked(g);
-        other->runner_.serve(*this, *g, executed_ + 1);
-      } else {
-        other->runner_.hand_back();
-      }
+      // sleep (see hand_over.hpp).
+      handover_.serve_claimed();
       first = false;
       continue;
     }
     if (auto* g = pending_gate_at_pos()) {
-      if (!try_help(*g)) {
+      if (!handover_.try_help(*g)) {
         // Parking: a wake-up of the awaited device that some runner
         // deferred is not this runner's to take up any more.
-        if (hand_over_ && !g->remote)
+        if (handover_.enabled() && !g->remote)
           if (auto o = g->owner.lock())
-            o->runner_.ring_deferred();
+            o->runner_.handover_.ring_deferred();
         return; // park
       }
       first = false;
@@ -127,7 +117,7 @@ void device_runner::run_bare_items() {
   // tasks only: no gate to look for, no extra to fetch ahead, no trace.
   // Until the batch changes (`try_claim` may take the next one early) or a
   // firing claims another device.
-  while (batch_.has_next() && !batch_.has_extras() && !claimed_) {
+  while (batch_.has_next() && !batch_.has_extras() && !handover_.claimed()) {
     batch_.prefetch_ahead(); // the entries only: the batch has no extras
     execute_bare(batch_.take_next());
     if (batch_.has_set_aside()) [[unlikely]]
@@ -161,7 +151,7 @@ template <bool bare>
 void device_runner::run_bare_items_traced(bool first) {
   // The same with the trace on: each item's record, without the general
   // path's look for a gate or an order.
-  while (batch_.has_next() && !batch_.has_extras() && !claimed_) {
+  while (batch_.has_next() && !batch_.has_extras() && !handover_.claimed()) {
     batch_.prefetch_ahead();
     execute_traced<true>(batch_.take_next(), first);
     first = false;
@@ -173,7 +163,7 @@ void device_runner::run_bare_items_traced(bool first) {
 void device_runner::run_item(bool first_in_batch) {
   auto& it = batch_.take_next();
   if (core_.trace_) [[unlikely]] {
-    auto start = it.as_gate() ? std::exchange(token_.parked_ns(), 0) : 0;
+    auto start = it.as_gate() ? std::exchange(handover_.token_.parked_ns(), 0) : 0;
     execute_traced(it, first_in_batch, start);
   } else {
     execute(it);
@@ -202,50 +192,17 @@ gate* device_runner::pending_gate_at_pos() const noexcept {
   return g && !gate_ended(*g, executed_ + 1) ? g : nullptr;
 }
 
-void device_runner::mark_parked(const gate* g) noexcept {
-  if (core_.gates_.parked_on(std::memory_order_relaxed) == g)
-    return;
-  if (g && core_.trace_) [[unlikely]]
-    token_.parked_ns() = core_.trace_->clock().now();
-  core_.gates_.set_parked_on(g);
-}
-
 void device_runner::park() {
   for (;;) {
     auto* g = pending_gate_at_pos();
     if (!g)
       return;
     auto seq = executed_ + 1;
-    mark_parked(g);
-    if (!hand_over_) {
+    handover_.mark_parked(g);
+    if (handover_.enabled())
+      handover_.wait_lendable(*g, seq);
+    else
       wait_at_gate(*g, seq);
-      continue;
-    }
-    // Kept alive while this thread waits without the token: whoever holds
-    // it may take a new batch and free this one.
-    auto keep = batch_.next().extra.order_or_wait()->g;
-    token_.set_spinning(true); // before the token is lendable
-    auto mine = release_parked(*g);
-    auto ready = [&] {
-      return token_.may_take_back(mine, [&] { return gate_ended(*keep, seq); });
-    };
-    // Spins only while the wait is this runner's own: once the token is
-    // lent, whoever holds it rings this runner when it must act.
-    auto lent_or_ready = [&] { return token_.lent_now() || ready(); };
-    bool spin = true;
-    for (;;) {
-      if (spin) {
-        spin = spin_on_gate(lent_or_ready) && ready();
-        token_.set_spinning(false);
-      }
-      if (!spin) {
-        core_.queue_.sleep_on_gate_until(ready);
-        token_.wait_if_held_after_wake();
-      }
-      spin = false;
-      if (token_.try_take_back())
-        break; // holding the token again: look at where the device is now
-    }
   }
 }
 
@@ -256,34 +213,189 @@ void device_runner::wait_at_gate(const gate& g, uint64_t seq) {
     core_.queue_.sleep_on_gate_until(ended);
 }
 
-uint32_t device_runner::release_parked(gate& g) noexcept {
-  auto seq = executed_ + 1;
+bool device_runner::take_batch(std::vector<item>& batch) {
+  auto t = core_.queue_.take(batch, batch_.text());
+  if (!t.took)
+    return false;
+  batch_.taken(t.flagged);
+  core_.extras_.hand_back_if_due();
+  if (t.wants_room)
+    core_.queue_.call_room_callback();
+  return true;
+}
+
+[[gnu::always_inline]] inline bool device_runner::call_work(item& it, uint64_t seq) {
+  if (!it.work)
+    return true;
+  try {
+    it.work();
+  } catch (...) {
+    auto r = core_.resolving();
+    r.poison(seq, [&] { return r.task_failure(it, seq, std::current_exception()); });
+    return false;
+  }
+  return true;
+}
+
+[[gnu::always_inline]] inline void device_runner::execute_bare(item& it) {
+  core_.life_.check_lease(); // a session's: nothing starts once its lease is over
+  auto seq = ++executed_; // runner-only count of items resolved
+  // Cancelled, killed, or behind a failure: resolved without running.
+  if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
+    core_.resolving().drop(it, seq);
+    return;
+  }
+  // The closure is left for batch.clear(): writing to the entry here would
+  // pull its cache line back from the producer on every item.
+  if (!call_work(it, seq))
+    return;
+  if (it.extra) [[unlikely]] {
+    complete_described(it, seq);
+    return;
+  }
+  core_.resolving().complete(seq);
+}
+
+void device_runner::complete_described(item& it, uint64_t seq) {
+  // Its captures and what it held go before its event is done (task.hpp).
+  it.work = nullptr;
+  if (auto* n = it.extra.named_holding())
+    n->keep_alive.reset();
+  core_.resolving().complete(seq); // records it in the trace, its description read there
+}
+
+void device_runner::note_running_text(const item& it, uint64_t seq) noexcept {
+  if (it.extra.is_text()) {
+    core_.trace_->note_running(seq, text_of(it));
+  } else if (auto* n = it.extra.named()) {
+    core_.trace_->note_running(seq, n->description());
+  } else {
+    try {
+      core_.trace_->note_running(seq, core_.resolving().description_of(it)); // an order's, built now
+    } catch (...) {
+      // Out of memory: the chain says its seq only.
+    }
+  }
+}
+
+void device_runner::execute(item& it) {
+  if (!it.extra.order_or_wait()) {
+    execute_bare(it);
+    return;
+  }
+  core_.life_.check_lease();
+  auto seq = ++executed_;
+  if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
+    if (it.as_gate())
+      handover_.mark_parked(nullptr); // it may be freed with the item (core_.extras_.recycle)
+    core_.resolving().drop(it, seq);
+    return;
+  }
+  if (auto* gp = it.as_gate()) {
+    // Ended: the runner parked until it did (`park`).
+    auto& g = *gp;
+    handover_.mark_parked(nullptr);
+    if (g.state.load() != gate::open && seq <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst)) {
+      core_.resolving().drop(it, seq); // counts the gate off
+      return;
+    }
+    core_.gates_.count_passed();
+    if (g.state.load() == gate::failed) {
+      auto r = core_.resolving();
+      r.poison(seq, [&] { return r.gate_failure(g); });
+      return;
+    }
+  } else if (!call_work(it, seq)) {
+    return;
+  }
+  // Release what an order held (a freed pool's memory) before its event is
+  // done, so whoever syncs on it sees the memory gone.
+  it.work = nullptr;
+  core_.extras_.release_hold(*it.extra.order_or_wait());
+  core_.resolving().complete(seq);
+}
+
+// -- The hand-over (hand_over.hpp) ---------------------------------------------------
+// Here, not in a file of its own: `serve` runs the served device's items
+// through its runner's `run_item`, and the runner's loop calls
+// `mark_parked`, `try_help` and `serve_claimed`; one translation unit
+// inlines them into each other as before the split.
+
+namespace {
+/// Set while this runner thread runs another device's items (`serve`): it
+/// claims nothing more until it is back on its own device.
+thread_local bool serving_other = false;
+/// How many items ahead `try_defer` looks for this runner's own wait on the
+/// device whose wake-up it would defer.
+constexpr std::size_t defer_look_ahead = 16;
+} // namespace
+
+void hand_over::mark_parked(const gate* g) noexcept {
+  if (core_.gates_.parked_on(std::memory_order_relaxed) == g)
+    return;
+  if (g && core_.trace_) [[unlikely]]
+    token_.parked_ns() = core_.trace_->clock().now();
+  core_.gates_.set_parked_on(g);
+}
+
+void hand_over::wait_lendable(gate& g, uint64_t seq) {
+  auto& r = runner();
+  // Kept alive while this thread waits without the token: whoever holds
+  // it may take a new batch and free this one.
+  auto keep = r.batch_.next().extra.order_or_wait()->g;
+  token_.set_spinning(true); // before the token is lendable
+  auto mine = release_parked(g);
+  auto ready = [&] {
+    return token_.may_take_back(mine, [&] { return r.gate_ended(*keep, seq); });
+  };
+  // Spins only while the wait is this runner's own: once the token is
+  // lent, whoever holds it rings this runner when it must act.
+  auto lent_or_ready = [&] { return token_.lent_now() || ready(); };
+  bool spin = true;
+  for (;;) {
+    if (spin) {
+      spin = spin_on_gate(lent_or_ready) && ready();
+      token_.set_spinning(false);
+    }
+    if (!spin) {
+      core_.queue_.sleep_on_gate_until(ready);
+      token_.wait_if_held_after_wake();
+    }
+    spin = false;
+    if (token_.try_take_back())
+      return; // holding the token again: the runner looks at where the device is now
+  }
+}
+
+uint32_t hand_over::release_parked(gate& g) noexcept {
+  auto seq = runner().executed_ + 1;
   auto n = token_.park_at(&g);
   lend_at(g, seq);
   return n;
 }
 
-void device_runner::lend_at(const gate& g, uint64_t seq) noexcept {
+void hand_over::lend_at(const gate& g, uint64_t seq) noexcept {
   token_.lend();
   // Against an opener that found the token held or lent and fell back to
   // ringing (Dekker: it stores the gate's state, then tries the token): a
   // runner that slept through that ring must see the wait ended.
-  if (gate_ended(g, seq))
+  if (runner().gate_ended(g, seq))
     core_.queue_.ring();
 }
 
-bool device_runner::try_claim(const gate_waiter& w) noexcept {
+bool hand_over::try_claim(const gate_waiter& w) noexcept {
   // Only this device's own runner, running its own items: it holds its
   // token, and batch_.next() is its next item.
-  if (!hand_over_ || current_runner != &core_ || serving_other || claimed_)
+  if (!enabled_ || current_runner != &core_ || serving_other || claimed_)
     return false;
-  if (!batch_.has_next() && !batch_.has_set_aside() && core_.queue_.has_untaken()) {
+  auto& r = runner();
+  if (!r.batch_.has_next() && !r.batch_.has_set_aside() && core_.queue_.has_untaken()) {
     // The next item is queued, not yet taken: take it now. The item running
     // (in this batch) stays where it is until `run_batch` frees the batch.
-    batch_.set_aside();
-    take_batch(batch_.items());
+    r.batch_.set_aside();
+    r.take_batch(r.batch_.items());
   }
-  auto* next = pending_gate_at_pos();
+  auto* next = r.pending_gate_at_pos();
   // Its next item waits for w's device (owner equality without touching
   // the counts); a wait on any other device could open while this runner
   // is busy with w's items, and this device would wait for nothing.
@@ -291,45 +403,52 @@ bool device_runner::try_claim(const gate_waiter& w) noexcept {
       w.waiter.owner_before(next->owner))
     return false;
   auto other = w.waiter.lock();
-  if (!other || !other->runner_.hand_over_)
+  if (!other)
     return false;
-  if (!other->runner_.token_.try_borrow())
+  auto& o = other->runner_.handover_;
+  if (!o.enabled_ || !o.token_.try_borrow())
     return false;
-  other->runner_.token_.take_up_deferral();
+  o.token_.take_up_deferral();
   // Holding its token: it stays where it is.
   // Opened without ringing its runner.
   int expected = gate::pending;
-  if (other->runner_.token_.parked_gate() != w.g.get() ||
+  if (o.token_.parked_gate() != w.g.get() ||
       !w.g->state.compare_exchange_strong(expected, gate::open)) {
-    other->runner_.hand_back();
+    o.hand_back();
     return false;
   }
   claimed_ = std::move(other);
   return true;
 }
 
-namespace {
-/// How many items ahead `try_defer` looks for this runner's own wait on the
-/// device whose wake-up it would defer.
-constexpr std::size_t defer_look_ahead = 16;
-} // namespace
+void hand_over::serve_claimed() {
+  auto& r = runner();
+  auto other = std::move(claimed_);
+  if (auto* g = r.pending_gate_at_pos()) {
+    mark_parked(g);
+    other->runner_.handover_.serve(r, *g, r.executed_ + 1);
+  } else {
+    other->runner_.handover_.hand_back();
+  }
+}
 
-void device_runner::set_defer_threshold_for_tests(int n) noexcept {
+void hand_over::set_defer_threshold_for_tests(int n) noexcept {
   defer_min_runners.store(n > 0 ? n : process_cpus() + 1, std::memory_order_relaxed);
 }
 
-bool device_runner::try_defer(const gate_waiter& w) noexcept {
+bool hand_over::try_defer(const gate_waiter& w) noexcept {
   // The caller asked `runners_may_defer`. Only this device's own runner,
   // running its own items (as try_claim).
-  if (!hand_over_ || current_runner != &core_ || serving_other || claimed_)
+  if (!enabled_ || current_runner != &core_ || serving_other || claimed_)
     return false;
   // This runner waits for w's device soon: it will run that device's items
   // at its own wait (`try_help`), so they do not wait on it long. Its own
   // entries only: no lock, no reference count yet.
   bool waits_for_it = false;
-  const auto& items = batch_.items();
-  auto first = batch_.has_extras() ? batch_.pos() : items.size();
-  auto end = std::min(items.size(), batch_.pos() + defer_look_ahead);
+  const auto& batch = runner().batch_;
+  const auto& items = batch.items();
+  auto first = batch.has_extras() ? batch.pos() : items.size();
+  auto end = std::min(items.size(), batch.pos() + defer_look_ahead);
   // The entries' extras and their gates were written by the host: read one
   // entry after the other, each cost two cache misses in a row (try_defer
   // took 29% of device 0's runner in prebuilt rounds of the 8-device fan
@@ -351,71 +470,78 @@ bool device_runner::try_defer(const gate_waiter& w) noexcept {
   if (!waits_for_it)
     return false;
   auto other = w.waiter.lock();
-  if (!other || !other->runner_.hand_over_)
+  if (!other)
+    return false;
+  auto& o = other->runner_.handover_;
+  if (!o.enabled_)
     return false;
   // Asleep, parked at exactly this gate, the token left there: only a ring
   // or a helper gets its items run. Awake (spinning, or rung already), it
   // takes them up itself.
   if (other->queue_.sleeping(std::memory_order_seq_cst) != device_core::work_queue_t::on_gate ||
-      other->runner_.token_.state(std::memory_order_relaxed) != exec_token::lendable ||
+      o.token_.state(std::memory_order_relaxed) != exec_token::lendable ||
       other->gates_.parked_on(std::memory_order_acquire) != w.g.get())
     return false;
   auto stamp = wake_backstop::next_stamp();
-  other->runner_.token_.defer(stamp);
+  o.token_.defer(stamp);
   int expected = gate::pending;
   if (!w.g->state.compare_exchange_strong(expected, gate::open)) {
     // Resolved meanwhile (a cancel): whoever did rang it.
-    other->runner_.ring_if_deferred(stamp);
+    o.ring_if_deferred(stamp);
     return true;
   }
-  other->runner_.token_.count_deferred_wake();
+  o.token_.count_deferred_wake();
   if (!wake_backstop::instance().deferred(other.get(), stamp))
-    other->runner_.ring_if_deferred(stamp); // no backstop: rung now, as without deferral
+    o.ring_if_deferred(stamp); // no backstop: rung now, as without deferral
   return true;
 }
 
-bool device_runner::ring_if_deferred(uint64_t stamp) noexcept {
+bool hand_over::ring_if_deferred(uint64_t stamp) noexcept {
   if (!token_.clear_deferral(stamp))
     return false;
   core_.queue_.ring();
   return true;
 }
 
-bool device_runner::try_help(const gate& g) {
+bool hand_over::try_help(const gate& g) {
   // Only this device's own runner, running its own items (as try_claim).
-  if (!hand_over_ || current_runner != &core_ || serving_other || g.remote)
+  if (!enabled_ || current_runner != &core_ || serving_other || g.remote)
     return false;
   auto other = g.owner.lock();
-  if (!other || other.get() == &core_ || !other->runner_.hand_over_)
+  if (!other || other.get() == &core_ || !other->runner_.handover_.enabled_)
     return false;
+  auto& o = other->runner_.handover_;
   // Lendable means parked at a wait: its runner left the token there. Not
   // while that runner spins there (see try_borrow_unless_spinning). Asleep,
   // rung or not, it may be a context switch away (a hint: a runner that
   // starts spinning now finds the token lent and sleeps, as for any lent
   // token).
-  if (!other->runner_.token_.try_borrow_unless_spinning())
+  if (!o.token_.try_borrow_unless_spinning())
     return false;
   if (other->runner_.pending_gate_at_pos() || other->runner_.executed_ >= g.owner_seq) {
-    other->runner_.relend(); // still held there, or past what g waits for: left as it was
+    o.relend(); // still held there, or past what g waits for: left as it was
     return false;
   }
   // Its wait has ended, and its runner (rung, or its wake-up deferred) has
   // not taken the token back yet: the items it would run are those this
   // runner waits for.
-  other->runner_.token_.take_up_deferral();
+  o.token_.take_up_deferral();
   mark_parked(&g);
-  other->runner_.serve(*this, g, executed_ + 1);
+  auto& r = runner();
+  o.serve(r, g, r.executed_ + 1);
   return true;
 }
 
-void device_runner::relend() noexcept {
+void hand_over::relend() noexcept {
+  auto& r = runner();
   // The gate is kept alive across the release: once the token is lendable,
   // its runner may take it, run past the gate and free it.
-  auto keep = batch_.next().extra.order_or_wait()->g;
-  lend_at(*keep, executed_ + 1);
+  auto keep = r.batch_.next().extra.order_or_wait()->g;
+  lend_at(*keep, r.executed_ + 1);
 }
 
-void device_runner::serve(const device_runner& lender, const gate& until, uint64_t until_seq) {
+void hand_over::serve(const device_runner& lender, const gate& until, uint64_t until_seq) {
+  auto& r = runner();
   current_runner = &core_;
   serving_other = true;
   bool first = false;
@@ -424,17 +550,17 @@ void device_runner::serve(const device_runner& lender, const gate& until, uint64
   // later than that item (a wait whose registration the host has not yet
   // finished opens on the host), and an item past it is one the lender
   // does not wait for, which could even wait for the lender's later work.
-  while (executed_ < until.owner_seq) {
-    if (!batch_.has_next()) {
-      batch_.clear();
-      if (!take_batch(batch_.items()))
+  while (r.executed_ < until.owner_seq) {
+    if (!r.batch_.has_next()) {
+      r.batch_.clear();
+      if (!r.take_batch(r.batch_.items()))
         break;
       first = true;
     }
-    if (pending_gate_at_pos())
+    if (r.pending_gate_at_pos())
       break;
-    batch_.prefetch_ahead();
-    run_item(first);
+    r.batch_.prefetch_ahead();
+    r.run_item(first);
     first = false;
     ++ran;
     if (lender.gate_ended(until, until_seq))
@@ -446,22 +572,23 @@ void device_runner::serve(const device_runner& lender, const gate& until, uint64
   hand_back();
 }
 
-void device_runner::hand_back() noexcept {
-  if (!batch_.has_next() && core_.queue_.has_untaken()) {
+void hand_over::hand_back() noexcept {
+  auto& r = runner();
+  if (!r.batch_.has_next() && core_.queue_.has_untaken()) {
     // Where the device stands is in the items queued since: most often the
     // next wait of a chain, where it parks lendable again.
-    batch_.clear();
-    take_batch(batch_.items());
+    r.batch_.clear();
+    r.take_batch(r.batch_.items());
   }
-  if (auto* g = pending_gate_at_pos()) {
+  if (auto* g = r.pending_gate_at_pos()) {
     // Kept alive across the release, as in relend.
-    auto keep = batch_.next().extra.order_or_wait()->g;
+    auto keep = r.batch_.next().extra.order_or_wait()->g;
     mark_parked(g);
     release_parked(*g);
     return;
   }
-  if (!batch_.has_next()) {
-    batch_.clear(); // what the items held goes now, not when the runner wakes
+  if (!r.batch_.has_next()) {
+    r.batch_.clear(); // what the items held goes now, not when the runner wakes
     // Nothing to run: a producer rings the runner as for any idle device.
     if (core_.queue_.settle_idle_runner([&] { token_.give_back(); }))
       return;
@@ -471,107 +598,9 @@ void device_runner::hand_back() noexcept {
   core_.queue_.ring();
 }
 
-bool device_runner::take_batch(std::vector<item>& batch) {
-  auto t = core_.queue_.take(batch, batch_.text());
-  if (!t.took)
-    return false;
-  batch_.taken(t.flagged);
-  core_.extras_.hand_back_if_due();
-  if (t.wants_room)
-    core_.queue_.call_room_callback();
-  return true;
-}
+// -- The core's resolving side (item_resolver.hpp) ---------------------------------
 
-[[gnu::always_inline]] inline bool device_runner::call_work(item& it, uint64_t seq) {
-  if (!it.work)
-    return true;
-  try {
-    it.work();
-  } catch (...) {
-    core_.poison(seq, [&] { return core_.task_failure(it, seq, std::current_exception()); });
-    return false;
-  }
-  return true;
-}
-
-[[gnu::always_inline]] inline void device_runner::execute_bare(item& it) {
-  core_.life_.check_lease(); // a session's: nothing starts once its lease is over
-  auto seq = ++executed_; // runner-only count of items resolved
-  // Cancelled, killed, or behind a failure: resolved without running.
-  if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
-    core_.drop(it, seq);
-    return;
-  }
-  // The closure is left for batch.clear(): writing to the entry here would
-  // pull its cache line back from the producer on every item.
-  if (!call_work(it, seq))
-    return;
-  if (it.extra) [[unlikely]] {
-    complete_described(it, seq);
-    return;
-  }
-  core_.complete(seq);
-}
-
-void device_runner::complete_described(item& it, uint64_t seq) {
-  // Its captures and what it held go before its event is done (task.hpp).
-  it.work = nullptr;
-  if (auto* n = it.extra.named_holding())
-    n->keep_alive.reset();
-  core_.complete(seq); // records it in the trace, its description read there
-}
-
-void device_runner::note_running_text(const item& it, uint64_t seq) noexcept {
-  if (it.extra.is_text()) {
-    core_.trace_->note_running(seq, text_of(it));
-  } else if (auto* n = it.extra.named()) {
-    core_.trace_->note_running(seq, n->description());
-  } else {
-    try {
-      core_.trace_->note_running(seq, core_.description_of(it)); // an order's, built now
-    } catch (...) {
-      // Out of memory: the chain says its seq only.
-    }
-  }
-}
-
-void device_runner::execute(item& it) {
-  if (!it.extra.order_or_wait()) {
-    execute_bare(it);
-    return;
-  }
-  core_.life_.check_lease();
-  auto seq = ++executed_;
-  if (seq <= core_.outcomes_.dropped_upto(std::memory_order_acquire)) [[unlikely]] {
-    if (it.as_gate())
-      mark_parked(nullptr); // it may be freed with the item (core_.extras_.recycle)
-    core_.drop(it, seq);
-    return;
-  }
-  if (auto* gp = it.as_gate()) {
-    // Ended: the runner parked until it did (`park`).
-    auto& g = *gp;
-    mark_parked(nullptr);
-    if (g.state.load() != gate::open && seq <= core_.outcomes_.dropped_upto(std::memory_order_seq_cst)) {
-      core_.drop(it, seq); // counts the gate off
-      return;
-    }
-    core_.gates_.count_passed();
-    if (g.state.load() == gate::failed) {
-      core_.poison(seq, [&] { return core_.gate_failure(g); });
-      return;
-    }
-  } else if (!call_work(it, seq)) {
-    return;
-  }
-  // Release what an order held (a freed pool's memory) before its event is
-  // done, so whoever syncs on it sees the memory gone.
-  it.work = nullptr;
-  core_.extras_.release_hold(*it.extra.order_or_wait());
-  core_.complete(seq);
-}
-
-device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
+item_resolver::failure_ptr item_resolver::task_failure(const item& it, uint64_t seq,
                                                    std::exception_ptr e) const {
   std::string what = "unknown exception";
   try {
@@ -582,22 +611,22 @@ device_core::failure_ptr device_core::task_failure(const item& it, uint64_t seq,
   } catch (...) {
   }
   return std::make_shared<failure>(
-    failure{failure::kind::failed, name_, runner_.task_name(it, seq), seq, std::move(what), {}});
+    failure{failure::kind::failed, core_.name_, core_.runner_.task_name(it, seq), seq, std::move(what), {}});
 }
 
-device_core::failure_ptr device_core::gate_failure(const gate& g) const {
+item_resolver::failure_ptr item_resolver::gate_failure(const gate& g) const {
   auto f = std::make_shared<failure>();
   if (g.cause)
     *f = *g.cause;
   else
     f->message = "failed (its cause could not be recorded)";
-  f->path.insert(f->path.begin(), failure_hop{name_, g.owner_label(), g.owner_seq});
+  f->path.insert(f->path.begin(), failure_hop{core_.name_, g.owner_label(), g.owner_seq});
   return f;
 }
 
-std::string device_core::description_of(const item& it) const {
+std::string item_resolver::description_of(const item& it) const {
   if (it.extra.is_text())
-    return std::string{runner_.text_of(it)};
+    return std::string{core_.runner_.text_of(it)};
   if (auto* n = it.extra.named())
     return std::string{n->description()};
   auto* x = it.extra.order_or_wait();
@@ -605,11 +634,11 @@ std::string device_core::description_of(const item& it) const {
     return {};
   const auto& o = x->op;
   switch (o.naming) {
-  case order::pool_span:
+  case work_order::pool_span:
     return fmt::format("{} pool {} [{}, {})", o.what, o.id, o.offset, o.offset + o.bytes);
-  case order::pool:
+  case work_order::pool:
     return fmt::format("{} {}", o.what, o.id);
-  case order::node:
+  case work_order::node:
     break;
   }
   return x->node_label.empty() ? fmt::format("{} #{}", o.what, o.id)
@@ -619,45 +648,49 @@ std::string device_core::description_of(const item& it) const {
 std::string device_runner::task_name(const item& it, uint64_t seq) const {
   if (auto* g = it.as_gate())
     return "wait for " + g->what();
-  auto d = core_.description_of(it);
+  auto d = core_.resolving().description_of(it);
   return d.empty() ? nameless_task_name(seq) : d;
 }
 
-void device_core::drop(item& it, uint64_t seq) noexcept {
+void item_resolver::drop(item& it, uint64_t seq) noexcept {
   if (it.as_gate())
-    gates_.count_passed();
-  if (trace_) [[unlikely]]
-    runner_.trace_dropped(it, seq);
+    core_.gates_.count_passed();
+  if (core_.trace_) [[unlikely]]
+    core_.runner_.trace_dropped(it, seq);
   it.work = nullptr;
-  extras_.release_hold(it);
-  outcomes_.record_dropped(seq); // with the cause of the drop that covers it
+  core_.extras_.release_hold(it);
+  core_.outcomes_.record_dropped(seq); // with the cause of the drop that covers it
   complete(seq);
 }
 
-void device_core::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
-  outcomes_.record_bad(seq, std::move(cause));
+void item_resolver::resolve_bad(uint64_t seq, failure_ptr cause) noexcept {
+  core_.outcomes_.record_bad(seq, std::move(cause));
   complete(seq);
 }
 
-void device_core::complete(uint64_t seq) {
-  if (trace_) [[unlikely]]
-    runner_.trace_done(seq, false); // before the event is done, so whoever syncs sees it
+void item_resolver::complete(uint64_t seq) {
+  if (core_.trace_) [[unlikely]]
+    core_.runner_.trace_done(seq, false); // before the event is done, so whoever syncs sees it
   // Store-then-load against a registration's store-then-load of the
   // waiters' minimum and the progress (Dekker, `outcome_board::publish`):
   // both sides need StoreLoad order, or a waiter that registers at this very
   // moment and this check could both miss each other, and the event would
   // stay unresolved -- forever if the next task waits for whoever is waiting
   // on this event.
-  if (outcomes_.publish(seq))
-    events_.fire(seq, nullptr);
+  if (core_.outcomes_.publish(seq))
+    core_.events_.fire(seq, nullptr);
 }
 
 void device_core::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
+  resolving().resolve_flight(f, v);
+}
+
+void item_resolver::resolve_flight(stream_window::flight& f, stream_window::verdict v) noexcept {
   auto seq = f.seq;
   // The record goes out as the item resolves (complete, poison, drop); a
   // settled item the stream did not report (a gate) ends now.
-  if (trace_) [[unlikely]]
-    trace_->begin(&f.it, f.start_ns, f.end_ns);
+  if (core_.trace_) [[unlikely]]
+    core_.trace_->begin(&f.it, f.start_ns, f.end_ns);
   auto* g = f.it.as_gate();
   switch (v) {
   case stream_window::verdict::dropped:
@@ -665,7 +698,7 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
     return;
   case stream_window::verdict::failed:
     if (g) {
-      gates_.count_passed();
+      core_.gates_.count_passed();
       poison(seq, [&] { return gate_failure(*g); });
     } else {
       poison(seq, [&] { return task_failure(f.it, seq, f.error); });
@@ -673,10 +706,10 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
     return;
   case stream_window::verdict::done:
     if (g) {
-      gates_.count_passed();
+      core_.gates_.count_passed();
     } else {
-      if (trace_) [[unlikely]]
-        runner_.trace_done(seq, false); // while its description is still there
+      if (core_.trace_) [[unlikely]]
+        core_.runner_.trace_done(seq, false); // while its description is still there
       f.it = item{}; // what the task held goes before its event is done
     }
     complete(seq);
@@ -685,26 +718,26 @@ void device_core::resolve_flight(stream_window::flight& f, stream_window::verdic
 }
 
 template <class MakeCause>
-void device_core::poison(uint64_t seq, MakeCause make) noexcept {
+void item_resolver::poison(uint64_t seq, MakeCause make) noexcept {
   // Runs on the runner, outside any handler: nothing here may throw. A cause
   // that cannot be made (out of memory) becomes a preallocated one.
-  if (trace_) [[unlikely]]
-    runner_.trace_done(seq, true);
+  if (core_.trace_) [[unlikely]]
+    core_.runner_.trace_done(seq, true);
   failure_ptr cause;
   try {
     cause = make();
   } catch (...) {
-    cause = outcomes_.fallback_cause();
+    cause = core_.outcomes_.fallback_cause();
   }
   {
-    std::lock_guard guard{queue_.mutex()};
-    life_.fail_locked(cause); // wakes the producers waiting for room
+    std::lock_guard guard{core_.queue_.mutex()};
+    core_.life_.fail_locked(cause); // wakes the producers waiting for room
     // What is queued behind the failure fails with it, in order (with a
     // generic cause, should there be no memory to record this one).
-    life_.drop_locked(cause);
+    core_.life_.drop_locked(cause);
   }
   resolve_bad(seq, std::move(cause));
-  queue_.call_room_callback();
+  core_.queue_.call_room_callback();
 }
 
 } // namespace multidev::detail

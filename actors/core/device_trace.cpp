@@ -56,7 +56,7 @@ void device_runner::trace_done(uint64_t seq, bool failed) noexcept {
       e.kind = it->extra.order_or_wait()->kind;
       std::string description; // an order's, built now
       try {
-        description = core_.description_of(*it);
+        description = core_.resolving().description_of(*it);
       } catch (...) {
         // Out of memory: the record goes without its text.
       }

@@ -48,7 +48,7 @@
 /// holder. `try_take_back`, `set_spinning`, `wait_if_held_after_wake`: the
 /// device's own runner. `try_borrow*`, `defer`, the readers: any runner.
 /// Every transition of `state` is seq_cst (a Dekker pairing with the gates'
-/// states: see `device_runner::lend_at`); the looks before a compare-and-swap
+/// states: see `hand_over::lend_at`); the looks before a compare-and-swap
 /// are relaxed hints.
 
 #include <atomic>

@@ -18,7 +18,7 @@
 ///   taking one moves one entry, amortized.
 /// - Every waiter added is taken once (`take_due_locked`), in seq order; the
 ///   owner then opens or fails its gate (`resolve`), or hands the waiting
-///   device over (`device_runner::try_claim`, `try_defer`).
+///   device over (`hand_over::try_claim`, `try_defer`).
 /// - The owner's outcome board stores a minimum at most the seq of every
 ///   waiter listed here and there (`update_min_locked`), so that a `publish`
 ///   that passes a waiter's seq reports it due.

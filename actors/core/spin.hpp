@@ -141,7 +141,7 @@ inline constexpr int gate_spin_pauses = 1024;
 /// took 59.5 µs a round with the long poll, 31.7 with a poll of 64 pauses
 /// yielding every 16). It does not poll at all now: asleep at once, its
 /// wake-up can be deferred to a runner that runs its items itself
-/// (`device_runner::try_defer`), which with a polling runner, awake, almost
+/// (`hand_over::try_defer`), which with a polling runner, awake, almost
 /// never happened (the same DAG, alternating: 14.3-16.5 against 22.5-27.0
 /// µs a round at 8 devices, 7.1-9.0 against 11.3-11.6 at 4).
 inline constexpr int gate_spin_pauses_crowded = 0;
@@ -155,7 +155,7 @@ inline std::atomic<int> awake_runners{0};
 inline std::atomic<int> live_runners{0};
 
 /// How many runners the process must have for a runner to defer another's
-/// wake-up (`device_runner::try_defer`): one more than its CPUs, set by the
+/// wake-up (`hand_over::try_defer`): one more than its CPUs, set by the
 /// first runner (`runner_awake`); tests lower it. Until then, none defers.
 inline std::atomic<int> defer_min_runners{std::numeric_limits<int>::max()};
 
