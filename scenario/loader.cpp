@@ -1612,7 +1612,7 @@ private:
 
   /// A form of a loop body whose iterations differ in names only: the
   /// `(as NAME)` it binds (as written, `k$i`), if any, and whether its
-  /// event (of a `sync`) is one of the same iteration's.
+  /// event (of a `wait` or `sync`) is one of the same iteration's.
   struct named_form {
     std::string as;
     bool ev_follows = false;
@@ -1622,7 +1622,7 @@ private:
   /// does the same in every iteration but for the names it binds: step
   /// forms (those of `alike_body` but `repeat`, and `all-work`) in which
   /// the loop variable appears only as `$VAR`, once, in a name an `(as
-  /// ...)` binds, and as a `sync`'s event written as one such
+  /// ...)` binds, and as a `wait`'s or `sync`'s event written as one such
   /// name of an earlier form (the same iteration's event). With at least
   /// one such name; `${...}` nowhere.
   static bool named_loop(const form& f, const std::string& var, std::vector<named_form>& out) {
@@ -1661,8 +1661,7 @@ private:
         return false;
       const auto& head = s.items()[0].as_atom();
       named_form nf;
-      // (A wait's item has no event to tell its iteration by: not there.)
-      std::size_t ev_at = head == "sync" ? 1 : 0;
+      std::size_t ev_at = head == "wait" ? 2 : head == "sync" ? 1 : 0;
       for (std::size_t j = 1; j < s.items().size(); ++j) {
         const auto& x = s.items()[j];
         if (x.is_list() && x.items().size() == 2 && x.items()[0].is_atom()

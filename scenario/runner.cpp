@@ -330,8 +330,18 @@ private:
     for (std::size_t k = 0; k < b.count; ++k)
       if (scratch_[k].kind == op::kernel)
         kernel_texts_[&scratch_[k]] = kernel_text(p_.steps[b.first + k]);
+    // An item whose text names the iteration but binds no event (a wait
+    // on the same iteration's event) tells its iteration by its order.
+    bool orders = false;
+    for (std::size_t k = 0; k < b.count; ++k)
+      orders = orders || (p_.steps[b.first + k].as < 0
+                          && fam.texts[k].find(text_marker) != std::string::npos);
     for (uint64_t t = 0; t < b.times && !stopped_; ++t) {
       iteration_ = static_cast<int64_t>(t);
+      if (orders && t == 0)
+        family_runs_.push_back(family_run{b.family, {}});
+      if (orders)
+        family_runs_.back().starts.push_back(next_order_);
       auto shift = static_cast<int>(t) * fam.per_iter;
       for (std::size_t k = 0; k < b.count && !stopped_; ++k) {
         auto& st = scratch_[k];
@@ -540,7 +550,19 @@ private:
     if (st.family < 0)
       return st.text;
     auto l = it.event >= 0 ? locate_event(p_.families, it.event) : event_locus{};
-    return text_of(st, l.family >= 0 ? l.iter : 0);
+    if (l.family >= 0)
+      return text_of(st, l.iter);
+    // The run of its block that holds its order (runs in order), and there
+    // the last iteration that began at or before it.
+    auto run = std::upper_bound(family_runs_.begin(), family_runs_.end(), it.order,
+                                [](uint64_t o, const family_run& r) {
+                                  return o < r.starts.front();
+                                });
+    if (run == family_runs_.begin() || (run - 1)->family != st.family)
+      return text_of(st, 0); // its text names no iteration
+    const auto& starts = (run - 1)->starts;
+    auto t = std::upper_bound(starts.begin(), starts.end(), it.order) - starts.begin() - 1;
+    return text_of(st, static_cast<int64_t>(t));
   }
 
   /// `describe_kernel(st)` interned, once per step (a loop's step runs many
@@ -1995,6 +2017,13 @@ private:
   /// copy, the iteration, and the program's step the one running stands for.
   std::vector<step> scratch_;
   int64_t iteration_ = -1;
+  /// For the runs of named blocks with such items (`item_text`): the order
+  /// of the first item of each iteration.
+  struct family_run {
+    int family = -1;
+    std::vector<uint64_t> starts;
+  };
+  std::vector<family_run> family_runs_;
   const step* source_ = nullptr;
   /// The origins of the failures expectations saw (and of those reported).
   std::set<origin> seen_;
