@@ -1616,6 +1616,10 @@ private:
   struct named_form {
     std::string as;
     bool ev_follows = false;
+    /// A kernel's arguments that are affine in the variable (`$i`, `(* 2
+    /// $i)`, `(+ $i 1)`): (index among the form's items, among the kernel's
+    /// arguments).
+    std::vector<std::pair<std::size_t, std::size_t>> varying;
   };
 
   /// Whether the body of `(repeat N (var VAR) ...)` (its forms `f.pos[1..]`)
@@ -1653,6 +1657,27 @@ private:
         return !names_var(x.as_atom());
       return std::all_of(x.items().begin(), x.items().end(), plain);
     };
+    // `$var`, or +, - and * (by one such term at most) of such terms and
+    // plain ones: a whole number a + b * var.
+    std::function<bool(const sexp&)> affine = [&](const sexp& x) {
+      if (x.is_atom())
+        return x.as_atom() == "$" + var;
+      const auto& xs = x.items();
+      if (xs.size() < 3 || !xs[0].is_atom())
+        return false;
+      const auto& o = xs[0].as_atom();
+      if (o != "+" && o != "-" && o != "*")
+        return false;
+      int varying = 0;
+      for (std::size_t j = 1; j < xs.size(); ++j) {
+        if (plain(xs[j]))
+          continue;
+        if (!affine(xs[j]))
+          return false;
+        ++varying;
+      }
+      return o != "*" || varying <= 1;
+    };
     bool any = false;
     for (std::size_t k = 1; k < f.pos.size(); ++k) {
       const auto& s = *f.pos[k];
@@ -1662,8 +1687,17 @@ private:
       const auto& head = s.items()[0].as_atom();
       named_form nf;
       std::size_t ev_at = head == "wait" ? 2 : head == "sync" ? 1 : 0;
+      std::size_t positional = 0;
       for (std::size_t j = 1; j < s.items().size(); ++j) {
         const auto& x = s.items()[j];
+        bool option = x.is_list() && !x.items().empty() && x.items()[0].is_atom()
+                      && x.items()[0].as_atom() == "as";
+        if (!option)
+          ++positional;
+        if (head == "kernel" && !option && positional >= 3 && !plain(x) && affine(x)) {
+          nf.varying.emplace_back(j, positional - 3);
+          continue;
+        }
         if (x.is_list() && x.items().size() == 2 && x.items()[0].is_atom()
             && x.items()[0].as_atom() == "as" && x.items()[1].is_atom()) {
           const auto& a = x.items()[1].as_atom();
@@ -1683,7 +1717,7 @@ private:
         if (!plain(x))
           return false;
       }
-      any = any || !nf.as.empty();
+      any = any || !nf.as.empty() || !nf.varying.empty();
       out.push_back(std::move(nf));
     }
     return any;
@@ -1754,6 +1788,40 @@ private:
                  && it->second.id < first_event + per_iter))
           return false;
     }
+    // A varying argument: its step per iteration, from iteration 1's value
+    // (and its last iteration's, which must be in range and on the line).
+    std::vector<std::vector<std::pair<std::size_t, int64_t>>> arg_steps(named.size());
+    for (std::size_t k = 0; k < named.size(); ++k) {
+      const auto& st = out[first_step + k];
+      for (auto [item, arg] : named[k].varying) {
+        const auto& x = f.pos[k + 1]->items()[item];
+        if (arg >= st.args.size())
+          return false;
+        auto at_iteration = [&](int64_t t) -> std::optional<int64_t> {
+          vars_[var] = t;
+          try {
+            if (std::holds_alternative<int64_t>(st.args[arg]))
+              return integer(x, "an argument");
+            if (!std::holds_alternative<double>(st.args[arg]))
+              return std::nullopt;
+            auto v = real(x, "an argument");
+            if (std::abs(v) >= 0x1p53 || v != std::trunc(v))
+              return std::nullopt;
+            return static_cast<int64_t>(v);
+          } catch (const script_error&) {
+            return std::nullopt;
+          }
+        };
+        auto v0 = at_iteration(0), v1 = at_iteration(1), last = at_iteration(n - 1);
+        vars_[var] = 0;
+        int64_t d = 0, want = 0;
+        if (!v0 || !v1 || !last || __builtin_sub_overflow(*v1, *v0, &d)
+            || __builtin_mul_overflow(d, n - 1, &want) || __builtin_add_overflow(want, *v0, &want)
+            || want != *last)
+          return false;
+        arg_steps[k].emplace_back(arg, d);
+      }
+    }
     // Iteration 0's names become the patterns'.
     for (int j = 0; j < per_iter; ++j)
       names_.erase(prog_.events[first_decl + static_cast<std::size_t>(j)].name);
@@ -1777,6 +1845,7 @@ private:
       auto& st = out[first_step + k];
       st.family = id;
       st.shifts_ev = named[k].ev_follows;
+      st.arg_steps = std::move(arg_steps[k]);
     }
     prog_.families.push_back(std::move(fam));
     for (auto& p : pats)

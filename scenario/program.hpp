@@ -109,6 +109,10 @@ struct step {
   /// In such a step, whether `ev` is an event of the same iteration (a
   /// `(wait D k$i)` after `(as k$i)`), which moves with it.
   bool shifts_ev = false;
+  /// In such a step, the kernel arguments that change with the iteration:
+  /// (index into `args`, what it adds each iteration); `args` holds
+  /// iteration 0's values.
+  std::vector<std::pair<std::size_t, int64_t>> arg_steps;
 
   // -- expect ---------------------------------------------------------------
   subject what = subject::action;

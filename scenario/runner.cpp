@@ -327,8 +327,9 @@ private:
     scratch_.assign(first, first + static_cast<std::ptrdiff_t>(b.count));
     // Their items' sources are the program's steps, their kernels'
     // descriptions those steps' (the same in every iteration).
+    // (Arguments that change with the iteration are described each time.)
     for (std::size_t k = 0; k < b.count; ++k)
-      if (scratch_[k].kind == op::kernel)
+      if (scratch_[k].kind == op::kernel && scratch_[k].arg_steps.empty())
         kernel_texts_[&scratch_[k]] = kernel_text(p_.steps[b.first + k]);
     // An item whose text names the iteration but binds no event (a wait
     // on the same iteration's event) tells its iteration by its order.
@@ -348,6 +349,15 @@ private:
         const auto& tmpl = p_.steps[b.first + k];
         st.as = tmpl.as >= 0 ? tmpl.as + shift : -1;
         st.ev = tmpl.shifts_ev ? tmpl.ev + shift : tmpl.ev;
+        for (auto [a, d] : tmpl.arg_steps) {
+          // Checked at load: the last iteration's value is in range.
+          auto add = static_cast<int64_t>(t) * d;
+          if (const auto* v = std::get_if<int64_t>(&tmpl.args[a]))
+            st.args[a] = *v + add;
+          else
+            st.args[a] = static_cast<double>(static_cast<int64_t>(std::get<double>(tmpl.args[a]))
+                                             + add);
+        }
         if (!p_.family_faults.empty() && st.as >= 0) {
           auto it = p_.family_faults.find(st.as);
           auto none = family_fault{};
@@ -568,6 +578,8 @@ private:
   /// `describe_kernel(st)` interned, once per step (a loop's step runs many
   /// times).
   uint32_t kernel_text(const step& st) {
+    if (!st.arg_steps.empty())
+      return intern(describe_kernel(st));
     auto [it, added] = kernel_texts_.try_emplace(&st, 0);
     if (added)
       it->second = intern(describe_kernel(st));

@@ -1277,15 +1277,20 @@ BOOST_AUTO_TEST_CASE(test_scenario_params_are_read_like_loop_variables) {
   auto text = std::string{"(param n 3)\n(param dev 1)\n(devices 2)\n"
                           "(repeat $n (var i) (kernel $dev spin_ns (* $i 10) (as k$i)))\n"
                           "(expect (sync k${n-1}) ok)\n"};
+  // (The loop differs in a name and an affine argument only: it is kept
+  // once, its last iteration's text made from its first.)
   auto p = scn::load(text, "param.scn");
-  BOOST_TEST_REQUIRE(p->steps.size() == 4u);
-  BOOST_TEST(p->steps[2].device == 1);
-  BOOST_TEST(p->steps[3].text == "(expect (sync k2) ok)");
+  BOOST_TEST_REQUIRE(p->steps.size() == 2u);
+  BOOST_TEST_REQUIRE(p->families.size() == 1u);
+  BOOST_TEST(p->steps[0].device == 1);
+  BOOST_TEST(scn::family_text(p->families[0], 0, 2) == "(kernel 1 spin_ns (* 2 10) (as k2))");
+  BOOST_TEST(p->steps[1].text == "(expect (sync k2) ok)");
   p = scn::load(text, "param.scn", std::nullopt, {{"n", "5"}, {"dev", "0"}});
-  BOOST_TEST_REQUIRE(p->steps.size() == 6u);
-  BOOST_TEST(p->steps[4].device == 0);
-  BOOST_TEST(p->steps[4].text == "(kernel 0 spin_ns (* 4 10) (as k4))");
-  BOOST_TEST(p->steps[5].text == "(expect (sync k4) ok)");
+  BOOST_TEST_REQUIRE(p->steps.size() == 2u);
+  BOOST_TEST_REQUIRE(p->families.size() == 1u);
+  BOOST_TEST(p->steps[0].device == 0);
+  BOOST_TEST(scn::family_text(p->families[0], 0, 4) == "(kernel 0 spin_ns (* 4 10) (as k4))");
+  BOOST_TEST(p->steps[1].text == "(expect (sync k4) ok)");
   auto r = scn::run(*p);
   BOOST_TEST(r.ok(), failed_expectations(r));
   auto err = [&](const std::string& t, const std::map<std::string, std::string>& ps) {
@@ -1469,9 +1474,9 @@ BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
                      "(repeat 1000\n"
                      "  (kernel 0 spin_ns 0)\n"
                      "  (repeat 3 (var j) (kernel 1 spin_ns 0)))\n"
-                     "(repeat 4 (kernel 1 spin_ns $i))\n",
+                     "(repeat 4 (kernel 1 spin_ns ${i}))\n",
                      "alike.scn");
-  BOOST_TEST(p->steps.size() == 2u + 4u); // the $i loop is expanded
+  BOOST_TEST(p->steps.size() == 2u + 4u); // the ${i} loop is expanded
   BOOST_TEST_REQUIRE(p->repeats.size() == 2u);
   BOOST_TEST(p->repeats[0].first == 0u); // the outer loop first
   BOOST_TEST(p->repeats[0].count == 2u);
@@ -1500,12 +1505,13 @@ BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
                "  (kernel 0 spin_ns 0))\n");
   BOOST_TEST(starts_with(e, "2:1: (repeat 1000000 ...) would expand to "), e);
   BOOST_TEST(contains(e, "steps, more than the limit of 2000000"), e);
-  // Loops whose iterations differ stay expanded: a bare variable, an
-  // expression (a loop that differs in its names only is kept once, see
+  // Loops whose iterations differ otherwise than in names and affine
+  // kernel arguments stay expanded (those are kept once, see
   // test_scenario_named_loop_iterations_load_once).
   auto loop = [](const std::string& body) { return "(devices 1)\n(repeat 3 " + body + ")\n"; };
-  for (const char* body : {"(kernel 0 spin_ns (* $i 2))", "(kernel 0 spin_ns ${i*2})",
-                           "(kernel 0 spin_ns ${0*i})"}) {
+  for (const char* body : {"(kernel 0 spin_ns ${i*2})", "(kernel 0 spin_ns ${0*i})",
+                           "(kernel 0 spin_ns (* $i $i))", "(kernel 0 spin_ns (mod $i 2))",
+                           "(kernel (mod $i 1) spin_ns 0)"}) {
     auto q = scn::load(loop(body), "differ.scn");
     BOOST_TEST(q->repeats.empty(), body);
     BOOST_TEST(q->steps.size() == 3u, body);
@@ -1543,6 +1549,16 @@ BOOST_AUTO_TEST_CASE(test_scenario_named_loop_iterations_load_once) {
   BOOST_TEST(r.ok(), scn::summary(r));
   BOOST_TEST(r.items == (std::vector<uint64_t>{1000, 1001}), boost::test_tools::per_element());
   BOOST_TEST(slice_of(r, "k999").end_ns > 0);
+  // Kernel arguments affine in the variable are kept once too, each
+  // iteration's value set when it runs (and described with it).
+  auto q = scn::load("(devices 1)\n(repeat 50 (kernel 0 spin_ns (+ (* 2 $i) 1) (as s$i)))\n"
+                     "(expect (before s48 s49))\n",
+                     "args.scn");
+  BOOST_TEST_REQUIRE(q->repeats.size() == 1u);
+  BOOST_TEST(q->steps[0].arg_steps.size() == 1u);
+  auto rq = scn::run(*q);
+  BOOST_TEST(rq.ok(), scn::summary(rq));
+  BOOST_TEST(slice_of(rq, "s49").name == "spin_ns 99");
   // The load errors of the expanded loop, with their places: a name of an
   // iteration declared again (after the loop, or before it: the loop then
   // expands and fails at that iteration), one past the last iteration, a
@@ -1577,17 +1593,19 @@ BOOST_AUTO_TEST_CASE(test_scenario_named_loop_iterations_load_once) {
 }
 
 BOOST_AUTO_TEST_CASE(test_scenario_a_named_loop_runs_as_expanded) {
-  // The same schedule twice: a loop kept once (names from $i only) and the
-  // loop expanded (spin_ns (* 0 $i) is 0 but names the variable), with
-  // faults aimed at single iterations before and after the loop and an
-  // outer loop's variable in the names. The logical traces (items, edges,
+  // The same schedule twice: loops kept once (names and affine kernel
+  // arguments from $i) and the loops expanded (spin_ns (mod 0 (+ $i 1)) is
+  // 0 but is not affine), with faults aimed at single iterations before and
+  // after the loop, a wait on the iteration's event, and an outer loop's
+  // variable in the names. The logical traces (items, edges,
   // events' names, lines) and the verdicts are the same, and a failure no
   // expectation saw names its iteration's text.
   auto text = [](const std::string& zero) {
-    return "(devices 3)\n"
+    return "(devices 3) (tnode v (floats 8)) (context c2 2) (alloc c2 v)\n"
            "(fail-at k3 \"boom\")\n"
            "(hold 0 (as h))\n"
-           "(repeat 6 (kernel 0 spin_ns " + zero + " (as k$i)) (kernel 1 spin_ns 0 (as b$i.x)))\n"
+           "(repeat 6 (kernel 0 spin_ns " + zero + " (as k$i)) (kernel 1 spin_ns 0 (as b$i.x))\n"
+           "  (kernel 1 spin_ns (+ (* 1000 $i) 1)) (kernel c2 fill v $i))\n"
            "(release h)\n"
            "(delay-at b4.x 1ms)\n"
            "(repeat 2 (var r) (repeat 3 (kernel 2 spin_ns " + zero + " (as t$r.$i))))\n"
@@ -1601,9 +1619,9 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_named_loop_runs_as_expanded) {
            "(repeat 4 (kernel 2 spin_ns " + zero + " (as w$i)) (wait 1 w$i) (kernel 1 spin_ns 0))\n"
            "(release h2)\n";
   };
-  // (0 padded to the width of (* 0 $i): the same columns.)
-  auto once = scn::load(text("0       "), "named.scn");
-  auto expanded = scn::load(text("(* 0 $i)"), "named.scn");
+  // (0 padded to the width of (mod 0 (+ $i 1)): the same columns.)
+  auto once = scn::load(text("0               "), "named.scn");
+  auto expanded = scn::load(text("(mod 0 (+ $i 1))"), "named.scn");
   BOOST_TEST(once->repeats.size() == 4u); // the loops, and each round's inner loop
   BOOST_TEST(once->families.size() == 4u);
   BOOST_TEST(expanded->repeats.empty());
@@ -1618,7 +1636,7 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_named_loop_runs_as_expanded) {
   BOOST_TEST(scn::logical_trace(a) == scn::logical_trace(b));
   BOOST_TEST(a.items == b.items, boost::test_tools::per_element());
   BOOST_TEST_REQUIRE(a.unexpected.size() == b.unexpected.size());
-  // The expanded run's, with its (* 0 $i) written 0 (and the devices'
+  // The expanded run's, with its (mod 0 (+ $i 1)) written 0 (and the devices'
   // runner ids, which the second backend of the process numbers on).
   std::vector<std::string> texts, want;
   std::regex runner{R"(multidev_cpu:(\d+):\d+)"};
@@ -1628,7 +1646,7 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_named_loop_runs_as_expanded) {
   for (const auto& u : b.unexpected)
     want.push_back(std::regex_replace(
       std::regex_replace(u.where.str() + " " + u.text + ": " + u.observed,
-                         std::regex{R"(\(\* 0 \d+\))"}, "0"),
+                         std::regex{R"(\(mod 0 \(\+ \d+ 1\)\))"}, "0"),
       runner, "multidev_cpu:$1"));
   BOOST_TEST(texts == want, boost::test_tools::per_element());
   // Among them, iterations' kernels and a wait (whose item binds no event).
@@ -1639,7 +1657,7 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_named_loop_runs_as_expanded) {
 
 BOOST_AUTO_TEST_CASE(test_scenario_a_loop_loaded_once_runs_as_expanded) {
   // The same schedule twice: loops read once (no loop variable), and loops
-  // expanded (a variable that changes nothing: spin_ns (* 0 i) is 0). The
+  // expanded (a variable that changes nothing: spin_ns (mod 0 (+ i 1)) is 0). The
   // logical traces, with every item, edge and line, are the same.
   // (An inner loop reads the outer variable: read once per outer round.)
   auto text = [](const std::string& zero_r, const std::string& zero_i) {
@@ -1648,7 +1666,7 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_loop_loaded_once_runs_as_expanded) {
            zero_r + "))\n(repeat 5 (kernel 1 spin_ns " + zero_i + ") (sync round2))\n";
   };
   auto once = scn::load(text("0", "0"), "loops.scn");
-  auto expanded = scn::load(text("(* 0 $r)", "(* 0 $i)"), "loops.scn");
+  auto expanded = scn::load(text("(mod 0 (+ $r 1))", "(mod 0 (+ $i 1))"), "loops.scn");
   BOOST_TEST(once->repeats.size() == 4u); // each round's inner loop, and the last loop
   BOOST_TEST(expanded->repeats.empty());
   auto a = scn::run(*once);
