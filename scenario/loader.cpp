@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -123,17 +124,17 @@ public:
       statement(f, prog_.steps);
     // The (sync-in ...) events named before the step that makes them.
     for (const auto& fw : forward_events_) {
-      auto it = names_.find(fw.name);
-      if (it == names_.end())
+      auto it = find_name(fw.name);
+      if (!it)
         throw script_error(fw.where, fmt::format("sync-in: unknown event '{}': no step of "
                                                      "the script makes it",
                                                      fw.name));
-      if (it->second.kind != sym::event)
+      if (it->kind != sym::event)
         throw script_error(fw.where,
                            fmt::format("sync-in: '{}' is {} (declared at {}:{}), expected an event",
-                                       fw.name, sym_name(it->second.kind), it->second.where.line,
-                                       it->second.where.column));
-      (*fw.steps)[fw.index].ev = it->second.id;
+                                       fw.name, sym_name(it->kind), it->where.line,
+                                       it->where.column));
+      (*fw.steps)[fw.index].ev = it->id;
     }
     for (const auto& [device, faults] : pending_faults_)
       for (const auto& [step_no, fault] : faults)
@@ -465,10 +466,9 @@ private:
     auto n = text(s, "a name");
     if (n.empty() || looks_numeric(n))
       fail(s, fmt::format("'{}' cannot name {}: names start with a letter", n, sym_name(kind)));
-    if (auto it = names_.find(n); it != names_.end())
+    if (auto it = find_name(n))
       fail(s, fmt::format("duplicate name '{}': already {} declared at {}:{}", n,
-                          sym_name(it->second.kind), it->second.where.line,
-                          it->second.where.column));
+                          sym_name(it->kind), it->where.line, it->where.column));
     return n;
   }
 
@@ -476,18 +476,28 @@ private:
     names_.emplace(n, symbol{kind, id, at(s)});
   }
 
-  const symbol& lookup(const sexp& s, sym kind) const {
+  /// A declared name, or one of a family's (`name_pattern`).
+  std::optional<symbol> find_name(const std::string& n) const {
+    if (auto it = names_.find(n); it != names_.end())
+      return it->second;
+    for (const auto& p : patterns_)
+      if (auto id = p.match(n))
+        return symbol{sym::event, *id, p.where};
+    return std::nullopt;
+  }
+
+  symbol lookup(const sexp& s, sym kind) const {
     auto n = text(s, sym_name(kind));
-    auto it = names_.find(n);
-    if (it == names_.end())
+    auto it = find_name(n);
+    if (!it)
       fail(s, fmt::format("unknown {} '{}'", std::string{sym_name(kind)}.substr(
                                                std::string_view{sym_name(kind)}.find(' ') + 1),
                           n));
-    if (it->second.kind != kind)
+    if (it->kind != kind)
       fail(s, fmt::format("'{}' is {} (declared at {}:{}), expected {}", n,
-                          sym_name(it->second.kind), it->second.where.line,
-                          it->second.where.column, sym_name(kind)));
-    return it->second;
+                          sym_name(it->kind), it->where.line,
+                          it->where.column, sym_name(kind)));
+    return *it;
   }
 
   int event(const sexp& s) const {
@@ -499,7 +509,7 @@ private:
   void ctx(const sexp& s, step& st) const {
     if (s.is_atom()) {
       auto t = text(s, "a context");
-      if (looks_numeric(t) || (t.find('/') != std::string::npos && !names_.contains(t))) {
+      if (looks_numeric(t) || (t.find('/') != std::string::npos && !find_name(t))) {
         st.device = device(s);
         st.ctx = -1;
         return;
@@ -534,7 +544,7 @@ private:
 
   int bind_event(const sexp& s) {
     auto n = new_name(s, sym::event);
-    int id = static_cast<int>(prog_.events.size());
+    int id = prog_.event_ids++;
     prog_.events.push_back(event_decl{n, at(s)});
     declare(n, s, sym::event, id);
     return id;
@@ -1102,7 +1112,7 @@ private:
     st.kernel = "checksum";
     int t = node_in(*f.pos[1], st);
     st.as = opt_event(f);
-    st.args = {prog_.tnodes[t], prog_.events[st.as].name};
+    st.args = {prog_.tnodes[t], prog_.event_name(st.as)};
     checksums_.insert(st.as);
     count_kernel(st);
     push(out, std::move(st));
@@ -1272,7 +1282,7 @@ private:
     // there, which needs the event now.
     const auto& e = *f.pos[1];
     auto n = text(e, "an event");
-    if (auto it = names_.find(n); it != names_.end())
+    if (find_name(n))
       st.ev = lookup(e, sym::event).id;
     else if (st.device >= prog_.local_devices)
       fail(e, fmt::format("sync-in on {}: event '{}' is not made by an earlier step. On a "
@@ -1399,10 +1409,24 @@ private:
   void resolve_aimed_faults() {
     if (aimed_.empty())
       return;
-    std::vector<step*> maker(prog_.events.size(), nullptr);
+    std::vector<step*> maker(static_cast<std::size_t>(prog_.event_ids), nullptr);
     auto note = [&](step& st) {
       if (st.as >= 0)
         maker[static_cast<std::size_t>(st.as)] = &st;
+    };
+    // An event of a family: its iteration's copy of the template step
+    // (iteration 0's), whose fault fields go to `program::family_faults`.
+    std::map<int, step> iteration;
+    auto maker_of = [&](int id) -> step* {
+      auto l = locate_event(prog_.families, id);
+      if (l.family < 0)
+        return maker[static_cast<std::size_t>(id)];
+      const auto& fam = prog_.families[static_cast<std::size_t>(l.family)];
+      step* tmpl = maker[static_cast<std::size_t>(fam.first + l.slot)];
+      if (!tmpl)
+        return nullptr;
+      auto [it, added] = iteration.try_emplace(id, *tmpl);
+      return &it->second;
     };
     for (auto& st : prog_.steps) {
       note(st);
@@ -1411,18 +1435,18 @@ private:
     }
     std::map<const step*, const aimed_fault*> taken;
     for (const auto& a : aimed_) {
-      auto it = names_.find(a.name);
-      if (it == names_.end())
+      auto it = find_name(a.name);
+      if (!it)
         throw script_error(a.name_at, fmt::format("{}: unknown event '{}': no step of the "
                                                   "script makes it",
                                                   a.head, a.name));
-      if (it->second.kind != sym::event)
+      if (it->kind != sym::event)
         throw script_error(a.name_at,
                            fmt::format("{}: '{}' is {} (declared at {}:{}), not an event: {} "
                                        "aims at the task that a step makes with (as EVENT)",
-                                       a.head, a.name, sym_name(it->second.kind),
-                                       it->second.where.line, it->second.where.column, a.head));
-      step* st = maker[static_cast<std::size_t>(it->second.id)];
+                                       a.head, a.name, sym_name(it->kind),
+                                       it->where.line, it->where.column, a.head));
+      step* st = maker_of(it->id);
       if (!st)
         throw script_error(a.name_at, fmt::format("{}: no step makes event '{}'", a.head,
                                                   a.name));
@@ -1465,6 +1489,9 @@ private:
         prog_.items[static_cast<std::size_t>(st->device)] += 1; // the hold before it
       }
     }
+    for (const auto& [id, st] : iteration)
+      prog_.family_faults[id] = family_fault{st.fail_with, st.held_ms, st.cancel_here,
+                                             st.node_fault, st.node_cut};
   }
 
   /// `(kill-node-at EV [NODE])`, `(cut-node-at EV [NODE])`: NODE, by
@@ -1519,7 +1546,14 @@ private:
     bool alike = n >= 2 && &out == &prog_.steps && no_faults
                  && std::all_of(f.pos.begin() + 1, f.pos.end(),
                                 [&](const sexp* x) { return alike_body(*x, var); });
+    // Iterations that differ only in the names they bind (`(as k$i)`) load
+    // once too, their names kept as patterns (an `event_family`).
+    std::vector<named_form> named;
+    bool named_ok = !alike && n >= 2 && &out == &prog_.steps && no_faults
+                    && named_loop(f, var, named);
     auto first_step = out.size();
+    auto first_event = prog_.event_ids;
+    auto first_decl = prog_.events.size();
     auto expanded_before = expanded_;
     auto kernels_before = kernels_on_;
     auto items_before = prog_.items;
@@ -1561,8 +1595,265 @@ private:
           repeat_block{first_step, out.size() - first_step, static_cast<uint64_t>(n)});
         break;
       }
+      if (i == 0 && named_ok && per_iteration > 0 && out.size() - first_step == named.size()
+          && per_expansion <= (max_expansion - expanded_) / more
+          && make_family(f, out, var, n, named, first_step, first_event, first_decl)) {
+        total_steps_ += per_iteration * more;
+        expanded_ += per_expansion * more;
+        for (std::size_t d = 0; d < kernels_on_.size(); ++d)
+          kernels_on_[d] += (kernels_on_[d] - kernels_before[d]) * more;
+        for (std::size_t d = 0; d < prog_.items.size(); ++d)
+          prog_.items[d] += (prog_.items[d] - items_before[d]) * more;
+        break;
+      }
     }
     vars_.erase(var);
+  }
+
+  /// A form of a loop body whose iterations differ in names only: the
+  /// `(as NAME)` it binds (as written, `k$i`), if any, and whether its
+  /// event (of a `wait` or `sync`) is one of the same iteration's.
+  struct named_form {
+    std::string as;
+    bool ev_follows = false;
+    /// A kernel's arguments that are affine in the variable (`$i`, `(* 2
+    /// $i)`, `(+ $i 1)`): (index among the form's items, among the kernel's
+    /// arguments).
+    std::vector<std::pair<std::size_t, std::size_t>> varying;
+  };
+
+  /// Whether the body of `(repeat N (var VAR) ...)` (its forms `f.pos[1..]`)
+  /// does the same in every iteration but for the names it binds: step
+  /// forms (those of `alike_body` but `repeat`, and `all-work`) in which
+  /// the loop variable appears only as `$VAR`, once, in a name an `(as
+  /// ...)` binds, and as a `wait`'s or `sync`'s event written as one such
+  /// name of an earlier form (the same iteration's event). With at least
+  /// one such name; `${...}` nowhere.
+  static bool named_loop(const form& f, const std::string& var, std::vector<named_form>& out) {
+    static const std::set<std::string> steps{"kernel", "memset", "delay", "wait", "sync",
+                                             "await", "sync-device", "sleep", "all-work"};
+    auto dollar_var = [&](const std::string& a) {
+      // Occurrences of `$var` as a whole token.
+      int count = 0;
+      for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1)) {
+        auto end = at + 1 + var.size();
+        if (a.compare(at + 1, var.size(), var) == 0
+            && (end == a.size()
+                || !(std::isalnum(static_cast<unsigned char>(a[end])) || a[end] == '_')))
+          ++count;
+      }
+      return count;
+    };
+    auto names_var = [&](const std::string& a) {
+      if (a == var || a.find("${") != std::string::npos)
+        return true;
+      for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1))
+        if (a.compare(at + 1, var.size(), var) == 0)
+          return true;
+      return false;
+    };
+    std::function<bool(const sexp&)> plain = [&](const sexp& x) {
+      if (x.is_atom())
+        return !names_var(x.as_atom());
+      return std::all_of(x.items().begin(), x.items().end(), plain);
+    };
+    // `$var`, or +, - and * (by one such term at most) of such terms and
+    // plain ones: a whole number a + b * var.
+    std::function<bool(const sexp&)> affine = [&](const sexp& x) {
+      if (x.is_atom())
+        return x.as_atom() == "$" + var;
+      const auto& xs = x.items();
+      if (xs.size() < 3 || !xs[0].is_atom())
+        return false;
+      const auto& o = xs[0].as_atom();
+      if (o != "+" && o != "-" && o != "*")
+        return false;
+      int varying = 0;
+      for (std::size_t j = 1; j < xs.size(); ++j) {
+        if (plain(xs[j]))
+          continue;
+        if (!affine(xs[j]))
+          return false;
+        ++varying;
+      }
+      return o != "*" || varying <= 1;
+    };
+    bool any = false;
+    for (std::size_t k = 1; k < f.pos.size(); ++k) {
+      const auto& s = *f.pos[k];
+      if (!s.is_list() || s.items().empty() || !s.items()[0].is_atom()
+          || !steps.count(s.items()[0].as_atom()))
+        return false;
+      const auto& head = s.items()[0].as_atom();
+      named_form nf;
+      std::size_t ev_at = head == "wait" ? 2 : head == "sync" ? 1 : 0;
+      std::size_t positional = 0;
+      for (std::size_t j = 1; j < s.items().size(); ++j) {
+        const auto& x = s.items()[j];
+        bool option = x.is_list() && !x.items().empty() && x.items()[0].is_atom()
+                      && x.items()[0].as_atom() == "as";
+        if (!option)
+          ++positional;
+        if (head == "kernel" && !option && positional >= 3 && !plain(x) && affine(x)) {
+          nf.varying.emplace_back(j, positional - 3);
+          continue;
+        }
+        if (x.is_list() && x.items().size() == 2 && x.items()[0].is_atom()
+            && x.items()[0].as_atom() == "as" && x.items()[1].is_atom()) {
+          const auto& a = x.items()[1].as_atom();
+          if (!nf.as.empty() || a.find("${") != std::string::npos || dollar_var(a) != 1)
+            return false;
+          nf.as = a;
+          continue;
+        }
+        if (j == ev_at && x.is_atom() && names_var(x.as_atom())) {
+          bool earlier = std::any_of(out.begin(), out.end(),
+                                     [&](const named_form& o) { return o.as == x.as_atom(); });
+          if (!earlier)
+            return false;
+          nf.ev_follows = true;
+          continue;
+        }
+        if (!plain(x))
+          return false;
+      }
+      any = any || !nf.as.empty() || !nf.varying.empty();
+      out.push_back(std::move(nf));
+    }
+    return any;
+  }
+
+  /// After iteration 0 of a named loop (`named_loop`) loaded its steps
+  /// `out[first_step..]` and its events (ids from `first_event`, decls from
+  /// `first_decl`): keeps them as an `event_family` standing for all `n`
+  /// iterations, unless a name of a later iteration could be one already
+  /// declared (then the loop expands as before, to fail where it did).
+  bool make_family(const form& f, std::vector<step>& out, const std::string& var, int64_t n,
+                   const std::vector<named_form>& named, std::size_t first_step,
+                   int first_event, std::size_t first_decl) {
+    int per_iter = prog_.event_ids - first_event;
+    auto binds = std::count_if(named.begin(), named.end(),
+                               [](const named_form& x) { return !x.as.empty(); });
+    if (per_iter != binds || prog_.events.size() - first_decl != static_cast<std::size_t>(binds))
+      return false;
+    // The names' parts around `$var`, the other variables substituted.
+    std::vector<name_pattern> pats;
+    int slot = 0;
+    for (const auto& nf : named) {
+      if (nf.as.empty())
+        continue;
+      const auto& a = nf.as;
+      std::size_t at = 0;
+      for (at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1)) {
+        auto end = at + 1 + var.size();
+        if (a.compare(at + 1, var.size(), var) == 0
+            && (end == a.size()
+                || !(std::isalnum(static_cast<unsigned char>(a[end])) || a[end] == '_')))
+          break;
+      }
+      name_pattern p;
+      p.prefix = text(sexp::atom(a.substr(0, at)), "a name");
+      p.suffix = text(sexp::atom(a.substr(at + 1 + var.size())), "a name");
+      if (p.prefix.empty() || looks_numeric(p.prefix))
+        return false;
+      p.first = first_event + slot;
+      p.stride = per_iter;
+      p.times = static_cast<uint64_t>(n);
+      p.where = prog_.events[first_decl + static_cast<std::size_t>(slot)].where;
+      pats.push_back(std::move(p));
+      ++slot;
+    }
+    // No name of theirs may be one declared already (iteration 0's aside)
+    // nor one another pattern may make.
+    auto may_meet = [](const name_pattern& x, const name_pattern& y) {
+      auto pre = x.prefix.compare(0, y.prefix.size(), y.prefix) == 0
+                 || y.prefix.compare(0, x.prefix.size(), x.prefix) == 0;
+      auto ends = [](const std::string& a, const std::string& b) {
+        return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+      };
+      return pre && (ends(x.suffix, y.suffix) || ends(y.suffix, x.suffix));
+    };
+    for (std::size_t a = 0; a < pats.size(); ++a) {
+      for (std::size_t b = a + 1; b < pats.size(); ++b)
+        if (may_meet(pats[a], pats[b]))
+          return false;
+      for (const auto& q : patterns_)
+        if (may_meet(pats[a], q))
+          return false;
+      for (auto it = names_.lower_bound(pats[a].prefix);
+           it != names_.end() && it->first.compare(0, pats[a].prefix.size(), pats[a].prefix) == 0;
+           ++it)
+        if (pats[a].match(it->first)
+            && !(it->second.kind == sym::event && it->second.id >= first_event
+                 && it->second.id < first_event + per_iter))
+          return false;
+    }
+    // A varying argument: its step per iteration, from iteration 1's value
+    // (and its last iteration's, which must be in range and on the line).
+    std::vector<std::vector<std::pair<std::size_t, int64_t>>> arg_steps(named.size());
+    for (std::size_t k = 0; k < named.size(); ++k) {
+      const auto& st = out[first_step + k];
+      for (auto [item, arg] : named[k].varying) {
+        const auto& x = f.pos[k + 1]->items()[item];
+        if (arg >= st.args.size())
+          return false;
+        auto at_iteration = [&](int64_t t) -> std::optional<int64_t> {
+          vars_[var] = t;
+          try {
+            if (std::holds_alternative<int64_t>(st.args[arg]))
+              return integer(x, "an argument");
+            if (!std::holds_alternative<double>(st.args[arg]))
+              return std::nullopt;
+            auto v = real(x, "an argument");
+            if (std::abs(v) >= 0x1p53 || v != std::trunc(v))
+              return std::nullopt;
+            return static_cast<int64_t>(v);
+          } catch (const script_error&) {
+            return std::nullopt;
+          }
+        };
+        auto v0 = at_iteration(0), v1 = at_iteration(1), last = at_iteration(n - 1);
+        vars_[var] = 0;
+        int64_t d = 0, want = 0;
+        if (!v0 || !v1 || !last || __builtin_sub_overflow(*v1, *v0, &d)
+            || __builtin_mul_overflow(d, n - 1, &want) || __builtin_add_overflow(want, *v0, &want)
+            || want != *last)
+          return false;
+        arg_steps[k].emplace_back(arg, d);
+      }
+    }
+    // Iteration 0's names become the patterns'.
+    for (int j = 0; j < per_iter; ++j)
+      names_.erase(prog_.events[first_decl + static_cast<std::size_t>(j)].name);
+    event_family fam;
+    fam.first = first_event;
+    fam.per_iter = per_iter;
+    fam.times = static_cast<uint64_t>(n);
+    fam.decl = first_decl;
+    fam.step = first_step;
+    for (const auto& p : pats)
+      fam.parts.emplace_back(p.prefix, p.suffix);
+    // The forms' texts, the variable's value a marker the runner replaces.
+    int64_t marker = 0;
+    std::from_chars(text_marker, text_marker + std::strlen(text_marker), marker);
+    vars_[var] = marker;
+    for (std::size_t k = 1; k < f.pos.size(); ++k)
+      fam.texts.push_back(substituted(*f.pos[k]));
+    vars_[var] = 0;
+    int id = static_cast<int>(prog_.families.size());
+    for (std::size_t k = 0; k < named.size(); ++k) {
+      auto& st = out[first_step + k];
+      st.family = id;
+      st.shifts_ev = named[k].ev_follows;
+      st.arg_steps = std::move(arg_steps[k]);
+    }
+    prog_.families.push_back(std::move(fam));
+    for (auto& p : pats)
+      patterns_.push_back(std::move(p));
+    prog_.event_ids = first_event + per_iter * static_cast<int>(n);
+    prog_.repeats.push_back(
+      repeat_block{first_step, named.size(), static_cast<uint64_t>(n), id});
+    return true;
   }
 
   /// Whether `s`, a form of a repeat's body, does the same in every
@@ -1675,7 +1966,7 @@ private:
         ds.push_back(static_cast<int>(p));
       }
       auto ev_name = fmt::format("{}.{}", name, i);
-      if (names_.count(ev_name))
+      if (find_name(ev_name))
         fail(s, fmt::format("duplicate name '{}' (random-dag {} names its tasks {}.0 ...)",
                             ev_name, name, name));
     }
@@ -1723,7 +2014,7 @@ private:
   /// Declares task `i`'s event `NAME.i` and returns it.
   int dag_event(const sexp& s, dag_decl& dag, int64_t i) {
     auto ev_name = fmt::format("{}.{}", dag.name, i);
-    int id = static_cast<int>(prog_.events.size());
+    int id = prog_.event_ids++;
     prog_.events.push_back(event_decl{ev_name, at(s)});
     declare(ev_name, s, sym::event, id);
     dag.events.push_back(id);
@@ -2000,11 +2291,11 @@ private:
   /// An item of a time assertion: an event, or a hold (its `hold` task).
   void timed_item(const sexp& s, int& ev, int& hold) const {
     auto n = text(s, "an event or a hold");
-    auto it = names_.find(n);
-    if (it == names_.end())
+    auto it = find_name(n);
+    if (!it)
       fail(s, fmt::format("unknown event or hold '{}'", n));
-    if (it->second.kind == sym::hold)
-      hold = it->second.id;
+    if (it->kind == sym::hold)
+      hold = it->id;
     else
       ev = event(s);
   }
@@ -2100,7 +2391,10 @@ private:
       preds(0, 0);
       st.what = subject::within;
       st.ev = event(subj.items()[1]);
-      prog_.events[st.ev].timed = true;
+      if (auto l = locate_event(prog_.families, st.ev); l.family >= 0)
+        prog_.timed_family.insert(st.ev);
+      else
+        prog_.events[l.decl].timed = true;
       st.at_most = nanoseconds(subj.items()[2], "the time of (within EVENT T)");
     } else if (head == "concurrency") {
       if (subj.items().size() < 3 || subj.items().size() > 4)
@@ -2179,7 +2473,7 @@ private:
         st.ev = event(subj.items()[1]);
         if (!checksums_.count(st.ev))
           fail(subj.items()[1], fmt::format("'{}' is an event, not the name of a (checksum ...)",
-                                            prog_.events[st.ev].name));
+                                            prog_.event_name(st.ev)));
       }
       for (std::size_t i = 2; i < xs.size(); ++i)
         values_pred(xs[i], st, host);
@@ -2235,6 +2529,31 @@ private:
   std::optional<uint64_t> seed_override_;
   std::optional<uint64_t> script_seed_;
   std::map<std::string, symbol> names_;
+  /// The names of families' events: `prefix`, a whole number t below
+  /// `times` as `std::to_string` writes it, `suffix`; the event of
+  /// iteration t is `first + t * stride`.
+  struct name_pattern {
+    std::string prefix, suffix;
+    int first = 0;
+    int stride = 1;
+    uint64_t times = 0;
+    location where;
+
+    std::optional<int> match(const std::string& n) const {
+      if (n.size() <= prefix.size() + suffix.size() || n.compare(0, prefix.size(), prefix) != 0
+          || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return std::nullopt;
+      std::string_view d{n.data() + prefix.size(), n.size() - prefix.size() - suffix.size()};
+      if (d.size() > 1 && d[0] == '0')
+        return std::nullopt;
+      uint64_t t = 0;
+      auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), t);
+      if (ec != std::errc{} || end != d.data() + d.size() || t >= times)
+        return std::nullopt;
+      return first + static_cast<int>(t) * stride;
+    }
+  };
+  std::vector<name_pattern> patterns_;
   /// A (sync-in ...) whose event was not declared yet: the step (by index,
   /// in the list it went to) and the form naming the event.
   struct forward_event {

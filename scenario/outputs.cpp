@@ -562,12 +562,14 @@ void write_chrome_trace(const run_result& r, std::ostream& out) {
     for (const auto& x : t.records) {
       auto kind = to_string(x.kind);
       const std::string* name = &x.description;
+      std::string event_name;
       const std::string* event = &no_event;
       if (const auto* found = x.seq == 0 ? nullptr : items.find(x.seq)) {
         const auto& it = *found;
         if (kind != "cancel")
           name = &rec.description(it);
-        event = &rec.event(it);
+        event_name = rec.event(it);
+        event = &event_name;
       }
       put_slice(d, *name, kind, x.start_ns, std::max(x.end_ns, x.start_ns), x.failed, x.seq,
                 *event);

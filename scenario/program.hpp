@@ -2,7 +2,10 @@
 // A loaded scenario: the flat list of steps the runner executes, every name
 // replaced by an index into the program's tables. Internal to scenario/.
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -100,6 +103,16 @@ struct step {
   /// task that a fault reaches may fail without failing the run.
   int dag = -1;
   int dag_task = -1;
+  /// A step of a `(repeat ...)` kept once for iterations that differ in
+  /// their names only: the index of its `event_family`, -1 otherwise.
+  int family = -1;
+  /// In such a step, whether `ev` is an event of the same iteration (a
+  /// `(wait D k$i)` after `(as k$i)`), which moves with it.
+  bool shifts_ev = false;
+  /// In such a step, the kernel arguments that change with the iteration:
+  /// (index into `args`, what it adds each iteration); `args` holds
+  /// iteration 0's values.
+  std::vector<std::pair<std::size_t, int64_t>> arg_steps;
 
   // -- expect ---------------------------------------------------------------
   subject what = subject::action;
@@ -181,6 +194,95 @@ struct repeat_block {
   std::size_t first = 0;
   std::size_t count = 0;
   uint64_t times = 1;
+  /// A block of named iterations: its `event_family`, -1 for a block of
+  /// alike iterations.
+  int family = -1;
+};
+
+/// The events of a `(repeat N ...)` whose iterations differ only in the
+/// names they bind (`(as k$i)`, see `named_body` in loader.cpp): its first
+/// iteration's steps stand for all N, and iteration t's j-th event has the
+/// id `first + t * per_iter + j` and the name `parts[j].first + t +
+/// parts[j].second`, made when that iteration runs. Its events' decls are
+/// those of iteration 0 (`program::events[decl + j]`).
+struct event_family {
+  int first = 0;
+  int per_iter = 0;
+  uint64_t times = 0;
+  std::size_t decl = 0;
+  /// Its block's first step (an index into `program::steps`).
+  std::size_t step = 0;
+  std::vector<std::pair<std::string, std::string>> parts;
+  /// The forms' texts with the loop variable's value `text_marker`, for
+  /// the texts of iteration t (`family_text`).
+  std::vector<std::string> texts;
+  int end() const { return first + per_iter * static_cast<int>(times); }
+};
+
+/// Where the loop variable's value stands in `event_family::texts`.
+inline constexpr const char* text_marker = "9223372036854775007";
+
+/// An event id's decl (an index into `program::events`) and, for one of a
+/// family's, its family and iteration (-1 for a plain event).
+struct event_locus {
+  std::size_t decl = 0;
+  int family = -1;
+  int64_t iter = -1;
+  int slot = 0;
+};
+
+inline event_locus locate_event(const std::vector<event_family>& families, int id) {
+  // The last family that starts at or before id.
+  auto it = std::upper_bound(families.begin(), families.end(), id,
+                             [](int x, const event_family& f) { return x < f.first; });
+  if (it == families.begin())
+    return event_locus{static_cast<std::size_t>(id)};
+  const auto& f = *(it - 1);
+  if (id < f.end()) {
+    auto k = id - f.first;
+    return event_locus{f.decl + static_cast<std::size_t>(k % f.per_iter),
+                       static_cast<int>(it - 1 - families.begin()), k / f.per_iter,
+                       k % f.per_iter};
+  }
+  return event_locus{f.decl + static_cast<std::size_t>(f.per_iter)
+                     + static_cast<std::size_t>(id - f.end())};
+}
+
+/// The name of event `id`: its decl's, or its family's for its iteration.
+template <class DeclName>
+std::string event_name_of(const std::vector<event_family>& families, int id,
+                          DeclName&& decl_name) {
+  auto l = locate_event(families, id);
+  if (l.family < 0)
+    return decl_name(l.decl);
+  const auto& p = families[static_cast<std::size_t>(l.family)].parts[static_cast<std::size_t>(l.slot)];
+  return p.first + std::to_string(l.iter) + p.second;
+}
+
+/// The text of a family's step (its index `k` in the block) in iteration t.
+inline std::string family_text(const event_family& f, std::size_t k, int64_t t) {
+  const auto& s = f.texts[k];
+  std::string out;
+  std::string_view m{text_marker};
+  auto value = std::to_string(t);
+  std::size_t i = 0;
+  for (auto at = s.find(m); at != std::string::npos; at = s.find(m, i)) {
+    out.append(s, i, at - i);
+    out += value;
+    i = at + m.size();
+  }
+  out.append(s, i);
+  return out;
+}
+
+/// A fault aimed by name at an event of a family: the fields of `step`
+/// that the iteration's copy takes.
+struct family_fault {
+  std::optional<std::string> fail_with;
+  double held_ms = 0;
+  bool cancel_here = false;
+  int node_fault = -1;
+  bool node_cut = false;
 };
 
 class program {
@@ -196,7 +298,16 @@ public:
   std::size_t queue_capacity = std::size_t{1} << 16;
   std::vector<tnode> tnodes;
   std::vector<std::string> contexts;
+  /// Declared events, by decl (an event's id is its decl's index when no
+  /// `families` precede it; see `locate_event`).
   std::vector<event_decl> events;
+  std::vector<event_family> families;
+  /// Event ids in all (decls, and each family's iterations).
+  int event_ids = 0;
+  /// Faults aimed at events of families, by event id.
+  std::map<int, family_fault> family_faults;
+  /// `(within EV T)` events of families.
+  std::set<int> timed_family;
   std::vector<host_decl> hosts;
   std::vector<std::string> holds;
   std::vector<dag_decl> dags;
@@ -207,6 +318,14 @@ public:
   uint64_t steps_run = 0;
   /// Items per device the script schedules at most (sizes the trace rings).
   std::vector<uint64_t> items;
+
+  std::string event_name(int id) const {
+    return event_name_of(families, id, [&](std::size_t d) { return events[d].name; });
+  }
+  bool event_timed(int id) const {
+    auto l = locate_event(families, id);
+    return l.family < 0 ? events[l.decl].timed : timed_family.count(id) > 0;
+  }
 };
 
 } // namespace multidev::scenario

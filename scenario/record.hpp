@@ -11,6 +11,7 @@
 #include <multidev/sexp.hpp>
 #include <multidev/trace.hpp>
 
+#include "scenario/program.hpp"
 #include "scenario/scenario.hpp"
 
 namespace multidev::scenario {
@@ -60,14 +61,17 @@ struct run_record {
   std::vector<model_edge> edges;
   /// The items' descriptions, each once.
   std::vector<std::string> texts;
-  /// The program's event names, by id.
+  /// The program's event names, by decl, and its families (their names
+  /// made when asked: `event_name_of`).
   std::vector<std::string> event_names;
+  std::vector<event_family> families;
 
   const std::string& description(const model_item& it) const { return texts[it.description]; }
   /// The item's event name, or an empty string.
-  const std::string& event(const model_item& it) const {
-    static const std::string none;
-    return it.event >= 0 ? event_names[static_cast<std::size_t>(it.event)] : none;
+  std::string event(const model_item& it) const {
+    if (it.event < 0)
+      return {};
+    return event_name_of(families, it.event, [&](std::size_t d) { return event_names[d]; });
   }
 };
 

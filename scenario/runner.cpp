@@ -125,14 +125,14 @@ public:
     for (int i = 0; i < p.devices; ++i)
       devices_.push_back(b_.get_device(i));
     contexts_.resize(p.contexts.size());
-    events_.resize(p.events.size());
-    event_items_.resize(p.events.size(), {-1, -1});
+    events_.resize(static_cast<std::size_t>(p.event_ids));
+    event_items_.resize(static_cast<std::size_t>(p.event_ids), {-1, -1});
     hosts_.resize(p.hosts.size());
     host_done_.resize(p.hosts.size());
     holds_.resize(p.holds.size());
     hold_items_.resize(p.holds.size(), {-1, -1});
-    scheduled_ns_.resize(p.events.size(), -1);
-    slots_.resize(p.events.size());
+    scheduled_ns_.resize(static_cast<std::size_t>(p.event_ids), -1);
+    slots_.resize(static_cast<std::size_t>(p.event_ids));
     for (auto& h : holds_)
       h = std::make_shared<hold_latch>();
     model_.resize(p.devices);
@@ -304,8 +304,11 @@ private:
         ++k; // within a block run already
       if (k < blocks.size() && blocks[k].first == i && i + blocks[k].count <= hi) {
         const auto& b = blocks[k];
-        for (uint64_t t = 0; t < b.times && !stopped_; ++t)
-          run_steps(b.first, b.first + b.count, k + 1);
+        if (b.family >= 0)
+          run_family(b);
+        else
+          for (uint64_t t = 0; t < b.times && !stopped_; ++t)
+            run_steps(b.first, b.first + b.count, k + 1);
         i = b.first + b.count;
         ++k;
         continue;
@@ -313,6 +316,80 @@ private:
       execute_top(p_.steps[i]);
       ++i;
     }
+  }
+
+  /// Runs a block of named iterations (`event_family`): a copy of its
+  /// steps, each iteration's events (and the faults aimed at them) set in
+  /// it before it runs.
+  void run_family(const repeat_block& b) {
+    const auto& fam = p_.families[static_cast<std::size_t>(b.family)];
+    auto first = p_.steps.begin() + static_cast<std::ptrdiff_t>(b.first);
+    scratch_.assign(first, first + static_cast<std::ptrdiff_t>(b.count));
+    // Their items' sources are the program's steps, their kernels'
+    // descriptions those steps' (the same in every iteration).
+    // (Arguments that change with the iteration are described each time.)
+    for (std::size_t k = 0; k < b.count; ++k)
+      if (scratch_[k].kind == op::kernel && scratch_[k].arg_steps.empty())
+        kernel_texts_[&scratch_[k]] = kernel_text(p_.steps[b.first + k]);
+    // An item whose text names the iteration but binds no event (a wait
+    // on the same iteration's event) tells its iteration by its order.
+    bool orders = false;
+    for (std::size_t k = 0; k < b.count; ++k)
+      orders = orders || (p_.steps[b.first + k].as < 0
+                          && fam.texts[k].find(text_marker) != std::string::npos);
+    for (uint64_t t = 0; t < b.times && !stopped_; ++t) {
+      iteration_ = static_cast<int64_t>(t);
+      if (orders && t == 0)
+        family_runs_.push_back(family_run{b.family, {}});
+      if (orders)
+        family_runs_.back().starts.push_back(next_order_);
+      auto shift = static_cast<int>(t) * fam.per_iter;
+      for (std::size_t k = 0; k < b.count && !stopped_; ++k) {
+        auto& st = scratch_[k];
+        const auto& tmpl = p_.steps[b.first + k];
+        st.as = tmpl.as >= 0 ? tmpl.as + shift : -1;
+        st.ev = tmpl.shifts_ev ? tmpl.ev + shift : tmpl.ev;
+        for (auto [a, d] : tmpl.arg_steps) {
+          // Checked at load: the last iteration's value is in range.
+          auto add = static_cast<int64_t>(t) * d;
+          if (const auto* v = std::get_if<int64_t>(&tmpl.args[a]))
+            st.args[a] = *v + add;
+          else
+            st.args[a] = static_cast<double>(static_cast<int64_t>(std::get<double>(tmpl.args[a]))
+                                             + add);
+        }
+        if (!p_.family_faults.empty() && st.as >= 0) {
+          auto it = p_.family_faults.find(st.as);
+          auto none = family_fault{};
+          const auto& x = it != p_.family_faults.end() ? it->second : none;
+          st.fail_with = x.fail_with;
+          st.held_ms = x.held_ms;
+          st.cancel_here = x.cancel_here;
+          st.node_fault = x.node_fault;
+          st.node_cut = x.node_cut;
+        }
+        source_ = &tmpl;
+        execute_top(st);
+        source_ = nullptr;
+      }
+    }
+    for (auto& st : scratch_)
+      kernel_texts_.erase(&st);
+    scratch_.clear();
+    iteration_ = -1;
+  }
+
+  /// A step's text as written, after loop substitution: a named block's
+  /// (a step of `scratch_` or its source) for the iteration running, or
+  /// for iteration `t`.
+  std::string text_of(const step& st, int64_t t = -1) const {
+    if (st.family < 0)
+      return st.text;
+    const auto& fam = p_.families[static_cast<std::size_t>(st.family)];
+    auto k = &st >= scratch_.data() && &st < scratch_.data() + scratch_.size()
+               ? static_cast<std::size_t>(&st - scratch_.data())
+               : static_cast<std::size_t>(&st - &p_.steps[fam.step]);
+    return family_text(fam, k, t >= 0 ? t : iteration_);
   }
 
   /// Runs a step; what goes wrong becomes an unexpected result, except a
@@ -408,7 +485,7 @@ private:
   }
 
   void unexpected(const step& st, const std::string& what) {
-    result_.unexpected.push_back(expectation_result{st.where, st.text, false, what});
+    result_.unexpected.push_back(expectation_result{st.where, text_of(st), false, what});
   }
 
   const device& dev(int d) const { return devices_[d]; }
@@ -453,8 +530,9 @@ private:
   int add_item(int d, uint64_t before, const char* kind, uint32_t description, int as,
                const step& st) {
     uint64_t seq = last_seq(d);
-    model_[d].push_back(model_item{seq > before ? seq : 0, next_order_++, &st, description,
-                                   as, st.where.line, kind});
+    model_[d].push_back(model_item{seq > before ? seq : 0, next_order_++,
+                                   source_ ? source_ : &st, description, as, st.where.line,
+                                   kind});
     int idx = static_cast<int>(model_[d].size()) - 1;
     if (as >= 0) {
       bind_event(as, b_.all_work(dev(d)));
@@ -474,9 +552,34 @@ private:
     return id;
   }
 
+  /// The text of the step that scheduled `it`; of a named block's, for
+  /// the iteration its event tells (its text names the variable nowhere
+  /// else, see `named_loop` in loader.cpp).
+  std::string item_text(const model_item& it) const {
+    const auto& st = *it.source;
+    if (st.family < 0)
+      return st.text;
+    auto l = it.event >= 0 ? locate_event(p_.families, it.event) : event_locus{};
+    if (l.family >= 0)
+      return text_of(st, l.iter);
+    // The run of its block that holds its order (runs in order), and there
+    // the last iteration that began at or before it.
+    auto run = std::upper_bound(family_runs_.begin(), family_runs_.end(), it.order,
+                                [](uint64_t o, const family_run& r) {
+                                  return o < r.starts.front();
+                                });
+    if (run == family_runs_.begin() || (run - 1)->family != st.family)
+      return text_of(st, 0); // its text names no iteration
+    const auto& starts = (run - 1)->starts;
+    auto t = std::upper_bound(starts.begin(), starts.end(), it.order) - starts.begin() - 1;
+    return text_of(st, static_cast<int64_t>(t));
+  }
+
   /// `describe_kernel(st)` interned, once per step (a loop's step runs many
   /// times).
   uint32_t kernel_text(const step& st) {
+    if (!st.arg_steps.empty())
+      return intern(describe_kernel(st));
     auto [it, added] = kernel_texts_.try_emplace(&st, 0);
     if (added)
       it->second = intern(describe_kernel(st));
@@ -506,7 +609,7 @@ private:
     if (!events_[id])
       throw std::runtime_error(fmt::format("event '{}' was never made: the step that makes it "
                                            "did not run",
-                                           p_.events[id].name));
+                                           p_.event_name(id)));
     return *events_[id];
   }
 
@@ -554,7 +657,7 @@ private:
     auto from = item_of_event(st.ev);
     if (from.first != st.device) {
       int idx = add_item(st.device, before, "gate",
-                         fmt::format("wait for {}", p_.events[st.ev].name), -1, st);
+                         fmt::format("wait for {}", p_.event_name(st.ev)), -1, st);
       add_edge(from, st.device, idx, "wait");
     }
     task_spec spec{"spin_ns", {int64_t{0}}};
@@ -562,7 +665,7 @@ private:
       spec = task_spec{"fail", {*st.fail_with}};
     before = last_seq(st.device);
     auto done = b_.schedule_named(dev(st.device), spec);
-    add_item(st.device, before, "task", "sync-in " + p_.events[st.ev].name, st.as, st);
+    add_item(st.device, before, "task", "sync-in " + p_.event_name(st.ev), st.as, st);
     if (st.as >= 0)
       bind_event(st.as, done);
   }
@@ -576,7 +679,7 @@ private:
     if (events_[st.ev])
       slot->set(*events_[st.ev]);
     auto before = last_seq(st.device);
-    const auto& name = p_.events[st.ev].name;
+    const auto& name = p_.event_name(st.ev);
     auto desc = "sync-in " + name;
     auto timeout = opts_.step_timeout_s;
     const backend* b = &b_;
@@ -607,13 +710,13 @@ private:
                                     std::chrono::duration<double>(opts_.step_timeout_s)));
       } catch (const timeout_error& t) {
         throw step_timeout(fmt::format("sync {} did not finish within {} s (the step timeout): {}",
-                                       p_.events[id].name, opts_.step_timeout_s, t.chain()));
+                                       p_.event_name(id), opts_.step_timeout_s, t.chain()));
       }
     } catch (...) {
-      host_slice("sync " + p_.events[id].name, start, true);
+      host_slice("sync " + p_.event_name(id), start, true);
       throw;
     }
-    host_slice("sync " + p_.events[id].name, start, false);
+    host_slice("sync " + p_.event_name(id), start, false);
   }
 
   /// Why device `d` has not finished its work: the chain of waits that
@@ -713,7 +816,7 @@ private:
   void cancel_alone(const step& st) {
     auto latch = std::make_shared<hold_latch>();
     auto before = last_seq(st.device);
-    auto desc = "cancel-at " + p_.events[st.as].name;
+    auto desc = "cancel-at " + p_.event_name(st.as);
     b_.schedule_task(dev(st.device), {desc, [latch] { latch->hold(); }});
     add_item(st.device, before, "task", desc, -1, st);
     auto hold = b_.all_work(dev(st.device));
@@ -731,7 +834,7 @@ private:
   }
 
   void execute(const step& st) {
-    if (st.as >= 0 && p_.events[st.as].timed)
+    if (st.as >= 0 && p_.event_timed(st.as))
       scheduled_ns_[st.as] = trace_clock_ns(); // (within EV T) measures from here
     if (st.cancel_here)
       cancel_alone(st);
@@ -798,7 +901,7 @@ private:
         if (from.first == st.device)
           break; // a wait on the device's own event is a no-op
         int idx = add_item(st.device, before, "gate",
-                           fmt::format("wait for {}", p_.events[st.ev].name), -1, st);
+                           fmt::format("wait for {}", p_.event_name(st.ev)), -1, st);
         add_edge(from, st.device, idx, "wait");
         break;
       }
@@ -1150,8 +1253,8 @@ private:
       case subject::checksum: {
         sync_event(st.ev);
         auto d = event_items_[st.ev].first;
-        auto r = d >= 0 ? b_.result(dev(d), p_.events[st.ev].name)
-                        : b_.result(p_.events[st.ev].name);
+        auto r = d >= 0 ? b_.result(dev(d), p_.event_name(st.ev))
+                        : b_.result(p_.event_name(st.ev));
         if (!r)
           return record(st, false, "no result was published");
         bool held = true;
@@ -1462,7 +1565,7 @@ private:
         what = x.what();
       }
       result_.unexpected.push_back(
-        expectation_result{it.source->where, it.source->text, false,
+        expectation_result{it.source->where, item_text(it), false,
                            fmt::format("{} on device {}: {}", how, d, what)});
     }
   }
@@ -1524,8 +1627,8 @@ private:
   expectation_result expect_before(const step& st) const {
     auto* a = record_of(st.ev);
     auto* b = record_of(st.ev2);
-    const auto& an = p_.events[st.ev].name;
-    const auto& bn = p_.events[st.ev2].name;
+    const auto& an = p_.event_name(st.ev);
+    const auto& bn = p_.event_name(st.ev2);
     auto result = [&](bool held, std::string observed) {
       return expectation_result{st.where, st.text, held, std::move(observed)};
     };
@@ -1554,7 +1657,7 @@ private:
   /// and its name; nullptr when it has none.
   std::pair<const trace_record*, std::string> timed_record(int ev, int hold) const {
     if (ev >= 0)
-      return {record_of(ev), p_.events[ev].name};
+      return {record_of(ev), p_.event_name(ev)};
     auto [d, idx] = hold_items_[hold];
     if (d < 0)
       return {nullptr, p_.holds[hold]};
@@ -1569,7 +1672,7 @@ private:
     if (st.what == subject::concurrency)
       return result_of_concurrency(st);
     if (st.what == subject::within) {
-      const auto& n = p_.events[st.ev].name;
+      const auto& n = p_.event_name(st.ev);
       auto* r = record_of(st.ev);
       if (scheduled_ns_[st.ev] < 0 || !events_[st.ev])
         return result(false, fmt::format("the step that makes {} did not run", n));
@@ -1806,6 +1909,9 @@ private:
     text_ids_.clear();
     for (const auto& e : p_.events)
       rec->event_names.push_back(e.name);
+    for (const auto& f : p_.families)
+      rec->families.push_back(event_family{f.first, f.per_iter, f.times, f.decl, f.step,
+                                           f.parts, {}});
     for (int d = 0; d < p_.devices; ++d)
       rec->device_names.push_back(dev(d).name());
     for (auto& dev_items : rec->model)
@@ -1919,6 +2025,18 @@ private:
   std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> readers_;
   std::map<int, std::set<int64_t>> script_pools_;
   std::vector<std::pair<const step*, std::size_t>> deferred_;
+  /// The block of named iterations running (`run_family`): its steps'
+  /// copy, the iteration, and the program's step the one running stands for.
+  std::vector<step> scratch_;
+  int64_t iteration_ = -1;
+  /// For the runs of named blocks with such items (`item_text`): the order
+  /// of the first item of each iteration.
+  struct family_run {
+    int family = -1;
+    std::vector<uint64_t> starts;
+  };
+  std::vector<family_run> family_runs_;
+  const step* source_ = nullptr;
   /// The origins of the failures expectations saw (and of those reported).
   std::set<origin> seen_;
   std::vector<device_trace> traces_;

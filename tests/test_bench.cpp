@@ -166,6 +166,8 @@ std::vector<expected_entry> expected_suite() {
                "skipped: needs the multidev tool to start a client process"});
   e.push_back({"scenario_steps", "the same kernels through the C++ API", "steps/s", "higher",
                0.05, none});
+  e.push_back({"scenario_steps_named", "the same kernels through the C++ API", "steps/s",
+               "higher", 0.05, none});
   return e;
 }
 

@@ -6,6 +6,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -675,6 +677,43 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_nodes_device_written_name_k_is_a_fresh_cont
 namespace {
 
 /// The slice of the item whose event is `ev` (the first, and it must exist).
+/// A fault aimed at an iteration of a loop kept once (`event_family`):
+/// the iteration's text, and the fault.
+struct iteration_fault {
+  std::string text;
+  std::optional<std::string> fail_with;
+  double held_ms = 0;
+};
+
+/// By event id, the faults aimed at the iterations of `st`, a step of a
+/// loop kept once that binds an event.
+std::map<int, iteration_fault> iteration_faults(const scn::program& p, const scn::step& st) {
+  std::map<int, iteration_fault> out;
+  const auto& fam = p.families.at(static_cast<std::size_t>(st.family));
+  auto k = static_cast<std::size_t>(&st - &p.steps[fam.step]);
+  for (uint64_t t = 0; t < fam.times; ++t) {
+    auto id = st.as + static_cast<int>(t) * fam.per_iter;
+    if (auto it = p.family_faults.find(id); it != p.family_faults.end())
+      out[id] = iteration_fault{scn::family_text(fam, k, static_cast<int64_t>(t)),
+                                it->second.fail_with, it->second.held_ms};
+  }
+  return out;
+}
+
+/// Each iteration's event name and its `delay-at`, for `st` as above.
+std::vector<std::pair<std::string, double>> iteration_holds(const scn::program& p,
+                                                            const scn::step& st) {
+  std::vector<std::pair<std::string, double>> out;
+  auto faults = iteration_faults(p, st);
+  const auto& fam = p.families.at(static_cast<std::size_t>(st.family));
+  for (uint64_t t = 0; t < fam.times; ++t) {
+    auto id = st.as + static_cast<int>(t) * fam.per_iter;
+    auto it = faults.find(id);
+    out.emplace_back(p.event_name(id), it != faults.end() ? it->second.held_ms : 0);
+  }
+  return out;
+}
+
 const scn::slice& slice_of(const scn::run_result& r, const std::string& ev) {
   for (const auto& s : r.tl.slices)
     if (s.event == ev)
@@ -724,6 +763,12 @@ BOOST_AUTO_TEST_CASE(test_scenario_fail_at_an_event_fails_that_loop_iteration_on
     const auto& s = st.action ? *st.action : st;
     if (s.fail_with)
       failing.push_back(s.text + " -> " + *s.fail_with);
+    // A loop kept once (its names differ only): the faults aimed at its
+    // iterations' events.
+    if (s.family >= 0)
+      for (const auto& [id, it] : iteration_faults(*p, s))
+        if (it.fail_with)
+          failing.push_back(it.text + " -> " + *it.fail_with);
   }
   std::vector<std::string> expected{"(kernel 0 spin_ns 0 (as mark3)) -> boom $i",
                                     "(delay 1 1 (as nap2)) -> late",
@@ -762,9 +807,13 @@ BOOST_AUTO_TEST_CASE(test_scenario_delay_at_holds_only_the_named_item) {
   for (const auto& st : p->steps) {
     if (st.as < 0)
       continue;
-    const auto& name = p->events[static_cast<std::size_t>(st.as)].name;
-    BOOST_TEST((st.held_ms > 0) == (name == "k1"), name << " held " << st.held_ms << " ms");
-    held += st.held_ms > 0;
+    std::vector<std::pair<std::string, double>> items{{p->event_name(st.as), st.held_ms}};
+    if (st.family >= 0)
+      items = iteration_holds(*p, st);
+    for (const auto& [name, ms] : items) {
+      BOOST_TEST((ms > 0) == (name == "k1"), name << " held " << ms << " ms");
+      held += ms > 0;
+    }
   }
   BOOST_TEST(held == 1);
   BOOST_TEST(slice_of(r, "k2").start_ns >= slice_of(r, "k1").end_ns);
@@ -1228,15 +1277,20 @@ BOOST_AUTO_TEST_CASE(test_scenario_params_are_read_like_loop_variables) {
   auto text = std::string{"(param n 3)\n(param dev 1)\n(devices 2)\n"
                           "(repeat $n (var i) (kernel $dev spin_ns (* $i 10) (as k$i)))\n"
                           "(expect (sync k${n-1}) ok)\n"};
+  // (The loop differs in a name and an affine argument only: it is kept
+  // once, its last iteration's text made from its first.)
   auto p = scn::load(text, "param.scn");
-  BOOST_TEST_REQUIRE(p->steps.size() == 4u);
-  BOOST_TEST(p->steps[2].device == 1);
-  BOOST_TEST(p->steps[3].text == "(expect (sync k2) ok)");
+  BOOST_TEST_REQUIRE(p->steps.size() == 2u);
+  BOOST_TEST_REQUIRE(p->families.size() == 1u);
+  BOOST_TEST(p->steps[0].device == 1);
+  BOOST_TEST(scn::family_text(p->families[0], 0, 2) == "(kernel 1 spin_ns (* 2 10) (as k2))");
+  BOOST_TEST(p->steps[1].text == "(expect (sync k2) ok)");
   p = scn::load(text, "param.scn", std::nullopt, {{"n", "5"}, {"dev", "0"}});
-  BOOST_TEST_REQUIRE(p->steps.size() == 6u);
-  BOOST_TEST(p->steps[4].device == 0);
-  BOOST_TEST(p->steps[4].text == "(kernel 0 spin_ns (* 4 10) (as k4))");
-  BOOST_TEST(p->steps[5].text == "(expect (sync k4) ok)");
+  BOOST_TEST_REQUIRE(p->steps.size() == 2u);
+  BOOST_TEST_REQUIRE(p->families.size() == 1u);
+  BOOST_TEST(p->steps[0].device == 0);
+  BOOST_TEST(scn::family_text(p->families[0], 0, 4) == "(kernel 0 spin_ns (* 4 10) (as k4))");
+  BOOST_TEST(p->steps[1].text == "(expect (sync k4) ok)");
   auto r = scn::run(*p);
   BOOST_TEST(r.ok(), failed_expectations(r));
   auto err = [&](const std::string& t, const std::map<std::string, std::string>& ps) {
@@ -1420,9 +1474,9 @@ BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
                      "(repeat 1000\n"
                      "  (kernel 0 spin_ns 0)\n"
                      "  (repeat 3 (var j) (kernel 1 spin_ns 0)))\n"
-                     "(repeat 4 (kernel 1 spin_ns $i))\n",
+                     "(repeat 4 (kernel 1 spin_ns ${i}))\n",
                      "alike.scn");
-  BOOST_TEST(p->steps.size() == 2u + 4u); // the $i loop is expanded
+  BOOST_TEST(p->steps.size() == 2u + 4u); // the ${i} loop is expanded
   BOOST_TEST_REQUIRE(p->repeats.size() == 2u);
   BOOST_TEST(p->repeats[0].first == 0u); // the outer loop first
   BOOST_TEST(p->repeats[0].count == 2u);
@@ -1451,10 +1505,13 @@ BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
                "  (kernel 0 spin_ns 0))\n");
   BOOST_TEST(starts_with(e, "2:1: (repeat 1000000 ...) would expand to "), e);
   BOOST_TEST(contains(e, "steps, more than the limit of 2000000"), e);
-  // Loops whose iterations differ stay expanded: a bare variable, a name.
+  // Loops whose iterations differ otherwise than in names and affine
+  // kernel arguments stay expanded (those are kept once, see
+  // test_scenario_named_loop_iterations_load_once).
   auto loop = [](const std::string& body) { return "(devices 1)\n(repeat 3 " + body + ")\n"; };
-  for (const char* body : {"(kernel 0 spin_ns (* $i 2))", "(kernel 0 spin_ns 0 (as k$i))",
-                           "(kernel 0 spin_ns ${i*2})", "(kernel 0 spin_ns ${0*i})"}) {
+  for (const char* body : {"(kernel 0 spin_ns ${i*2})", "(kernel 0 spin_ns ${0*i})",
+                           "(kernel 0 spin_ns (* $i $i))", "(kernel 0 spin_ns (mod $i 2))",
+                           "(kernel (mod $i 1) spin_ns 0)"}) {
     auto q = scn::load(loop(body), "differ.scn");
     BOOST_TEST(q->repeats.empty(), body);
     BOOST_TEST(q->steps.size() == 3u, body);
@@ -1467,9 +1524,140 @@ BOOST_AUTO_TEST_CASE(test_scenario_alike_loop_iterations_load_once) {
   BOOST_TEST(q->steps_run == 6u);
 }
 
+BOOST_AUTO_TEST_CASE(test_scenario_named_loop_iterations_load_once) {
+  // Iterations that differ in the names they bind only (`(as k$i)`, and a
+  // sync of the same iteration's event): the body is kept once, its names
+  // as patterns, and every name resolves to its iteration's event.
+  auto p = scn::load("(devices 2)\n"
+                     "(repeat 1000 (kernel 0 spin_ns 0 (as k$i)) (kernel 1 spin_ns 0)\n"
+                     "  (sync k$i))\n"
+                     "(wait 1 k412)\n"
+                     "(expect (state k999) done)\n"
+                     "(expect (before k5 k6))\n",
+                     "named.scn");
+  BOOST_TEST(p->steps.size() == 3u + 3u);
+  BOOST_TEST_REQUIRE(p->repeats.size() == 1u);
+  BOOST_TEST(p->repeats[0].family == 0);
+  BOOST_TEST(p->repeats[0].times == 1000u);
+  BOOST_TEST(p->event_ids == 1000);
+  BOOST_TEST(p->events.size() == 1u);
+  BOOST_TEST(p->steps_run == 3003u);
+  BOOST_TEST(p->steps[3].ev == 412);
+  BOOST_TEST(p->event_name(412) == "k412");
+  BOOST_TEST(p->items == (std::vector<uint64_t>{1000, 1001}), boost::test_tools::per_element());
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), scn::summary(r));
+  BOOST_TEST(r.items == (std::vector<uint64_t>{1000, 1001}), boost::test_tools::per_element());
+  BOOST_TEST(slice_of(r, "k999").end_ns > 0);
+  // Kernel arguments affine in the variable are kept once too, each
+  // iteration's value set when it runs (and described with it).
+  auto q = scn::load("(devices 1)\n(repeat 50 (kernel 0 spin_ns (+ (* 2 $i) 1) (as s$i)))\n"
+                     "(expect (before s48 s49))\n",
+                     "args.scn");
+  BOOST_TEST_REQUIRE(q->repeats.size() == 1u);
+  BOOST_TEST(q->steps[0].arg_steps.size() == 1u);
+  auto rq = scn::run(*q);
+  BOOST_TEST(rq.ok(), scn::summary(rq));
+  BOOST_TEST(slice_of(rq, "s49").name == "spin_ns 99");
+  // The load errors of the expanded loop, with their places: a name of an
+  // iteration declared again (after the loop, or before it: the loop then
+  // expands and fails at that iteration), one past the last iteration, a
+  // number written otherwise, a fault aimed at none, a later iteration's
+  // name inside the loop, a name that starts with a digit.
+  auto e = error_of("(devices 1)\n(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n"
+                    "(kernel 0 spin_ns 0 (as k5))\n");
+  BOOST_TEST(e == "3:25: duplicate name 'k5': already an event declared at 2:36", e);
+  e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as k5))\n"
+               "(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n");
+  BOOST_TEST(e == "3:36: duplicate name 'k5': already an event declared at 2:25", e);
+  e = error_of("(devices 1)\n(repeat 20 (kernel 0 spin_ns 0 (as k$i)))\n"
+               "(repeat 5 (kernel 0 spin_ns 0 (as k1$i)))\n");
+  BOOST_TEST(e == "3:35: duplicate name 'k10': already an event declared at 2:36", e);
+  e = error_of("(devices 1)\n(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n(sync k10)\n");
+  BOOST_TEST(e == "3:7: unknown event 'k10'", e);
+  e = error_of("(devices 1)\n(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n(sync k01)\n");
+  BOOST_TEST(e == "3:7: unknown event 'k01'", e);
+  e = error_of("(devices 1)\n(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n(fail-at k10 \"x\")\n");
+  BOOST_TEST(e == "3:10: fail-at: unknown event 'k10': no step of the script makes it", e);
+  e = error_of("(devices 1)\n(repeat 5 (kernel 0 spin_ns 0 (as a$i)) (sync a5))\n");
+  BOOST_TEST(e == "2:47: unknown event 'a5'", e);
+  e = error_of("(devices 1)\n(repeat 3 (kernel 0 spin_ns 0 (as $i)))\n");
+  BOOST_TEST(e == "2:35: '0' cannot name an event: names start with a letter", e);
+  e = error_of("(devices 1)\n(repeat 3 (kernel 0 spin_ns 0 (as a$i)))\n(context a1 0)\n");
+  BOOST_TEST(e == "3:10: duplicate name 'a1': already an event declared at 2:35", e);
+  e = error_of("(devices 1)\n(fail-at a2 \"boom\")\n(repeat 4 (kernel 0 spin_ns 0 (as a$i)))\n"
+               "(delay-at a2 1ms)\n");
+  BOOST_TEST(e == "4:1: delay-at: the task of event 'a2' already has a fault, (fail-at a2 boom) "
+                  "at 2:1: a task takes one",
+             e);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_named_loop_runs_as_expanded) {
+  // The same schedule twice: loops kept once (names and affine kernel
+  // arguments from $i) and the loops expanded (spin_ns (mod 0 (+ $i 1)) is
+  // 0 but is not affine), with faults aimed at single iterations before and
+  // after the loop, a wait on the iteration's event, and an outer loop's
+  // variable in the names. The logical traces (items, edges,
+  // events' names, lines) and the verdicts are the same, and a failure no
+  // expectation saw names its iteration's text.
+  auto text = [](const std::string& zero) {
+    return "(devices 3) (tnode v (floats 8)) (context c2 2) (alloc c2 v)\n"
+           "(fail-at k3 \"boom\")\n"
+           "(hold 0 (as h))\n"
+           "(repeat 6 (kernel 0 spin_ns " + zero + " (as k$i)) (kernel 1 spin_ns 0 (as b$i.x))\n"
+           "  (kernel 1 spin_ns (+ (* 1000 $i) 1)) (kernel c2 fill v $i))\n"
+           "(release h)\n"
+           "(delay-at b4.x 1ms)\n"
+           "(repeat 2 (var r) (repeat 3 (kernel 2 spin_ns " + zero + " (as t$r.$i))))\n"
+           "(cancel-at t1.1)\n"
+           "(expect (state k2) done)\n"
+           "(expect (before b4.x b5.x))\n"
+           "(expect (sync t1.1) (fails (cancelled)))\n"
+           "(expect (state t1.2) done)\n"
+           "(fail-at w2 \"w\")\n"
+           "(hold 2 (as h2))\n"
+           "(repeat 4 (kernel 2 spin_ns " + zero + " (as w$i)) (wait 1 w$i) (kernel 1 spin_ns 0))\n"
+           "(release h2)\n";
+  };
+  // (0 padded to the width of (mod 0 (+ $i 1)): the same columns.)
+  auto once = scn::load(text("0               "), "named.scn");
+  auto expanded = scn::load(text("(mod 0 (+ $i 1))"), "named.scn");
+  BOOST_TEST(once->repeats.size() == 4u); // the loops, and each round's inner loop
+  BOOST_TEST(once->families.size() == 4u);
+  BOOST_TEST(expanded->repeats.empty());
+  scn::run_options o;
+  o.step_timeout_s = 20;
+  auto a = scn::run(*once, o);
+  auto b = scn::run(*expanded, o);
+  BOOST_TEST(!a.ok()); // k3's fault, which no expectation saw
+  BOOST_TEST(a.expectations.size() == b.expectations.size());
+  for (std::size_t i = 0; i < std::min(a.expectations.size(), b.expectations.size()); ++i)
+    BOOST_TEST(a.expectations[i].held == b.expectations[i].held, a.expectations[i].text);
+  BOOST_TEST(scn::logical_trace(a) == scn::logical_trace(b));
+  BOOST_TEST(a.items == b.items, boost::test_tools::per_element());
+  BOOST_TEST_REQUIRE(a.unexpected.size() == b.unexpected.size());
+  // The expanded run's, with its (mod 0 (+ $i 1)) written 0 (and the devices'
+  // runner ids, which the second backend of the process numbers on).
+  std::vector<std::string> texts, want;
+  std::regex runner{R"(multidev_cpu:(\d+):\d+)"};
+  for (const auto& u : a.unexpected)
+    texts.push_back(std::regex_replace(u.where.str() + " " + u.text + ": " + u.observed,
+                                       runner, "multidev_cpu:$1"));
+  for (const auto& u : b.unexpected)
+    want.push_back(std::regex_replace(
+      std::regex_replace(u.where.str() + " " + u.text + ": " + u.observed,
+                         std::regex{R"(\(mod 0 \(\+ \d+ 1\)\))"}, "0"),
+      runner, "multidev_cpu:$1"));
+  BOOST_TEST(texts == want, boost::test_tools::per_element());
+  // Among them, iterations' kernels and a wait (whose item binds no event).
+  BOOST_TEST(contains(fmt::format("{}", fmt::join(texts, "\n")),
+                      "named.scn:4:11 (kernel 0 spin_ns 0 (as k4))"));
+  BOOST_TEST(contains(fmt::format("{}", fmt::join(texts, "\n")), "(wait 1 w2)"));
+}
+
 BOOST_AUTO_TEST_CASE(test_scenario_a_loop_loaded_once_runs_as_expanded) {
   // The same schedule twice: loops read once (no loop variable), and loops
-  // expanded (a variable that changes nothing: spin_ns (* 0 i) is 0). The
+  // expanded (a variable that changes nothing: spin_ns (mod 0 (+ i 1)) is 0). The
   // logical traces, with every item, edge and line, are the same.
   // (An inner loop reads the outer variable: read once per outer round.)
   auto text = [](const std::string& zero_r, const std::string& zero_i) {
@@ -1478,7 +1666,7 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_loop_loaded_once_runs_as_expanded) {
            zero_r + "))\n(repeat 5 (kernel 1 spin_ns " + zero_i + ") (sync round2))\n";
   };
   auto once = scn::load(text("0", "0"), "loops.scn");
-  auto expanded = scn::load(text("(* 0 $r)", "(* 0 $i)"), "loops.scn");
+  auto expanded = scn::load(text("(mod 0 (+ $r 1))", "(mod 0 (+ $i 1))"), "loops.scn");
   BOOST_TEST(once->repeats.size() == 4u); // each round's inner loop, and the last loop
   BOOST_TEST(expanded->repeats.empty());
   auto a = scn::run(*once);
@@ -1582,9 +1770,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 } // namespace
 
 // A million steps (issue 42 point 1), against the same work through the C++
-// API in this process. Its own ctest entry (test_scenario_million): it runs
-// for seconds, so the test_scenario run leaves it out.
-BOOST_AUTO_TEST_CASE(test_scenario_a_million_steps, *boost::unit_test::disabled()) {
+// API in this process: `(repeat N BODY)` then `AFTER`, where BODY is one
+// kernel 0 spin_ns 0 and `after(n)` the forms after the loop.
+template <class After>
+void a_million_steps(const std::string& body, After after) {
   // Under a sanitizer, its allocator (redzones, a quarantine of freed
   // blocks) and its pace are not the program's: 100,000 steps, and only the
   // checks that do not read the resident size or the clock.
@@ -1620,9 +1809,9 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_million_steps, *boost::unit_test::disabled(
     b.await(d);
     api_s = seconds_since(t0);
   });
-  auto script = fmt::format("(devices 1 (queue-capacity {}))\n(repeat {} (kernel 0 spin_ns 0))\n"
-                            "(expect (await 0) ok)\n",
-                            queue, n);
+  auto script = fmt::format("(devices 1 (queue-capacity {}))\n(repeat {} {})\n"
+                            "(expect (await 0) ok)\n{}",
+                            queue, n, body, after(n));
   double load_s = 0, run_s = 0, trace_s = 0;
   std::size_t trace_bytes = 0;
   std::optional<scn::run_result> r;
@@ -1672,4 +1861,21 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_million_steps, *boost::unit_test::disabled(
   BOOST_TEST(load_s * 4 <= api_s); // a loop is not expanded step by step
   BOOST_TEST(load_s + run_s <= 20 * api_s);
   BOOST_TEST(trace_s <= 2 * (load_s + run_s));
+}
+
+// Its own ctest entry (test_scenario_million): it runs for seconds, so the
+// test_scenario run leaves it out. Iterations all alike.
+BOOST_AUTO_TEST_CASE(test_scenario_a_million_steps, *boost::unit_test::disabled()) {
+  a_million_steps("(kernel 0 spin_ns 0)", [](std::size_t) { return std::string{}; });
+}
+
+// The same with iterations that differ: each kernel named after its
+// iteration, with a fault aimed at one and references to earlier
+// iterations' names after the loop (test_scenario_million too).
+BOOST_AUTO_TEST_CASE(test_scenario_a_million_named_steps, *boost::unit_test::disabled()) {
+  a_million_steps("(kernel 0 spin_ns 0 (as k$i))", [](std::size_t n) {
+    return fmt::format("(delay-at k{} 1ms)\n(expect (before k{} k{}))\n(expect (state k5) done)\n"
+                       "(wait 0 k{})\n(expect (sync k{}) ok)\n",
+                       n / 2, n / 2, n / 2 + 1, n - 1, n - 1);
+  });
 }

@@ -1961,12 +1961,18 @@ bench_result idle_cpu_figure(const backend_options& opts, const bench_options& o
 }
 
 /// Steps per second of a scenario script of `n` empty kernels (a
-/// `repeat`), loaded and run (`multidev run` without outputs), beside the
-/// same kernels scheduled through the C++ API the way the runner does
-/// (a fresh context, `link`, `run`), on a backend with the runner's options.
-bench_result scenario_figure(const bench_options& o) {
+/// `repeat` of `body`), loaded and run (`multidev run` without outputs),
+/// beside the same kernels scheduled through the C++ API the way the
+/// runner does (a fresh context, `link`, `run`), on a backend with the
+/// runner's options. `scenario_steps`: iterations all alike;
+/// `scenario_steps_named`: each kernel named after its iteration (`(as
+/// k$i)`), with a reference to an earlier iteration's name after the loop.
+bench_result scenario_figure(const bench_options& o, const char* name, const char* body) {
   int n = o.quick ? 20'000 : 200'000;
-  auto script = fmt::format("(devices 1)\n(repeat {} (kernel 0 spin_ns 0))\n(await 0)\n", n);
+  auto script = fmt::format("(devices 1)\n(repeat {} {})\n(await 0)\n{}", n, body,
+                            std::string_view{body}.find("$i") != std::string_view::npos
+                              ? fmt::format("(expect (state k{}) done)\n", n / 2)
+                              : std::string{});
   auto steps_per_s = [&](auto body) {
     auto t0 = std::chrono::steady_clock::now();
     body();
@@ -1996,11 +2002,11 @@ bench_result scenario_figure(const bench_options& o) {
       ro.timeline = false;
       auto r = scenario::run(*p, ro);
       if (!r.ok())
-        throw std::runtime_error("scenario_steps: " + scenario::summary(r));
+        throw std::runtime_error(std::string{name} + ": " + scenario::summary(r));
     });
   };
   auto [base, value] = medians(o.quick ? 1 : std::clamp(o.repeats, 1, 3), api, ours);
-  return make("scenario_steps", "steps/s", value,
+  return make(name, "steps/s", value,
               "the same kernels through the C++ API", base, "higher", 0.05);
 }
 
@@ -2023,7 +2029,9 @@ std::vector<bench_result> run_benchmarks(const backend_options& opts, const benc
   if (is_wanted(o, "session_cleanup"))
     out.push_back(session_cleanup_figure(opts, o));
   if (is_wanted(o, "scenario_steps"))
-    out.push_back(scenario_figure(o));
+    out.push_back(scenario_figure(o, "scenario_steps", "(kernel 0 spin_ns 0)"));
+  if (is_wanted(o, "scenario_steps_named"))
+    out.push_back(scenario_figure(o, "scenario_steps_named", "(kernel 0 spin_ns 0 (as k$i))"));
   return out;
 }
 
@@ -2046,7 +2054,7 @@ const std::vector<std::string>& case_names() {
     "scale_8dev",               "scale_depth_1",               "scale_depth_100",
     "scale_depth_10000",        "scale_depth_1000000",         "bytes_per_idle_device",
     "bytes_per_queued_task",    "bytes_per_queued_task_described", "idle_cpu_8dev",
-    "session_cleanup",          "scenario_steps"};
+    "session_cleanup",          "scenario_steps",              "scenario_steps_named"};
   return names;
 }
 
