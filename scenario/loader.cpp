@@ -16,6 +16,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <unordered_map>
 #include <sstream>
 
 namespace multidev::scenario {
@@ -480,10 +481,56 @@ private:
   std::optional<symbol> find_name(const std::string& n) const {
     if (auto it = names_.find(n); it != names_.end())
       return it->second;
-    for (const auto& p : patterns_)
+    if (patterns_.empty())
+      return std::nullopt;
+    // A pattern's number is a whole run of digits of the name: look the
+    // name up by each run.
+    for (auto [b, e] : digit_runs(n)) {
+      auto it = pattern_keys_.find(pattern_key(n.substr(0, b), n.substr(e)));
+      if (it == pattern_keys_.end())
+        continue;
+      const auto& p = patterns_[it->second];
       if (auto id = p.match(n))
         return symbol{sym::event, *id, p.where};
+    }
     return std::nullopt;
+  }
+
+  /// The runs of digits in `s`, as [begin, end) pairs.
+  static std::vector<std::pair<std::size_t, std::size_t>> digit_runs(const std::string& s) {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (std::size_t i = 0; i < s.size();) {
+      if (!std::isdigit(static_cast<unsigned char>(s[i]))) {
+        ++i;
+        continue;
+      }
+      auto b = i;
+      while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])))
+        ++i;
+      out.emplace_back(b, i);
+    }
+    return out;
+  }
+
+  static std::string pattern_key(const std::string& prefix, const std::string& suffix) {
+    return prefix + '\0' + suffix;
+  }
+
+  /// The key with every run of digits written `#`, and the index of the
+  /// pattern's own number among the runs.
+  static std::pair<std::string, std::size_t> pattern_shape(const std::string& prefix,
+                                                          const std::string& suffix) {
+    auto hash = [](const std::string& s) {
+      std::string out;
+      for (std::size_t i = 0; i < s.size(); ++i)
+        if (!std::isdigit(static_cast<unsigned char>(s[i])))
+          out += s[i];
+        else if (out.empty() || out.back() != '#' || i == 0
+                 || !std::isdigit(static_cast<unsigned char>(s[i - 1])))
+          out += '#';
+      return out;
+    };
+    return {hash(prefix) + "#" + hash(suffix), digit_runs(prefix).size()};
   }
 
   symbol lookup(const sexp& s, sym kind) const {
@@ -1764,26 +1811,29 @@ private:
       ++slot;
     }
     // No name of theirs may be one declared already (iteration 0's aside)
-    // nor one another pattern may make.
-    auto may_meet = [](const name_pattern& x, const name_pattern& y) {
-      auto pre = x.prefix.compare(0, y.prefix.size(), y.prefix) == 0
-                 || y.prefix.compare(0, x.prefix.size(), x.prefix) == 0;
-      auto ends = [](const std::string& a, const std::string& b) {
-        return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
-      };
-      return pre && (ends(x.suffix, y.suffix) || ends(y.suffix, x.suffix));
-    };
-    for (std::size_t a = 0; a < pats.size(); ++a) {
-      for (std::size_t b = a + 1; b < pats.size(); ++b)
-        if (may_meet(pats[a], pats[b]))
-          return false;
-      for (const auto& q : patterns_)
-        if (may_meet(pats[a], q))
-          return false;
-      for (auto it = names_.lower_bound(pats[a].prefix);
-           it != names_.end() && it->first.compare(0, pats[a].prefix.size(), pats[a].prefix) == 0;
-           ++it)
-        if (pats[a].match(it->first)
+    // nor one another pattern may make. The number is a whole run of
+    // digits (neither side of it ends in a digit), so two patterns make a
+    // name alike only with the same key, or with the same shape and their
+    // numbers in different runs: refused (the loop expands), as is a
+    // shape whose patterns put their numbers in different runs.
+    std::map<std::string, std::size_t> shapes;
+    std::set<std::string> keys;
+    for (const auto& p : pats) {
+      if ((!p.prefix.empty() && std::isdigit(static_cast<unsigned char>(p.prefix.back())))
+          || (!p.suffix.empty() && std::isdigit(static_cast<unsigned char>(p.suffix.front()))))
+        return false;
+      auto key = pattern_key(p.prefix, p.suffix);
+      if (pattern_keys_.count(key) || !keys.insert(key).second)
+        return false;
+      auto [shape, run] = pattern_shape(p.prefix, p.suffix);
+      auto known = pattern_shapes_.find(shape);
+      if (known != pattern_shapes_.end() && known->second != run)
+        return false;
+      if (auto [it, added] = shapes.emplace(shape, run); !added && it->second != run)
+        return false;
+      for (auto it = names_.lower_bound(p.prefix);
+           it != names_.end() && it->first.compare(0, p.prefix.size(), p.prefix) == 0; ++it)
+        if (p.match(it->first)
             && !(it->second.kind == sym::event && it->second.id >= first_event
                  && it->second.id < first_event + per_iter))
           return false;
@@ -1848,8 +1898,11 @@ private:
       st.arg_steps = std::move(arg_steps[k]);
     }
     prog_.families.push_back(std::move(fam));
-    for (auto& p : pats)
+    for (auto& p : pats) {
+      pattern_keys_.emplace(pattern_key(p.prefix, p.suffix), patterns_.size());
+      pattern_shapes_.insert(pattern_shape(p.prefix, p.suffix));
       patterns_.push_back(std::move(p));
+    }
     prog_.event_ids = first_event + per_iter * static_cast<int>(n);
     prog_.repeats.push_back(
       repeat_block{first_step, named.size(), static_cast<uint64_t>(n), id});
@@ -2554,6 +2607,9 @@ private:
     }
   };
   std::vector<name_pattern> patterns_;
+  /// The patterns by `pattern_key`, and each shape's run of the number.
+  std::unordered_map<std::string, std::size_t> pattern_keys_;
+  std::map<std::string, std::size_t> pattern_shapes_;
   /// A (sync-in ...) whose event was not declared yet: the step (by index,
   /// in the list it went to) and the form naming the event.
   struct forward_event {

@@ -1549,6 +1549,14 @@ BOOST_AUTO_TEST_CASE(test_scenario_named_loop_iterations_load_once) {
   BOOST_TEST(r.ok(), scn::summary(r));
   BOOST_TEST(r.items == (std::vector<uint64_t>{1000, 1001}), boost::test_tools::per_element());
   BOOST_TEST(slice_of(r, "k999").end_ns > 0);
+  // An outer loop around a named loop: a family per round, each name
+  // looked up by its runs of digits (not against every pattern).
+  auto rounds = scn::load("(devices 1)\n(repeat 2000 (var r) (repeat 5 (kernel 0 spin_ns 0 "
+                          "(as k$r.$i))))\n(expect (state k1999.4) done)\n(wait 0 k7.3)\n",
+                          "rounds.scn");
+  BOOST_TEST(rounds->families.size() == 2000u);
+  BOOST_TEST(rounds->steps.back().ev == 7 * 5 + 3);
+  BOOST_TEST(rounds->event_name(1999 * 5 + 4) == "k1999.4");
   // Kernel arguments affine in the variable are kept once too, each
   // iteration's value set when it runs (and described with it).
   auto q = scn::load("(devices 1)\n(repeat 50 (kernel 0 spin_ns (+ (* 2 $i) 1) (as s$i)))\n"
@@ -1573,6 +1581,9 @@ BOOST_AUTO_TEST_CASE(test_scenario_named_loop_iterations_load_once) {
   e = error_of("(devices 1)\n(repeat 20 (kernel 0 spin_ns 0 (as k$i)))\n"
                "(repeat 5 (kernel 0 spin_ns 0 (as k1$i)))\n");
   BOOST_TEST(e == "3:35: duplicate name 'k10': already an event declared at 2:36", e);
+  e = error_of("(devices 1)\n(repeat 2 (var r) (repeat 3 (kernel 0 spin_ns 0 (as k$r.$i))))\n"
+               "(repeat 3 (kernel 0 spin_ns 0 (as k$i.1)))\n");
+  BOOST_TEST(e == "3:35: duplicate name 'k0.1': already an event declared at 2:53", e);
   e = error_of("(devices 1)\n(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n(sync k10)\n");
   BOOST_TEST(e == "3:7: unknown event 'k10'", e);
   e = error_of("(devices 1)\n(repeat 10 (kernel 0 spin_ns 0 (as k$i)))\n(sync k01)\n");
