@@ -1691,14 +1691,7 @@ private:
       }
       return count;
     };
-    auto names_var = [&](const std::string& a) {
-      if (a == var || a.find("${") != std::string::npos)
-        return true;
-      for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1))
-        if (a.compare(at + 1, var.size(), var) == 0)
-          return true;
-      return false;
-    };
+    auto names_var = [&](const std::string& a) { return mentions_var(a, var); };
     std::function<bool(const sexp&)> plain = [&](const sexp& x) {
       if (x.is_atom())
         return !names_var(x.as_atom());
@@ -1915,20 +1908,25 @@ private:
   /// a name (an `(as ...)`), or a repeat of such forms. Loading it changes
   /// nothing the next iteration reads but the counters (steps, kernels
   /// per device for `fail-at DEVICE K`, items), so the loader reads it once.
+  /// Whether the atom `a` may depend on the loop variable `var`: it is the
+  /// variable, mentions `$var` (or a prefix of a longer `$name`: kept
+  /// conservative), or holds a `${...}` expression.
+  static bool mentions_var(const std::string& a, const std::string& var) {
+    if (a == var || a.find("${") != std::string::npos)
+      return true;
+    for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1))
+      if (a.compare(at + 1, var.size(), var) == 0)
+        return true;
+    return false;
+  }
+
   static bool alike_body(const sexp& s, const std::string& var) {
     static const std::set<std::string> steps{"kernel", "memset", "delay", "wait", "sync",
                                              "await", "sync-device", "sleep", "repeat"};
     if (!s.is_list() || s.items().empty() || !s.items()[0].is_atom()
         || !steps.count(s.items()[0].as_atom()))
       return false;
-    auto names_var = [&](const std::string& a) {
-      if (a == var || a.find("${") != std::string::npos)
-        return true;
-      for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1))
-        if (a.compare(at + 1, var.size(), var) == 0)
-          return true;
-      return false;
-    };
+    auto names_var = [&](const std::string& a) { return mentions_var(a, var); };
     std::function<bool(const sexp&)> plain = [&](const sexp& x) {
       if (x.is_atom())
         return !names_var(x.as_atom());

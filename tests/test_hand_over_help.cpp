@@ -338,60 +338,65 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_the_backstop_rings_a_deferral_made_whil
   BOOST_TEST(backstop.rang() > rang);
 }
 
+namespace {
+
+/// Device 1's runner left asleep by a deferral (the backstop's period, 30 s,
+/// outlasts the tests) while device 0 is held in `between` until `release`
+/// opens: x (device 1's item) is run only once something rings device 1,
+/// and y (device 0's, after x) once x is done and `between` released.
+struct deferred_device_1 {
+  deferring on{std::chrono::seconds{30}};
+  three_devices t;
+  std::shared_ptr<test_support::latch_gate> release = std::make_shared<test_support::latch_gate>();
+  std::thread::id x_thread;
+  multidev::event x, y;
+
+  deferred_device_1() {
+    auto hold = test_support::block_runner(t.b, t.d[0]);
+    t.b.schedule_task(t.d[0], {"source", [] {}});
+    t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
+    t.b.schedule_task(t.d[1], {"x", [this] { x_thread = std::this_thread::get_id(); }});
+    x = t.b.all_work(t.d[1]);
+    BOOST_REQUIRE(test_support::eventually([&] {
+      return t.field(1, "run_by") == "lendable"
+             && t.core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake;
+    }));
+    t.b.schedule_task(t.d[0], {"between", [r = release] { r->wait_in_task(); }});
+    t.b.will_wait_for(t.ctx[0], x);
+    y = t.b.all_work(t.d[0]);
+    hold->open();
+    BOOST_REQUIRE(test_support::eventually(
+      [&] { return t.core(1).runner().handover().token().deferred_wakes() == 1u; }));
+  }
+
+  /// x ran on device 1's own runner; then `between` is released and y runs.
+  void finish() {
+    BOOST_TEST((x_thread == t.runner[1]));
+    release->open();
+    sync(t.b, y);
+    BOOST_TEST(!release->timed_out());
+  }
+};
+
+} // namespace
+
 BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rings_it) {
   // A host that blocks on device 1's work rings its deferred runner rather
   // than wait for the backstop (whose period here is longer than the test's
   // bound) or for device 0 (held in `between` until the host saw x).
-  deferring on{std::chrono::seconds{30}};
-  three_devices t;
-  auto release = std::make_shared<test_support::latch_gate>();
-  auto hold = test_support::block_runner(t.b, t.d[0]);
-  t.b.schedule_task(t.d[0], {"source", [] {}});
-  t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
-  std::thread::id x_thread;
-  t.b.schedule_task(t.d[1], {"x", [&x_thread] { x_thread = std::this_thread::get_id(); }});
-  auto x = t.b.all_work(t.d[1]);
-  BOOST_REQUIRE(test_support::eventually([&] {
-    return t.field(1, "run_by") == "lendable" && (t.core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake);
-  }));
-  t.b.schedule_task(t.d[0], {"between", [release] { release->wait_in_task(); }});
-  t.b.will_wait_for(t.ctx[0], x);
-  auto y = t.b.all_work(t.d[0]);
-  hold->open();
-  BOOST_REQUIRE(test_support::eventually([&] { return t.core(1).runner().handover().token().deferred_wakes() == 1u; }));
+  deferred_device_1 f;
   // Bounded: a host that did not ring would wait for the backstop's 30 s.
-  BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
-  BOOST_TEST((x_thread == t.runner[1]));
-  release->open();
-  sync(t.b, y);
-  BOOST_TEST(!release->timed_out());
+  BOOST_CHECK_NO_THROW(f.t.b.sync(f.x, std::chrono::seconds{10}));
+  f.finish();
 }
 
 BOOST_AUTO_TEST_CASE(test_hand_over_help_a_deferred_wake_is_rung_once_through_the_hand_over) {
   // Through the hand-over's own interface (hand_over.hpp): a deferred
   // wake-up is rung by its own stamp only, and once (`ring_if_deferred`,
-  // `ring_deferred`), whoever asks. Device 1's runner is left asleep by a
-  // deferral (the backstop's period outlasts the test) while device 0 is
-  // held in `between`: only these calls can wake it.
-  deferring on{std::chrono::seconds{30}};
-  three_devices t;
-  auto release = std::make_shared<test_support::latch_gate>();
-  auto hold = test_support::block_runner(t.b, t.d[0]);
-  t.b.schedule_task(t.d[0], {"source", [] {}});
-  t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
-  std::thread::id x_thread;
-  t.b.schedule_task(t.d[1], {"x", [&x_thread] { x_thread = std::this_thread::get_id(); }});
-  auto x = t.b.all_work(t.d[1]);
-  BOOST_REQUIRE(test_support::eventually([&] {
-    return t.field(1, "run_by") == "lendable" &&
-           (t.core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake);
-  }));
-  t.b.schedule_task(t.d[0], {"between", [release] { release->wait_in_task(); }});
-  t.b.will_wait_for(t.ctx[0], x);
-  auto y = t.b.all_work(t.d[0]);
-  hold->open();
+  // `ring_deferred`), whoever asks: only these calls can wake device 1.
+  deferred_device_1 f;
+  auto& t = f.t;
   auto& ho = t.core(1).runner().handover();
-  BOOST_REQUIRE(test_support::eventually([&] { return ho.token().deferred_wakes() == 1u; }));
   auto stamp = ho.token().deferred();
   BOOST_REQUIRE(stamp != 0u);
   auto rings = t.core(1).queue().rings();
@@ -407,9 +412,6 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_deferred_wake_is_rung_once_through_th
   BOOST_TEST(!ho.ring_if_deferred(stamp));
   BOOST_TEST(t.core(1).queue().rings() == rings + 1);
   // Rung, device 1's own runner runs x.
-  BOOST_CHECK_NO_THROW(t.b.sync(x, std::chrono::seconds{10}));
-  BOOST_TEST((x_thread == t.runner[1]));
-  release->open();
-  sync(t.b, y);
-  BOOST_TEST(!release->timed_out());
+  BOOST_CHECK_NO_THROW(t.b.sync(f.x, std::chrono::seconds{10}));
+  f.finish();
 }

@@ -75,6 +75,25 @@ std::unique_ptr<caf::actor_system_config> client_cfg(bool tls) {
   return c;
 }
 
+/// A client of the node at `port` with one session open (its one device in
+/// `ds[0]`), plain TCP.
+struct client_session {
+  std::unique_ptr<caf::actor_system_config> cfg = client_cfg(false);
+  caf::actor_system sys{*cfg};
+  backend b{sys, {.num_devices = 1}};
+  std::vector<device> ds;
+
+  explicit client_session(uint16_t port) {
+    ds = attach_node(b, "127.0.0.1", port, 20s);
+    BOOST_TEST_REQUIRE(ds.size() == 1u);
+  }
+  /// Pool 1 of 1 KiB on the node's device, filled (the session in use).
+  void fill_pool() {
+    b.alloc_pool(ds[0], 1, 1024, 64);
+    b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
+  }
+};
+
 /// A field of /proc/PID/status in KiB: VmRSS (the resident set now) or
 /// VmHWM (its peak so far, which a buffer allocated and freed between two
 /// looks still shows).
@@ -378,14 +397,9 @@ BOOST_AUTO_TEST_CASE(node_transport_idle_and_half_header_connections_are_closed_
   ::close(half);
   // A session's connection is not cut at the timeout: a task of 1.5 s
   // (three timeouts), then another, on one session.
-  auto cfg = client_cfg(false);
-  caf::actor_system sys{*cfg};
-  backend b{sys, {.num_devices = 1}};
-  auto ds = attach_node(b, "127.0.0.1", node.port(), 20s);
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  b.sync(b.schedule_named(ds[0], {"spin_ns", {int64_t{1'500'000'000}}}));
-  b.alloc_pool(ds[0], 1, 1024, 64);
-  b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
+  client_session c{node.port()};
+  c.b.sync(c.b.schedule_named(c.ds[0], {"spin_ns", {int64_t{1'500'000'000}}}));
+  c.fill_pool();
 }
 
 BOOST_AUTO_TEST_CASE(node_transport_1000_idle_connections_at_the_fd_limit_leave_sessions_served) {
@@ -497,12 +511,8 @@ BOOST_AUTO_TEST_CASE(node_transport_at_its_descriptor_limit_a_node_neither_spins
   // timeout closed the idle ones a new session is served.
   raise_fd_limit(4096);
   node_process node{tool(), 1, "f", false, {"--handshake-timeout", "2"}};
-  auto cfg = client_cfg(false);
-  caf::actor_system sys{*cfg};
-  backend b{sys, {.num_devices = 1}};
-  auto ds = attach_node(b, "127.0.0.1", node.port(), 20s);
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  b.alloc_pool(ds[0], 1, 1024, 64);
+  client_session c{node.port()};
+  c.b.alloc_pool(c.ds[0], 1, 1024, 64);
   auto in_use = std::distance(std::filesystem::directory_iterator{"/proc/" + std::to_string(node.pid()) + "/fd"},
                               std::filesystem::directory_iterator{});
   rlimit lim{static_cast<rlim_t>(in_use + 8), static_cast<rlim_t>(in_use + 8)};
@@ -515,7 +525,7 @@ BOOST_AUTO_TEST_CASE(node_transport_at_its_descriptor_limit_a_node_neither_spins
   }
   auto share = core_share(node.pid(), 2000ms);
   // The session: served at the limit.
-  b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
+  c.b.sync(c.b.schedule_named(c.ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
   // Every idle connection closed: at once at the limit, or at the timeout.
   auto closed = closed_by(conns, conns.size(), steady::now() + 20s);
   auto [took, error] = try_session(false, node.port());
@@ -559,13 +569,11 @@ BOOST_AUTO_TEST_CASE(node_transport_a_peer_claiming_an_admitted_clients_node_id_
   // handshake, not to the id: the forger's connection is closed at the
   // 64 KiB cap before anything is allocated, and the client goes on.
   node_process node{tool(), 1, "i"};
-  auto cfg = client_cfg(false);
-  caf::actor_system sys{*cfg};
-  backend b{sys, {.num_devices = 1}};
-  auto ds = attach_node(b, "127.0.0.1", node.port(), 20s);
-  BOOST_TEST_REQUIRE(ds.size() == 1u);
-  b.alloc_pool(ds[0], 1, 1024, 64);
-  b.sync(b.schedule_named(ds[0], {"fill", {buffer_arg{buffer_loc{1, 0}, 1024}, 1.0}}));
+  client_session c{node.port()};
+  c.fill_pool();
+  auto& b = c.b;
+  auto& ds = c.ds;
+  auto& sys = c.sys;
   auto idle = status_kib(node.pid(), "VmRSS");
   auto idle_peak = status_kib(node.pid(), "VmHWM");
   BOOST_TEST_REQUIRE(idle > 0);
