@@ -479,15 +479,15 @@ const device& image(const device_remap* m, const device& d) {
   return d;
 }
 
-/// `c`, or a copy of it in `tmp` on `d`'s image when `m` moves it: only a
-/// remapped replay copies a context.
-const context& image(const device_remap* m, const context& c, context& tmp) {
+/// `c`, or a copy of it in `tmp` on its device's image when `m` moves it:
+/// only a remapped replay copies (or makes) a context.
+const context& image(const device_remap* m, const context& c, std::optional<context>& tmp) {
   const auto& to = image(m, c.device);
   if (to == c.device)
     return c;
   tmp = c;
-  tmp.device = to;
-  return tmp;
+  tmp->device = to;
+  return *tmp;
 }
 
 /// Why `d`'s node is gone, if it is (a device of this process never is).
@@ -558,48 +558,33 @@ void check_remap(detail::backend_impl& impl, const detail::round_state& st,
         st.name, to.name(), from.name(), to.dev().driver, from.dev().driver));
   }
   // The moved items: what each needs of its target, and the pools they use
-  // there, in record order.
-  struct pools_on {
-    device target;
-    std::set<int> have;
-    bool read = false;
+  // there, in record order: each target's pool table, read once, plus the
+  // round's own alloc_pool there, minus its free_pool.
+  std::vector<std::pair<device, std::set<int>>> pools;
+  auto pools_at = [&](const device& to) -> std::set<int>& {
+    for (auto& [d, ids] : pools)
+      if (d == to)
+        return ids;
+    return pools.emplace_back(to, pools_of(impl, to)).second;
   };
-  std::vector<pools_on> targets;
   auto use = [&](const device& d, int pool, std::size_t i) {
     const auto& to = image(&m, d);
-    if (to == d || pool == 0)
+    if (to == d || pool == 0 || pools_at(to).contains(pool))
       return;
-    auto t = std::find_if(targets.begin(), targets.end(),
-                          [&to](const pools_on& x) { return x.target == to; });
-    if (t == targets.end())
-      t = targets.insert(targets.end(), pools_on{to, {}, false});
-    if (!t->read) {
-      t->have = pools_of(impl, to);
-      t->read = true;
-    }
-    if (!t->have.contains(pool))
-      throw std::invalid_argument(fmt::format(
-        "replay: remap of round '{}': item '{}' uses pool {} of {}, but its target {} has "
-        "no pool {} and the round does not allocate it there before; alloc_pool it on {} "
-        "first",
-        st.name, st.items[i].name, pool, d.name(), to.name(), pool, to.name()));
+    throw std::invalid_argument(fmt::format(
+      "replay: remap of round '{}': item '{}' uses pool {} of {}, but its target {} has "
+      "no pool {} and the round does not allocate it there before; alloc_pool it on {} "
+      "first",
+      st.name, st.items[i].name, pool, d.name(), to.name(), pool, to.name()));
   };
   auto pool_made = [&](const device& d, int pool, bool made) {
     const auto& to = image(&m, d);
     if (to == d)
       return;
-    auto t = std::find_if(targets.begin(), targets.end(),
-                          [&to](const pools_on& x) { return x.target == to; });
-    if (t == targets.end())
-      t = targets.insert(targets.end(), pools_on{to, {}, false});
-    if (!t->read) {
-      t->have = pools_of(impl, to);
-      t->read = true;
-    }
     if (made)
-      t->have.insert(pool);
+      pools_at(to).insert(pool);
     else
-      t->have.erase(pool);
+      pools_at(to).erase(pool);
   };
   for (std::size_t i = 0; i < st.items.size(); ++i) {
     const auto& it = st.items[i];
@@ -699,7 +684,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   keep_on_throw guard{*impl_, st, out};
   out.items.reserve(st->items.size());
   using kind = detail::round_item::kind;
-  context ctx_tmp, src_tmp;
+  std::optional<context> ctx_tmp, src_tmp; // a moved wait's or copy's contexts
   for (std::size_t i = 0; i < st->items.size(); ++i) {
     const auto& it = st->items[i];
     const auto& dev = image(m, it.dev);

@@ -29,19 +29,6 @@ using namespace test_support;
 
 namespace {
 
-/// Runs `f`, which must throw `E` with `needle` in its message; returns the message.
-template <class E, class F>
-std::string expect_throw(F f, const std::string& needle) {
-  try {
-    f();
-  } catch (const E& e) {
-    BOOST_TEST(contains(e.what(), needle), "'" << e.what() << "' lacks '" << needle << "'");
-    return e.what();
-  }
-  BOOST_ERROR("did not throw; expected '" << needle << "'");
-  return {};
-}
-
 /// A node of `n` floats allocated on `ctx`'s device.
 std::pair<context, tnode> node_on(backend& b, const context& ctx, int id, std::size_t n) {
   tnode t{id, "n" + std::to_string(id), n * sizeof(float), memory_mode::on_device};
@@ -490,6 +477,41 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_round_to_another_local_device) {
   expect_throw<device_error>([&] { bounded([&] { b.sync(fe.items[0]); }); },
                              "replay 1 of round 'moved failure', item 'fail 0': bad step");
   BOOST_TEST(b.recover(d1));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copy_and_a_wait_with_their_device) {
+  // d0 fills node t; d1 waits for it, copies it over and sums it. With d1
+  // mapped to d2, which holds t at the same place, the wait and the copy
+  // move with their device: d2 gets d0's values and sums them, d1 nothing.
+  backend b{on_test_driver(backend_options{.num_devices = 3})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1), d2 = b.get_device(2);
+  constexpr std::size_t n = 8;
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, n);
+  auto c1 = node_on(b, b.make_context(d1), 1, n).first;
+  auto c2 = node_on(b, b.make_context(d2), 1, n).first;
+  BOOST_TEST_REQUIRE((c2.buffers.at(t) == c1.buffers.at(t)));
+  event filled, summed;
+  auto r = b.record("copied", [&] {
+    filled = b.schedule_named(d0, {"fill", {buf(c0, t), 1.0}});
+    b.will_wait_for(c1, filled);
+    b.device_to_device(t, merge_buffer_use::no, c1, c0);
+    summed = b.schedule_named(d1, {"checksum", {buf(c1, t), std::string{"copied_sum"}}});
+  });
+  auto s = r.slot(filled, 1);
+  auto before1 = b.all_work(d1).seq();
+  for (double v : {5.0, 6.0}) {
+    r.arg(s) = v;
+    auto ev = b.replay(r, {{d1, d2}});
+    BOOST_TEST((ev.items[0].key() == d0.key()));
+    for (std::size_t i : {1, 2, 3})
+      BOOST_TEST((ev.items[i].key() == d2.key()), "item " << i);
+    sync(b, ev.of(summed));
+    auto res = b.result("copied_sum");
+    BOOST_TEST_REQUIRE(res.has_value());
+    BOOST_TEST(res->sum == v * n);
+    BOOST_TEST(read_back(b, c2, t) == std::vector<float>(n, static_cast<float>(v)));
+  }
+  BOOST_TEST(b.all_work(d1).seq() == before1);
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_scheduled) {

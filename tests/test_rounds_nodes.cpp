@@ -21,23 +21,7 @@
 
 using namespace multidev;
 using test_support::contains;
-
-namespace {
-
-/// Runs `f`, which must throw `E` with `needle` in its message; returns the message.
-template <class E, class F>
-std::string expect_throw(F f, const std::string& needle) {
-  try {
-    f();
-  } catch (const E& e) {
-    BOOST_TEST(contains(e.what(), needle), "'" << e.what() << "' lacks '" << needle << "'");
-    return e.what();
-  }
-  BOOST_ERROR("did not throw; expected '" << needle << "'");
-  return {};
-}
-
-} // namespace
+using test_support::expect_throw;
 
 BOOST_FIXTURE_TEST_CASE(test_rounds_nodes_remap_after_a_node_kill, test_support::two_nodes) {
   // The round: on a0, a pool it allocates, a fill whose value is a slot and
