@@ -490,12 +490,22 @@ const context& image(const device_remap* m, const context& c, std::optional<cont
   return *tmp;
 }
 
-/// Why `d`'s node is gone, if it is (a device of this process never is).
-std::optional<std::string> lost(const device& d) {
+/// Why `d`'s node is gone, if it is (a device of this process never is):
+/// its link closed, or the session of the node `impl` attached it from
+/// ended. The keeper marks the session ended before it tells the links, so
+/// a failure a host thread saw from the loss is seen here too.
+std::optional<std::string> lost(const detail::backend_impl& impl, const device& d) {
   auto& rec = record_of(d);
   if (rec.r.local_core())
     return std::nullopt;
-  return rec.ep().gone();
+  if (auto why = rec.ep().gone())
+    return why;
+  std::lock_guard guard{impl.mu};
+  for (const auto& n : impl.nodes)
+    if (n.ended->load() && std::find(n.devices.begin(), n.devices.end(), d) != n.devices.end())
+      return fmt::format("the session of node {} ({}) ended: it was lost or detached", n.name,
+                         n.address);
+  return std::nullopt;
 }
 
 /// The pool ids device `d` has now (its `debug_info`: one round trip for a
@@ -539,7 +549,7 @@ void check_remap(detail::backend_impl& impl, const detail::round_state& st,
           "replay: remap of round '{}': {} and {} would both run on {}; map each device "
           "of the round to a device of its own",
           st.name, d.name(), from.name(), to.name()));
-    if (auto why = lost(to))
+    if (auto why = lost(impl, to))
       throw std::invalid_argument(fmt::format(
         "replay: remap of round '{}': target {} of {} is lost: {}", st.name, to.name(),
         from.name(), *why));
@@ -657,7 +667,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   // anything is scheduled: a replay either starts whole or not at all.
   for (const auto& d0 : st->devices) {
     const auto& d = image(m, d0);
-    if (auto why = lost(d))
+    if (auto why = lost(*impl_, d))
       throw device_error(
         record_of(d).ep().name(),
         fmt::format("replay {} of round '{}': its device {} is lost ({}); nothing of the "
