@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "actors/backend_impl.hpp"
@@ -466,7 +468,191 @@ round backend::record(std::string name, const std::function<void()>& body) {
   return round{std::move(st)};
 }
 
+namespace {
+
+/// `d`'s image under `m` (itself when `m` is null or does not map it).
+const device& image(const device_remap* m, const device& d) {
+  if (m)
+    for (const auto& [from, to] : *m)
+      if (from == d)
+        return to;
+  return d;
+}
+
+/// `c`, or a copy of it in `tmp` on its device's image when `m` moves it:
+/// only a remapped replay copies (or makes) a context.
+const context& image(const device_remap* m, const context& c, std::optional<context>& tmp) {
+  const auto& to = image(m, c.device);
+  if (to == c.device)
+    return c;
+  tmp = c;
+  tmp->device = to;
+  return *tmp;
+}
+
+/// Why `d`'s node is gone, if it is (a device of this process never is):
+/// its link closed, or the session of the node `impl` attached it from
+/// ended. The keeper marks the session ended before it tells the links, so
+/// a failure a host thread saw from the loss is seen here too.
+std::optional<std::string> lost(const detail::backend_impl& impl, const device& d) {
+  auto& rec = record_of(d);
+  if (rec.r.local_core())
+    return std::nullopt;
+  if (auto why = rec.ep().gone())
+    return why;
+  std::lock_guard guard{impl.mu};
+  for (const auto& n : impl.nodes)
+    if (n.ended->load() && std::find(n.devices.begin(), n.devices.end(), d) != n.devices.end())
+      return fmt::format("the session of node {} ({}) ended: it was lost or detached", n.name,
+                         n.address);
+  return std::nullopt;
+}
+
+/// The pool ids device `d` has now (its `debug_info`: one round trip for a
+/// device of another process).
+std::set<int> pools_of(detail::backend_impl& impl, const device& d) {
+  std::set<int> ids;
+  auto info = impl.endpoint_of(d).debug_info();
+  if (const auto* pools = info.find("pools"))
+    for (const auto& p : pools->items())
+      if (p.is_list())
+        if (const auto* id = p.find("id"); id && id->items().size() == 2)
+          ids.insert(std::stoi(id->items()[1].as_atom()));
+  return ids;
+}
+
+/// The checks of `backend::replay(r, remap)`, before anything is scheduled
+/// (docs/api.md, "Recorded rounds").
+void check_remap(detail::backend_impl& impl, const detail::round_state& st,
+                 const device_remap& m) {
+  using kind = detail::round_item::kind;
+  auto touches = [&st](const device& d) {
+    return std::find(st.devices.begin(), st.devices.end(), d) != st.devices.end();
+  };
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const auto& [from, to] = m[i];
+    if (!from || !to)
+      throw std::invalid_argument(fmt::format(
+        "replay: remap of round '{}': pair {} holds an empty device handle", st.name, i));
+    for (std::size_t j = 0; j < i; ++j)
+      if (m[j].first == from)
+        throw std::invalid_argument(fmt::format(
+          "replay: remap of round '{}': {} is mapped twice (to {} and to {})", st.name,
+          from.name(), m[j].second.name(), to.name()));
+    if (!touches(from) || from == to)
+      continue;
+    // Where the round's devices end up: no two on one device (their pools
+    // and orders would mix).
+    for (const auto& d : st.devices)
+      if (d != from && image(&m, d) == to)
+        throw std::invalid_argument(fmt::format(
+          "replay: remap of round '{}': {} and {} would both run on {}; map each device "
+          "of the round to a device of its own",
+          st.name, d.name(), from.name(), to.name()));
+    if (auto why = lost(impl, to))
+      throw std::invalid_argument(fmt::format(
+        "replay: remap of round '{}': target {} of {} is lost: {}", st.name, to.name(),
+        from.name(), *why));
+    try {
+      impl.endpoint_of(to);
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument(fmt::format(
+        "replay: remap of round '{}': target {} of {} is not a device of this backend "
+        "(make or attach it here first)",
+        st.name, to.name(), from.name()));
+    }
+    if (to.dev().driver != from.dev().driver)
+      throw std::invalid_argument(fmt::format(
+        "replay: remap of round '{}': target {} of {} has driver '{}', not '{}'; a round "
+        "moves to devices of the driver it was recorded on",
+        st.name, to.name(), from.name(), to.dev().driver, from.dev().driver));
+  }
+  // The moved items: what each needs of its target, and the pools they use
+  // there, in record order: each target's pool table, read once, plus the
+  // round's own alloc_pool there, minus its free_pool.
+  std::vector<std::pair<device, std::set<int>>> pools;
+  auto pools_at = [&](const device& to) -> std::set<int>& {
+    for (auto& [d, ids] : pools)
+      if (d == to)
+        return ids;
+    return pools.emplace_back(to, pools_of(impl, to)).second;
+  };
+  auto use = [&](const device& d, int pool, std::size_t i) {
+    const auto& to = image(&m, d);
+    if (to == d || pool == 0 || pools_at(to).contains(pool))
+      return;
+    throw std::invalid_argument(fmt::format(
+      "replay: remap of round '{}': item '{}' uses pool {} of {}, but its target {} has "
+      "no pool {} and the round does not allocate it there before; alloc_pool it on {} "
+      "first",
+      st.name, st.items[i].name, pool, d.name(), to.name(), pool, to.name()));
+  };
+  auto pool_made = [&](const device& d, int pool, bool made) {
+    const auto& to = image(&m, d);
+    if (to == d)
+      return;
+    if (made)
+      pools_at(to).insert(pool);
+    else
+      pools_at(to).erase(pool);
+  };
+  for (std::size_t i = 0; i < st.items.size(); ++i) {
+    const auto& it = st.items[i];
+    const auto& to = image(&m, it.dev);
+    switch (it.k) {
+    case kind::task:
+      if (to != it.dev && !record_of(to).r.local_core())
+        throw std::invalid_argument(fmt::format(
+          "replay: remap of round '{}': item '{}' is a closure (schedule_task) recorded on "
+          "{}, and a closure cannot travel to {}, a device of another process",
+          st.name, it.name, it.dev.name(), to.name()));
+      break;
+    case kind::run:
+      if (to != it.dev)
+        throw std::invalid_argument(fmt::format(
+          "replay: remap of round '{}': item '{}' is a routine linked on {} (its pools "
+          "pinned there), which cannot move to {}; record schedule_named instead",
+          st.name, it.name, it.dev.name(), to.name()));
+      break;
+    case kind::named:
+      for (const auto& a : it.spec.args)
+        if (const auto* b = std::get_if<buffer_arg>(&a))
+          use(it.dev, b->loc.pool_id, i);
+      break;
+    case kind::copy: {
+      if (it.into == merge_buffer_use::no)
+        if (auto at = it.ctx.buffers.find(it.node); at != it.ctx.buffers.end())
+          use(it.ctx.device, at->second.pool_id, i);
+      if (auto at = it.src.buffers.find(it.node); at != it.src.buffers.end())
+        use(it.src.device, at->second.pool_id, i);
+      break;
+    }
+    case kind::memset:
+    case kind::free_pool:
+      use(it.dev, it.pool_id, i);
+      if (it.k == kind::free_pool)
+        pool_made(it.dev, it.pool_id, false);
+      break;
+    case kind::alloc_pool:
+      pool_made(it.dev, it.pool_id, true);
+      break;
+    case kind::wait:
+      break;
+    }
+  }
+}
+
+} // namespace
+
 replay_events backend::replay(const round& r) {
+  return replay_mapped(r, nullptr);
+}
+
+replay_events backend::replay(const round& r, const device_remap& remap) {
+  return replay_mapped(r, &remap);
+}
+
+replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   if (detail::current_capture)
     detail::refuse_in_round("replay", "a replay inside a record would nest rounds");
   if (!r)
@@ -475,6 +661,21 @@ replay_events backend::replay(const round& r) {
   if (st->backend_id != impl_->id)
     throw std::invalid_argument(fmt::format(
       "replay: round '{}' was recorded by another backend; replay it there", st->name));
+  if (m)
+    check_remap(*impl_, *st, *m);
+  // A lost device (its node killed, its session ended) is refused before
+  // anything is scheduled: a replay either starts whole or not at all.
+  for (const auto& d0 : st->devices) {
+    const auto& d = image(m, d0);
+    if (auto why = lost(*impl_, d))
+      throw device_error(
+        record_of(d).ep().name(),
+        fmt::format("replay {} of round '{}': its device {} is lost ({}); nothing of the "
+                    "replay was scheduled. Replay the round with a remap of {} to a live "
+                    "device of driver '{}' (backend::replay(r, remap))",
+                    st->replays.load(std::memory_order_relaxed) + 1, st->name, d.name(), *why,
+                    d.name(), d.dev().driver));
+  }
   // When an item is refused part way too, the backend keeps the round while
   // the wrapped items pushed so far may run.
   struct keep_on_throw {
@@ -493,9 +694,11 @@ replay_events backend::replay(const round& r) {
   keep_on_throw guard{*impl_, st, out};
   out.items.reserve(st->items.size());
   using kind = detail::round_item::kind;
+  std::optional<context> ctx_tmp, src_tmp; // a moved wait's or copy's contexts
   for (std::size_t i = 0; i < st->items.size(); ++i) {
     const auto& it = st->items[i];
-    auto& rec = record_of(it.dev);
+    const auto& dev = image(m, it.dev);
+    auto& rec = record_of(dev);
     try {
       switch (it.k) {
       case kind::task: {
@@ -513,50 +716,53 @@ replay_events backend::replay(const round& r) {
           out.items.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
         } else {
           // An attached device: the run of named items on it, as one batch
-          // (one message instead of a round trip per task).
+          // (one message instead of a round trip per task). A remap maps no
+          // two devices of the round to one, so the run is the same there.
           std::size_t j = i + 1;
           while (j < st->items.size() && st->items[j].k == kind::named
                  && st->items[j].dev == it.dev)
             ++j;
           if (j == i + 1) {
-            out.items.push_back(schedule_named(it.dev, it.spec));
+            out.items.push_back(schedule_named(dev, it.spec));
           } else {
             std::vector<task_spec> specs;
             specs.reserve(j - i);
             for (auto k = i; k < j; ++k)
               specs.push_back(st->items[k].spec);
-            for (auto& e : schedule_batch(it.dev, specs))
+            for (auto& e : schedule_batch(dev, specs))
               out.items.push_back(std::move(e));
             i = j - 1;
           }
         }
         break;
       case kind::wait:
-        will_wait_for(it.ctx, it.on_item ? out.items[*it.on_item] : it.on);
-        out.items.push_back(all_work(it.dev));
+        will_wait_for(image(m, it.ctx, ctx_tmp), it.on_item ? out.items[*it.on_item] : it.on);
+        out.items.push_back(all_work(dev));
         break;
       case kind::run: {
-        routine rr = it.r;
+        routine rr = it.r; // check_remap refuses moving it
         rr.schedule.work = detail::with_provenance{std::move(rr.schedule.work), st.get(), i, n};
         out.items.push_back(run(rr));
         break;
       }
       case kind::copy:
-        out.items.push_back(detail::copy_step(*this, it.node, it.into, it.ctx, it.src));
+        out.items.push_back(detail::copy_step(*this, it.node, it.into,
+                                              image(m, it.ctx, ctx_tmp),
+                                              image(m, it.src, src_tmp)));
         break;
       case kind::memset: {
-        auto& ep = impl_->endpoint_of(it.dev);
+        auto& ep = impl_->endpoint_of(dev);
         out.items.emplace_back(ep.shared_from_this(),
                                ep.memset_zero(it.pool_id, it.offset, it.size));
         break;
       }
       case kind::alloc_pool:
-        alloc_pool(it.dev, it.pool_id, it.size, it.alignment, it.mode);
-        out.items.push_back(all_work(it.dev));
+        alloc_pool(dev, it.pool_id, it.size, it.alignment, it.mode);
+        out.items.push_back(all_work(dev));
         break;
       case kind::free_pool:
-        free_pool(it.dev, it.pool_id);
-        out.items.push_back(all_work(it.dev));
+        free_pool(dev, it.pool_id);
+        out.items.push_back(all_work(dev));
         break;
       }
     } catch (const std::invalid_argument& e) {
@@ -566,7 +772,7 @@ replay_events backend::replay(const round& r) {
   }
   out.all_work.reserve(st->devices.size());
   for (const auto& d : st->devices)
-    out.all_work.emplace_back(d, all_work(d));
+    out.all_work.emplace_back(image(m, d), all_work(image(m, d)));
   detail::keep_for_replays(*impl_, st, out.items);
   guard.kept = true;
   return out;

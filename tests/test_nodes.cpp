@@ -29,6 +29,7 @@
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/remote/reply_sink.hpp"
 #include "actors/remote/tls_middleman.hpp"
+#include "node_support.hpp"
 #include "scenario/node_process.hpp"
 #include "scenario/scenario.hpp"
 #include "test_certs.hpp"
@@ -75,37 +76,9 @@ namespace {
 using multidev::scenario::node_process;
 namespace scenario = multidev::scenario;
 
-/// The multidev tool: the test's argument.
-std::string tool() {
-  auto& suite = boost::unit_test::framework::master_test_suite();
-  BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
-  return suite.argv[1];
-}
-
-/// An actor system that can reach nodes, and a backend of one local device
-/// on it.
-struct cluster {
-  cluster() : sys(make_cfg()), b(sys, {.num_devices = 1}) {
-  }
-
-  static caf::actor_system_config& make_cfg() {
-    static caf::actor_system_config* cfg = [] {
-      auto c = new caf::actor_system_config;
-      c->load<caf::io::middleman>();
-      register_types(*c);
-      c->set("scheduler.max-threads", size_t{2});
-      // A silent peer is found by heartbeat: one every 500 ms, and a
-      // connection quiet for 3 s is dropped.
-      c->set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds{500}});
-      c->set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{3}});
-      return c;
-    }();
-    return *cfg;
-  }
-
-  caf::actor_system sys;
-  backend b;
-};
+using test_support::cluster;
+using test_support::tool;
+using test_support::two_nodes;
 
 buffer_arg buffer(int pool, std::size_t bytes) {
   return buffer_arg{buffer_loc{pool, 0}, bytes};
@@ -240,18 +213,6 @@ std::shared_ptr<std::promise<void>> hold(backend& b, const device& local) {
                           }});
   return release;
 }
-
-/// Nodes "a" and "b" of one device each (`a0`, `b0`), attached to the
-/// backend `b` of a cluster whose own device 0 is local. `na` is a pointer so
-/// that a test can kill node a.
-struct two_nodes {
-  std::unique_ptr<node_process> na = std::make_unique<node_process>(tool(), 1, "a", true);
-  node_process nb{tool(), 1, "b", true};
-  cluster c;
-  backend& b = c.b;
-  device a0 = attach_node(b, "127.0.0.1", na->port()).at(0);
-  device b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
-};
 
 /// A node `t` of `bytes` on a0 (`ca`) and on b0 (`cb`), for copies a -> b.
 struct a_node_on_each : two_nodes {

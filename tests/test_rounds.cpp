@@ -29,19 +29,6 @@ using namespace test_support;
 
 namespace {
 
-/// Runs `f`, which must throw `E` with `needle` in its message; returns the message.
-template <class E, class F>
-std::string expect_throw(F f, const std::string& needle) {
-  try {
-    f();
-  } catch (const E& e) {
-    BOOST_TEST(contains(e.what(), needle), "'" << e.what() << "' lacks '" << needle << "'");
-    return e.what();
-  }
-  BOOST_ERROR("did not throw; expected '" << needle << "'");
-  return {};
-}
-
 /// A node of `n` floats allocated on `ctx`'s device.
 std::pair<context, tnode> node_on(backend& b, const context& ctx, int id, std::size_t n) {
   tnode t{id, "n" + std::to_string(id), n * sizeof(float), memory_mode::on_device};
@@ -439,4 +426,153 @@ BOOST_AUTO_TEST_CASE(test_rounds_backend_keeps_a_dropped_round_until_its_replays
   auto other = b.record("other", [&] { b.schedule_task(d0, {"t", [] {}}); });
   sync(b, b.replay(other).items[0]);
   BOOST_TEST(gone.expired());
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_round_to_another_local_device) {
+  // A round on d0 (a pool it allocates, a fill whose value is a slot, a
+  // checksum, a closure) and on d2 (a wait for the checksum, a task that
+  // reads it) replayed with d0 mapped to d1: d0's items run on d1 and d0
+  // gets nothing; the slot, the in-round wait and the provenance hold.
+  backend b{on_test_driver(backend_options{.num_devices = 3})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1), d2 = b.get_device(2);
+  constexpr std::size_t n = 16;
+  buffer_arg whole{buffer_loc{5, 0}, n * sizeof(float)};
+  std::atomic<int> ran{0};
+  std::atomic<double> seen{0};
+  event filled, summed;
+  auto r = b.record("moved", [&] {
+    b.alloc_pool(d0, 5, n * sizeof(float), 64);
+    filled = b.schedule_named(d0, {"fill", {whole, 1.0}});
+    summed = b.schedule_named(d0, {"checksum", {whole, std::string{"moved_sum"}}});
+    b.schedule_task(d0, {"count", [&] { ++ran; }});
+    b.will_wait_for(b.make_context(d2), summed);
+    b.schedule_task(d2, {"read the sum", [&] { seen = b.result("moved_sum").value().sum; }});
+  });
+  auto s = r.slot(filled, 1);
+  auto before0 = b.all_work(d0);
+  for (double v : {2.0, 3.0}) {
+    r.arg(s) = v;
+    auto ev = b.replay(r, {{d0, d1}});
+    for (const auto& [d, e] : ev.all_work) // first: nothing outlives a failed check
+      sync(b, e);
+    BOOST_TEST(seen.load() == v * n); // d2 waited for this replay's checksum, on d1
+    BOOST_TEST_REQUIRE(ev.items.size() == r.size());
+    for (std::size_t i : {0, 1, 2, 3})
+      BOOST_TEST((ev.items[i].key() == d1.key()), "item " << i);
+    BOOST_TEST((ev.items[5].key() == d2.key()));
+    BOOST_TEST((ev.all_work_of(d1).key() == d1.key()));
+    expect_throw<std::invalid_argument>([&] { ev.all_work_of(d0); }, "does not touch");
+  }
+  BOOST_TEST(ran.load() == 2);
+  BOOST_TEST(b.all_work(d0).seq() == before0.seq());
+  // Mapped back (d0 -> d0 is no move), it runs on d0 again.
+  sync(b, b.replay(r, {{d0, d0}}).all_work_of(d0));
+  BOOST_TEST(ran.load() == 3);
+  BOOST_TEST(b.all_work(d0).seq() > before0.seq());
+
+  // A moved item's failure carries its provenance.
+  auto f = b.record("moved failure", [&] { b.schedule_named(d0, {"fail", {std::string{"bad step"}}}); });
+  auto fe = b.replay(f, {{d0, d1}});
+  BOOST_TEST((fe.items[0].key() == d1.key()));
+  expect_throw<device_error>([&] { bounded([&] { b.sync(fe.items[0]); }); },
+                             "replay 1 of round 'moved failure', item 'fail 0': bad step");
+  BOOST_TEST(b.recover(d1));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copy_and_a_wait_with_their_device) {
+  // d0 fills node t; d1 waits for it, copies it over and sums it. With d1
+  // mapped to d2, which holds t at the same place, the wait and the copy
+  // move with their device: d2 gets d0's values and sums them, d1 nothing.
+  backend b{on_test_driver(backend_options{.num_devices = 3})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1), d2 = b.get_device(2);
+  constexpr std::size_t n = 8;
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, n);
+  auto c1 = node_on(b, b.make_context(d1), 1, n).first;
+  auto c2 = node_on(b, b.make_context(d2), 1, n).first;
+  BOOST_TEST_REQUIRE((c2.buffers.at(t) == c1.buffers.at(t)));
+  event filled, summed;
+  auto r = b.record("copied", [&] {
+    filled = b.schedule_named(d0, {"fill", {buf(c0, t), 1.0}});
+    b.will_wait_for(c1, filled);
+    b.device_to_device(t, merge_buffer_use::no, c1, c0);
+    summed = b.schedule_named(d1, {"checksum", {buf(c1, t), std::string{"copied_sum"}}});
+  });
+  auto s = r.slot(filled, 1);
+  auto before1 = b.all_work(d1).seq();
+  for (double v : {5.0, 6.0}) {
+    r.arg(s) = v;
+    auto ev = b.replay(r, {{d1, d2}});
+    BOOST_TEST((ev.items[0].key() == d0.key()));
+    for (std::size_t i : {1, 2, 3})
+      BOOST_TEST((ev.items[i].key() == d2.key()), "item " << i);
+    sync(b, ev.of(summed));
+    auto res = b.result("copied_sum");
+    BOOST_TEST_REQUIRE(res.has_value());
+    BOOST_TEST(res->sum == v * n);
+    BOOST_TEST(read_back(b, c2, t) == std::vector<float>(n, static_cast<float>(v)));
+  }
+  BOOST_TEST(b.all_work(d1).seq() == before1);
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_scheduled) {
+  // Each check of replay(r, remap) refuses with the round and the device
+  // named, and nothing of the replay is scheduled.
+  backend b{on_test_driver(backend_options{.num_devices = 3})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1), d2 = b.get_device(2);
+  b.alloc_pool(d0, 7, 64, 64); // made outside the round: a target needs its own
+  auto r = b.record("checked", [&] {
+    b.schedule_named(d0, {"fill", {buffer_arg{buffer_loc{7, 0}, 64}, 1.0}});
+    b.schedule_named(d2, {"spin_ns", {int64_t{0}}});
+  });
+  backend other{on_test_driver(backend_options{.num_devices = 1})};
+  auto odd = b.make_device(dev{d1.dev().driver + "_other", 7}, d1.get_runner(), 7);
+  auto seqs = [&] {
+    return std::array<uint64_t, 3>{b.all_work(d0).seq(), b.all_work(d1).seq(),
+                                   b.all_work(d2).seq()};
+  };
+  auto before = seqs();
+  auto refused = [&](const device_remap& m, const std::string& needle) {
+    auto what = expect_throw<std::invalid_argument>([&] { b.replay(r, m); }, needle);
+    BOOST_TEST(contains(what, "remap of round 'checked'"), what);
+  };
+  refused({{d0, device{}}}, "pair 0 holds an empty device handle");
+  refused({{d0, d1}, {d0, d2}}, d0.name() + " is mapped twice (to " + d1.name());
+  refused({{d0, d2}}, d2.name() + " and " + d0.name() + " would both run on " + d2.name());
+  refused({{d0, d1}, {d2, d1}}, " would both run on " + d1.name());
+  refused({{d0, other.get_device(0)}},
+          "target " + other.get_device(0).name() + " of " + d0.name()
+            + " is not a device of this backend");
+  refused({{d0, odd}}, "target " + odd.name() + " of " + d0.name() + " has driver '"
+                         + odd.dev().driver + "'");
+  refused({{d0, d1}}, "item 'fill 0' uses pool 7 of " + d0.name() + ", but its target "
+                        + d1.name() + " has no pool 7");
+  BOOST_TEST(r.replays() == 0u);
+  BOOST_TEST((seqs() == before));
+
+  // A routine is pinned to its device's pools: it does not move.
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, 4);
+  auto linked = b.record("linked", [&] { b.run(b.link(c0, "fill", {t, 1.0})); });
+  auto text = expect_throw<std::invalid_argument>([&] { b.replay(linked, {{d0, d1}}); },
+                                                  "is a routine linked on " + d0.name());
+  BOOST_TEST(contains(text, "round 'linked'"), text);
+  BOOST_TEST((seqs() == before));
+
+  // A swap is no merge; an entry for a device the round does not touch is
+  // ignored. Once d1 has pool 7, the move runs.
+  b.alloc_pool(d1, 7, 64, 64);
+  auto ev = b.replay(r, {{d0, d1}, {d2, d0}, {odd, d2}});
+  BOOST_TEST((ev.items[0].key() == d1.key()));
+  BOOST_TEST((ev.items[1].key() == d0.key()));
+  sync(b, ev.all_work_of(d1));
+  sync(b, ev.all_work_of(d0));
+  BOOST_TEST(r.replays() == 1u);
+  // A pool the round allocates on the device before using it needs none on the target.
+  auto own = b.record("own pool", [&] {
+    b.alloc_pool(d0, 9, 64, 64);
+    b.memset_zero(d0, 9, 0, 64);
+    b.free_pool(d0, 9);
+    b.memset_zero(d0, 9, 0, 64); // freed by the round before: refused on a target
+  });
+  expect_throw<std::invalid_argument>([&] { b.replay(own, {{d0, d2}}); },
+                                      "item 'memset_zero 9 3' uses pool 9 of " + d0.name());
 }

@@ -179,6 +179,20 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+/// Runs `f`, which must throw `E` with `needle` in its message; returns the
+/// message (empty, with a test error, when it did not throw).
+template <class E, class F>
+std::string expect_throw(F f, const std::string& needle) {
+  try {
+    f();
+  } catch (const E& e) {
+    BOOST_TEST(contains(e.what(), needle), "'" << e.what() << "' lacks '" << needle << "'");
+    return e.what();
+  }
+  BOOST_ERROR("did not throw; expected '" << needle << "'");
+  return {};
+}
+
 /// The value of `(key value)` in `info` as an atom, or `<missing key>` (so a
 /// check on it fails with a readable message instead of crashing).
 inline std::string field_of(const multidev::sexp& info, const char* key) {

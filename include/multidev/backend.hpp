@@ -381,7 +381,24 @@ public:
   /// Throws `std::invalid_argument` for an empty round or one recorded by
   /// another backend, and, prefixed the same way, when an item is refused
   /// (a pool it uses was freed): the items before it stay scheduled.
+  /// Before anything is scheduled, throws `device_error` naming the device,
+  /// its node's loss and the round when a device the round touches is lost
+  /// (its node was killed or its session ended): replay it with a remap.
   replay_events replay(const round& r);
+  /// `replay(r)` with each item's device replaced by its image under
+  /// `remap` (devices not in it stay; entries for devices the round does
+  /// not touch are ignored): a round whose node was lost runs on another
+  /// node's devices. Checked before anything is scheduled, each refusal a
+  /// `std::invalid_argument` naming the round and the device: a source is
+  /// mapped once; no two devices of the round end up on one device; each
+  /// target is a device of this backend, not lost, of the source's driver;
+  /// a target of another process gets no closure (`schedule_task`); a
+  /// linked routine (`run`) is not moved; and every pool (but the merge
+  /// buffer, 0) that the moved items use on a target exists there now or
+  /// is made before by the round's own `alloc_pool` there (and not freed
+  /// before by its `free_pool`). The round's unmapped devices are checked
+  /// as `replay(r)` checks them. `replay_events::all_work` names the targets.
+  replay_events replay(const round& r, const device_remap& remap);
 
   /// The actor system the devices live in.
   caf::actor_system& system() const;
@@ -389,6 +406,8 @@ public:
   detail::backend_impl& impl() const noexcept { return *impl_; }
 
 private:
+  /// Both `replay`s: `remap` null for none.
+  replay_events replay_mapped(const round& r, const device_remap* remap);
   std::unique_ptr<detail::backend_impl> impl_;
 };
 

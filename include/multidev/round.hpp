@@ -77,6 +77,11 @@ struct replay_events {
   uint32_t round_id = 0;
 };
 
+/// Where `backend::replay(r, remap)` moves a round: each pair is
+/// (device the round was recorded on, device its items run on instead).
+/// Devices the round touches that are not a pair's first stay.
+using device_remap = std::vector<std::pair<device, device>>;
+
 /// A recorded round: the items `backend::record` captured, replayed by
 /// `backend::replay`. Default-constructed: empty, and `replay` refuses it.
 class round {

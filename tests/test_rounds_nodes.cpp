@@ -1,0 +1,96 @@
+// Recorded rounds across `multidev node` processes (issue 41 point 3): a
+// round recorded on node a's device runs there; node a is killed; a replay
+// of the round fails at once naming the lost device and the round, with
+// nothing scheduled and the backend usable; the same round remapped to node
+// b's device runs there with the right results. The remap checks that need
+// a node: a lost target, a closure sent to another process.
+//
+// The tool's path is the test's first argument (tests/node_support.hpp).
+#define BOOST_TEST_MODULE rounds_nodes
+#include <boost/test/unit_test.hpp>
+
+#include <multidev/multidev.hpp>
+
+#include "node_support.hpp"
+#include "test_support.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+using namespace multidev;
+using test_support::contains;
+using test_support::expect_throw;
+
+BOOST_FIXTURE_TEST_CASE(test_rounds_nodes_remap_after_a_node_kill, test_support::two_nodes) {
+  // The round: on a0, a pool it allocates, a fill whose value is a slot and
+  // its checksum; the local device l0 waits for the checksum and counts.
+  auto l0 = b.get_device(0);
+  constexpr std::size_t n = 16;
+  buffer_arg whole{buffer_loc{5, 0}, n * sizeof(float)};
+  std::atomic<int> after{0};
+  event filled, summed;
+  auto r = b.record("step", [&] {
+    b.alloc_pool(a0, 5, n * sizeof(float), 64);
+    filled = b.schedule_named(a0, {"fill", {whole, 1.0}});
+    summed = b.schedule_named(a0, {"checksum", {whole, std::string{"step_sum"}}});
+    b.will_wait_for(b.make_context(l0), summed);
+    b.schedule_task(l0, {"after the sum", [&] { ++after; }});
+  });
+  auto s = r.slot(filled, 1);
+  r.arg(s) = 2.0;
+  test_support::sync(b, b.replay(r).all_work_of(l0));
+  auto on_a = b.result(a0, "step_sum");
+  BOOST_TEST_REQUIRE(on_a.has_value());
+  BOOST_TEST(on_a->sum == 2.0 * n);
+
+  // Node a is killed while busy; its loss is seen once the busy item fails.
+  auto busy = b.schedule_named(a0, {"spin_ns", {int64_t{30'000'000'000}}});
+  na->kill9();
+  expect_throw<device_error>(
+    [&] { test_support::bounded([&] { b.sync(busy); }, "sync on the killed node"); }, "a/");
+
+  // A replay fails at once, naming the lost device and the round; nothing
+  // of it is scheduled (l0 got nothing) and the backend goes on.
+  auto l0_before = b.all_work(l0).seq();
+  std::string text;
+  try {
+    test_support::bounded([&] { b.replay(r); }, "a replay on the killed node");
+    BOOST_ERROR("a replay on the killed node was scheduled");
+  } catch (const device_error& e) {
+    text = e.what();
+  }
+  BOOST_TEST(contains(text, "replay 2 of round 'step': its device " + a0.name() + " is lost"),
+             text);
+  BOOST_TEST(contains(text, "remap"), text);
+  BOOST_TEST(b.all_work(l0).seq() == l0_before);
+  BOOST_TEST(r.replays() == 1u);
+  test_support::sync(b, b.schedule_named(l0, {"spin_ns", {int64_t{0}}}));
+
+  // A lost device is no target either.
+  auto on_b = b.record("on b", [&] { b.schedule_named(b0, {"spin_ns", {int64_t{0}}}); });
+  expect_throw<std::invalid_argument>(
+    [&] { b.replay(on_b, {{b0, a0}}); },
+    "remap of round 'on b': target " + a0.name() + " of " + b0.name() + " is lost");
+  // A closure cannot go to a device of another process.
+  auto local = b.record("local", [&] { b.schedule_task(l0, {"closure", [] {}}); });
+  expect_throw<std::invalid_argument>([&] { b.replay(local, {{l0, b0}}); },
+                                      "item 'closure 0' is a closure (schedule_task) recorded on "
+                                        + l0.name());
+
+  // Remapped to b0, the round runs there: the slot's value, the pool the
+  // round allocates, l0's wait for b0's checksum.
+  for (double v : {3.0, 4.0}) {
+    r.arg(s) = v;
+    auto ev = b.replay(r, {{a0, b0}});
+    BOOST_TEST((ev.items[1].key() == b0.key()));
+    BOOST_TEST((ev.items[2].key() == b0.key()));
+    test_support::sync(b, ev.all_work_of(l0));
+    auto res = b.result(b0, "step_sum");
+    BOOST_TEST_REQUIRE(res.has_value());
+    BOOST_TEST(res->sum == v * n);
+  }
+  BOOST_TEST(after.load() == 3);
+  BOOST_TEST(r.replays() == 3u);
+}
