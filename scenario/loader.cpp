@@ -854,6 +854,10 @@ private:
       statement(*f.pos[k], body);
     in_round_ = -1;
     current_ = &s;
+    if (body.empty())
+      fail(s, fmt::format("round '{}' records no items: its forms expanded to none (a (repeat "
+                          "0 ...)?)",
+                          n));
     auto& r = prog_.rounds[static_cast<std::size_t>(idx)];
     r.body = std::move(body);
     r.items = round_items_;

@@ -2035,6 +2035,9 @@ BOOST_AUTO_TEST_CASE(test_scenario_what_a_round_cannot_record_is_a_load_error_at
   e = error_of("(devices 1)\n(round step)\n");
   BOOST_TEST(e == "2:1: round 'step' has no forms: give it the kernels, copies, waits... it "
                   "replays");
+  e = error_of("(devices 1)\n(round step (repeat 0 (kernel 0 spin_ns 0)))\n");
+  BOOST_TEST(e == "2:1: round 'step' records no items: its forms expanded to none (a (repeat 0 "
+                  "...)?)");
   e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as step))\n(round step (kernel 0 spin_ns 0))\n");
   BOOST_TEST(e == "3:8: duplicate name 'step': already an event declared at 2:25");
 }
