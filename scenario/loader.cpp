@@ -66,7 +66,7 @@ constexpr std::size_t max_expansion = 4 * max_steps;
 /// about a frame per character, so a long one overflows the stack.
 constexpr std::size_t max_regex = 1000;
 
-enum class sym { tnode, context, event, host, hold, dag, node };
+enum class sym { tnode, context, event, host, hold, dag, node, round };
 
 const char* sym_name(sym s) {
   switch (s) {
@@ -77,6 +77,7 @@ const char* sym_name(sym s) {
     case sym::hold: return "a hold";
     case sym::dag: return "a random-dag";
     case sym::node: return "a node";
+    case sym::round: return "a round";
   }
   return "a name";
 }
@@ -592,7 +593,7 @@ private:
   int bind_event(const sexp& s) {
     auto n = new_name(s, sym::event);
     int id = prog_.event_ids++;
-    prog_.events.push_back(event_decl{n, at(s)});
+    prog_.events.push_back(event_decl{n, at(s), false, in_round_});
     declare(n, s, sym::event, id);
     return id;
   }
@@ -657,8 +658,12 @@ private:
     if (++total_steps_ > max_steps)
       fail(*current_, fmt::format("the script expands to more than the limit of {} steps",
                                   max_steps));
-    if (st.device >= 0 && counts_item(st.kind))
-      prog_.items[st.device] += st.kind == op::copy ? 2 : 1;
+    if (st.device >= 0 && counts_item(st.kind)) {
+      // A round's items run when it is replayed: counted per replay.
+      auto& items = in_round_ >= 0 ? round_items_ : prog_.items;
+      items[st.device] += st.kind == op::copy ? 2 : 1;
+    }
+    st.round = in_round_;
     out.push_back(std::move(st));
   }
 
@@ -717,6 +722,8 @@ private:
     if (head != "devices" && head != "scenario" && head != "seed" && head != "tnode"
         && head != "include" && head != "param" && prog_.devices == 0)
       fail(s, fmt::format("({} ...) before (devices N): declare the devices first", head));
+    if (in_round_ >= 0)
+      recordable(s, head);
     if (head == "scenario")
       return scenario_form(s);
     if (head == "include")
@@ -788,7 +795,88 @@ private:
       return random_dag_form(s, out);
     if (head == "expect")
       return expect_form(s, out);
+    if (head == "round")
+      return round_form(s, out);
+    if (head == "replay")
+      return replay_form(s, out);
     fail(s.items()[0], fmt::format("unknown form '{}' (docs/scenarios.md lists the forms)", head));
+  }
+
+  /// Refuses, inside `(round NAME ...)`, a form that cannot be one of its
+  /// items: it acts on the host now, or declares, or decides something a
+  /// replay could not do again.
+  void recordable(const sexp& s, const std::string& head) const {
+    static const std::set<std::string> items{"kernel", "checksum", "delay", "memset", "copy",
+                                             "wait", "repeat"};
+    if (items.count(head))
+      return;
+    const auto& r = prog_.rounds[static_cast<std::size_t>(in_round_)];
+    std::string why =
+      head == "round" || head == "replay"
+        ? "rounds do not nest; record it before or after, and replay it outside"
+      : head == "sync" || head == "await" || head == "sync-device" || head == "sync-in"
+          || head == "await-hold" || head == "sleep"
+        ? "it waits on the host now; wait after (replay ...)"
+      : head == "from-host" || head == "to-host"
+        ? "it copies host memory now; copy before the round, or read the results after "
+          "(replay ...)"
+      : head == "expect" ? "expectations look at what ran; expect after (replay ...)"
+      : head == "alloc" || head == "pool" || head == "free-pool" || head == "context"
+          || head == "child" || head == "tnode"
+        ? "it allocates or declares now; do it before the round"
+      : head == "fail-at" || head == "delay-at" || head == "cancel-at" || head == "kill-node-at"
+          || head == "cut-node-at"
+        ? "faults cannot be aimed inside a round"
+        : "it is no item a replay can schedule again";
+    fail(s, fmt::format("({} ...) cannot be recorded in round '{}' (at {}:{}): {}; a round "
+                        "records kernel, checksum, delay, memset, copy and wait forms (and "
+                        "repeat of them)",
+                        head, r.name, r.where.line, r.where.column, why));
+  }
+
+  /// `(round NAME FORM...)`: the forms become the round's items, recorded
+  /// when the step runs (`runner.cpp`, `record_round`).
+  void round_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 1, SIZE_MAX, {}, "(round NAME FORM...)", true);
+    const auto& name_at = *f.pos[0];
+    auto n = new_name(name_at, sym::round);
+    if (f.pos.size() < 2)
+      fail(s, fmt::format("round '{}' has no forms: give it the kernels, copies, waits... "
+                          "it replays",
+                          n));
+    int idx = static_cast<int>(prog_.rounds.size());
+    prog_.rounds.push_back(round_decl{n, at(s), {}, {}});
+    declare(n, name_at, sym::round, idx);
+    round_items_.assign(static_cast<std::size_t>(prog_.devices), 0);
+    in_round_ = idx;
+    std::vector<step> body;
+    for (std::size_t k = 1; k < f.pos.size(); ++k)
+      statement(*f.pos[k], body);
+    in_round_ = -1;
+    current_ = &s;
+    if (body.empty())
+      fail(s, fmt::format("round '{}' records no items: its forms expanded to none (a (repeat "
+                          "0 ...)?)",
+                          n));
+    auto& r = prog_.rounds[static_cast<std::size_t>(idx)];
+    r.body = std::move(body);
+    r.items = round_items_;
+    auto st = make(s, op::round);
+    st.host = idx;
+    push(out, std::move(st));
+  }
+
+  /// `(replay NAME N)`: the round replayed N times, one after the other.
+  void replay_form(const sexp& s, std::vector<step>& out) {
+    auto f = split(s, 2, 2, {}, "(replay ROUND N)");
+    auto st = make(s, op::replay);
+    st.host = lookup(*f.pos[0], sym::round).id;
+    st.times = static_cast<uint64_t>(
+      integer_in(*f.pos[1], "the number of replays", 1, int64_t{max_steps}));
+    const auto& r = prog_.rounds[static_cast<std::size_t>(st.host)];
+    for (std::size_t d = 0; d < r.items.size(); ++d)
+      prog_.items[d] += r.items[d] * st.times;
+    push(out, std::move(st));
   }
 
   /// `(include "FILE")`: FILE's forms, read relative to the including
@@ -1100,6 +1188,8 @@ private:
 
   /// Counts a kernel item on `st.device` and applies a pending `fail-at`.
   void count_kernel(step& st) {
+    if (in_round_ >= 0)
+      return; // a round's kernels run at its replays: (fail-at D K) counts none
     auto n = ++kernels_on_[st.device];
     auto& faults = pending_faults_[st.device];
     if (auto it = faults.find(n); it != faults.end()) {
@@ -1493,6 +1583,15 @@ private:
                                        "aims at the task that a step makes with (as EVENT)",
                                        a.head, a.name, sym_name(it->kind),
                                        it->where.line, it->where.column, a.head));
+      if (auto r = prog_.events[locate_event(prog_.families, it->id).decl].round; r >= 0) {
+        const auto& rd = prog_.rounds[static_cast<std::size_t>(r)];
+        throw script_error(a.name_at,
+                           fmt::format("{}: event '{}' is an item of round '{}' (at {}:{}): "
+                                       "faults cannot be aimed inside a round (a (kernel D "
+                                       "fail MESSAGE) in its body fails every replay)",
+                                       a.head, a.name, rd.name, rd.where.line,
+                                       rd.where.column));
+      }
       step* st = maker_of(it->id);
       if (!st)
         throw script_error(a.name_at, fmt::format("{}: no step makes event '{}'", a.head,
@@ -2625,6 +2724,10 @@ private:
   std::vector<uint64_t> kernels_on_;
   std::map<int, std::map<uint64_t, std::pair<std::string, location>>> pending_faults_;
   std::set<int> checksums_;
+  /// The `(round ...)` being read (an index into `program::rounds`), -1
+  /// outside one, and the items per device its body makes.
+  int in_round_ = -1;
+  std::vector<uint64_t> round_items_;
   std::size_t total_steps_ = 0;
   std::size_t expanded_ = 0;
   const sexp* current_ = nullptr;

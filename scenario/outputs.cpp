@@ -151,6 +151,8 @@ sexp make_logical(const run_record& rec, const run_result& r) {
       item.push_back(sexp::field("clock", std::to_string(clock[d][i])));
       item.push_back(sexp::field("kind", it.kind));
       item.push_back(sexp::field("description", rec.description(it)));
+      if (it.replay > 0)
+        item.push_back(sexp::field("replay", std::to_string(it.replay)));
       if (it.event >= 0)
         item.push_back(sexp::field("event", rec.event(it)));
       item.push_back(sexp::field("line", std::to_string(it.line)));

@@ -31,7 +31,7 @@ enum class op : uint8_t {
   make_context, make_child, alloc_node, alloc_pool, free_pool, memset, kernel, wait,
   all_work, sync, await, sync_device, from_host, to_host, copy, cancel, kill, recover,
   delay, hold, release, expect, kill_node, cut_node, sync_in, detach_node, attach_node,
-  sleep, await_hold,
+  sleep, await_hold, round, replay,
 };
 
 /// Host data for `from-host`.
@@ -106,6 +106,12 @@ struct step {
   /// A step of a `(repeat ...)` kept once for iterations that differ in
   /// their names only: the index of its `event_family`, -1 otherwise.
   int family = -1;
+  /// A step of a `(round NAME ...)` body: the round's index in
+  /// `program::rounds`; -1 for every other step. `(round ...)` and
+  /// `(replay ...)` steps name their round in `host`.
+  int round = -1;
+  /// `(replay NAME N)`: N.
+  uint64_t times = 0;
   /// In such a step, whether `ev` is an event of the same iteration (a
   /// `(wait D k$i)` after `(as k$i)`), which moves with it.
   bool shifts_ev = false;
@@ -141,6 +147,20 @@ struct event_decl {
   location where;
   /// A `(within EV T)` reads when the step that makes it ran.
   bool timed = false;
+  /// An event made inside `(round NAME ...)`: the round's index (the
+  /// event is that item's event in the latest replay); -1 otherwise.
+  int round = -1;
+};
+
+/// A `(round NAME FORM...)`: its body's steps, each recorded as one item
+/// of the round (`backend::record`), in order, when the `(round ...)` step
+/// runs; `(replay NAME N)` replays it.
+struct round_decl {
+  std::string name;
+  location where;
+  std::vector<step> body;
+  /// Items per device one replay schedules at most (a copy counts two).
+  std::vector<uint64_t> items;
 };
 
 struct host_decl {
@@ -311,6 +331,7 @@ public:
   std::vector<host_decl> hosts;
   std::vector<std::string> holds;
   std::vector<dag_decl> dags;
+  std::vector<round_decl> rounds;
   /// The steps in script order; a loop in `repeats` is here once.
   std::vector<step> steps;
   std::vector<repeat_block> repeats;

@@ -37,6 +37,9 @@ struct model_item {
   int32_t event = -1;
   /// The line of the step that scheduled it.
   int32_t line = 0;
+  /// For an item of a `(replay NAME N)`: its replay's number (the
+  /// round's `replays()` after it, from 1); 0 for every other item.
+  uint32_t replay = 0;
   /// `task`, `gate`, `copy`, `memset` or `pool` (a static string).
   const char* kind = "task";
 };

@@ -108,6 +108,13 @@ struct event_slot {
   }
 };
 
+/// A refused argument of a round's body step, found when the round is
+/// recorded: a script error at that step's place, not the round's.
+struct refused_in_round : std::invalid_argument {
+  refused_in_round(location w, const std::string& m) : std::invalid_argument(m), where(std::move(w)) {}
+  location where;
+};
+
 /// A blocking step that ran out of time.
 struct step_timeout : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -133,6 +140,7 @@ public:
     hold_items_.resize(p.holds.size(), {-1, -1});
     scheduled_ns_.resize(static_cast<std::size_t>(p.event_ids), -1);
     slots_.resize(static_cast<std::size_t>(p.event_ids));
+    rounds_.resize(p.rounds.size());
     for (auto& h : holds_)
       h = std::make_shared<hold_latch>();
     model_.resize(p.devices);
@@ -403,7 +411,8 @@ private:
       execute(st);
     } catch (const std::invalid_argument& e) {
       never_made(st);
-      throw script_error(st.where, e.what());
+      const auto* in = dynamic_cast<const refused_in_round*>(&e);
+      throw script_error(in ? in->where : st.where, e.what());
     } catch (const step_timeout& e) {
       never_made(st);
       unexpected(st, e.what());
@@ -508,7 +517,7 @@ private:
     return *contexts_[st.ctx];
   }
 
-  uint64_t last_seq(int d) const { return b_.all_work(dev(d)).seq(); }
+  uint64_t last_seq(int d) const { return recording_ ? 0 : b_.all_work(dev(d)).seq(); }
 
   /// Whether everything scheduled on `d` has resolved (done, failed or
   /// cancelled): `is_idle` stays false on a failed device.
@@ -529,9 +538,11 @@ private:
 
   int add_item(int d, uint64_t before, const char* kind, uint32_t description, int as,
                const step& st) {
+    if (recording_)
+      return -1; // a round's item: modelled at each replay (replay_round)
     uint64_t seq = last_seq(d);
     model_[d].push_back(model_item{seq > before ? seq : 0, next_order_++,
-                                   source_ ? source_ : &st, description, as, st.where.line,
+                                   source_ ? source_ : &st, description, as, st.where.line, 0,
                                    kind});
     int idx = static_cast<int>(model_[d].size()) - 1;
     if (as >= 0) {
@@ -557,6 +568,9 @@ private:
   /// else, see `named_loop` in loader.cpp).
   std::string item_text(const model_item& it) const {
     const auto& st = *it.source;
+    if (it.replay > 0)
+      return fmt::format("replay {} of round '{}': {}", it.replay,
+                         p_.rounds[static_cast<std::size_t>(st.round)].name, st.text);
     if (st.family < 0)
       return st.text;
     auto l = it.event >= 0 ? locate_event(p_.families, it.event) : event_locus{};
@@ -587,7 +601,7 @@ private:
   }
 
   void add_edge(std::pair<int, int> from, int to_dev, int to_item, const char* kind) {
-    if (from.first < 0 || from.second < 0)
+    if (from.first < 0 || from.second < 0 || to_item < 0)
       return;
     edges_.push_back(model_edge{from.first, from.second, to_dev, to_item, kind});
   }
@@ -601,11 +615,17 @@ private:
   /// Makes event `id`, and hands it to a `(sync-in ...)` task waiting for it.
   void bind_event(int id, const event& e) {
     events_[id] = e;
-    if (slots_[id])
+    if (slots_[id] && !recording_) // a recorded event cannot be synced
       slots_[id]->set(e);
   }
 
   const event& ev(int id) const {
+    if (!events_[id] && !recording_)
+      if (auto r = p_.events[locate_event(p_.families, id).decl].round; r >= 0)
+        throw std::runtime_error(fmt::format(
+          "event '{}' was never made: it is an item of round '{}', which no (replay {} N) "
+          "has run yet",
+          p_.event_name(id), p_.rounds[r].name, p_.rounds[r].name));
     if (!events_[id])
       throw std::runtime_error(fmt::format("event '{}' was never made: the step that makes it "
                                            "did not run",
@@ -999,6 +1019,12 @@ private:
       case op::attach_node:
         detach_or_attach(st);
         break;
+      case op::round:
+        record_round(st);
+        break;
+      case op::replay:
+        replay_round(st);
+        break;
     }
   }
 
@@ -1028,6 +1054,8 @@ private:
   /// (write-after-read edges, which carry no failure), and it is the last
   /// writer of `t` on `d` from now on.
   void writes(int d, int t, int idx) {
+    if (idx < 0)
+      return; // recorded, not run (recording_)
     if (auto it = readers_.find({d, t}); it != readers_.end()) {
       for (auto from : it->second)
         add_edge(from, d, idx, "war");
@@ -1144,6 +1172,11 @@ private:
         throw std::invalid_argument(fmt::format("copy: a context lacks tnode '{}'", t.label));
       contexts_[st.ctx] = r->context;
       desc = fmt::format("copy {} from {} into merge", t.label, src_dev);
+    } else if (recording_) {
+      // In a round: into the buffer record_round gave the destination.
+      if (!b_.device_to_device(t, merge_buffer_use::no, *contexts_[st.ctx], *contexts_[st.ctx2]))
+        throw std::invalid_argument(fmt::format("copy: a context lacks tnode '{}'", t.label));
+      desc = fmt::format("copy {} from {}", t.label, src_dev);
     } else {
       check_pool_room(st.device, st.ctx, st.tnodes[0]);
       contexts_[st.ctx] = b_.init_from_device(t, *contexts_[st.ctx], *contexts_[st.ctx2]);
@@ -1154,7 +1187,7 @@ private:
     // A copy into the merge buffer writes no tnode of its device.
     if (!st.into_merge)
       writes(st.device, st.tnodes[0], idx);
-    if (src_dev != st.device)
+    if (src_dev != st.device && idx >= 0)
       readers_[{src_dev, st.tnodes[0]}].push_back({st.device, idx});
   }
 
@@ -1179,6 +1212,201 @@ private:
     if (!down)
       throw step_timeout(fmt::format("kill {}: the device's actor did not stop within {} s",
                                      st.device, opts_.step_timeout_s));
+  }
+
+  // -- rounds ------------------------------------------------------------------
+
+  /// A `(round ...)` as recorded: the round, and per body step (one item
+  /// each) its recorded event and its description in the model.
+  struct recorded_round {
+    multidev::round r;
+    std::vector<event> made;
+    std::vector<uint32_t> texts;
+  };
+
+  /// What a body step's item is called: its description as the step would
+  /// give it outside a round (the item's name in failure texts, unless an
+  /// `(as EV)` names it).
+  std::string describe_body_step(const step& st) {
+    switch (st.kind) {
+      case op::kernel:
+        return texts_[kernel_text(st)];
+      case op::memset:
+        return fmt::format("memset pool {}", st.pool_id);
+      case op::delay:
+        return fmt::format("delay {} ms", st.ms);
+      case op::wait:
+        return "wait for " + p_.event_name(st.ev);
+      case op::copy:
+        return fmt::format("copy {} from {}{}", p_.tnodes[st.tnodes[0]].label,
+                           contexts_[st.ctx2]->device.ordinal(),
+                           st.into_merge ? " into merge" : "");
+      default:
+        return st.text;
+    }
+  }
+
+  /// `(round NAME ...)`: records its body through `backend::record`, each
+  /// step one item; nothing runs. Its events name the items until a replay
+  /// makes them (replay_round).
+  void record_round(const step& st) {
+    const auto& rd = p_.rounds[static_cast<std::size_t>(st.host)];
+    // A copy records device_to_device into the destination's buffer, which
+    // it gets now (an allocation is no item a replay repeats). A copy into
+    // a merge buffer too small for it (none yet) makes it now, with one
+    // copy of the node, an item of this step: the round's add_from_merge
+    // links against it, and a replayed copy that grew it would replace it
+    // under that kernel.
+    for (const auto& b : rd.body)
+      if (b.kind == op::copy && b.into_merge) {
+        const auto& t = p_.tnodes[b.tnodes[0]];
+        if (dev(b.device).merge_buffer_capacity() >= t.size_in_bytes)
+          continue;
+        auto before = last_seq(b.device);
+        if (!b_.device_to_device(t, merge_buffer_use::copy, *contexts_[b.ctx], *contexts_[b.ctx2]))
+          throw refused_in_round(b.where, fmt::format("copy: a context lacks tnode '{}'", t.label));
+        add_item(b.device, before, "copy",
+                 fmt::format("copy {} from {} into merge (makes the merge buffer of round {})",
+                             t.label, contexts_[b.ctx2]->device.ordinal(), rd.name),
+                 -1, st);
+      } else if (b.kind == op::copy) {
+        const auto& t = p_.tnodes[b.tnodes[0]];
+        if (!contexts_[b.ctx]->buffers.count(t)) {
+          check_pool_room(b.device, b.ctx, b.tnodes[0]);
+          contexts_[b.ctx] = b_.alloc_node(*contexts_[b.ctx], t);
+        }
+      }
+    recorded_round rr;
+    rr.made.resize(rd.body.size());
+    {
+      recording_ = true;
+      struct done {
+        bool& f;
+        ~done() { f = false; }
+      } guard{recording_};
+      rr.r = b_.record(rd.name, [&] {
+        for (std::size_t j = 0; j < rd.body.size(); ++j) {
+          const auto& b = rd.body[j];
+          try {
+            execute_step(b);
+          } catch (const std::invalid_argument& e) {
+            throw refused_in_round(b.where, fmt::format("in round '{}': {}", rd.name, e.what()));
+          } catch (const std::exception& e) {
+            throw std::runtime_error(fmt::format("in round '{}', {}: {}", rd.name, b.text,
+                                                 e.what()));
+          }
+          rr.made[j] = b_.all_work(dev(b.device)); // the item it recorded
+          if (b.as >= 0)
+            events_[b.as] = rr.made[j];
+        }
+      });
+    }
+    for (const auto& b : rd.body)
+      if (b.as >= 0) {
+        events_[b.as].reset(); // made by the replays
+        event_items_[b.as] = {-1, -1};
+      }
+    if (rr.r.size() != rd.body.size())
+      throw std::logic_error(fmt::format("round '{}' recorded {} items for {} steps", rd.name,
+                                         rr.r.size(), rd.body.size()));
+    rr.texts.reserve(rd.body.size());
+    for (std::size_t j = 0; j < rd.body.size(); ++j) {
+      const auto& b = rd.body[j];
+      auto desc = describe_body_step(b);
+      rr.r.name_item(rr.made[j], b.as >= 0 ? p_.event_name(b.as) : desc);
+      rr.texts.push_back(intern(fmt::format("{} (round {})", desc, rd.name)));
+    }
+    rounds_[static_cast<std::size_t>(st.host)] = std::move(rr);
+  }
+
+  /// `(replay NAME N)`: N replays, one after the other; each item goes into
+  /// the model with its replay's number, and the round's events become the
+  /// latest replay's.
+  void replay_round(const step& st) {
+    const auto& rd = p_.rounds[static_cast<std::size_t>(st.host)];
+    auto& rr = rounds_[static_cast<std::size_t>(st.host)];
+    if (!rr)
+      throw std::runtime_error(fmt::format("replay: round '{}' was never recorded: its (round "
+                                           "...) step at {}:{} failed",
+                                           rd.name, rd.where.line, rd.where.column));
+    std::vector<uint64_t> prev(static_cast<std::size_t>(p_.devices), 0);
+    std::vector<bool> known(static_cast<std::size_t>(p_.devices), false);
+    for (uint64_t k = 0; k < st.times && !stopped_; ++k) {
+      for (const auto& b : rd.body)
+        if (!known[b.device]) {
+          prev[b.device] = last_seq(b.device);
+          known[b.device] = true;
+        }
+      auto now = trace_clock_ns();
+      for (const auto& b : rd.body)
+        if (b.as >= 0 && p_.event_timed(b.as))
+          scheduled_ns_[b.as] = now; // (within EV T) measures from the replay
+      auto evs = b_.replay(rr->r);
+      auto n = static_cast<uint32_t>(rr->r.replays());
+      for (std::size_t j = 0; j < rd.body.size(); ++j)
+        model_replayed(rd.body[j], evs.items[j], prev, n, rr->texts[j]);
+    }
+  }
+
+  /// Item `e` of replay `n`, made by body step `st`, into the model, as the
+  /// step outside a round would have put it there. `prev`: each device's
+  /// last seq so far.
+  void model_replayed(const step& st, const event& e, std::vector<uint64_t>& prev, uint32_t n,
+                      uint32_t text) {
+    int d = st.device;
+    uint64_t seq = e.seq();
+    auto add = [&](const char* kind) {
+      uint64_t s = seq > prev[d] ? seq : 0;
+      prev[d] = std::max(prev[d], seq);
+      model_[d].push_back(model_item{s, next_order_++, &st, text, st.as, st.where.line, n, kind});
+      return static_cast<int>(model_[d].size()) - 1;
+    };
+    int idx = -1;
+    switch (st.kind) {
+      case op::kernel: {
+        idx = add("task");
+        auto def = find_kernel(st.kernel);
+        for (int i : def->reads)
+          if (auto* t = std::get_if<tnode>(&st.args[i]))
+            add_edge(writer(d, t->id - 1), d, idx, "data");
+        for (int i : def->writes)
+          if (auto* t = std::get_if<tnode>(&st.args[i]))
+            writes(d, t->id - 1, idx);
+        break;
+      }
+      case op::delay:
+        idx = add("task");
+        break;
+      case op::memset:
+        idx = add("memset");
+        break;
+      case op::copy: {
+        idx = add("copy");
+        int src_dev = contexts_[st.ctx2]->device.ordinal();
+        add_edge(writer(src_dev, st.tnodes[0]), d, idx, "copy");
+        if (!st.into_merge)
+          writes(d, st.tnodes[0], idx);
+        if (src_dev != d)
+          readers_[{src_dev, st.tnodes[0]}].push_back({d, idx});
+        break;
+      }
+      case op::wait: {
+        auto from = item_of_event(st.ev);
+        if (from.first == d) {
+          prev[d] = std::max(prev[d], seq); // a no-op, as outside a round
+          break;
+        }
+        idx = add("gate");
+        add_edge(from, d, idx, "wait");
+        break;
+      }
+      default:
+        break;
+    }
+    if (st.as >= 0) {
+      bind_event(st.as, e);
+      event_items_[st.as] = {d, idx};
+    }
   }
 
   // -- expectations ------------------------------------------------------------
@@ -2028,6 +2256,11 @@ private:
   /// The block of named iterations running (`run_family`): its steps'
   /// copy, the iteration, and the program's step the one running stands for.
   std::vector<step> scratch_;
+  /// Each `(round ...)` once recorded (by index into `program::rounds`),
+  /// and whether a round's body is being recorded now: its steps then add
+  /// nothing to the model and bind recorded events.
+  std::vector<std::optional<recorded_round>> rounds_;
+  bool recording_ = false;
   int64_t iteration_ = -1;
   /// For the runs of named blocks with such items (`item_text`): the order
   /// of the first item of each iteration.

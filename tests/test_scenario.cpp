@@ -1890,3 +1890,191 @@ BOOST_AUTO_TEST_CASE(test_scenario_a_million_named_steps, *boost::unit_test::dis
                        n / 2, n / 2, n / 2 + 1, n - 1, n - 1);
   });
 }
+
+// -- recorded rounds (issue 41 point 4) ------------------------------------------
+
+BOOST_AUTO_TEST_CASE(test_scenario_round_replays_its_body_and_binds_the_latest_replay) {
+  // w halves on device 0 at each replay and is added into g on device 1:
+  // three replays give g = 0.5 + 0.25 + 0.125. The round's events are the
+  // third replay's (a wait and before after the replays use them), and the
+  // logical trace shows each replayed item with its replay's number.
+  auto p = scn::load("(scenario r)\n(devices 2)\n(tnode w (floats 8))\n(tnode g (floats 8))\n"
+                     "(context c0 0)\n(context c1 1)\n"
+                     "(from-host c0 w (fill 1))\n(from-host c1 g (fill 0))\n"
+                     "(round step\n"
+                     "  (kernel c0 scale w 0.5 (as shrunk))\n"
+                     "  (copy w (from c0) (to c1) (as sent))\n"
+                     "  (kernel c1 axpy g 1 w (as summed)))\n"
+                     "(replay step 3)\n"
+                     "(wait 0 summed)\n"
+                     "(kernel 0 spin_ns 0 (as after))\n"
+                     "(to-host c1 g (as out))\n"
+                     "(expect (state summed) done)\n"
+                     "(expect (before shrunk sent))\n"
+                     "(expect (before summed after))\n"
+                     "(expect (host out) (all 0.875))\n",
+                     "r.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  BOOST_TEST(r.expectations.size() == 4u);
+  // 3 replays: device 0 its from-host, 3 scales, the wait's gate, the
+  // kernel after; device 1 its from-host, 3 copies, 3 axpys, the to-host.
+  BOOST_TEST(r.items[0] == 6u);
+  BOOST_TEST(r.items[1] == 8u);
+  auto text = scn::logical_trace(r);
+  for (int k = 1; k <= 3; ++k) {
+    BOOST_TEST(text.find(fmt::format("(description \"scale w 0.5 (round step)\") (replay {}) "
+                                     "(event shrunk) (line 10)",
+                                     k))
+                 != std::string::npos,
+               text);
+    BOOST_TEST(text.find(fmt::format("(description \"axpy g 1 w (round step)\") (replay {}) "
+                                     "(event summed) (line 12)",
+                                     k))
+                 != std::string::npos,
+               text);
+  }
+  BOOST_TEST(text.find("(replay 4)") == std::string::npos, text);
+  // The wait after the replays is on the third replay's axpy, device 1's
+  // item 7.
+  BOOST_TEST(text.find("(edge (from 1 7) (to 0 5) (kind wait))") != std::string::npos, text);
+  // The same script gives the same logical trace.
+  BOOST_TEST(scn::logical_trace(scn::run(*p)) == text);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_replayed_failure_names_its_replay_round_and_item) {
+  // Expected: the error carries the library's provenance. Not expected: the
+  // run's unexpected failure names the replay and the round's step too.
+  auto p = scn::load("(devices 2)\n"
+                     "(round broken\n  (kernel 1 fail \"boom\" (as bad)))\n"
+                     "(replay broken 1)\n"
+                     "(expect (sync bad) (fails (matches \"^.*replay 1 of round 'broken', item "
+                     "'bad': boom\") (origin 1)))\n",
+                     "f.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+  p = scn::load("(devices 2)\n"
+                "(round broken\n  (kernel 1 spin_ns 0)\n  (kernel 1 fail \"boom\"))\n"
+                "(replay broken 1)\n",
+                "f.scn");
+  r = scn::run(*p);
+  BOOST_TEST(!r.ok());
+  BOOST_TEST_REQUIRE(!r.unexpected.empty(), scn::summary(r));
+  std::string all;
+  for (const auto& u : r.unexpected)
+    all += u.where.str() + ": " + u.text + ": " + u.observed + "\n";
+  BOOST_TEST(all.find("f.scn:4:3: replay 1 of round 'broken': (kernel 1 fail boom): failed on "
+                      "device 1: ")
+               != std::string::npos,
+             all);
+  BOOST_TEST(all.find("replay 1 of round 'broken', item 'fail boom': boom") != std::string::npos,
+             all);
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_round_events_are_not_made_until_a_replay) {
+  auto p = scn::load("(devices 1)\n"
+                     "(round step\n  (kernel 0 spin_ns 0 (as k)))\n"
+                     "(expect (sync k) (fails (matches \"event 'k' was never made: it is an "
+                     "item of round 'step', which no \\\\(replay step N\\\\) has run yet\")))\n"
+                     "(replay step 2)\n"
+                     "(expect (sync k) ok)\n",
+                     "n.scn");
+  auto r = scn::run(*p);
+  BOOST_TEST(r.ok(), failed_expectations(r));
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_what_a_round_cannot_record_is_a_load_error_at_the_form) {
+  auto in_round = [](const std::string& form) {
+    return error_of("(devices 2)\n(tnode t (floats 4))\n(context c 0)\n(alloc c t)\n"
+                    "(kernel 0 spin_ns 0 (as e))\n(round step\n  (kernel 1 spin_ns 0)\n  "
+                    + form + ")\n");
+  };
+  const std::string tail = "; a round records kernel, checksum, delay, memset, copy and wait "
+                           "forms (and repeat of them)";
+  BOOST_TEST(in_round("(sync e)") == "8:3: (sync ...) cannot be recorded in round 'step' (at "
+                                     "6:1): it waits on the host now; wait after (replay ...)"
+                                       + tail);
+  BOOST_TEST(in_round("(to-host c t (as h))")
+             == "8:3: (to-host ...) cannot be recorded in round 'step' (at 6:1): it copies host "
+                "memory now; copy before the round, or read the results after (replay ...)"
+                  + tail);
+  BOOST_TEST(starts_with(in_round("(from-host c t (fill 1))"),
+                         "8:3: (from-host ...) cannot be recorded in round 'step'"));
+  BOOST_TEST(in_round("(expect (sync e) ok)")
+             == "8:3: (expect ...) cannot be recorded in round 'step' (at 6:1): expectations "
+                "look at what ran; expect after (replay ...)"
+                  + tail);
+  BOOST_TEST(in_round("(alloc c t)")
+             == "8:3: (alloc ...) cannot be recorded in round 'step' (at 6:1): it allocates or "
+                "declares now; do it before the round"
+                  + tail);
+  BOOST_TEST(in_round("(round inner (kernel 0 spin_ns 0))")
+             == "8:3: (round ...) cannot be recorded in round 'step' (at 6:1): rounds do not "
+                "nest; record it before or after, and replay it outside"
+                  + tail);
+  BOOST_TEST(starts_with(in_round("(replay step 1)"),
+                         "8:3: (replay ...) cannot be recorded in round 'step' (at 6:1): rounds "
+                         "do not nest"));
+  BOOST_TEST(starts_with(in_round("(fail-at e \"x\")"),
+                         "8:3: (fail-at ...) cannot be recorded in round 'step' (at 6:1): "
+                         "faults cannot be aimed inside a round"));
+  BOOST_TEST(starts_with(in_round("(cancel 0)"),
+                         "8:3: (cancel ...) cannot be recorded in round 'step' (at 6:1): it is "
+                         "no item a replay can schedule again"));
+  // Inside a repeat inside the round too, at the form.
+  BOOST_TEST(starts_with(in_round("(repeat 2 (kernel 0 spin_ns 0) (sync e))"),
+                         "8:34: (sync ...) cannot be recorded in round 'step'"));
+  // A fault aimed from outside at an item of a round, before or after it.
+  auto e = error_of("(devices 1)\n(round step\n  (kernel 0 spin_ns 0 (as k)))\n"
+                    "(delay-at k 2ms)\n");
+  BOOST_TEST(e == "4:11: delay-at: event 'k' is an item of round 'step' (at 2:1): faults cannot "
+                  "be aimed inside a round (a (kernel D fail MESSAGE) in its body fails every "
+                  "replay)");
+  e = error_of("(devices 1)\n(fail-at k \"boom\")\n(round step\n  (kernel 0 spin_ns 0 (as k)))\n");
+  BOOST_TEST(starts_with(e, "2:10: fail-at: event 'k' is an item of round 'step' (at 3:1)"), e);
+  e = error_of("(devices 1)\n(round step)\n");
+  BOOST_TEST(e == "2:1: round 'step' has no forms: give it the kernels, copies, waits... it "
+                  "replays");
+  e = error_of("(devices 1)\n(round step (repeat 0 (kernel 0 spin_ns 0)))\n");
+  BOOST_TEST(e == "2:1: round 'step' records no items: its forms expanded to none (a (repeat 0 "
+                  "...)?)");
+  e = error_of("(devices 1)\n(kernel 0 spin_ns 0 (as step))\n(round step (kernel 0 spin_ns 0))\n");
+  BOOST_TEST(e == "3:8: duplicate name 'step': already an event declared at 2:25");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_bad_replay_is_a_load_error_at_its_place) {
+  const std::string head = "(devices 1)\n(kernel 0 spin_ns 0 (as e))\n"
+                           "(round step (kernel 0 spin_ns 0))\n";
+  BOOST_TEST(error_of(head + "(replay nothing 2)\n") == "4:9: unknown round 'nothing'");
+  BOOST_TEST(error_of(head + "(replay e 2)\n")
+             == "4:9: 'e' is an event (declared at 2:25), expected a round");
+  BOOST_TEST(error_of(head + "(replay step 0)\n")
+             == "4:14: the number of replays must be between 1 and 2000000, got 0");
+  BOOST_TEST(error_of(head + "(replay step -3)\n")
+             == "4:14: the number of replays must be between 1 and 2000000, got -3");
+  BOOST_TEST(starts_with(error_of(head + "(replay step many)\n"),
+                         "4:14: the number of replays must be a whole number, got 'many'"));
+  BOOST_TEST(starts_with(error_of(head + "(replay step)\n"), "4:1: (replay ...) takes 2 arguments"));
+  // A round must come before its replays.
+  BOOST_TEST(error_of("(devices 1)\n(replay later 1)\n(round later (kernel 0 spin_ns 0))\n")
+             == "2:9: unknown round 'later'");
+}
+
+BOOST_AUTO_TEST_CASE(test_scenario_a_wait_in_a_round_on_pending_work_outside_is_refused_there) {
+  // A replay could not tell whether to wait for it again: the library
+  // refuses it, a script error at the wait, not at the round.
+  auto p = scn::load("(devices 2)\n(hold 0 (as h))\n(kernel 0 spin_ns 0 (as outside))\n"
+                     "(round step\n  (kernel 1 spin_ns 0)\n  (wait 1 outside))\n",
+                     "w.scn");
+  try {
+    scn::run(*p);
+    BOOST_FAIL("no script error");
+  } catch (const scn::script_error& e) {
+    BOOST_TEST(e.where().line == 6);
+    BOOST_TEST(e.where().column == 3);
+    BOOST_TEST(e.message().find("in round 'step': will_wait_for: cannot be recorded in round "
+                                "'step'")
+                 != std::string::npos,
+               e.message());
+  }
+}
