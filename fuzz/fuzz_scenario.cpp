@@ -47,15 +47,21 @@ void check_step(const scn::program& p, const scn::step& st) {
   if (!within(st.ctx, p.contexts.size()) || !within(st.ctx2, p.contexts.size())
       || !within(st.parent, p.contexts.size()))
     broken("a step's context is out of range: " + where);
-  if (!within(st.as, p.events.size()) || !within(st.ev, p.events.size())
-      || !within(st.ev2, p.events.size()))
+  // Event ids count the declared events and each kept loop's iterations
+  // (program::families), event_ids in all.
+  auto events = static_cast<std::size_t>(p.event_ids);
+  if (!within(st.as, events) || !within(st.ev, events) || !within(st.ev2, events))
     broken("a step's event is out of range: " + where);
   for (int t : st.tnodes)
     if (t < 0 || static_cast<std::size_t>(t) >= p.tnodes.size())
       broken("a step's tnode is out of range: " + where);
   bool node_op = st.kind == scn::op::kill_node || st.kind == scn::op::cut_node;
-  if (!within(st.host, node_op ? p.nodes.size() : p.hosts.size()))
-    broken("a step's host (or node) is out of range: " + where);
+  bool round_op = st.kind == scn::op::round || st.kind == scn::op::replay;
+  if (round_op ? st.host < 0 || static_cast<std::size_t>(st.host) >= p.rounds.size()
+               : !within(st.host, node_op ? p.nodes.size() : p.hosts.size()))
+    broken("a step's host (node, or round) is out of range: " + where);
+  if (!within(st.round, p.rounds.size()))
+    broken("a step's round is out of range: " + where);
   if (!within(st.hold, p.holds.size()))
     broken("a step's hold is out of range: " + where);
   if (st.dag >= 0 && (static_cast<std::size_t>(st.dag) >= p.dags.size() || st.dag_task < 0
@@ -73,8 +79,21 @@ void check_program(const scn::program& p) {
     broken("a program without devices");
   if (p.items.size() != static_cast<std::size_t>(p.devices))
     broken("items is not sized to the devices");
+  if (p.event_ids < 0 || static_cast<std::size_t>(p.event_ids) < p.events.size())
+    broken("event_ids counts fewer events than are declared");
   for (const auto& st : p.steps)
     check_step(p, st);
+  // A round's body: steps of that round, with items a device each.
+  for (std::size_t r = 0; r < p.rounds.size(); ++r) {
+    const auto& rd = p.rounds[r];
+    if (rd.body.empty() || rd.items.size() != static_cast<std::size_t>(p.devices))
+      broken("a round without steps, or its items not sized to the devices: " + rd.name);
+    for (const auto& st : rd.body) {
+      if (st.round != static_cast<int>(r))
+        broken("a round's step names another round: " + rd.name);
+      check_step(p, st);
+    }
+  }
   // A random DAG's options: the runner indexes by these too.
   for (const auto& d : p.dags) {
     for (int h : d.hosts)
