@@ -1728,15 +1728,20 @@ private:
       if (auto want = out.size() + (out.size() - first_step) * more;
           i == 0 && !alike && n > 1 && want > out.capacity())
         out.reserve(std::max(want, 2 * out.capacity()));
-      if (i == 0 && alike && per_iteration > 0 && out.size() > first_step
-          && per_expansion <= (max_expansion - expanded_) / more) {
-        // Past the limit, the loop expands as before, to fail where it did.
+      // A loop kept once counts its other iterations as run: steps,
+      // expansion, kernels and items per device.
+      auto count_the_rest = [&] {
         total_steps_ += per_iteration * more;
         expanded_ += per_expansion * more;
         for (std::size_t d = 0; d < kernels_on_.size(); ++d)
           kernels_on_[d] += (kernels_on_[d] - kernels_before[d]) * more;
         for (std::size_t d = 0; d < prog_.items.size(); ++d)
           prog_.items[d] += (prog_.items[d] - items_before[d]) * more;
+      };
+      if (i == 0 && alike && per_iteration > 0 && out.size() > first_step
+          && per_expansion <= (max_expansion - expanded_) / more) {
+        // Past the limit, the loop expands as before, to fail where it did.
+        count_the_rest();
         prog_.repeats.push_back(
           repeat_block{first_step, out.size() - first_step, static_cast<uint64_t>(n)});
         break;
@@ -1744,12 +1749,7 @@ private:
       if (i == 0 && named_ok && per_iteration > 0 && out.size() - first_step == named.size()
           && per_expansion <= (max_expansion - expanded_) / more
           && make_family(f, out, var, n, named, first_step, first_event, first_decl)) {
-        total_steps_ += per_iteration * more;
-        expanded_ += per_expansion * more;
-        for (std::size_t d = 0; d < kernels_on_.size(); ++d)
-          kernels_on_[d] += (kernels_on_[d] - kernels_before[d]) * more;
-        for (std::size_t d = 0; d < prog_.items.size(); ++d)
-          prog_.items[d] += (prog_.items[d] - items_before[d]) * more;
+        count_the_rest();
         break;
       }
     }

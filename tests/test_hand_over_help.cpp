@@ -222,9 +222,11 @@ struct deferring {
 /// 10 s. Device 0's runner is held in a blocker until device 1's runner
 /// sleeps at its wait and device 0's items are all queued, so that it takes
 /// them in one batch: when `source` completes, device 0's wait for device 1
-/// is two items ahead.
+/// is two items ahead. With `held`, `between` first waits until it opens.
 struct deferral_scenario {
-  deferral_scenario(three_devices& t, bool between_waits_for_x) : t(t) {
+  deferral_scenario(three_devices& t, bool between_waits_for_x,
+                    std::shared_ptr<test_support::latch_gate> held = nullptr)
+      : t(t) {
     auto hold = test_support::block_runner(t.b, t.d[0]);
     t.b.schedule_task(t.d[0], {"source", [] {}});
     t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
@@ -235,7 +237,9 @@ struct deferral_scenario {
              (t.core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake);
     }));
     rings_before = t.core(1).queue().rings();
-    auto between = [this, between_waits_for_x] {
+    auto between = [this, between_waits_for_x, held] {
+      if (held)
+        held->wait_in_task();
       if (between_waits_for_x)
         saw_x = test_support::eventually([this] { return x.is_done(); }, std::chrono::seconds{10});
     };
@@ -348,32 +352,18 @@ struct deferred_device_1 {
   deferring on{std::chrono::seconds{30}};
   three_devices t;
   std::shared_ptr<test_support::latch_gate> release = std::make_shared<test_support::latch_gate>();
-  std::thread::id x_thread;
-  multidev::event x, y;
+  deferral_scenario s{t, false, release};
 
   deferred_device_1() {
-    auto hold = test_support::block_runner(t.b, t.d[0]);
-    t.b.schedule_task(t.d[0], {"source", [] {}});
-    t.b.will_wait_for(t.ctx[1], t.b.all_work(t.d[0]));
-    t.b.schedule_task(t.d[1], {"x", [this] { x_thread = std::this_thread::get_id(); }});
-    x = t.b.all_work(t.d[1]);
-    BOOST_REQUIRE(test_support::eventually([&] {
-      return t.field(1, "run_by") == "lendable"
-             && t.core(1).queue().sleeping() != multidev::detail::device_core::work_queue_t::awake;
-    }));
-    t.b.schedule_task(t.d[0], {"between", [r = release] { r->wait_in_task(); }});
-    t.b.will_wait_for(t.ctx[0], x);
-    y = t.b.all_work(t.d[0]);
-    hold->open();
     BOOST_REQUIRE(test_support::eventually(
       [&] { return t.core(1).runner().handover().token().deferred_wakes() == 1u; }));
   }
 
   /// x ran on device 1's own runner; then `between` is released and y runs.
   void finish() {
-    BOOST_TEST((x_thread == t.runner[1]));
+    BOOST_TEST((s.x_thread == t.runner[1]));
     release->open();
-    sync(t.b, y);
+    sync(t.b, s.y);
     BOOST_TEST(!release->timed_out());
   }
 };
@@ -386,7 +376,7 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_host_waiting_on_a_deferred_device_rin
   // bound) or for device 0 (held in `between` until the host saw x).
   deferred_device_1 f;
   // Bounded: a host that did not ring would wait for the backstop's 30 s.
-  BOOST_CHECK_NO_THROW(f.t.b.sync(f.x, std::chrono::seconds{10}));
+  BOOST_CHECK_NO_THROW(f.t.b.sync(f.s.x, std::chrono::seconds{10}));
   f.finish();
 }
 
@@ -412,6 +402,6 @@ BOOST_AUTO_TEST_CASE(test_hand_over_help_a_deferred_wake_is_rung_once_through_th
   BOOST_TEST(!ho.ring_if_deferred(stamp));
   BOOST_TEST(t.core(1).queue().rings() == rings + 1);
   // Rung, device 1's own runner runs x.
-  BOOST_CHECK_NO_THROW(t.b.sync(f.x, std::chrono::seconds{10}));
+  BOOST_CHECK_NO_THROW(t.b.sync(f.s.x, std::chrono::seconds{10}));
   f.finish();
 }
