@@ -1781,13 +1781,9 @@ private:
     auto dollar_var = [&](const std::string& a) {
       // Occurrences of `$var` as a whole token.
       int count = 0;
-      for (auto at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1)) {
-        auto end = at + 1 + var.size();
-        if (a.compare(at + 1, var.size(), var) == 0
-            && (end == a.size()
-                || !(std::isalnum(static_cast<unsigned char>(a[end])) || a[end] == '_')))
-          ++count;
-      }
+      for (auto at = var_token_at(a, var); at != std::string::npos;
+           at = var_token_at(a, var, at + 1))
+        ++count;
       return count;
     };
     auto names_var = [&](const std::string& a) { return mentions_var(a, var); };
@@ -1882,14 +1878,7 @@ private:
       if (nf.as.empty())
         continue;
       const auto& a = nf.as;
-      std::size_t at = 0;
-      for (at = a.find('$'); at != std::string::npos; at = a.find('$', at + 1)) {
-        auto end = at + 1 + var.size();
-        if (a.compare(at + 1, var.size(), var) == 0
-            && (end == a.size()
-                || !(std::isalnum(static_cast<unsigned char>(a[end])) || a[end] == '_')))
-          break;
-      }
+      auto at = var_token_at(a, var);
       name_pattern p;
       p.prefix = text(sexp::atom(a.substr(0, at)), "a name");
       p.suffix = text(sexp::atom(a.substr(at + 1 + var.size())), "a name");
@@ -2001,12 +1990,6 @@ private:
     return true;
   }
 
-  /// Whether `s`, a form of a repeat's body, does the same in every
-  /// iteration of the loop of variable `var`: a step form that neither
-  /// names `var` (`$var`, `${...}`, or `var` bare in arithmetic) nor binds
-  /// a name (an `(as ...)`), or a repeat of such forms. Loading it changes
-  /// nothing the next iteration reads but the counters (steps, kernels
-  /// per device for `fail-at DEVICE K`, items), so the loader reads it once.
   /// Whether the atom `a` may depend on the loop variable `var`: it is the
   /// variable, mentions `$var` (or a prefix of a longer `$name`: kept
   /// conservative), or holds a `${...}` expression.
@@ -2019,6 +2002,26 @@ private:
     return false;
   }
 
+  /// The position of the first `$var` in `a` at or after `from` that is a
+  /// whole token (not the start of a longer `$name`), or npos.
+  static std::size_t var_token_at(const std::string& a, const std::string& var,
+                                  std::size_t from = 0) {
+    for (auto at = a.find('$', from); at != std::string::npos; at = a.find('$', at + 1)) {
+      auto end = at + 1 + var.size();
+      if (a.compare(at + 1, var.size(), var) == 0
+          && (end == a.size()
+              || !(std::isalnum(static_cast<unsigned char>(a[end])) || a[end] == '_')))
+        return at;
+    }
+    return std::string::npos;
+  }
+
+  /// Whether `s`, a form of a repeat's body, does the same in every
+  /// iteration of the loop of variable `var`: a step form that neither
+  /// names `var` (`$var`, `${...}`, or `var` bare in arithmetic) nor binds
+  /// a name (an `(as ...)`), or a repeat of such forms. Loading it changes
+  /// nothing the next iteration reads but the counters (steps, kernels
+  /// per device for `fail-at DEVICE K`, items), so the loader reads it once.
   static bool alike_body(const sexp& s, const std::string& var) {
     static const std::set<std::string> steps{"kernel", "memset", "delay", "wait", "sync",
                                              "await", "sync-device", "sleep", "repeat"};
