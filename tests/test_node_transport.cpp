@@ -20,6 +20,7 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "node_support.hpp"
 #include "scenario/node_process.hpp"
 #include "test_certs.hpp"
 
@@ -52,15 +53,10 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-std::string tool() {
-  auto& suite = boost::unit_test::framework::master_test_suite();
-  BOOST_TEST_REQUIRE(suite.argc >= 2, "the test needs the multidev tool's path as argument");
-  return suite.argv[1];
-}
-
 using test_support::have_certificates;
 using test_support::node_tls_args;
 using test_support::test_certificates;
+using test_support::tool;
 
 /// A client's actor system config: plain TCP, or TLS with the test's files.
 std::unique_ptr<caf::actor_system_config> client_cfg(bool tls) {
