@@ -112,6 +112,10 @@ public:
   }
   /// Why the device can no longer be reached (its node is gone), if so.
   virtual std::optional<std::string> gone() const { return std::nullopt; }
+  /// Why no new call can reach the device now: it is gone, or its
+  /// connection dropped and its session's keeper has not yet declared the
+  /// node lost (calls made now are held, then fail with that verdict).
+  virtual std::optional<std::string> unreachable() const { return gone(); }
   /// `backend::cancel`: drops the work queued and not yet started.
   virtual void cancel() = 0;
   /// `backend::recover`: brings a failed device back.

@@ -214,6 +214,20 @@ struct link_shared {
     std::lock_guard guard{mu};
     return std::move(watchers_);
   }
+  /// A session's device whose actor went down (`link_state::held`): why.
+  void hold(std::string why) {
+    std::lock_guard guard{mu};
+    held_ = std::move(why);
+  }
+  /// Why it was closed, or why its calls are held; none while open.
+  std::optional<std::string> held_reason() const {
+    std::lock_guard guard{mu};
+    if (!closed_.empty())
+      return closed_;
+    if (!held_.empty())
+      return held_;
+    return std::nullopt;
+  }
   /// Why it was closed, if it was.
   std::optional<std::string> closed_reason() const {
     std::lock_guard guard{mu};
@@ -234,6 +248,7 @@ private:
   mutable std::mutex mu;
   std::string name_;
   std::string closed_;
+  std::string held_; // see hold
   std::map<uint64_t, event_state> outcomes_;
   std::set<uint64_t> learning_;
   std::atomic<uint64_t> work_sent_{0};
@@ -583,6 +598,9 @@ caf::behavior link_impl(link_ptr self, device_actor target,
       return;
     if (self->state.shared->session) {
       self->state.held = true; // the keeper declares the loss (see link_state)
+      self->state.shared->hold(fmt::format(
+        "its connection is down ({}); its calls wait for the session's lease to decide",
+        self->system().render(dm.reason)));
       return;
     }
     auto why = fmt::format("its actor is down ({})", self->system().render(dm.reason));
@@ -911,6 +929,7 @@ public:
   }
 
   std::optional<std::string> gone() const override { return shared_->closed_reason(); }
+  std::optional<std::string> unreachable() const override { return shared_->held_reason(); }
 
   void cancel() override {
     call<uint64_t>(shared_, "cancel", false, until_lost, cancel_atom::value);
