@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <exception>
 #include <optional>
@@ -23,6 +24,17 @@ using detail::record_of;
 namespace detail {
 
 constinit thread_local capture* current_capture = nullptr;
+
+/// What `replay_events` is made of, set by a replay on the devices: the
+/// round and its lanes' last seqs.
+struct replay_access {
+  static void set(replay_events& out, const std::shared_ptr<round_state>& st,
+                  std::span<const uint64_t> ends) {
+    out.round_id_ = st->id;
+    out.st_ = st;
+    out.ends_.assign(ends.begin(), ends.end());
+  }
+};
 
 uint64_t next_backend_id() noexcept {
   static std::atomic<uint64_t> next{1};
@@ -130,22 +142,15 @@ void check_device(const backend_impl& impl, const device& d) {
 } // namespace
 
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
-                      std::span<const event> pushed) {
+                      std::span<const std::pair<const device_core*, uint64_t>> pushed) {
   std::lock_guard guard{impl.rounds_mu};
-  // The last seq with a wrapper on each local device (the items whose work
-  // reads the round: tasks, local named tasks, routines).
-  for (std::size_t i = 0; i < pushed.size(); ++i) {
-    auto k = st->items[i].k;
-    const auto* c = pushed[i].core().get();
-    if (!c || (k != round_item::kind::task && k != round_item::kind::named
-               && k != round_item::kind::run))
-      continue;
+  for (const auto& [c, seq] : pushed) {
     auto at = std::find_if(st->last_local.begin(), st->last_local.end(),
                            [c](const auto& x) { return x.first == c; });
     if (at == st->last_local.end())
-      st->last_local.emplace_back(c, pushed[i].seq());
+      st->last_local.emplace_back(c, seq);
     else
-      at->second = std::max(at->second, pushed[i].seq());
+      at->second = std::max(at->second, seq);
   }
   auto& kept = impl.replayed_rounds;
   std::erase_if(kept, [&st](const std::shared_ptr<const round_state>& x) {
@@ -157,6 +162,26 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
   });
   if (std::find(kept.begin(), kept.end(), st) == kept.end())
     kept.push_back(st);
+}
+
+/// The items of a replay call by call whose work reads the round (tasks,
+/// local named tasks, routines): each local device's last seq of them.
+void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
+                      std::span<const event> pushed) {
+  std::vector<std::pair<const device_core*, uint64_t>> last;
+  for (std::size_t i = 0; i < pushed.size(); ++i) {
+    auto k = st->items[i].k;
+    const auto* c = pushed[i].core().get();
+    if (!c || (k != round_item::kind::task && k != round_item::kind::named
+               && k != round_item::kind::run))
+      continue;
+    auto at = std::find_if(last.begin(), last.end(), [c](const auto& x) { return x.first == c; });
+    if (at == last.end())
+      last.emplace_back(c, pushed[i].seq());
+    else
+      at->second = std::max(at->second, pushed[i].seq());
+  }
+  keep_for_replays(impl, st, last);
 }
 
 // -- Capture --------------------------------------------------------------------
@@ -421,19 +446,65 @@ sexp round::describe() const {
                      sexp::field("replays", std::to_string(replays())), std::move(items)});
 }
 
-const event& replay_events::of(const event& recorded) const {
-  if (!detail::is_recorded(recorded) || recorded.key().device_id != round_id
-      || recorded.seq() == 0 || recorded.seq() > items.size())
+
+std::size_t replay_events::size() const noexcept {
+  return st_ ? st_->items.size() : items_.size();
+}
+
+event replay_events::item(std::size_t i) const {
+  if (i >= size())
+    throw std::invalid_argument(
+      fmt::format("replay_events::item: no item {} (the round has {})", i, size()));
+  if (!st_)
+    return items_[i];
+  const auto& p = st_->plan;
+  const auto& ie = p.item_events[i];
+  auto base = ends_[ie.lane] - p.lane_steps[ie.lane];
+  return event{p.eps[ie.lane],
+               ie.step >= 0 ? base + p.step_ordinal[static_cast<std::size_t>(ie.step)] : base};
+}
+
+std::vector<event> replay_events::items() const {
+  if (!st_)
+    return items_;
+  std::vector<event> out;
+  out.reserve(size());
+  for (std::size_t i = 0; i < size(); ++i)
+    out.push_back(item(i));
+  return out;
+}
+
+event replay_events::of(const event& recorded) const {
+  if (!detail::is_recorded(recorded) || recorded.key().device_id != round_id_
+      || recorded.seq() == 0 || recorded.seq() > size())
     throw std::invalid_argument(fmt::format(
       "replay_events::of: {} is not an event recorded in this replay's round",
       to_sexp(recorded).to_string()));
-  return items[static_cast<std::size_t>(recorded.seq() - 1)];
+  return item(static_cast<std::size_t>(recorded.seq() - 1));
 }
 
-const event& replay_events::all_work_of(const device& d) const {
-  for (const auto& [dev, e] : all_work)
-    if (dev == d)
-      return e;
+std::vector<std::pair<device, event>> replay_events::all_work() const {
+  if (!st_)
+    return all_work_;
+  std::vector<std::pair<device, event>> out;
+  const auto& p = st_->plan;
+  for (std::size_t d = 0; d < st_->devices.size(); ++d)
+    out.emplace_back(st_->devices[d],
+                     event{p.eps[p.device_lane[d]], ends_[p.device_lane[d]]});
+  return out;
+}
+
+event replay_events::all_work_of(const device& d) const {
+  if (st_) {
+    const auto& p = st_->plan;
+    for (std::size_t i = 0; i < st_->devices.size(); ++i)
+      if (st_->devices[i] == d)
+        return event{p.eps[p.device_lane[i]], ends_[p.device_lane[i]]};
+  } else {
+    for (const auto& [dev, e] : all_work_)
+      if (dev == d)
+        return e;
+  }
   throw std::invalid_argument(
     fmt::format("replay_events::all_work_of: the round does not touch {}", d.name()));
 }
@@ -498,7 +569,7 @@ std::optional<std::string> lost(const detail::backend_impl& impl, const device& 
   auto& rec = record_of(d);
   if (rec.r.local_core())
     return std::nullopt;
-  if (auto why = rec.ep().gone())
+  if (auto why = rec.ep().unreachable())
     return why;
   std::lock_guard guard{impl.mu};
   for (const auto& n : impl.nodes)
@@ -519,6 +590,131 @@ std::set<int> pools_of(detail::backend_impl& impl, const device& d) {
         if (const auto* id = p.find("id"); id && id->items().size() == 2)
           ids.insert(std::stoi(id->items()[1].as_atom()));
   return ids;
+}
+
+/// Builds `st.plan` (replay_plan): usable when every item is a task, a
+/// named task or a wait on devices of this process, and every wait is on
+/// an item of the round (or on an event already done when recorded).
+void build_plan(const detail::round_state& st, detail::replay_plan& p) {
+  using kind = detail::round_item::kind;
+  auto lane_of = [&p](const device& d) -> std::optional<uint32_t> {
+    auto* c = record_of(d).r.local_core();
+    if (!c)
+      return std::nullopt;
+    for (uint32_t l = 0; l < p.lanes.size(); ++l)
+      if (p.lanes[l] == c)
+        return l;
+    p.cores.push_back(record_of(d).r.core());
+    p.lanes.push_back(c);
+    p.eps.push_back(record_of(d).r.endpoint());
+    p.lane_steps.push_back(0);
+    return static_cast<uint32_t>(p.lanes.size() - 1);
+  };
+  auto refuse = [&p](const detail::round_item& it, const char* why) {
+    p = detail::replay_plan{};
+    p.why_not = fmt::format("item '{}' {}", it.name, why);
+  };
+  // The lane's last step so far (-1: none yet in the replay).
+  std::vector<int32_t> last_step;
+  auto add_step = [&](uint32_t lane, int32_t wait_on, std::size_t i) {
+    p.steps.push_back(detail::bulk_step{lane, wait_on});
+    p.step_item.push_back(static_cast<uint32_t>(i));
+    p.step_ordinal.push_back(++p.lane_steps[lane]);
+    last_step.resize(p.lanes.size(), -1);
+    last_step[lane] = static_cast<int32_t>(p.steps.size() - 1);
+    return last_step[lane];
+  };
+  for (std::size_t i = 0; i < st.items.size(); ++i) {
+    const auto& it = st.items[i];
+    auto lane = lane_of(it.dev);
+    if (!lane)
+      return refuse(it, "runs on a device of another process");
+    last_step.resize(p.lanes.size(), -1);
+    switch (it.k) {
+    case kind::task:
+    case kind::named:
+      p.item_events.push_back({*lane, add_step(*lane, -1, i)});
+      break;
+    case kind::wait: {
+      std::optional<detail::replay_plan::item_event> on;
+      if (it.on_item) {
+        on = p.item_events.at(*it.on_item);
+      } else if (it.on.key() != device_key{}) {
+        auto& c = it.on.core();
+        if (!c || !c->outcomes().is_done(it.on.seq()))
+          return refuse(it, "waits on an event from outside the round that was not done");
+      }
+      if (!on || on->lane == *lane) {
+        // Nothing to wait for at a replay: done, or earlier in this
+        // device's own order.
+        p.item_events.push_back({*lane, last_step[*lane]});
+        break;
+      }
+      if (on->step < 0)
+        return refuse(it, "waits on work from before the round");
+      p.item_events.push_back({*lane, add_step(*lane, on->step, i)});
+      break;
+    }
+    default:
+      return refuse(it, "is a routine, a copy or a pool call (replayed call by call)");
+    }
+  }
+  for (const auto& d : st.devices)
+    p.device_lane.push_back(*lane_of(d));
+  p.usable = true;
+}
+
+/// A replay on the devices (`replay_plan`): each item's entry made (a
+/// task's closure, a named task bound to its pools as they are now), then
+/// all pushed at once. Scratch per thread, reused: allocates nothing but a
+/// named task's binding and the events handed back.
+void replay_on_devices(const std::shared_ptr<detail::round_state>& st, uint64_t n,
+                       replay_events& out) {
+  using kind = detail::round_item::kind;
+  const auto& p = st->plan;
+  struct scratch {
+    detail::bulk_push push;
+    std::vector<detail::bulk_task> tasks;
+    std::vector<task> bound; // the named tasks' (their descriptions)
+    std::vector<uint64_t> ends;
+  };
+  thread_local scratch s;
+  struct clear {
+    scratch& s;
+    ~clear() {
+      s.tasks.clear();
+      s.bound.clear();
+    }
+  } guard{s};
+  s.tasks.resize(p.steps.size());
+  s.ends.resize(p.lanes.size());
+  s.bound.reserve(p.steps.size());
+  for (std::size_t k = 0; k < p.steps.size(); ++k) {
+    if (p.steps[k].wait_on >= 0)
+      continue;
+    auto i = p.step_item[k];
+    const auto& it = st->items[i];
+    auto& t = s.tasks[k];
+    if (it.k == kind::task) {
+      t.work = detail::replayed_task{st.get(), i, static_cast<uint32_t>(n)};
+      t.description = it.work.description; // the round keeps the recorded keep_alive
+      t.kind = it.work.kind;
+      continue;
+    }
+    try {
+      auto bound = detail::bind_spec(p.cores[p.steps[k].lane], it.spec);
+      auto& b = s.bound.emplace_back(std::move(bound.work));
+      t.work = detail::with_provenance{std::move(b.work), st.get(), i, n};
+      t.description = b.description;
+      t.kind = b.kind;
+      t.keep_alive = std::move(b.keep_alive);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(
+        fmt::format("replay: {}: {}", detail::provenance(*st, n, i), e.what()));
+    }
+  }
+  s.push.push(p.lanes, p.steps, s.tasks, s.ends);
+  detail::replay_access::set(out, st, s.ends);
 }
 
 /// The checks of `backend::replay(r, remap)`, before anything is scheduled
@@ -676,6 +872,32 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
                     st->replays.load(std::memory_order_relaxed) + 1, st->name, d.name(), *why,
                     d.name(), d.dev().driver));
   }
+  // The device-side replay, when the round runs in this process: every
+  // entry pushed at once, or none (docs/design.md, "Recorded rounds").
+  if (!m) {
+    std::call_once(st->plan_once, [&st] { build_plan(*st, st->plan); });
+    if (st->plan.usable) {
+      const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
+      replay_events out;
+      replay_on_devices(st, n, out);
+      // The lanes' last seqs bound the wrapped items' (a wait's entry
+      // reads nothing of the round, so erring late only keeps it longer).
+      const auto& p = st->plan;
+      std::array<std::pair<const detail::device_core*, uint64_t>, 16> last;
+      auto lanes = std::min(p.lanes.size(), last.size());
+      for (std::size_t l = 0; l < lanes; ++l)
+        last[l] = {p.lanes[l], out.ends_[l]};
+      if (lanes == p.lanes.size()) {
+        detail::keep_for_replays(*impl_, st, std::span{last.data(), lanes});
+      } else {
+        std::vector<std::pair<const detail::device_core*, uint64_t>> more;
+        for (std::size_t l = 0; l < p.lanes.size(); ++l)
+          more.emplace_back(p.lanes[l], out.ends_[l]);
+        detail::keep_for_replays(*impl_, st, more);
+      }
+      return out;
+    }
+  }
   // When an item is refused part way too, the backend keeps the round while
   // the wrapped items pushed so far may run.
   struct keep_on_throw {
@@ -685,14 +907,14 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
     bool kept = false;
     ~keep_on_throw() {
       if (!kept)
-        detail::keep_for_replays(impl, st, out.items);
+        detail::keep_for_replays(impl, st, out.items_);
     }
   };
   const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
   replay_events out;
-  out.round_id = st->id;
+  out.round_id_ = st->id;
   keep_on_throw guard{*impl_, st, out};
-  out.items.reserve(st->items.size());
+  out.items_.reserve(st->items.size());
   using kind = detail::round_item::kind;
   std::optional<context> ctx_tmp, src_tmp; // a moved wait's or copy's contexts
   for (std::size_t i = 0; i < st->items.size(); ++i) {
@@ -706,14 +928,14 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
                detail::replayed_task{st.get(), static_cast<uint32_t>(i), static_cast<uint32_t>(n)},
                nullptr, it.work.kind}; // the round keeps the recorded keep_alive
         auto& c = detail::local_core(rec, "replay", "a closure cannot travel there");
-        out.items.emplace_back(rec.r.endpoint(), c.push(std::move(t)));
+        out.items_.emplace_back(rec.r.endpoint(), c.push(std::move(t)));
         break;
       }
       case kind::named:
         if (auto* c = rec.r.local_core()) {
           auto bound = detail::bind_spec(rec.r.core(), it.spec);
           bound.work.work = detail::with_provenance{std::move(bound.work.work), st.get(), i, n};
-          out.items.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
+          out.items_.emplace_back(rec.r.endpoint(), c->push(std::move(bound.work)));
         } else {
           // An attached device: the run of named items on it, as one batch
           // (one message instead of a round trip per task). A remap maps no
@@ -723,46 +945,46 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
                  && st->items[j].dev == it.dev)
             ++j;
           if (j == i + 1) {
-            out.items.push_back(schedule_named(dev, it.spec));
+            out.items_.push_back(schedule_named(dev, it.spec));
           } else {
             std::vector<task_spec> specs;
             specs.reserve(j - i);
             for (auto k = i; k < j; ++k)
               specs.push_back(st->items[k].spec);
             for (auto& e : schedule_batch(dev, specs))
-              out.items.push_back(std::move(e));
+              out.items_.push_back(std::move(e));
             i = j - 1;
           }
         }
         break;
       case kind::wait:
-        will_wait_for(image(m, it.ctx, ctx_tmp), it.on_item ? out.items[*it.on_item] : it.on);
-        out.items.push_back(all_work(dev));
+        will_wait_for(image(m, it.ctx, ctx_tmp), it.on_item ? out.items_[*it.on_item] : it.on);
+        out.items_.push_back(all_work(dev));
         break;
       case kind::run: {
         routine rr = it.r; // check_remap refuses moving it
         rr.schedule.work = detail::with_provenance{std::move(rr.schedule.work), st.get(), i, n};
-        out.items.push_back(run(rr));
+        out.items_.push_back(run(rr));
         break;
       }
       case kind::copy:
-        out.items.push_back(detail::copy_step(*this, it.node, it.into,
+        out.items_.push_back(detail::copy_step(*this, it.node, it.into,
                                               image(m, it.ctx, ctx_tmp),
                                               image(m, it.src, src_tmp)));
         break;
       case kind::memset: {
         auto& ep = impl_->endpoint_of(dev);
-        out.items.emplace_back(ep.shared_from_this(),
+        out.items_.emplace_back(ep.shared_from_this(),
                                ep.memset_zero(it.pool_id, it.offset, it.size));
         break;
       }
       case kind::alloc_pool:
         alloc_pool(dev, it.pool_id, it.size, it.alignment, it.mode);
-        out.items.push_back(all_work(dev));
+        out.items_.push_back(all_work(dev));
         break;
       case kind::free_pool:
         free_pool(dev, it.pool_id);
-        out.items.push_back(all_work(dev));
+        out.items_.push_back(all_work(dev));
         break;
       }
     } catch (const std::invalid_argument& e) {
@@ -770,10 +992,10 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
         fmt::format("replay: {}: {}", detail::provenance(*st, n, i), e.what()));
     }
   }
-  out.all_work.reserve(st->devices.size());
+  out.all_work_.reserve(st->devices.size());
   for (const auto& d : st->devices)
-    out.all_work.emplace_back(image(m, d), all_work(image(m, d)));
-  detail::keep_for_replays(*impl_, st, out.items);
+    out.all_work_.emplace_back(image(m, d), all_work(image(m, d)));
+  detail::keep_for_replays(*impl_, st, out.items_);
   guard.kept = true;
   return out;
 }

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <mutex>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/core/bulk_push.hpp"
 #include "multidev/context.hpp"
 #include "multidev/device.hpp"
 #include "multidev/event.hpp"
@@ -67,6 +69,42 @@ struct round_item {
   std::optional<memory_mode> mode;
 };
 
+/// How a round whose items all run in this process is replayed on the
+/// devices (docs/design.md, "Recorded rounds"): each item's entry, made
+/// once, pushed with every other of the replay at once (`bulk_push`: a lock
+/// per device, every seq known before any entry is visible). Built at the
+/// first replay; read-only after.
+struct replay_plan {
+  /// Whether the round can be replayed so; otherwise `why_not` names the
+  /// first item that keeps it on the per-call path.
+  bool usable = false;
+  std::string why_not;
+  /// The devices it pushes to (lanes), held for the round's life.
+  std::vector<std::shared_ptr<device_core>> cores;
+  std::vector<device_core*> lanes;
+  /// Each lane's endpoint (the replay's events name it).
+  std::vector<std::shared_ptr<endpoint>> eps;
+  /// The entries of one replay, in record order: a task or named task's
+  /// run, or a wait on an earlier step of another lane.
+  std::vector<bulk_step> steps;
+  /// The item each step pushes.
+  std::vector<uint32_t> step_item;
+  /// Steps per lane, and each step's place on its lane (1 for its first).
+  std::vector<uint64_t> lane_steps;
+  std::vector<uint64_t> step_ordinal;
+  /// Where item `i`'s event is: its lane, and the step whose seq it is
+  /// (-1: the lane's last seq before the replay; a wait with no entry of
+  /// its own, on its own lane's item or on a done event, is the lane's
+  /// last step before it).
+  struct item_event {
+    uint32_t lane = 0;
+    int32_t step = -1;
+  };
+  std::vector<item_event> item_events;
+  /// `round_state::devices[i]`'s lane.
+  std::vector<uint32_t> device_lane;
+};
+
 struct round_state {
   /// Unique in the process: recorded events carry it (`recorded_node`).
   uint32_t id = 0;
@@ -82,6 +120,9 @@ struct round_state {
   /// with a provenance wrapper (guarded by `backend_impl::rounds_mu`): the
   /// backend keeps the round until they are resolved (`keep_for_replays`).
   std::vector<std::pair<const device_core*, uint64_t>> last_local;
+  /// The device-side replay, built once at the first replay (`plan_once`).
+  replay_plan plan;
+  std::once_flag plan_once;
 
   /// Item `i`'s recorded event.
   event recorded_event(std::size_t i) const;
@@ -136,15 +177,15 @@ void record_pool_call(const backend_impl& impl, round_item::kind k, const device
 event recorded_all_work(const backend_impl& impl, const device& d);
 
 /// Keeps `st` alive in `impl` while a replay's wrappers may read it (called
-/// as a replay returns, `pushed` being its items' events so far): a
-/// replayed task's closure holds a plain pointer to its round (a shared one
-/// would make the host and the runner bounce its count between their caches
-/// on every task), so the backend holds the round from its first replay
-/// until nobody else does and every seq in `last_local` is resolved. Raises
-/// `last_local` to `pushed`'s wrapped items and drops the rounds past that.
-/// One lock per replay.
+/// as a replay returns): a replayed task's closure holds a plain pointer to
+/// its round (a shared one would make the host and the runner bounce its
+/// count between their caches on every task), so the backend holds the
+/// round from its first replay until nobody else does and every seq in
+/// `last_local` is resolved. `pushed`: for each local device the replay
+/// pushed wrapped items to, the last such seq (`last_local` is raised to
+/// it); drops the rounds past that. One lock per replay.
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
-                      std::span<const event> pushed);
+                      std::span<const std::pair<const device_core*, uint64_t>> pushed);
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.

@@ -18,6 +18,7 @@ set(MULTIDEV_LIBRARY_SOURCES
   devices/cuda/fake_cuda_api.cpp
   devices/registry.cpp
   actors/core/device_core.cpp
+  actors/core/bulk_push.cpp
   actors/core/device_queue.cpp
   actors/core/extra_cache.cpp
   actors/core/device_runner.cpp

@@ -131,7 +131,7 @@ int main() {
   for (int t = 0; t < steps; ++t) {
     step.arg(lr) = -rate(t); // read by this replay
     auto ev = b.replay(step);
-    for (const auto& [d, e] : ev.all_work)
+    for (const auto& [d, e] : ev.all_work())
       b.sync(e);
     double loss = 0;
     for (int d = 0; d < devices; ++d)

@@ -1344,7 +1344,7 @@ private:
       auto evs = b_.replay(rr->r);
       auto n = static_cast<uint32_t>(rr->r.replays());
       for (std::size_t j = 0; j < rd.body.size(); ++j)
-        model_replayed(rd.body[j], evs.items[j], prev, n, rr->texts[j]);
+        model_replayed(rd.body[j], evs.item(j), prev, n, rr->texts[j]);
     }
   }
 

@@ -39,6 +39,14 @@ buffer_arg buf(const context& c, const tnode& t) {
   return buffer_arg{c.buffers.at(t), t.size_in_bytes};
 }
 
+/// `(key value)` in a device's debug info, the value as an atom.
+std::string info_field(const sexp& s, const std::string& key) {
+  auto* f = s.find(key);
+  BOOST_REQUIRE_MESSAGE(f != nullptr, "no field " << key << " in " << s.to_string());
+  BOOST_REQUIRE(f->items().size() >= 2u);
+  return f->items()[1].as_atom();
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_rounds_record_runs_nothing_and_each_replay_runs_it_once) {
@@ -63,7 +71,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_record_runs_nothing_and_each_replay_runs_it_onc
   std::vector<replay_events> evs;
   for (int i = 0; i < 3; ++i)
     evs.push_back(b.replay(r));
-  for (const auto& [d, e] : evs.back().all_work)
+  for (const auto& [d, e] : evs.back().all_work())
     sync(b, e);
   BOOST_TEST(ran0.load() == 6);
   BOOST_TEST(ran1.load() == 3);
@@ -72,21 +80,21 @@ BOOST_AUTO_TEST_CASE(test_rounds_record_runs_nothing_and_each_replay_runs_it_onc
   // One event per item, in record order: on each device the seqs grow in
   // record order and from one replay to the next (replays queue).
   for (const auto& ev : evs) {
-    BOOST_TEST(ev.items.size() == 4u);
-    BOOST_TEST(ev.items[0].key() == d0.key());
-    BOOST_TEST(ev.items[1].key() == d1.key());
-    BOOST_TEST(ev.items[2].key() == d1.key());
-    BOOST_TEST(ev.items[3].key() == d0.key());
-    BOOST_TEST(ev.items[0].seq() < ev.items[3].seq());
-    BOOST_TEST(ev.items[1].seq() < ev.items[2].seq());
-    BOOST_TEST(ev.all_work.size() == 2u);
-    BOOST_TEST(ev.all_work_of(d0) == ev.items[3]);
-    BOOST_TEST(ev.all_work_of(d1) == ev.items[2]);
-    for (const auto& e : ev.items)
+    BOOST_TEST(ev.size() == 4u);
+    BOOST_TEST(ev.item(0).key() == d0.key());
+    BOOST_TEST(ev.item(1).key() == d1.key());
+    BOOST_TEST(ev.item(2).key() == d1.key());
+    BOOST_TEST(ev.item(3).key() == d0.key());
+    BOOST_TEST(ev.item(0).seq() < ev.item(3).seq());
+    BOOST_TEST(ev.item(1).seq() < ev.item(2).seq());
+    BOOST_TEST(ev.all_work().size() == 2u);
+    BOOST_TEST(ev.all_work_of(d0) == ev.item(3));
+    BOOST_TEST(ev.all_work_of(d1) == ev.item(2));
+    for (const auto& e : ev.items())
       BOOST_TEST(b.is_done(e));
   }
-  BOOST_TEST(evs[0].items[3].seq() < evs[1].items[0].seq());
-  BOOST_TEST(evs[1].items[2].seq() < evs[2].items[1].seq());
+  BOOST_TEST(evs[0].item(3).seq() < evs[1].item(0).seq());
+  BOOST_TEST(evs[1].item(2).seq() < evs[2].item(1).seq());
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_capture_refuses_what_cannot_be_replayed) {
@@ -242,14 +250,14 @@ BOOST_AUTO_TEST_CASE(test_rounds_failure_names_replay_round_and_item_and_spares_
   expect_throw<device_error>([&] { bounded([&] { b.sync(bad.of(dependent)); }); },
                              "replay 2 of round 'step', item 'grad 3': boom");
   // ... the independent item of the same replay is done.
-  BOOST_TEST((b.state(bad.items[1]) == event_state::done));
+  BOOST_TEST((b.state(bad.item(1)) == event_state::done));
   // The failed device refuses work as for ordinary work; recovered, the
   // next replay runs whole.
   BOOST_TEST(b.recover(d0));
   BOOST_TEST(b.recover(d1));
   fail = false;
   auto next = b.replay(r);
-  for (const auto& e : next.items)
+  for (const auto& e : next.items())
     sync(b, e);
   BOOST_TEST(independent.load() == 3);
   BOOST_TEST(r.replays() == 3u);
@@ -257,7 +265,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_failure_names_replay_round_and_item_and_spares_
   // A named kernel's failure carries it too.
   auto f = b.record("named", [&] { b.schedule_named(d1, {"fail", {std::string{"bad step"}}}); });
   auto fe = b.replay(f);
-  expect_throw<device_error>([&] { bounded([&] { b.sync(fe.items[0]); }); },
+  expect_throw<device_error>([&] { bounded([&] { b.sync(fe.item(0)); }); },
                              "replay 1 of round 'named', item 'fail 0': bad step");
 }
 
@@ -276,7 +284,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_cancel_mid_replay_drops_queued_replays_only) {
   b.cancel(d0);
   release->open();
   for (const auto& ev : queued)
-    for (const auto& e : ev.items) {
+    for (const auto& e : ev.items()) {
       expect_throw<cancelled_error>([&] { bounded([&] { b.sync(e); }); }, "cancel");
       BOOST_TEST((b.state(e) == event_state::cancelled));
     }
@@ -381,9 +389,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_s
     for (double v : {1.0, 4.0}) {
       r.arg(s) = v;
       auto ev = b->replay(r);
-      BOOST_TEST(ev.items.size() == 5u);
-      BOOST_TEST((ev.items[1].key() == a0.key()));
-      BOOST_TEST(ev.items[1].seq() < ev.items[2].seq());
+      BOOST_TEST(ev.size() == 5u);
+      BOOST_TEST((ev.item(1).key() == a0.key()));
+      BOOST_TEST(ev.item(1).seq() < ev.item(2).seq());
       sync(*b, ev.all_work_of(l0));
       auto res = b->result(a0, "rsum");
       BOOST_REQUIRE(res.has_value());
@@ -413,7 +421,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_backend_keeps_a_dropped_round_until_its_replays
       b.schedule_task(d0, {"late", [] { throw std::runtime_error("late failure"); }});
     });
     gone = r.state();
-    failed = b.replay(r).items[0];
+    failed = b.replay(r).item(0);
     // The handle goes while the item is queued: its failure still names the round.
     r = multidev::round{};
     BOOST_TEST(!gone.expired());
@@ -424,7 +432,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_backend_keeps_a_dropped_round_until_its_replays
   BOOST_TEST(b.recover(d0));
   // Once resolved, the next replay (of any round) lets it go.
   auto other = b.record("other", [&] { b.schedule_task(d0, {"t", [] {}}); });
-  sync(b, b.replay(other).items[0]);
+  sync(b, b.replay(other).item(0));
   BOOST_TEST(gone.expired());
 }
 
@@ -453,13 +461,13 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_round_to_another_local_device) {
   for (double v : {2.0, 3.0}) {
     r.arg(s) = v;
     auto ev = b.replay(r, {{d0, d1}});
-    for (const auto& [d, e] : ev.all_work) // first: nothing outlives a failed check
+    for (const auto& [d, e] : ev.all_work()) // first: nothing outlives a failed check
       sync(b, e);
     BOOST_TEST(seen.load() == v * n); // d2 waited for this replay's checksum, on d1
-    BOOST_TEST_REQUIRE(ev.items.size() == r.size());
+    BOOST_TEST_REQUIRE(ev.size() == r.size());
     for (std::size_t i : {0, 1, 2, 3})
-      BOOST_TEST((ev.items[i].key() == d1.key()), "item " << i);
-    BOOST_TEST((ev.items[5].key() == d2.key()));
+      BOOST_TEST((ev.item(i).key() == d1.key()), "item " << i);
+    BOOST_TEST((ev.item(5).key() == d2.key()));
     BOOST_TEST((ev.all_work_of(d1).key() == d1.key()));
     expect_throw<std::invalid_argument>([&] { ev.all_work_of(d0); }, "does not touch");
   }
@@ -473,8 +481,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_round_to_another_local_device) {
   // A moved item's failure carries its provenance.
   auto f = b.record("moved failure", [&] { b.schedule_named(d0, {"fail", {std::string{"bad step"}}}); });
   auto fe = b.replay(f, {{d0, d1}});
-  BOOST_TEST((fe.items[0].key() == d1.key()));
-  expect_throw<device_error>([&] { bounded([&] { b.sync(fe.items[0]); }); },
+  BOOST_TEST((fe.item(0).key() == d1.key()));
+  expect_throw<device_error>([&] { bounded([&] { b.sync(fe.item(0)); }); },
                              "replay 1 of round 'moved failure', item 'fail 0': bad step");
   BOOST_TEST(b.recover(d1));
 }
@@ -502,9 +510,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copy_and_a_wait_with_their_device
   for (double v : {5.0, 6.0}) {
     r.arg(s) = v;
     auto ev = b.replay(r, {{d1, d2}});
-    BOOST_TEST((ev.items[0].key() == d0.key()));
+    BOOST_TEST((ev.item(0).key() == d0.key()));
     for (std::size_t i : {1, 2, 3})
-      BOOST_TEST((ev.items[i].key() == d2.key()), "item " << i);
+      BOOST_TEST((ev.item(i).key() == d2.key()), "item " << i);
     sync(b, ev.of(summed));
     auto res = b.result("copied_sum");
     BOOST_TEST_REQUIRE(res.has_value());
@@ -561,8 +569,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_schedule
   // ignored. Once d1 has pool 7, the move runs.
   b.alloc_pool(d1, 7, 64, 64);
   auto ev = b.replay(r, {{d0, d1}, {d2, d0}, {odd, d2}});
-  BOOST_TEST((ev.items[0].key() == d1.key()));
-  BOOST_TEST((ev.items[1].key() == d0.key()));
+  BOOST_TEST((ev.item(0).key() == d1.key()));
+  BOOST_TEST((ev.item(1).key() == d0.key()));
   sync(b, ev.all_work_of(d1));
   sync(b, ev.all_work_of(d0));
   BOOST_TEST(r.replays() == 1u);
@@ -575,4 +583,89 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_schedule
   });
   expect_throw<std::invalid_argument>([&] { b.replay(own, {{d0, d2}}); },
                                       "item 'memset_zero 9 3' uses pool 9 of " + d0.name());
+}
+
+// The device-side replay (a round whose items all run in this process):
+// every entry is pushed at once, so a device that refuses work refuses the
+// whole replay, and none of its other devices gets anything of it.
+BOOST_AUTO_TEST_CASE(test_rounds_replay_on_the_devices_is_whole_or_refused) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  std::atomic<int> ran{0};
+  auto r = b.record("step", [&] {
+    b.schedule_task(d0, {"first", [&] { ++ran; }});
+    b.will_wait_for(b.make_context(d1), b.all_work(d0));
+    b.schedule_task(d1, {"second", [&] { ++ran; }});
+  });
+  sync(b, b.replay(r).all_work_of(d1));
+  BOOST_TEST(ran.load() == 2);
+  // d1 fails outside the round: it refuses work until recovered.
+  b.schedule_task(d1, {"boom", [] { throw std::runtime_error("boom"); }});
+  expect_throw<device_error>([&] { bounded([&] { b.sync(b.all_work(d1)); }); }, "boom");
+  auto d0_before = b.all_work(d0).seq(), d1_before = b.all_work(d1).seq();
+  expect_throw<device_error>([&] { b.replay(r); }, "boom");
+  // Nothing of the refused replay reached d0, whose part came first.
+  BOOST_TEST(b.all_work(d0).seq() == d0_before);
+  BOOST_TEST(b.all_work(d1).seq() == d1_before);
+  BOOST_TEST(b.recover(d1));
+  sync(b, b.replay(r).all_work_of(d1));
+  BOOST_TEST(ran.load() == 4);
+  // No wait is left counted as pending (the refused replay's gates were
+  // taken back from d1's gate list).
+  sync(b, b.all_work(d0));
+  BOOST_TEST(info_field(b.get_debug_info(d1), "pending_waits") == "0");
+}
+
+// A replay on the devices makes its events on demand from each device's
+// last seq: they are the events a replay call by call gives (`replay(r,
+// {})` takes that path), seq for seq from each device's start, waits that
+// need no entry (on the device's own work, on an event done before the
+// round) included.
+BOOST_AUTO_TEST_CASE(test_rounds_replay_events_on_the_devices_match_the_calls) {
+  backend b{on_test_driver(backend_options{.num_devices = 3})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1), d2 = b.get_device(2);
+  b.schedule_task(d2, {"before", [] {}});
+  auto done_before = b.all_work(d2);
+  sync(b, done_before);
+  auto r = b.record("mixed", [&] {
+    b.schedule_task(d0, {"a", [] {}});
+    b.will_wait_for(b.make_context(d0), b.all_work(d0)); // its own: no entry
+    b.will_wait_for(b.make_context(d1), done_before);    // done: no entry
+    b.will_wait_for(b.make_context(d1), b.all_work(d0)); // a gate
+    b.schedule_named(d1, {"spin_ns", {int64_t{0}}});
+    b.schedule_task(d2, {"c", [] {}});
+    b.will_wait_for(b.make_context(d0), b.all_work(d1)); // a gate
+    b.schedule_task(d0, {"d", [] {}});
+  });
+  auto offsets = [&](const replay_events& ev, const std::array<uint64_t, 3>& base) {
+    std::vector<std::pair<uint32_t, uint64_t>> out;
+    for (const auto& e : ev.items()) {
+      auto k = e.key() == d0.key() ? 0 : e.key() == d1.key() ? 1 : 2;
+      out.emplace_back(k, e.seq() - base[static_cast<std::size_t>(k)]);
+    }
+    for (const auto& d : {d0, d1, d2}) {
+      auto k = d == d0 ? 0 : d == d1 ? 1 : 2;
+      out.emplace_back(10 + k, ev.all_work_of(d).seq() - base[static_cast<std::size_t>(k)]);
+    }
+    return out;
+  };
+  auto bases = [&] {
+    return std::array<uint64_t, 3>{b.all_work(d0).seq(), b.all_work(d1).seq(),
+                                   b.all_work(d2).seq()};
+  };
+  auto base_calls = bases();
+  auto by_calls = b.replay(r, device_remap{});
+  auto want = offsets(by_calls, base_calls);
+  sync(b, by_calls.all_work_of(d0));
+  auto base_devices = bases();
+  auto on_devices = b.replay(r);
+  BOOST_TEST((offsets(on_devices, base_devices) == want));
+  BOOST_TEST(on_devices.size() == r.size());
+  for (std::size_t i = 0; i < on_devices.size(); ++i)
+    BOOST_TEST((on_devices.item(i) == on_devices.items()[i]));
+  expect_throw<std::invalid_argument>([&] { on_devices.item(r.size()); }, "no item 8");
+  for (const auto& [d, e] : on_devices.all_work())
+    sync(b, e);
+  for (const auto& e : on_devices.items())
+    BOOST_TEST(b.is_done(e));
 }

@@ -84,8 +84,8 @@ BOOST_FIXTURE_TEST_CASE(test_rounds_nodes_remap_after_a_node_kill, test_support:
   for (double v : {3.0, 4.0}) {
     r.arg(s) = v;
     auto ev = b.replay(r, {{a0, b0}});
-    BOOST_TEST((ev.items[1].key() == b0.key()));
-    BOOST_TEST((ev.items[2].key() == b0.key()));
+    BOOST_TEST((ev.item(1).key() == b0.key()));
+    BOOST_TEST((ev.item(2).key() == b0.key()));
     test_support::sync(b, ev.all_work_of(l0));
     auto res = b.result(b0, "step_sum");
     BOOST_TEST_REQUIRE(res.has_value());

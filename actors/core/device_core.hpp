@@ -206,6 +206,7 @@ private:
   friend class hand_over;
   friend class item_resolver;
   friend class work_submission;
+  friend class bulk_push; // a replay's entries on several devices at once
   friend class stream_runner;
   /// The window resolves an item (stream_window::owner): under its retire
   /// lock, in seq order, on the runner or the thread the stream reports on.

@@ -182,6 +182,46 @@ public:
     return scheduled_.load(o);
   }
 
+  // -- A bulk push (bulk_push.hpp), with `mutex()` held ----------------------
+  //
+  // A recorded round's replay appends the entries of several devices while
+  // it holds all their locks, so that every entry's seq is known before any
+  // of them is visible; it publishes them per device at the end.
+
+  /// The entries queued and not taken; whether there is room for one more.
+  std::size_t size_locked() const noexcept { return entries_.size(); }
+  /// The last seq published (the next entry appended gets this plus the
+  /// entries appended since, plus one).
+  uint64_t scheduled_locked() const noexcept { return scheduled_.load(std::memory_order_relaxed); }
+  /// The queue's text, for a described entry's (`extra_ptr::text`).
+  std::string& text_locked() noexcept { return text_; }
+  /// Appends an entry, not yet published (`publish_locked`). May throw
+  /// `std::bad_alloc` (the vector grows); then nothing was appended.
+  template <class Work, class Extra>
+  void append_locked(Work&& work, Extra&& extra) {
+    bool flags = Item::flags(extra);
+    entries_.emplace_back(std::forward<Work>(work), std::forward<Extra>(extra));
+    flagged_ += flags;
+  }
+  /// Publishes the `n` entries appended since the last publish; whether the
+  /// runner must be rung (`ring_bell`, after the lock is let go), as `push`.
+  bool publish_locked(uint64_t n) noexcept {
+    scheduled_.store(scheduled_.load(std::memory_order_relaxed) + n, std::memory_order_release);
+    auto expected = uint8_t{for_work};
+    return sleeping_.load(std::memory_order_relaxed) == for_work &&
+           sleeping_.compare_exchange_strong(expected, awake);
+  }
+  /// Takes back the last `n` entries appended and not published (a bulk
+  /// push that could not finish).
+  void unappend_locked(std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i) {
+      flagged_ -= Item::flags(entries_.back().extra);
+      entries_.pop_back();
+    }
+  }
+  /// Whether producers may wait here (false on a runner thread).
+  bool producers_may_wait() const noexcept { return !never_waits_(); }
+
   // -- Refusals (under the lock, shared with the owner's failure state) --------
 
   lock_type& mutex() const noexcept { return mu_; }

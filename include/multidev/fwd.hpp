@@ -41,7 +41,7 @@ struct routine;
 enum class merge_buffer_use;
 // round.hpp
 struct round_slot;
-struct replay_events;
+class replay_events;
 class round;
 // backend.hpp
 struct backend_options;

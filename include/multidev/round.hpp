@@ -39,7 +39,8 @@
 namespace multidev {
 
 namespace detail {
-struct round_state; // actors/round_state.hpp
+struct round_state;   // actors/round_state.hpp
+struct replay_access; // actors/round.cpp
 } // namespace detail
 
 /// A scalar argument of a recorded named task (`schedule_named` or one spec
@@ -56,25 +57,47 @@ struct round_slot {
 /// What one replay scheduled: one event per recorded item, in record order,
 /// and the `all_work` of every device the round touches, taken once every
 /// item of the replay was scheduled.
-struct replay_events {
+///
+/// Lazy: a replay on the devices (a round whose items all run in this
+/// process) hands back the round and each device's last seq, and an item's
+/// event is made when asked (its seq is the device's base plus the item's
+/// place there), so a replay does not build an event per item.
+class replay_events {
+public:
+  replay_events() = default;
+
+  /// How many items (the round's size).
+  std::size_t size() const noexcept;
   /// Item `i`'s event in this replay. A task, named task, `run`, copy or
   /// `memset_zero`: its own completion. A `will_wait_for`, `alloc_pool` or
   /// `free_pool`: its device's `all_work` right after it was scheduled.
-  std::vector<event> items;
-  /// Every device the round touches, in the order the round first touched
-  /// them, with its `all_work` after this replay's items.
-  std::vector<std::pair<device, event>> all_work;
-
+  /// Throws `std::invalid_argument` when `i >= size()`.
+  event item(std::size_t i) const;
+  /// Every item's event, in record order (made on the call).
+  std::vector<event> items() const;
   /// This replay's event of the item that `recorded` (an event returned
   /// inside the `record` body) names. Throws `std::invalid_argument` for
   /// an event that is not one of this round's recorded events.
-  const event& of(const event& recorded) const;
+  event of(const event& recorded) const;
+  /// Every device the round touches, in the order the round first touched
+  /// them, with its `all_work` after this replay's items.
+  std::vector<std::pair<device, event>> all_work() const;
   /// This replay's `all_work` of `d`. Throws `std::invalid_argument` when
   /// the round does not touch `d`.
-  const event& all_work_of(const device& d) const;
+  event all_work_of(const device& d) const;
 
-  /// The round's id, to check `of`'s argument (internal).
-  uint32_t round_id = 0;
+private:
+  friend class backend;
+  friend struct detail::replay_access;
+  /// The round's id, to check `of`'s argument.
+  uint32_t round_id_ = 0;
+  /// A replay call by call: the events as its calls returned them.
+  std::vector<event> items_;
+  std::vector<std::pair<device, event>> all_work_;
+  /// A replay on the devices: the round (its plan) and each of its
+  /// devices' last seq once the replay was pushed (`replay_plan`).
+  std::shared_ptr<const detail::round_state> st_;
+  std::vector<uint64_t> ends_;
 };
 
 /// Where `backend::replay(r, remap)` moves a round: each pair is

@@ -1,0 +1,168 @@
+// A bulk push (bulk_push.hpp): one replay's entries on several devices.
+#include "actors/core/bulk_push.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+
+#include "actors/core/device_core.hpp"
+
+namespace multidev::detail {
+
+void bulk_push::wait_for_room(std::span<device_core* const> lanes) {
+  for (auto* c : lanes)
+    c->wait_for_room();
+}
+
+void bulk_push::lock_all(std::span<device_core* const> lanes) {
+  for (auto l : order_)
+    lanes[l]->queue_.mutex().lock();
+}
+
+void bulk_push::unlock_all(std::span<device_core* const> lanes) noexcept {
+  for (auto l : order_)
+    lanes[l]->queue_.mutex().unlock();
+}
+
+void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_step> steps,
+                     std::span<bulk_task> tasks, std::span<uint64_t> ends) {
+  const auto n = steps.size();
+  order_.resize(lanes.size());
+  for (uint32_t l = 0; l < lanes.size(); ++l)
+    order_[l] = l;
+  std::sort(order_.begin(), order_.end(),
+            [&lanes](uint32_t a, uint32_t b) { return lanes[a] < lanes[b]; });
+  count_.assign(lanes.size(), 0);
+  wake_.assign(lanes.size(), 0);
+  extra_.resize(n);
+  gates_.resize(n);
+  seqs_.resize(n);
+  auto& seqs = seqs_;
+  // Outside the locks: what allocates (a wait's gate and extra, a task's
+  // named extra). Cleared on every way out.
+  struct clear_scratch {
+    bulk_push& p;
+    ~clear_scratch() {
+      for (auto& e : p.extra_)
+        e.reset();
+      for (auto& g : p.gates_)
+        g.reset();
+    }
+  } clear{*this};
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& s = steps[i];
+    auto& c = *lanes[s.lane];
+    if (s.wait_on >= 0) {
+      auto g = make_gate();
+      g->owner = lanes[steps[static_cast<std::size_t>(s.wait_on)].lane]->weak_from_this();
+      auto extra = c.extras_.take();
+      extra->keep_alive.reset();
+      extra->op.what = ""; // not an order
+      extra->g = g;
+      extra->kind = trace_kind::gate;
+      extra_[i] = extra_ptr{std::move(extra)};
+      gates_[i] = std::move(g);
+    } else if (auto& t = tasks[i]; t.keep_alive || t.description.size() > extra_ptr::max_text) {
+      extra_[i] = extra_ptr{named_extra::make(t.description, std::move(t.keep_alive), t.kind)};
+    }
+  }
+  wait_for_room(lanes);
+  lock_all(lanes);
+  std::exception_ptr refused;
+  std::size_t appended = 0;
+  try {
+    for (auto l : order_)
+      if (lanes[l]->queue_.failed_locked() || lanes[l]->queue_.stopping_locked())
+        lanes[l]->life_.throw_refusal_locked();
+    // Every seq first, so a wait's gate is whole before anything is seen.
+    for (std::size_t i = 0; i < n; ++i) {
+      auto l = steps[i].lane;
+      seqs[i] = lanes[l]->queue_.scheduled_locked() + ++count_[l];
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      if (auto& g = gates_[i])
+        g->owner_seq = seqs[static_cast<std::size_t>(steps[i].wait_on)];
+    // The gates into their devices' gate lists, before their entries are
+    // visible (as push_gate): shutdown sees them, or this push is refused.
+    for (uint32_t l = 0; l < lanes.size(); ++l) {
+      bool any = false;
+      for (std::size_t i = 0; i < n && !any; ++i)
+        any = gates_[i] && steps[i].lane == l;
+      if (!any)
+        continue;
+      auto& c = *lanes[l];
+      std::lock_guard guard{c.outcomes_.waiters_mutex()};
+      for (std::size_t i = 0; i < n; ++i)
+        if (gates_[i] && steps[i].lane == l) {
+          c.gates_.add_locked(gates_[i]);
+          gates_[i]->seq.store(seqs[i], std::memory_order_relaxed); // listed
+        }
+    }
+    for (std::size_t i = 0; i < n; ++i, ++appended) {
+      auto& q = lanes[steps[i].lane]->queue_;
+      if (gates_[i]) {
+        q.append_locked(std::function<void()>{}, std::move(extra_[i]));
+        continue;
+      }
+      auto& t = tasks[i];
+      if (!extra_[i] && (!t.description.empty() || t.kind != trace_kind::task)) {
+        auto& text = q.text_locked();
+        if (t.description.size() <= extra_ptr::max_text &&
+            text.size() + t.description.size() <= extra_ptr::max_text_end) {
+          auto offset = text.size();
+          text.append(t.description);
+          extra_[i] = extra_ptr::text(offset, t.description.size(), t.kind);
+        } else {
+          extra_[i] = extra_ptr{named_extra::make(t.description, nullptr, t.kind)};
+        }
+      }
+      q.append_locked(std::move(t.work), std::move(extra_[i]));
+    }
+  } catch (...) {
+    refused = std::current_exception();
+    // Back out what went in: the entries (newest first, per lane), then the
+    // gate lists' counts (their weak entries expire with the gates).
+    for (std::size_t i = appended; i-- > 0;)
+      lanes[steps[i].lane]->queue_.unappend_locked(1);
+  }
+  if (refused) {
+    for (uint32_t l = 0; l < lanes.size(); ++l) {
+      auto& c = *lanes[l];
+      std::lock_guard guard{c.outcomes_.waiters_mutex()};
+      for (std::size_t i = 0; i < n; ++i)
+        if (gates_[i] && steps[i].lane == l && gates_[i]->seq.load() != 0)
+          c.gates_.take_back_locked();
+    }
+    unlock_all(lanes);
+    std::rethrow_exception(refused);
+  }
+  for (uint32_t l = 0; l < lanes.size(); ++l) {
+    auto& q = lanes[l]->queue_;
+    ends[l] = q.scheduled_locked() + count_[l];
+    if (count_[l] != 0)
+      wake_[l] = q.publish_locked(count_[l]);
+  }
+  unlock_all(lanes);
+  // Each wait with its owner: the owner's runner may fire it at once (or
+  // it is already due, and fires here).
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& g = gates_[i];
+    if (!g)
+      continue;
+    auto& c = *lanes[steps[i].lane];
+    auto& owner = *lanes[steps[static_cast<std::size_t>(steps[i].wait_on)].lane];
+    gate_waiter w{g->owner_seq, g, c.weak_from_this(), &c};
+    try {
+      owner.events_.when_resolved(std::move(w));
+    } catch (...) {
+      // Queued: left pending, it would hold this device forever.
+      static const std::string reason = "could not register the wait (out of memory)";
+      c.resolve_gate(*g, &reason);
+    }
+  }
+  for (uint32_t l = 0; l < lanes.size(); ++l)
+    if (wake_[l])
+      lanes[l]->queue_.ring_bell();
+}
+
+} // namespace multidev::detail
