@@ -1752,16 +1752,67 @@ double node_copy_gbps(node_pair& p, const tnode& t, const context& ca, const con
   return static_cast<double>(t.size_in_bytes) / seconds_since(t0) / 1e9;
 }
 
+/// One round of `round_nodes_replay` on nodes a and b, call by call: 8
+/// stages, each 4 empty named tasks on `a`, then 4 on `b`, then a cross-node
+/// edge: `b` waits for the stage's last task on `a`. 64 tasks, 8 edges, all
+/// from a to b: `a` never waits, so consecutive rounds may overlap and a
+/// round's cost is what the client and the nodes spend on it, not a chain
+/// of crossings (edges both ways would make every round at least a round
+/// trip between the nodes, whatever the implementation).
+void schedule_nodes_round(backend& c, const device& a, const device& b, const context& cb) {
+  constexpr int stages = 8, tasks_per_stage_and_node = 4;
+  const task_spec noop{"bench_noop", {}};
+  for (int s = 0; s < stages; ++s) {
+    event last_a;
+    for (int i = 0; i < tasks_per_stage_and_node; ++i)
+      last_a = c.schedule_named(a, noop);
+    for (int i = 0; i < tasks_per_stage_and_node; ++i)
+      c.schedule_named(b, noop);
+    c.will_wait_for(cb, last_a);
+  }
+}
+
+/// `round_nodes_replay`: µs per round of `schedule_nodes_round` on `p`'s
+/// nodes, `rounds` of them, each a replay of `r` (recorded on the client),
+/// or, when `r` is empty, the round's calls made again (call by call);
+/// timed from the first replay (or call) until both devices ran the last
+/// round, so the client's replays are in the figure, as in
+/// `fan_dag_<N>dev_replay`.
+double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r, int rounds) {
+  auto& c = p.client();
+  auto t0 = clock_type::now();
+  event last_a, last_b;
+  for (int i = 0; i < rounds; ++i) {
+    if (!r) {
+      schedule_nodes_round(c, p.a, p.b, cb);
+      continue;
+    }
+    auto ev = c.replay(r);
+    last_a = ev.all_work_of(p.a);
+    last_b = ev.all_work_of(p.b);
+  }
+  if (!r) {
+    last_a = c.all_work(p.a);
+    last_b = c.all_work(p.b);
+  }
+  c.sync(last_a);
+  c.sync(last_b);
+  return seconds_since(t0) * 1e6 / rounds;
+}
+
 /// The figures between two nodes (`node_pair`) beside their baselines,
 /// measured alternately in this run: a crossing between the nodes' devices
 /// beside a CAF remote hop over the same kind of connection and a raw TCP
 /// round trip; a 64 MiB copy from a to b beside a raw TCP transfer of 64
-/// MiB, and the client's call beside the whole copy.
+/// MiB, and the client's call beside the whole copy; a recorded round
+/// across both nodes replayed, beside a CAF remote hop (issue 41: at most
+/// two a replay) and the same round scheduled call by call.
 void node_figures(std::vector<bench_result>& out, const backend_options& opts,
                   const bench_options& o) {
   bool hop = is_wanted(o, "node_hop") || is_wanted(o, "node_hop_vs_tcp");
   bool copy = is_wanted(o, "copy_node_to_node_64MiB") || is_wanted(o, "copy_node_to_node_call");
-  if (!hop && !copy)
+  bool replay = is_wanted(o, "round_nodes_replay");
+  if (!hop && !copy && !replay)
     return;
   int reps = std::max(1, o.repeats);
   node_pair p{opts};
@@ -1804,6 +1855,24 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
                   "the whole copy, until written on b", median(copy_us), "lower", std::nullopt);
     r.value_target = 1000;
     out.push_back(r);
+  }
+  if (replay) {
+    register_bench_noop();
+    int rounds = o.quick ? 20 : 200;
+    int crossings = o.quick ? 100 : 1'000;
+    remote_pair pair{opts};
+    caf_remote_ping_pong caf_rt{pair};
+    auto& c = p.client();
+    auto cb = c.make_context(p.b);
+    auto r = c.record("nodes", [&] { schedule_nodes_round(c, p.a, p.b, cb); });
+    auto caf_hop = [&] { return caf_rt.us_per_hop(crossings); };
+    auto calls = [&] { return nodes_round_us(p, cb, multidev::round{}, rounds); };
+    auto ours = [&] { return nodes_round_us(p, cb, r, rounds); };
+    auto ms = medians_of(reps, {caf_hop, calls, ours});
+    out.push_back(make("round_nodes_replay", "us/replay", ms[2],
+                       "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", 2.0));
+    out.push_back(make("round_nodes_replay", "us/replay", ms[2],
+                       "the same round scheduled call by call", ms[1], "lower", std::nullopt));
   }
 }
 
@@ -2044,7 +2113,7 @@ const std::vector<std::string>& case_names() {
     "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
     "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
     "node_hop",                 "node_hop_vs_tcp",             "copy_node_to_node_64MiB",
-    "copy_node_to_node_call",
+    "copy_node_to_node_call",   "round_nodes_replay",
     "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_1dev_replay",
     "fan_dag_2dev",             "fan_dag_2dev_prebuilt",       "fan_dag_2dev_replay",
     "fan_dag_4dev",             "fan_dag_4dev_prebuilt",       "fan_dag_4dev_replay",
