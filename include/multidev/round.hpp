@@ -15,9 +15,11 @@
 /// waits, at each replay, for that replay's item. They cannot be synced.
 /// docs/api.md ("Recorded rounds") lists what is refused inside a record.
 ///
-/// This landing replays each item through the backend's own per-call path
-/// (docs/design.md, "Recorded rounds"); the device-side replay, with entries
-/// kept on the devices, comes later behind this same interface.
+/// A round whose items all run in this process is replayed on the
+/// devices: its entries pushed at once, with one queue lock per device, and
+/// its events made on demand; any other round (and a remapped replay) goes
+/// through the backend's own per-call path (docs/design.md, "Recorded
+/// rounds").
 ///
 /// Threads: a round is a handle (copies share one recording); replaying it
 /// from several threads at once is safe, changing its slots (`arg`) while
