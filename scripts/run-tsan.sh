@@ -10,6 +10,7 @@
 # not instrumented) is noise, one whose every side is this repository's code
 # is kept and printed. The exit status is non-zero when ctest failed or a
 # report was kept. The core set (device core, queue, events, transfers,
+# recorded rounds replayed on the devices (bulk_push),
 # the reuse of host copies' extras, async driver, fake CUDA; about a minute
 # on 2 cores once built, and the build
 # about 9 minutes; scripts/run-tests.sh runs it):
@@ -18,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-core='^(test_backend|test_deadlock|test_hand_over|test_hand_over_help|test_hot_path|test_ordering|test_errors|test_errors_fake|test_transfers|test_transfers_fake|test_transfers_fake_cuda|test_async_driver|test_cuda|test_shutdown)$'
+core='^(test_backend|test_rounds|test_rounds_fake|test_deadlock|test_hand_over|test_hand_over_help|test_hot_path|test_ordering|test_errors|test_errors_fake|test_transfers|test_transfers_fake|test_transfers_fake_cuda|test_async_driver|test_cuda|test_shutdown)$'
 if [ "${1:-}" = --core-regex ]; then
   echo "$core"
   exit 0
