@@ -473,9 +473,13 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_round_to_another_local_device) {
   }
   BOOST_TEST(ran.load() == 2);
   BOOST_TEST(b.all_work(d0).seq() == before0.seq());
-  // Mapped back (d0 -> d0 is no move), it runs on d0 again.
-  sync(b, b.replay(r, {{d0, d0}}).all_work_of(d0));
+  // Mapped back (d0 -> d0 is no move), it runs on d0 again. Every device
+  // of the replay is synced: d2's task reads `b` and `seen`, which must
+  // outlive it (TSan caught ~backend racing it when only d0 was synced).
+  for (const auto& [d, e] : b.replay(r, {{d0, d0}}).all_work())
+    sync(b, e);
   BOOST_TEST(ran.load() == 3);
+  BOOST_TEST(seen.load() == 3.0 * n);
   BOOST_TEST(b.all_work(d0).seq() > before0.seq());
 
   // A moved item's failure carries its provenance.
