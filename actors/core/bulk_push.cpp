@@ -66,6 +66,19 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
       extra_[i] = extra_ptr{named_extra::make(t.description, std::move(t.keep_alive), t.kind)};
     }
   }
+  // The wait steps grouped by lane, in step order (a counting sort): lane
+  // `l`'s are `waits_[wait_at_[l] .. wait_at_[l + 1])`.
+  wait_at_.assign(lanes.size() + 1, 0);
+  for (const auto& st : steps)
+    if (st.wait_on >= 0)
+      ++wait_at_[st.lane + 1];
+  for (std::size_t l = 0; l < lanes.size(); ++l)
+    wait_at_[l + 1] += wait_at_[l];
+  waits_.resize(wait_at_.back());
+  fill_.assign(wait_at_.begin(), wait_at_.end() - 1);
+  for (std::size_t i = 0; i < n; ++i)
+    if (steps[i].wait_on >= 0)
+      waits_[fill_[steps[i].lane]++] = i;
   wait_for_room(lanes);
   lock_all(lanes);
   std::exception_ptr refused;
@@ -85,18 +98,15 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
     // The gates into their devices' gate lists, before their entries are
     // visible (as push_gate): shutdown sees them, or this push is refused.
     for (uint32_t l = 0; l < lanes.size(); ++l) {
-      bool any = false;
-      for (std::size_t i = 0; i < n && !any; ++i)
-        any = gates_[i] && steps[i].lane == l;
-      if (!any)
+      if (wait_at_[l] == wait_at_[l + 1])
         continue;
       auto& c = *lanes[l];
       std::lock_guard guard{c.outcomes_.waiters_mutex()};
-      for (std::size_t i = 0; i < n; ++i)
-        if (gates_[i] && steps[i].lane == l) {
-          c.gates_.add_locked(gates_[i]);
-          gates_[i]->seq.store(seqs[i], std::memory_order_relaxed); // listed
-        }
+      for (auto k = wait_at_[l]; k < wait_at_[l + 1]; ++k) {
+        auto i = waits_[k];
+        c.gates_.add_locked(gates_[i]);
+        gates_[i]->seq.store(seqs[i], std::memory_order_relaxed); // listed
+      }
     }
     for (std::size_t i = 0; i < n; ++i, ++appended) {
       auto& q = lanes[steps[i].lane]->queue_;
@@ -127,10 +137,12 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
   }
   if (refused) {
     for (uint32_t l = 0; l < lanes.size(); ++l) {
+      if (wait_at_[l] == wait_at_[l + 1])
+        continue;
       auto& c = *lanes[l];
       std::lock_guard guard{c.outcomes_.waiters_mutex()};
-      for (std::size_t i = 0; i < n; ++i)
-        if (gates_[i] && steps[i].lane == l && gates_[i]->seq.load() != 0)
+      for (auto k = wait_at_[l]; k < wait_at_[l + 1]; ++k)
+        if (gates_[waits_[k]]->seq.load() != 0)
           c.gates_.take_back_locked();
     }
     unlock_all(lanes);

@@ -93,6 +93,9 @@ private:
   std::vector<uint8_t> wake_;    // lanes whose runner is rung at the end
   std::vector<extra_ptr> extra_; // per step: a task's named extra, a wait's
   std::vector<std::shared_ptr<gate>> gates_; // per step: a wait's gate
+  std::vector<std::size_t> waits_;   // the wait steps, grouped by lane
+  std::vector<std::size_t> wait_at_; // where each lane's start in waits_
+  std::vector<std::size_t> fill_;    // cursors while grouping
 };
 
 } // namespace multidev::detail
