@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <exception>
 #include <optional>
@@ -165,23 +164,18 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
 }
 
 /// The items of a replay call by call whose work reads the round (tasks,
-/// local named tasks, routines): each local device's last seq of them.
+/// local named tasks, routines), with their seqs.
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
                       std::span<const event> pushed) {
-  std::vector<std::pair<const device_core*, uint64_t>> last;
+  std::vector<std::pair<const device_core*, uint64_t>> wrapped; // merged per device there
   for (std::size_t i = 0; i < pushed.size(); ++i) {
     auto k = st->items[i].k;
     const auto* c = pushed[i].core().get();
-    if (!c || (k != round_item::kind::task && k != round_item::kind::named
-               && k != round_item::kind::run))
-      continue;
-    auto at = std::find_if(last.begin(), last.end(), [c](const auto& x) { return x.first == c; });
-    if (at == last.end())
-      last.emplace_back(c, pushed[i].seq());
-    else
-      at->second = std::max(at->second, pushed[i].seq());
+    if (c && (k == round_item::kind::task || k == round_item::kind::named
+              || k == round_item::kind::run))
+      wrapped.emplace_back(c, pushed[i].seq());
   }
-  keep_for_replays(impl, st, last);
+  keep_for_replays(impl, st, wrapped);
 }
 
 // -- Capture --------------------------------------------------------------------
@@ -446,7 +440,6 @@ sexp round::describe() const {
                      sexp::field("replays", std::to_string(replays())), std::move(items)});
 }
 
-
 std::size_t replay_events::size() const noexcept {
   return st_ ? st_->items.size() : items_.size();
 }
@@ -610,17 +603,14 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
     p.lane_steps.push_back(0);
     return static_cast<uint32_t>(p.lanes.size() - 1);
   };
-  auto refuse = [&p](const detail::round_item& it, const char* why) {
-    p = detail::replay_plan{};
-    p.why_not = fmt::format("item '{}' {}", it.name, why);
-  };
+  // An item the plan does not take: the round goes call by call.
+  auto refuse = [&p] { p = detail::replay_plan{}; };
   // The lane's last step so far (-1: none yet in the replay).
   std::vector<int32_t> last_step;
   auto add_step = [&](uint32_t lane, int32_t wait_on, std::size_t i) {
     p.steps.push_back(detail::bulk_step{lane, wait_on});
     p.step_item.push_back(static_cast<uint32_t>(i));
     p.step_ordinal.push_back(++p.lane_steps[lane]);
-    last_step.resize(p.lanes.size(), -1);
     last_step[lane] = static_cast<int32_t>(p.steps.size() - 1);
     return last_step[lane];
   };
@@ -628,7 +618,7 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
     const auto& it = st.items[i];
     auto lane = lane_of(it.dev);
     if (!lane)
-      return refuse(it, "runs on a device of another process");
+      return refuse(); // a device of another process
     last_step.resize(p.lanes.size(), -1);
     switch (it.k) {
     case kind::task:
@@ -642,7 +632,7 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       } else if (it.on.key() != device_key{}) {
         auto& c = it.on.core();
         if (!c || !c->outcomes().is_done(it.on.seq()))
-          return refuse(it, "waits on an event from outside the round that was not done");
+          return refuse(); // an outside event not done when recorded
       }
       if (!on || on->lane == *lane) {
         // Nothing to wait for at a replay: done, or earlier in this
@@ -651,12 +641,12 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
         break;
       }
       if (on->step < 0)
-        return refuse(it, "waits on work from before the round");
+        return refuse(); // on work from before the round
       p.item_events.push_back({*lane, add_step(*lane, on->step, i)});
       break;
     }
     default:
-      return refuse(it, "is a routine, a copy or a pool call (replayed call by call)");
+      return refuse(); // a routine, a copy or a pool call
     }
   }
   for (const auto& d : st.devices)
@@ -668,8 +658,8 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
 /// task's closure, a named task bound to its pools as they are now), then
 /// all pushed at once. Scratch per thread, reused: allocates nothing but a
 /// named task's binding and the events handed back.
-void replay_on_devices(const std::shared_ptr<detail::round_state>& st, uint64_t n,
-                       replay_events& out) {
+void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail::round_state>& st,
+                       uint64_t n, replay_events& out) {
   using kind = detail::round_item::kind;
   const auto& p = st->plan;
   struct scratch {
@@ -677,6 +667,7 @@ void replay_on_devices(const std::shared_ptr<detail::round_state>& st, uint64_t 
     std::vector<detail::bulk_task> tasks;
     std::vector<task> bound; // the named tasks' (their descriptions)
     std::vector<uint64_t> ends;
+    std::vector<std::pair<const detail::device_core*, uint64_t>> kept;
   };
   thread_local scratch s;
   struct clear {
@@ -715,6 +706,12 @@ void replay_on_devices(const std::shared_ptr<detail::round_state>& st, uint64_t 
   }
   s.push.push(p.lanes, p.steps, s.tasks, s.ends);
   detail::replay_access::set(out, st, s.ends);
+  // The lanes' last seqs bound the wrapped items' (a wait's entry reads
+  // nothing of the round, so erring late only keeps it longer).
+  s.kept.clear();
+  for (std::size_t l = 0; l < p.lanes.size(); ++l)
+    s.kept.emplace_back(p.lanes[l], s.ends[l]);
+  detail::keep_for_replays(impl, st, s.kept);
 }
 
 /// The checks of `backend::replay(r, remap)`, before anything is scheduled
@@ -879,22 +876,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
     if (st->plan.usable) {
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;
-      replay_on_devices(st, n, out);
-      // The lanes' last seqs bound the wrapped items' (a wait's entry
-      // reads nothing of the round, so erring late only keeps it longer).
-      const auto& p = st->plan;
-      std::array<std::pair<const detail::device_core*, uint64_t>, 16> last;
-      auto lanes = std::min(p.lanes.size(), last.size());
-      for (std::size_t l = 0; l < lanes; ++l)
-        last[l] = {p.lanes[l], out.ends_[l]};
-      if (lanes == p.lanes.size()) {
-        detail::keep_for_replays(*impl_, st, std::span{last.data(), lanes});
-      } else {
-        std::vector<std::pair<const detail::device_core*, uint64_t>> more;
-        for (std::size_t l = 0; l < p.lanes.size(); ++l)
-          more.emplace_back(p.lanes[l], out.ends_[l]);
-        detail::keep_for_replays(*impl_, st, more);
-      }
+      replay_on_devices(*impl_, st, n, out);
       return out;
     }
   }

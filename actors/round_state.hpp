@@ -75,10 +75,8 @@ struct round_item {
 /// per device, every seq known before any entry is visible). Built at the
 /// first replay; read-only after.
 struct replay_plan {
-  /// Whether the round can be replayed so; otherwise `why_not` names the
-  /// first item that keeps it on the per-call path.
+  /// Whether the round can be replayed so (otherwise it goes call by call).
   bool usable = false;
-  std::string why_not;
   /// The devices it pushes to (lanes), held for the round's life.
   std::vector<std::shared_ptr<device_core>> cores;
   std::vector<device_core*> lanes;
@@ -181,9 +179,10 @@ event recorded_all_work(const backend_impl& impl, const device& d);
 /// its round (a shared one would make the host and the runner bounce its
 /// count between their caches on every task), so the backend holds the
 /// round from its first replay until nobody else does and every seq in
-/// `last_local` is resolved. `pushed`: for each local device the replay
-/// pushed wrapped items to, the last such seq (`last_local` is raised to
-/// it); drops the rounds past that. One lock per replay.
+/// `last_local` is resolved. `pushed`: (local device, seq) of items the
+/// replay pushed whose work reads the round, any number per device
+/// (`last_local` is raised to the largest); drops the rounds past that. One
+/// lock per replay.
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
                       std::span<const std::pair<const device_core*, uint64_t>> pushed);
 

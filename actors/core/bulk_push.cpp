@@ -55,12 +55,7 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
     if (s.wait_on >= 0) {
       auto g = make_gate();
       g->owner = lanes[steps[static_cast<std::size_t>(s.wait_on)].lane]->weak_from_this();
-      auto extra = c.extras_.take();
-      extra->keep_alive.reset();
-      extra->op.what = ""; // not an order
-      extra->g = g;
-      extra->kind = trace_kind::gate;
-      extra_[i] = extra_ptr{std::move(extra)};
+      extra_[i] = extra_ptr{c.wait_extra(g)};
       gates_[i] = std::move(g);
     } else if (auto& t = tasks[i]; t.keep_alive || t.description.size() > extra_ptr::max_text) {
       extra_[i] = extra_ptr{named_extra::make(t.description, std::move(t.keep_alive), t.kind)};
@@ -115,17 +110,8 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
         continue;
       }
       auto& t = tasks[i];
-      if (!extra_[i] && (!t.description.empty() || t.kind != trace_kind::task)) {
-        auto& text = q.text_locked();
-        if (t.description.size() <= extra_ptr::max_text &&
-            text.size() + t.description.size() <= extra_ptr::max_text_end) {
-          auto offset = text.size();
-          text.append(t.description);
-          extra_[i] = extra_ptr::text(offset, t.description.size(), t.kind);
-        } else {
-          extra_[i] = extra_ptr{named_extra::make(t.description, nullptr, t.kind)};
-        }
-      }
+      if (!extra_[i] && (!t.description.empty() || t.kind != trace_kind::task))
+        extra_[i] = work_submission::described_extra(q.text_locked(), t.description, t.kind);
       q.append_locked(std::move(t.work), std::move(extra_[i]));
     }
   } catch (...) {
@@ -133,7 +119,7 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
     // Back out what went in: the entries (newest first, per lane), then the
     // gate lists' counts (their weak entries expire with the gates).
     for (std::size_t i = appended; i-- > 0;)
-      lanes[steps[i].lane]->queue_.unappend_locked(1);
+      lanes[steps[i].lane]->queue_.unappend_locked();
   }
   if (refused) {
     for (uint32_t l = 0; l < lanes.size(); ++l) {

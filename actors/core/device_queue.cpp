@@ -77,13 +77,26 @@ uint64_t work_submission::push_order(const order& o, trace_kind kind, std::strin
   return enqueue(work(), [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
 }
 
-uint64_t work_submission::enqueue_wait(std::shared_ptr<gate> g) {
+extra_ptr work_submission::described_extra(std::string& text, std::string_view description,
+                                          trace_kind kind) {
+  if (auto e = append_text(text, description, kind)) [[likely]]
+    return e;
+  // The queue's text is full (1 TiB): an allocation of its own.
+  return extra_ptr{named_extra::make(description, nullptr, kind)};
+}
+
+std::unique_ptr<item_extra> work_submission::wait_extra(std::shared_ptr<gate> g) {
   // A wait's extra is reused, as an order's is (see extra_cache).
   auto extra = core().extras_.take();
   extra->keep_alive.reset();
   extra->op.what = ""; // not an order
   extra->g = std::move(g);
   extra->kind = trace_kind::gate;
+  return extra;
+}
+
+uint64_t work_submission::enqueue_wait(std::shared_ptr<gate> g) {
+  auto extra = wait_extra(std::move(g));
   // A wait never waits for room: will_wait_for returns at once, and an
   // actor handler must not block.
   return enqueue(nullptr, [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
@@ -105,10 +118,7 @@ uint64_t work_submission::push(task&& t, bool may_wait) {
     [&](std::string& text) {
       if (named)
         return std::move(named);
-      if (auto e = append_text(text, t.description, t.kind)) [[likely]]
-        return e;
-      // The queue's text is full (1 TiB): an allocation of its own.
-      return extra_ptr{named_extra::make(t.description, nullptr, t.kind)};
+      return described_extra(text, t.description, t.kind);
     },
     may_wait);
 }

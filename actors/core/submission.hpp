@@ -95,6 +95,7 @@ protected:
   ~work_submission() = default;
 
 private:
+  friend class bulk_push; // appends entries made the same way
   /// The core this is the base of (a cast, no load). Defined in
   /// device_core.hpp, where the core is complete.
   device_core& core() noexcept;
@@ -112,6 +113,13 @@ private:
   /// caller makes a `named_extra`).
   static extra_ptr append_text(std::string& text, std::string_view description,
                                trace_kind kind);
+  /// With the queue's lock held: a described task's extra, its text in the
+  /// queue's `text` (`append_text`), or a `named_extra` when that has no
+  /// room left to address it.
+  static extra_ptr described_extra(std::string& text, std::string_view description,
+                                   trace_kind kind);
+  /// A wait's extra for `g`, from the core's cache (as an order's).
+  std::unique_ptr<item_extra> wait_extra(std::shared_ptr<gate> g);
 };
 
 } // namespace multidev::detail

@@ -188,8 +188,6 @@ public:
   // it holds all their locks, so that every entry's seq is known before any
   // of them is visible; it publishes them per device at the end.
 
-  /// The entries queued and not taken; whether there is room for one more.
-  std::size_t size_locked() const noexcept { return entries_.size(); }
   /// The last seq published (the next entry appended gets this plus the
   /// entries appended since, plus one).
   uint64_t scheduled_locked() const noexcept { return scheduled_.load(std::memory_order_relaxed); }
@@ -211,16 +209,12 @@ public:
     return sleeping_.load(std::memory_order_relaxed) == for_work &&
            sleeping_.compare_exchange_strong(expected, awake);
   }
-  /// Takes back the last `n` entries appended and not published (a bulk
-  /// push that could not finish).
-  void unappend_locked(std::size_t n) noexcept {
-    for (std::size_t i = 0; i < n; ++i) {
-      flagged_ -= Item::flags(entries_.back().extra);
-      entries_.pop_back();
-    }
+  /// Takes back the last entry appended and not published (a bulk push
+  /// that could not finish).
+  void unappend_locked() noexcept {
+    flagged_ -= Item::flags(entries_.back().extra);
+    entries_.pop_back();
   }
-  /// Whether producers may wait here (false on a runner thread).
-  bool producers_may_wait() const noexcept { return !never_waits_(); }
 
   // -- Refusals (under the lock, shared with the owner's failure state) --------
 
