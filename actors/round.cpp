@@ -33,6 +33,12 @@ struct replay_access {
     out.st_ = st;
     out.ends_.assign(ends.begin(), ends.end());
   }
+  static void set_nodes(replay_events& out, const std::shared_ptr<round_state>& st,
+                        std::shared_ptr<const node_replay> nodes) {
+    out.round_id_ = st->id;
+    out.st_ = st;
+    out.nodes_ = std::move(nodes);
+  }
 };
 
 uint64_t next_backend_id() noexcept {
@@ -336,6 +342,50 @@ event recorded_all_work(const backend_impl& impl, const device& d) {
   return st.recorded_event(*last);
 }
 
+void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
+               std::span<device_core* const> lanes,
+               std::span<const std::shared_ptr<device_core>> cores,
+               std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
+               uint64_t n, std::span<const std::shared_ptr<gate>> external,
+               std::span<uint64_t> ends) {
+  struct scratch {
+    bulk_push push;
+    std::vector<bulk_task> tasks;
+    std::vector<task> bound;
+    std::vector<std::pair<const device_core*, uint64_t>> kept;
+  };
+  thread_local scratch s;
+  struct clear {
+    scratch& s;
+    ~clear() {
+      s.tasks.clear();
+      s.bound.clear();
+    }
+  } guard{s};
+  s.tasks.resize(steps.size());
+  s.bound.reserve(steps.size());
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    if (steps[k].wait_on != -1)
+      continue;
+    try {
+      auto bound = bind_spec(cores[steps[k].lane], *specs[k]);
+      auto& b = s.bound.emplace_back(std::move(bound.work));
+      auto& t = s.tasks[k];
+      t.work = with_provenance{std::move(b.work), st.get(), k, n};
+      t.description = b.description;
+      t.kind = b.kind;
+      t.keep_alive = std::move(b.keep_alive);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("replay: {}: {}", provenance(*st, n, k), e.what()));
+    }
+  }
+  s.push.push(lanes, steps, s.tasks, ends, external, false);
+  s.kept.clear();
+  for (std::size_t l = 0; l < lanes.size(); ++l)
+    s.kept.emplace_back(lanes[l], ends[l]);
+  keep_for_replays(impl, st, s.kept);
+}
+
 } // namespace detail
 
 // -- round ----------------------------------------------------------------------
@@ -390,6 +440,13 @@ round_slot round::slot(const event& recorded, std::size_t arg) {
 }
 
 namespace {
+
+/// The device_error for node `nd`'s reply `r` to replay `n` of `st`.
+[[noreturn]] void node_refused(const detail::round_state& st, const detail::node_plan::node& nd,
+                               uint64_t n, const detail::node_replay::reply& r) {
+  throw device_error(nd.name, fmt::format("replay {} of round '{}' on node {}: {}", n, st.name,
+                                          nd.name, describe_error(r.err)));
+}
 
 kernel_arg& slot_arg(detail::round_state& s, round_slot sl) {
   if (sl.item >= s.items.size() || s.items[sl.item].k != detail::round_item::kind::named
@@ -450,6 +507,18 @@ event replay_events::item(std::size_t i) const {
       fmt::format("replay_events::item: no item {} (the round has {})", i, size()));
   if (!st_)
     return items_[i];
+  if (nodes_) {
+    const auto& np = st_->nodes;
+    const auto& ie = np.item_events[i];
+    const auto& nd = np.nodes[ie.node];
+    const auto& r = *nodes_->replies[ie.node];
+    r.wait();
+    if (r.flag.load(std::memory_order_acquire) == 2)
+      node_refused(*st_, nd, nodes_->n, r);
+    auto base = r.ends[ie.lane] - nd.lane_steps[ie.lane];
+    return event{nd.eps[ie.lane],
+                 ie.step >= 0 ? base + nd.step_ordinal[static_cast<std::size_t>(ie.step)] : base};
+  }
   const auto& p = st_->plan;
   const auto& ie = p.item_events[i];
   auto base = ends_[ie.lane] - p.lane_steps[ie.lane];
@@ -479,6 +548,12 @@ event replay_events::of(const event& recorded) const {
 std::vector<std::pair<device, event>> replay_events::all_work() const {
   if (!st_)
     return all_work_;
+  if (nodes_) {
+    std::vector<std::pair<device, event>> out;
+    for (const auto& d : st_->devices)
+      out.emplace_back(d, all_work_of(d));
+    return out;
+  }
   std::vector<std::pair<device, event>> out;
   const auto& p = st_->plan;
   for (std::size_t d = 0; d < st_->devices.size(); ++d)
@@ -488,7 +563,18 @@ std::vector<std::pair<device, event>> replay_events::all_work() const {
 }
 
 event replay_events::all_work_of(const device& d) const {
-  if (st_) {
+  if (st_ && nodes_) {
+    const auto& np = st_->nodes;
+    for (std::size_t i = 0; i < st_->devices.size(); ++i)
+      if (st_->devices[i] == d) {
+        auto [x, l] = np.device_lane[i];
+        const auto& r = *nodes_->replies[x];
+        r.wait();
+        if (r.flag.load(std::memory_order_acquire) == 2)
+          node_refused(*st_, np.nodes[x], nodes_->n, r);
+        return event{np.nodes[x].eps[l], r.ends[l]};
+      }
+  } else if (st_) {
     const auto& p = st_->plan;
     for (std::size_t i = 0; i < st_->devices.size(); ++i)
       if (st_->devices[i] == d)
@@ -714,6 +800,278 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
   detail::keep_for_replays(impl, st, s.kept);
 }
 
+/// Builds `np` (node_plan): usable when every item is a named task or a
+/// wait on a device of a node attached with a session, and every wait is on
+/// an item of the round (or on an event of this process done when
+/// recorded). A wait between two nodes' devices becomes a step of the
+/// waiting node that the awaited node's `round_done` opens.
+void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
+                     detail::node_plan& np) {
+  using kind = detail::round_item::kind;
+  using node = detail::node_plan::node;
+  auto refuse = [&np] {
+    np.usable = false;
+    np.nodes.clear();
+    np.item_events.clear();
+    np.device_lane.clear();
+  };
+  // Per node, per lane: its last step so far (-1: none).
+  std::vector<std::vector<int32_t>> last_step;
+  struct where {
+    uint32_t node, lane;
+  };
+  auto locate = [&](const device& d) -> std::optional<where> {
+    auto& rec = record_of(d);
+    if (rec.r.local_core())
+      return std::nullopt;
+    caf::actor actor;
+    uint64_t session = 0;
+    std::string name;
+    std::size_t ordinal = 0;
+    device first;
+    {
+      std::lock_guard guard{impl.mu};
+      for (const auto& n : impl.nodes) {
+        auto at = std::find(n.devices.begin(), n.devices.end(), d);
+        if (at == n.devices.end() || n.ended->load())
+          continue;
+        actor = n.node;
+        session = n.session;
+        name = n.name;
+        ordinal = static_cast<std::size_t>(at - n.devices.begin());
+        first = n.devices.front();
+        break;
+      }
+    }
+    if (!actor || session == 0)
+      return std::nullopt; // a device attached alone, or a node without sessions
+    uint32_t x = 0;
+    while (x < np.nodes.size() && np.nodes[x].actor != actor)
+      ++x;
+    if (x == np.nodes.size()) {
+      node fresh;
+      fresh.actor = actor;
+      fresh.session = session;
+      fresh.name = name;
+      fresh.sender = record_of(first).r.endpoint();
+      fresh.part.round = st.id;
+      fresh.part.name = st.name;
+      np.nodes.push_back(std::move(fresh));
+      last_step.emplace_back();
+    }
+    auto& nd = np.nodes[x];
+    uint32_t l = 0;
+    while (l < nd.lanes.size() && nd.lanes[l] != d)
+      ++l;
+    if (l == nd.lanes.size()) {
+      nd.lanes.push_back(d);
+      nd.eps.push_back(rec.r.endpoint());
+      nd.part.devices.push_back(static_cast<uint32_t>(ordinal));
+      nd.lane_steps.push_back(0);
+      last_step[x].push_back(-1);
+    }
+    return where{x, l};
+  };
+  auto add_step = [&](where w, round_step step) {
+    auto& nd = np.nodes[w.node];
+    step.lane = w.lane;
+    nd.part.steps.push_back(std::move(step));
+    nd.step_ordinal.push_back(++nd.lane_steps[w.lane]);
+    auto k = static_cast<int32_t>(nd.part.steps.size() - 1);
+    last_step[w.node][w.lane] = k;
+    return k;
+  };
+  // Node `x`'s index for node `y` among its peers (added when new).
+  auto peer_of = [&np](uint32_t x, uint32_t y) {
+    auto& peers = np.nodes[x].part.peers;
+    const auto& other = np.nodes[y];
+    for (uint32_t p = 0; p < peers.size(); ++p)
+      if (peers[p].node == other.actor)
+        return p;
+    auto [host, port] = detail::node_address(*other.sender);
+    peers.push_back(round_peer{other.actor, other.session, other.name, host, port});
+    return static_cast<uint32_t>(peers.size() - 1);
+  };
+  for (std::size_t i = 0; i < st.items.size(); ++i) {
+    const auto& it = st.items[i];
+    auto w = locate(it.dev);
+    if (!w)
+      return refuse();
+    auto item = static_cast<uint32_t>(i);
+    switch (it.k) {
+    case kind::named: {
+      auto k = add_step(*w, round_step{item, 0, -1, 0, 0, it.name, {}, it.spec});
+      auto& nd = np.nodes[w->node];
+      for (std::size_t a = 0; a < it.slots.size(); ++a)
+        if (it.slots[a]) {
+          nd.part.slot_steps.push_back(static_cast<uint32_t>(k));
+          nd.part.slot_args.push_back(static_cast<uint32_t>(a));
+          nd.slots.push_back(round_slot{i, a});
+        }
+      np.item_events.push_back({w->node, w->lane, k});
+      break;
+    }
+    case kind::wait: {
+      if (!it.on_item) {
+        if (it.on.key() != device_key{}) {
+          auto& c = it.on.core();
+          if (!c || !c->outcomes().is_done(it.on.seq()))
+            return refuse(); // an outside event not known done when recorded
+        }
+        np.item_events.push_back({w->node, w->lane, last_step[w->node][w->lane]});
+        break;
+      }
+      auto on = np.item_events.at(*it.on_item);
+      if (on.node == w->node && on.lane == w->lane) {
+        np.item_events.push_back({w->node, w->lane, last_step[w->node][w->lane]});
+        break;
+      }
+      if (on.step < 0)
+        return refuse(); // on work from before the round
+      round_step step{item, 0, on.step, 0, 0, it.name, {}, {}};
+      if (on.node != w->node) {
+        // Node to node: the awaited node tells this one (round_done).
+        auto& awaited = np.nodes[on.node];
+        step.wait_on = detail::bulk_step::external;
+        step.peer = peer_of(w->node, on.node);
+        step.peer_item = awaited.part.steps[static_cast<std::size_t>(on.step)].item;
+        step.peer_device = awaited.lanes[on.lane].name();
+        auto back = peer_of(on.node, w->node);
+        auto& ns = awaited.part.notify_steps;
+        auto& npr = awaited.part.notify_peers;
+        bool told = false;
+        for (std::size_t k = 0; k < ns.size(); ++k)
+          told = told || (ns[k] == static_cast<uint32_t>(on.step) && npr[k] == back);
+        if (!told) {
+          ns.push_back(static_cast<uint32_t>(on.step));
+          npr.push_back(back);
+        }
+      }
+      np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(step))});
+      break;
+    }
+    default:
+      return refuse(); // a closure, a routine, a copy or a pool call
+    }
+  }
+  if (np.nodes.empty())
+    return refuse();
+  for (const auto& d : st.devices) {
+    auto w = locate(d);
+    np.device_lane.emplace_back(w->node, w->lane);
+  }
+  np.usable = true;
+}
+
+/// The reply to a round message from a node, into `r`: `ok(msg)` takes a
+/// value (and says whether it was the one expected); an error or anything
+/// else fails it.
+template <class Ok>
+detail::reply_sink::handler fill(std::shared_ptr<detail::node_replay::reply> r, Ok ok) {
+  return [r, ok](const caf::message& m) {
+    if (m.match_elements<caf::error>())
+      r->err = m.get_as<caf::error>(0);
+    else if (!ok(m, *r))
+      r->err = make_error(errc::invalid_argument, {}, "the node's reply was not what was asked");
+    r->flag.store(r->err ? 2 : 1, std::memory_order_release);
+    r->flag.notify_all();
+  };
+}
+
+} // namespace
+
+namespace detail {
+
+node_plan::~node_plan() {
+  if (!installed)
+    return;
+  for (auto& nd : nodes)
+    try {
+      request_node(*nd.sender, nd.actor,
+                   caf::make_message(atoms::round_drop_atom::value, nd.session,
+                                     uint64_t{nd.part.round}),
+                   [](const caf::message&) {});
+    } catch (...) {
+      // Out of memory: the part stays until the session ends.
+    }
+}
+
+} // namespace detail
+
+namespace {
+
+/// Sends each node its part, once (a round trip per node, at the first
+/// replay on the nodes).
+void install_parts(detail::round_state& st) {
+  auto& np = st.nodes;
+  std::lock_guard guard{np.install_mu};
+  if (np.installed)
+    return;
+  std::vector<std::shared_ptr<detail::node_replay::reply>> replies;
+  for (auto& nd : np.nodes) {
+    auto r = std::make_shared<detail::node_replay::reply>();
+    auto h = fill(r, [](const caf::message& m, auto&) { return m.match_elements<bool>(); });
+    if (!detail::request_node(*nd.sender, nd.actor,
+                              caf::make_message(atoms::round_put_atom::value, nd.session, nd.part),
+                              std::move(h))) {
+      r->err = make_error(errc::device_failed, nd.name, "its link is closed");
+      r->flag.store(2);
+    }
+    replies.push_back(std::move(r));
+  }
+  for (std::size_t x = 0; x < replies.size(); ++x) {
+    replies[x]->wait();
+    if (replies[x]->flag.load() == 2)
+      throw device_error(np.nodes[x].name,
+                         fmt::format("replay of round '{}': node {} refused its part: {}",
+                                     st.name, np.nodes[x].name,
+                                     describe_error(replies[x]->err)));
+  }
+  np.installed = true;
+}
+
+/// A replay on the nodes (`node_plan`): one `round_run` per node, not waited
+/// for; the calls to the round's devices wait for it (`set_fence`), and the
+/// replay's events for the node's reply.
+void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
+                     replay_events& out) {
+  auto& np = st->nodes;
+  install_parts(*st);
+  // The requests that add work sent to these devices without waiting (a
+  // `depend`, a copy) first: the node, not their actors, pushes the replay.
+  for (auto& nd : np.nodes)
+    for (auto& ep : nd.eps)
+      detail::settle_async(*ep);
+  auto nr = std::make_shared<detail::node_replay>();
+  nr->n = n;
+  for (auto& nd : np.nodes) {
+    std::vector<wire_arg> slots;
+    slots.reserve(nd.slots.size());
+    for (const auto& sl : nd.slots)
+      slots.push_back(to_wire(st->items[sl.item].spec.args[sl.arg]));
+    auto r = std::make_shared<detail::node_replay::reply>();
+    auto lanes = nd.lanes.size();
+    auto h = fill(r, [lanes](const caf::message& m, detail::node_replay::reply& to) {
+      if (!m.match_elements<std::vector<uint64_t>>()
+          || m.get_as<std::vector<uint64_t>>(0).size() != lanes)
+        return false;
+      to.ends = m.get_as<std::vector<uint64_t>>(0);
+      return true;
+    });
+    if (!detail::request_node(*nd.sender, nd.actor,
+                              caf::make_message(atoms::round_run_atom::value, nd.session,
+                                                uint64_t{st->id}, n, std::move(slots)),
+                              std::move(h))) {
+      r->err = make_error(errc::device_failed, nd.name, "its link is closed");
+      r->flag.store(2);
+    }
+    for (auto& ep : nd.eps)
+      detail::set_fence(*ep, r);
+    nr->replies.push_back(std::move(r));
+  }
+  detail::replay_access::set_nodes(out, st, std::move(nr));
+}
+
 /// The checks of `backend::replay(r, remap)`, before anything is scheduled
 /// (docs/api.md, "Recorded rounds").
 void check_remap(detail::backend_impl& impl, const detail::round_state& st,
@@ -872,7 +1230,17 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   // The device-side replay, when the round runs in this process: every
   // entry pushed at once, or none (docs/design.md, "Recorded rounds").
   if (!m) {
-    std::call_once(st->plan_once, [&st] { build_plan(*st, st->plan); });
+    std::call_once(st->plan_once, [&st, this] {
+      build_plan(*st, st->plan);
+      if (!st->plan.usable)
+        build_node_plan(*impl_, *st, st->nodes);
+    });
+    if (st->nodes.usable) {
+      const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
+      replay_events out;
+      replay_on_nodes(st, n, out);
+      return out;
+    }
     if (st->plan.usable) {
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;

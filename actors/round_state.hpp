@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "actors/core/bulk_push.hpp"
+#include "actors/remote/endpoint_remote.hpp"
+#include "multidev/protocol.hpp"
 #include "multidev/context.hpp"
 #include "multidev/device.hpp"
 #include "multidev/event.hpp"
@@ -103,6 +105,73 @@ struct replay_plan {
   std::vector<uint32_t> device_lane;
 };
 
+/// How a round whose items all run on attached nodes' devices is replayed
+/// on the nodes (docs/design.md, "Recorded rounds"): each node holds its
+/// part (`round_part`, sent once), and a replay is one `round_run` message
+/// per node; a cross-node wait is a gate on the waiting node that the
+/// awaited node opens with a `round_done`, node to node. Built at the first
+/// replay when the device-side plan does not take the round; read-only
+/// after, but for `installed`.
+struct node_plan {
+  bool usable = false;
+  struct node {
+    /// Its node actor and the session the client holds there.
+    caf::actor actor;
+    uint64_t session = 0;
+    std::string name;
+    /// The part's lanes: the devices, and their endpoints (events name them).
+    std::vector<device> lanes;
+    std::vector<std::shared_ptr<endpoint>> eps;
+    /// The endpoint whose link's reply sink sends the node's round messages:
+    /// the node's first device's, whatever the round, so that every round's
+    /// `round_run`s reach the node in the order sent (one sender).
+    std::shared_ptr<endpoint> sender;
+    /// The part sent (`round_put`), and its steps' places on their lanes.
+    round_part part;
+    std::vector<uint64_t> lane_steps;
+    std::vector<uint64_t> step_ordinal;
+    /// The part's slots, as the round's (item, argument).
+    std::vector<round_slot> slots;
+  };
+  std::vector<node> nodes;
+  /// Where item `i`'s event is: its node, lane, and the part's step whose
+  /// seq it is (-1: the lane's last seq before the replay).
+  struct item_event {
+    uint32_t node = 0;
+    uint32_t lane = 0;
+    int32_t step = -1;
+  };
+  std::vector<item_event> item_events;
+  /// `round_state::devices[i]`'s node and lane.
+  std::vector<std::pair<uint32_t, uint32_t>> device_lane;
+  /// Whether the parts were sent (under `install_mu`).
+  std::mutex install_mu;
+  bool installed = false;
+  node_plan() = default;
+  node_plan(const node_plan&) = delete;
+  node_plan& operator=(const node_plan&) = delete;
+  /// Tells the nodes that hold parts to let them go (`round_drop`): the
+  /// round's last handle went.
+  ~node_plan();
+};
+
+/// The nodes' replies to one replay on the nodes, filled as they arrive (on
+/// CAF's I/O thread); `replay_events` waits for the one it reads.
+struct node_replay {
+  struct reply final : replay_fence {
+    std::atomic<uint32_t> flag{0}; // 1: ends, 2: err
+    std::vector<uint64_t> ends;
+    caf::error err;
+    void wait() const override {
+      uint32_t v;
+      while ((v = flag.load(std::memory_order_acquire)) == 0)
+        flag.wait(0, std::memory_order_acquire);
+    }
+  };
+  uint64_t n = 0;
+  std::vector<std::shared_ptr<reply>> replies; // per node of the plan
+};
+
 struct round_state {
   /// Unique in the process: recorded events carry it (`recorded_node`).
   uint32_t id = 0;
@@ -121,6 +190,8 @@ struct round_state {
   /// The device-side replay, built once at the first replay (`plan_once`).
   replay_plan plan;
   std::once_flag plan_once;
+  /// The node-side replay, built with it when `plan` does not take the round.
+  node_plan nodes;
 
   /// Item `i`'s recorded event.
   event recorded_event(std::size_t i) const;
@@ -185,6 +256,21 @@ event recorded_all_work(const backend_impl& impl, const device& d);
 /// lock per replay.
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
                       std::span<const std::pair<const device_core*, uint64_t>> pushed);
+
+/// A node's replay of its part of a round (actors/remote/node_rounds.cpp):
+/// each task step's spec bound on its lane (`specs[k]`, null for a wait) and
+/// wrapped with the provenance of item `k` of `st` (whose items are the
+/// part's steps, named as the client named them) and replay `n`, then all
+/// pushed at once (`bulk_push`, never waiting for room: an actor's thread),
+/// `external` the gates of the waits on other nodes. `ends` gets each
+/// lane's last seq. Throws as `bulk_push` does, or `std::invalid_argument`
+/// for a spec that does not bind, with nothing queued.
+void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
+               std::span<device_core* const> lanes,
+               std::span<const std::shared_ptr<device_core>> cores,
+               std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
+               uint64_t n, std::span<const std::shared_ptr<gate>> external,
+               std::span<uint64_t> ends);
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.

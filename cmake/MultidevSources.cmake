@@ -48,6 +48,7 @@ set(MULTIDEV_LIBRARY_SOURCES
   actors/printers.cpp
   actors/transfers.cpp
   actors/remote/node.cpp
+  actors/remote/node_rounds.cpp
   actors/remote/tls_middleman.cpp
   actors/remote/node_listener.cpp
   actors/remote/reply_sink.cpp

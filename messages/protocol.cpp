@@ -103,6 +103,15 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<caf::actor>>("std::vector<caf::actor>");
   cfg.add_message_type<std::vector<task_spec>>("std::vector<multidev::task_spec>");
   cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");
+  cfg.add_message_type<round_step>("multidev::round_step");
+  cfg.add_message_type<round_peer>("multidev::round_peer");
+  cfg.add_message_type<round_notice>("multidev::round_notice");
+  cfg.add_message_type<std::vector<round_notice>>("std::vector<multidev::round_notice>");
+  cfg.add_message_type<round_part>("multidev::round_part");
+  cfg.add_message_type<std::vector<wire_arg>>("std::vector<multidev::wire_arg>");
+  cfg.add_message_type<std::vector<uint32_t>>("std::vector<uint32_t>");
+  cfg.add_message_type<std::vector<round_step>>("std::vector<multidev::round_step>");
+  cfg.add_message_type<std::vector<round_peer>>("std::vector<multidev::round_peer>");
 }
 
 void configure_system(caf::actor_system_config& cfg) {

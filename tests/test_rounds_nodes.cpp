@@ -94,3 +94,26 @@ BOOST_FIXTURE_TEST_CASE(test_rounds_nodes_remap_after_a_node_kill, test_support:
   BOOST_TEST(after.load() == 3);
   BOOST_TEST(r.replays() == 3u);
 }
+
+BOOST_FIXTURE_TEST_CASE(test_rounds_nodes_a_killed_node_fails_the_other_nodes_waits_on_it,
+                        test_support::two_nodes) {
+  // A round on the nodes alone is replayed there (one message per node);
+  // b0 waits on a0's item node to node. Node a is killed while that item
+  // runs: b hears that a's actor is gone and fails the wait, instead of
+  // waiting for a notice that never comes.
+  auto r = b.record("across", [&] {
+    auto e = b.schedule_named(a0, {"spin_ns", {int64_t{60'000'000'000}}});
+    b.will_wait_for(b.make_context(b0), e);
+    b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
+  });
+  auto ev = b.replay(r);
+  auto on_b = ev.item(2); // pushed on b, behind its wait
+  na->kill9();
+  auto text = expect_throw<device_error>(
+    [&] { test_support::bounded([&] { b.sync(on_b); }, "sync on b's item"); }, "node a");
+  BOOST_TEST(contains(text, "went down"), text);
+  // b goes on: a round on b alone replays there.
+  BOOST_TEST(b.recover(b0));
+  auto only_b = b.record("on b", [&] { b.schedule_named(b0, {"spin_ns", {int64_t{0}}}); });
+  test_support::bounded([&] { b.sync(b.replay(only_b).all_work_of(b0)); }, "a replay on b");
+}

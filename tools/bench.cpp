@@ -1777,23 +1777,27 @@ void schedule_nodes_round(backend& c, const device& a, const device& b, const co
 /// or, when `r` is empty, the round's calls made again (call by call);
 /// timed from the first replay (or call) until both devices ran the last
 /// round, so the client's replays are in the figure, as in
-/// `fan_dag_<N>dev_replay`.
+/// `fan_dag_<N>dev_replay`. The events read are the last replay's: a
+/// replay on nodes returns before the nodes answer, and reading its events
+/// waits for their replies (a round trip), which a loop that syncs once
+/// per epoch, not per step, does not pay per replay.
 double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r, int rounds) {
   auto& c = p.client();
   auto t0 = clock_type::now();
   event last_a, last_b;
+  replay_events ev;
   for (int i = 0; i < rounds; ++i) {
-    if (!r) {
+    if (!r)
       schedule_nodes_round(c, p.a, p.b, cb);
-      continue;
-    }
-    auto ev = c.replay(r);
-    last_a = ev.all_work_of(p.a);
-    last_b = ev.all_work_of(p.b);
+    else
+      ev = c.replay(r);
   }
   if (!r) {
     last_a = c.all_work(p.a);
     last_b = c.all_work(p.b);
+  } else {
+    last_a = ev.all_work_of(p.a);
+    last_b = ev.all_work_of(p.b);
   }
   c.sync(last_a);
   c.sync(last_b);

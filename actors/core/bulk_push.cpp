@@ -25,7 +25,8 @@ void bulk_push::unlock_all(std::span<device_core* const> lanes) noexcept {
 }
 
 void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_step> steps,
-                     std::span<bulk_task> tasks, std::span<uint64_t> ends) {
+                     std::span<bulk_task> tasks, std::span<uint64_t> ends,
+                     std::span<const std::shared_ptr<gate>> external, bool may_wait) {
   const auto n = steps.size();
   order_.resize(lanes.size());
   for (uint32_t l = 0; l < lanes.size(); ++l)
@@ -49,10 +50,15 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
         g.reset();
     }
   } clear{*this};
+  std::size_t next_external = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const auto& s = steps[i];
     auto& c = *lanes[s.lane];
-    if (s.wait_on >= 0) {
+    if (s.wait_on == bulk_step::external) {
+      const auto& g = external[next_external++];
+      extra_[i] = extra_ptr{c.wait_extra(g)};
+      gates_[i] = g;
+    } else if (s.wait_on >= 0) {
       auto g = make_gate();
       g->owner = lanes[steps[static_cast<std::size_t>(s.wait_on)].lane]->weak_from_this();
       extra_[i] = extra_ptr{c.wait_extra(g)};
@@ -65,16 +71,17 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
   // `l`'s are `waits_[wait_at_[l] .. wait_at_[l + 1])`.
   wait_at_.assign(lanes.size() + 1, 0);
   for (const auto& st : steps)
-    if (st.wait_on >= 0)
+    if (st.wait_on != -1)
       ++wait_at_[st.lane + 1];
   for (std::size_t l = 0; l < lanes.size(); ++l)
     wait_at_[l + 1] += wait_at_[l];
   waits_.resize(wait_at_.back());
   fill_.assign(wait_at_.begin(), wait_at_.end() - 1);
   for (std::size_t i = 0; i < n; ++i)
-    if (steps[i].wait_on >= 0)
+    if (steps[i].wait_on != -1)
       waits_[fill_[steps[i].lane]++] = i;
-  wait_for_room(lanes);
+  if (may_wait)
+    wait_for_room(lanes);
   lock_all(lanes);
   std::exception_ptr refused;
   std::size_t appended = 0;
@@ -88,8 +95,8 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
       seqs[i] = lanes[l]->queue_.scheduled_locked() + ++count_[l];
     }
     for (std::size_t i = 0; i < n; ++i)
-      if (auto& g = gates_[i])
-        g->owner_seq = seqs[static_cast<std::size_t>(steps[i].wait_on)];
+      if (steps[i].wait_on >= 0)
+        gates_[i]->owner_seq = seqs[static_cast<std::size_t>(steps[i].wait_on)];
     // The gates into their devices' gate lists, before their entries are
     // visible (as push_gate): shutdown sees them, or this push is refused.
     for (uint32_t l = 0; l < lanes.size(); ++l) {
@@ -145,8 +152,8 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
   // it is already due, and fires here).
   for (std::size_t i = 0; i < n; ++i) {
     auto& g = gates_[i];
-    if (!g)
-      continue;
+    if (!g || steps[i].wait_on < 0)
+      continue; // a task, or an external gate (the caller's to settle)
     auto& c = *lanes[steps[i].lane];
     auto& owner = *lanes[steps[static_cast<std::size_t>(steps[i].wait_on)].lane];
     gate_waiter w{g->owner_seq, g, c.weak_from_this(), &c};

@@ -54,8 +54,11 @@ struct bulk_step {
   uint32_t lane = 0;
   /// A wait: the index of the earlier step, on another lane, whose item it
   /// waits for (a data dependency: that item's failure fails this device,
-  /// as `will_wait_for`'s). -1: a task.
+  /// as `will_wait_for`'s). -1: a task. `external`: a wait on something
+  /// else (an item of another node's part of the round), whose gate the
+  /// caller makes and later opens or fails (`device_core::resolve_gate`).
   int32_t wait_on = -1;
+  static constexpr int32_t external = -2;
 };
 
 /// A task step's work and what names it (as `task`'s fields, the text
@@ -76,8 +79,15 @@ public:
   /// steps take consecutive seqs, so step `i`'s is its lane's last seq
   /// before the push plus its place among the lane's steps. `lanes`: distinct devices of this process. Throws as the
   /// type's comment says, with nothing queued.
+  ///
+  /// `external`: the gates of the `external` wait steps, in step order (made
+  /// by the caller, `remote` and labelled; queued here, registered with no
+  /// owner). `may_wait` false: no waiting for room (an actor's thread,
+  /// which must not block); the queues may then exceed their capacity by
+  /// the push.
   void push(std::span<device_core* const> lanes, std::span<const bulk_step> steps,
-            std::span<bulk_task> tasks, std::span<uint64_t> ends);
+            std::span<bulk_task> tasks, std::span<uint64_t> ends,
+            std::span<const std::shared_ptr<gate>> external = {}, bool may_wait = true);
 
 private:
   /// Waits until each lane has room for one more (unless on a runner).

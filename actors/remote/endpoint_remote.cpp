@@ -96,6 +96,40 @@ struct link_shared {
   /// has been silent (`get_global_debug_info`).
   std::atomic<int64_t> last_heard_ns{0};
 
+  /// Requests that add work posted without a caller waiting for their
+  /// reply (`depend`, a copy's `copy_to`), not yet answered: a replay on
+  /// the device's node waits until none is left (`settle_async`), so that
+  /// its entries come after theirs.
+  std::atomic<uint32_t> async_work{0};
+  /// A replay on the device's node not yet answered: the calls posted after
+  /// it wait for its reply first (`post`), so that their work comes after
+  /// the replay's (its node pushes the replay, not this link's device actor).
+  std::atomic<bool> fenced{false};
+  std::mutex fence_mu;
+  std::shared_ptr<const replay_fence> fence;
+  /// Waits for `fence`'s reply, if there is one, then drops it.
+  void pass_fence() {
+    if (!fenced.load(std::memory_order_acquire))
+      return;
+    std::shared_ptr<const replay_fence> f;
+    {
+      std::lock_guard guard{fence_mu};
+      f = fence;
+    }
+    if (!f)
+      return;
+    f->wait();
+    std::lock_guard guard{fence_mu};
+    if (fence == f) {
+      fence.reset();
+      fenced.store(false, std::memory_order_release);
+    }
+  }
+  void one_async_done() noexcept {
+    if (async_work.fetch_sub(1, std::memory_order_acq_rel) == 1)
+      async_work.notify_all();
+  }
+
   /// Notes that a reply from the device arrived now (a TSC read and a
   /// relaxed store, against a remote round trip of ~100 us).
   void heard() noexcept {
@@ -406,7 +440,8 @@ caf::error in_our_names(const caf::error& err, const std::string& remote) {
 }
 
 /// Hands `op` to the link actor, or fails it at once when the link is closed.
-void post(const link_shared& shared, std::shared_ptr<remote_op> op) {
+void post(link_shared& shared, std::shared_ptr<remote_op> op) {
+  shared.pass_fence();
   if (auto err = shared.closed_error()) {
     op->fail(err);
     return;
@@ -661,6 +696,8 @@ public:
   remote_endpoint(device_key key, std::string name, std::shared_ptr<link_shared> shared)
     : endpoint(key, std::move(name), nullptr), shared_(std::move(shared)) {}
 
+  link_shared& shared() const noexcept { return *shared_; }
+
   bool known_done(uint64_t seq) const noexcept override {
     try {
       return shared_->known_done(seq);
@@ -886,8 +923,12 @@ public:
     std::pair<std::string, uint16_t> address;
     if (remote_owner)
       address = remote_owner->shared_->address();
+    shared_->pass_fence();
+    shared_->async_work.fetch_add(1, std::memory_order_acq_rel);
+    auto shared = shared_;
     post(*shared_, make_op<uint64_t>(
-                     shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
+                     shared_, until_lost, [shared](uint64_t) { shared->one_async_done(); },
+                     [shared](const caf::error&) { shared->one_async_done(); },
                      depend_atom::value, caf::actor_cast<caf::actor>(a), seq,
                      qualified_name(owner), std::move(address.first), address.second));
   }
@@ -920,8 +961,12 @@ public:
       caf::actor_cast<caf::actor>(a), qualified_name(from), std::move(host), port);
     // A refusal there (a bad pool or range, a failed source) reaches the
     // destination as the failure of its write.
+    from.shared_->pass_fence();
+    from.shared_->async_work.fetch_add(1, std::memory_order_acq_rel);
+    auto src = from.shared_;
     post(*from.shared_, make_op<uint64_t>(
-                          from.shared_, until_lost, [](uint64_t) {}, [](const caf::error&) {},
+                          from.shared_, until_lost, [src](uint64_t) { src->one_async_done(); },
+                          [src](const caf::error&) { src->one_async_done(); },
                           copy_to_atom::value, static_cast<int32_t>(source_pool),
                           static_cast<uint64_t>(source_offset), static_cast<uint64_t>(size),
                           caf::actor_cast<caf::actor>(actor()), transfer));
@@ -1193,6 +1238,39 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
 void set_node_address(endpoint& ep, const std::string& host, uint16_t port) {
   if (auto* r = dynamic_cast<remote_endpoint*>(&ep))
     r->set_address(host, port);
+}
+
+void settle_async(endpoint& ep) {
+  auto* r = dynamic_cast<remote_endpoint*>(&ep);
+  if (!r)
+    return;
+  auto& n = r->shared().async_work;
+  for (auto v = n.load(std::memory_order_acquire); v != 0; v = n.load(std::memory_order_acquire))
+    n.wait(v);
+}
+
+void set_fence(endpoint& ep, std::shared_ptr<const replay_fence> f) {
+  auto* r = dynamic_cast<remote_endpoint*>(&ep);
+  if (!r)
+    return;
+  auto& sh = r->shared();
+  std::lock_guard guard{sh.fence_mu};
+  sh.fence = std::move(f);
+  sh.fenced.store(sh.fence != nullptr, std::memory_order_release);
+}
+
+bool request_node(endpoint& ep, const caf::actor& node, caf::message msg,
+                  reply_sink::handler h) {
+  auto* r = dynamic_cast<remote_endpoint*>(&ep);
+  if (!r || !r->shared().sink)
+    return false;
+  return r->shared().sink->request(node, std::move(msg), std::move(h));
+}
+
+std::pair<std::string, uint16_t> node_address(const endpoint& ep) {
+  if (const auto* r = dynamic_cast<const remote_endpoint*>(&ep))
+    return r->shared().address();
+  return {};
 }
 
 void set_query_timeout(std::chrono::milliseconds timeout) {

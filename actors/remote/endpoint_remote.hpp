@@ -25,6 +25,7 @@
 #include <caf/actor.hpp>
 
 #include "actors/endpoint.hpp"
+#include "actors/remote/reply_sink.hpp"
 #include "multidev/protocol.hpp"
 
 namespace caf {
@@ -63,6 +64,33 @@ remote_device attach_remote(caf::actor_system& sys, const device_actor& target,
 /// connects there so that their messages and bytes go straight between the
 /// two nodes. No effect on a device of this process.
 void set_node_address(endpoint& ep, const std::string& host, uint16_t port);
+
+/// What the calls to a node's device wait for after a replay of a recorded
+/// round there (actors/round.cpp): the node's reply to it. The node, not the
+/// device's actor, pushes the replay, so a call sent before that reply
+/// could be queued ahead of the replay's entries.
+struct replay_fence {
+  virtual ~replay_fence() = default;
+  /// Blocks until the reply (or its error) is in.
+  virtual void wait() const = 0;
+};
+
+/// Waits until the requests that add work posted to `ep` without waiting
+/// for their reply (`depend`, a copy's `copy_to`) are answered, so that a
+/// replay on `ep`'s node comes after them. No-op for a device of this
+/// process.
+void settle_async(endpoint& ep);
+/// The calls to `ep` wait for `f` before they are sent (null: none). No-op
+/// for a device of this process.
+void set_fence(endpoint& ep, std::shared_ptr<const replay_fence> f);
+/// Sends `msg` as a request to `node` (its node's actor) from `ep`'s link's
+/// reply sink, `h` getting the reply or the link's error when it closes;
+/// false when `ep` is not a device of another process or its link closed.
+bool request_node(endpoint& ep, const caf::actor& node, caf::message msg,
+                  reply_sink::handler h);
+/// Where `ep`'s node listens, as this process attached it (empty host: not
+/// known, or a device of this process).
+std::pair<std::string, uint16_t> node_address(const endpoint& ep);
 
 /// How long a request to a device of another actor system that changes
 /// nothing there (`is_idle`, `queue_length`, a status, debug info, a trace,

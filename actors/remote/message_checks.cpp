@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <variant>
 
+#include "multidev/protocol.hpp"
 #include "multidev/types.hpp"
 
 namespace multidev::detail {
@@ -81,6 +82,88 @@ void check_open(const std::string& client) {
 void check_trust(const caf::node_id& peer) {
   if (!peer)
     throw std::invalid_argument("trust: node is the invalid node id");
+}
+
+void check_round_part(const round_part& p, std::size_t devices, const caf::node_id& home) {
+  auto refuse = [&p](const std::string& what) {
+    throw std::invalid_argument(fmt::format("round_put: round {}: {}", p.round, what));
+  };
+  check_length("round_put", "round name", p.name, wire_limits::name_bytes);
+  if (p.devices.empty() || p.devices.size() > devices)
+    refuse(fmt::format("{} devices, the session has {}", p.devices.size(), devices));
+  for (std::size_t l = 0; l < p.devices.size(); ++l) {
+    if (p.devices[l] >= devices)
+      refuse(fmt::format("device {} is ordinal {}, the session has {} devices", l, p.devices[l],
+                         devices));
+    for (std::size_t k = 0; k < l; ++k)
+      if (p.devices[k] == p.devices[l])
+        refuse(fmt::format("devices {} and {} are both ordinal {}", k, l, p.devices[l]));
+  }
+  if (p.steps.size() > wire_limits::round_steps)
+    refuse(fmt::format("{} steps exceed the limit of {}", p.steps.size(),
+                       wire_limits::round_steps));
+  if (p.peers.size() > wire_limits::round_peers)
+    refuse(fmt::format("{} peers exceed the limit of {}", p.peers.size(),
+                       wire_limits::round_peers));
+  for (std::size_t k = 0; k < p.peers.size(); ++k) {
+    const auto& peer = p.peers[k];
+    if (!peer.node || peer.node.node() == home)
+      refuse(fmt::format("peer {} is {}", k,
+                         peer.node ? "this node itself" : "an invalid actor handle"));
+    check_length("round_put", "peer name", peer.name, wire_limits::name_bytes);
+    check_length("round_put", "peer host", peer.host, wire_limits::host_bytes);
+  }
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    const auto& s = p.steps[i];
+    check_length("round_put", "item name", s.name, wire_limits::name_bytes);
+    if (s.lane >= p.devices.size())
+      refuse(fmt::format("step {} is on device {}, the part has {}", i, s.lane,
+                         p.devices.size()));
+    if (s.wait_on == -1) {
+      check_schedule(s.spec);
+    } else if (s.wait_on == -2) {
+      if (s.peer >= p.peers.size())
+        refuse(fmt::format("step {} waits on peer {}, the part has {}", i, s.peer,
+                           p.peers.size()));
+    } else if (s.wait_on < 0 || static_cast<std::size_t>(s.wait_on) >= i) {
+      refuse(fmt::format("step {} waits on step {}, not an earlier one", i, s.wait_on));
+    } else if (p.steps[static_cast<std::size_t>(s.wait_on)].lane == s.lane) {
+      refuse(fmt::format("step {} waits on step {} of its own device", i, s.wait_on));
+    }
+  }
+  if (p.slot_steps.size() != p.slot_args.size() || p.slot_steps.size() > wire_limits::round_steps)
+    refuse(fmt::format("{} slot steps and {} slot arguments", p.slot_steps.size(),
+                       p.slot_args.size()));
+  for (std::size_t k = 0; k < p.slot_steps.size(); ++k) {
+    auto i = p.slot_steps[k];
+    if (i >= p.steps.size() || p.steps[i].wait_on != -1
+        || p.slot_args[k] >= p.steps[i].spec.args.size())
+      refuse(fmt::format("slot {} names argument {} of step {}, which has no such argument", k,
+                         p.slot_args[k], i));
+  }
+  if (p.notify_steps.size() != p.notify_peers.size()
+      || p.notify_steps.size() > wire_limits::round_steps)
+    refuse(fmt::format("{} notice steps and {} notice peers", p.notify_steps.size(),
+                       p.notify_peers.size()));
+  for (std::size_t k = 0; k < p.notify_steps.size(); ++k)
+    if (p.notify_steps[k] >= p.steps.size() || p.notify_peers[k] >= p.peers.size())
+      refuse(fmt::format("notice {} names step {} and peer {}; the part has {} steps and {} "
+                         "peers",
+                         k, p.notify_steps[k], p.notify_peers[k], p.steps.size(),
+                         p.peers.size()));
+}
+
+void check_round_run(const round_part& p, const std::vector<wire_arg>& slots) {
+  if (slots.size() != p.slot_steps.size())
+    throw std::invalid_argument(fmt::format("round_run: round {}: {} slot values for {} slots",
+                                            p.round, slots.size(), p.slot_steps.size()));
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    if (slots[k].kind > 4)
+      throw std::invalid_argument(fmt::format(
+        "round_run: round {}: slot {} has kind {}, not a kernel argument's", p.round, k,
+        slots[k].kind));
+    check_length("round_run", "slot text", slots[k].text, wire_limits::text_bytes);
+  }
 }
 
 std::shared_ptr<void> wait_budget::take(const std::string& who, uint64_t seq) const {

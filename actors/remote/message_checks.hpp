@@ -20,6 +20,11 @@
 
 #include "multidev/task.hpp"
 
+namespace multidev {
+struct round_part; // multidev/protocol.hpp
+struct wire_arg;
+} // namespace multidev
+
 namespace multidev::detail {
 
 /// The bounds of the fields of a peer's message.
@@ -50,6 +55,16 @@ inline constexpr std::size_t vouched_nodes = 64;
 /// `wait`s the devices of one session hold for their requesters at once
 /// (each is a reply owed, kept until the awaited seq resolves: maybe never).
 inline constexpr std::size_t session_waits = std::size_t{1} << 16;
+/// Recorded rounds one session holds parts of (`round_put`).
+inline constexpr std::size_t session_rounds = 1024;
+/// The steps of one round's part on a node (each a queue entry a replay
+/// makes), and its peers (the other nodes of the round).
+inline constexpr std::size_t round_steps = std::size_t{1} << 16;
+inline constexpr std::size_t round_peers = vouched_nodes;
+/// `round_done`s one session holds for replays it has not pushed yet (a
+/// peer's replay ran ahead of this node's): past that, the round is failed
+/// on this node instead of holding more.
+inline constexpr std::size_t round_early = std::size_t{1} << 16;
 } // namespace wire_limits
 
 /// What the waits registered on one session's devices hold (issue 38
@@ -90,5 +105,13 @@ void check_result(const std::string& name);
 void check_open(const std::string& client);
 /// `trust`: the node vouched for.
 void check_trust(const caf::node_id& peer);
+/// `round_put`: the part whole, on a session of `devices` devices: its
+/// sizes, names and specs, each step's lane, each wait's target (an earlier
+/// step on another lane, or a peer), the slots, the peers (at most
+/// `round_peers`, with a valid node actor on another node than this one,
+/// `home`) and the notices.
+void check_round_part(const round_part& part, std::size_t devices, const caf::node_id& home);
+/// `round_run`: the slot values, against the part's slots.
+void check_round_run(const round_part& part, const std::vector<wire_arg>& slots);
 
 } // namespace multidev::detail

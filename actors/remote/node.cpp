@@ -8,11 +8,13 @@
 #include "messages/tsan.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/remote/node_listener.hpp"
+#include "actors/remote/node_rounds.hpp"
 #include "actors/remote/tls_middleman.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor.hpp>
 #include <caf/openssl/manager.hpp>
 #include <caf/openssl/publish.hpp>
 #include <caf/openssl/remote_actor.hpp>
@@ -30,6 +32,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -46,6 +49,9 @@ namespace multidev {
 namespace {
 
 using check_atom = caf::atom_constant<caf::atom("lease_chk")>;
+/// Retries a session's replays deferred for room.
+using round_retry_atom = caf::atom_constant<caf::atom("round_rtry")>;
+using detail::round_flush_atom;
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -76,6 +82,8 @@ struct node_session {
   /// The nodes this session admitted to the node's port (its client, the
   /// nodes it vouched for): forgotten there when no session names them.
   std::vector<caf::node_id> admitted;
+  /// Its recorded rounds' parts and their waits between nodes.
+  std::unique_ptr<detail::session_rounds> rounds;
 };
 
 struct node_state {
@@ -91,6 +99,11 @@ struct node_state {
   std::map<uint64_t, std::string> ended; // why each ended session ended
   /// Ended sessions whose teardown finished (devices stopped, pools freed).
   std::shared_ptr<std::atomic<uint64_t>> cleaned = std::make_shared<std::atomic<uint64_t>>(0);
+  /// The other nodes' actors the sessions' rounds wait on (monitored once),
+  /// and those connected to directly (so their notices come straight).
+  std::set<caf::actor_addr> watched;
+  /// `round_done`s dropped and logged (the first few; the rest counted).
+  std::size_t round_drops_logged = 0;
 };
 
 using node_ptr = caf::stateful_actor<node_state>*;
@@ -186,6 +199,54 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
     job(); // no thread to be had: here, late rather than never
 }
 
+/// Why session `id` is not open.
+std::string session_gone(const node_state& st, uint64_t id) {
+  auto e = st.ended.find(id);
+  return e != st.ended.end()
+           ? e->second
+           : fmt::format("session ended: node {} has no session {} (a node restarted since?)",
+                         st.name, id);
+}
+
+/// Replay `n` of round `round` of session `s`: its lanes' last seqs, or
+/// the refusal as an error.
+caf::expected<std::vector<uint64_t>> run_round(node_ptr self, node_session& s, uint64_t round,
+                                               uint64_t n, const std::vector<wire_arg>& slots) {
+  try {
+    return s.rounds->run(round, n, slots);
+  } catch (const std::invalid_argument& e) {
+    return make_error(errc::invalid_argument, "node " + self->state.name, e.what());
+  } catch (const device_error& e) {
+    return make_error(errc::device_failed, e.device_name(), e.message());
+  } catch (const std::exception& e) {
+    return make_error(errc::device_failed, self->state.name, e.what());
+  }
+}
+
+/// Monitors the nodes session `s`'s rounds wait on (once each: a node that
+/// goes down fails their waits), and connects to them, so that their
+/// notices come straight rather than through the client.
+void watch_peers(node_ptr self, node_session& s) {
+  auto& st = self->state;
+  auto& sys = self->system();
+  for (const auto& peer : s.rounds->peers()) {
+    if (!st.watched.insert(peer.node.address()).second)
+      continue;
+    self->monitor(peer.node);
+    if (peer.host.empty() || peer.port == 0 || !sys.has_middleman())
+      continue;
+    // As a device's `with_route` does: CAF routes to a node this one never
+    // connected to through the node that introduced it (the client). The
+    // notices wait for nothing meanwhile; a failed connection leaves them
+    // that route.
+    caf::io::middleman_actor mm = sys.has_openssl_manager() ? sys.openssl_manager().actor_handle()
+                                                            : sys.middleman().actor_handle();
+    self->request(mm, std::chrono::seconds{2}, caf::connect_atom_v, peer.host, peer.port)
+      .then([](caf::node_id&, caf::strong_actor_ptr&, std::set<std::string>&) {},
+            [](caf::error&) {});
+  }
+}
+
 /// The refusal of a session message (`renew`, `detach`, `trust`) whose
 /// sender is not on session `s`'s client's node; none for the client.
 std::optional<caf::error> not_the_client(node_ptr self, uint64_t id, const node_session& s) {
@@ -234,6 +295,14 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
   // A message that is only an error is a reply to nothing the node asked
   // (CAF's default handler quits with it): a peer's, dropped.
   self->set_error_handler([](caf::error&) {});
+  // A node the sessions' rounds wait on went down: those waits fail.
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    st.watched.erase(dm.source);
+    auto why = describe_error(self->system(), dm.reason);
+    for (auto& [id, s] : st.sessions)
+      s.rounds->peer_down(dm.source, why);
+  });
   self->set_exit_handler([self](caf::exit_msg& msg) {
     // The node stops: every session ends with it.
     std::vector<uint64_t> ids;
@@ -292,6 +361,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         s.b = std::make_shared<backend>(self->system(), st.opts);
         s.b->impl().lease = s.lease;
         s.b->impl().guard = s.guard;
+        s.rounds = std::make_unique<detail::session_rounds>(s.b, s.guard->who, self->address());
         s.b->impl().lease_why = fmt::format(
           "session ended: session {} of node {} ({}): its lease ran out", id, st.name, client);
         for (int k = 0; k < s.b->num_devices(); ++k)
@@ -379,6 +449,108 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         a.push_back(peer);
       return true;
     },
+    [self](atoms::round_put_atom, uint64_t id, round_part& part) -> caf::result<bool> {
+      auto& st = self->state;
+      auto i = st.sessions.find(id);
+      if (i == st.sessions.end())
+        return make_error(errc::device_failed, st.name, session_gone(st, id));
+      if (auto refused = not_the_client(self, id, i->second))
+        return std::move(*refused);
+      auto& s = i->second;
+      try {
+        detail::check_round_part(part, s.devices.size(), self->node());
+        s.rounds->put(std::move(part));
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::invalid_argument, "node " + st.name, e.what());
+      } catch (const std::exception& e) {
+        return make_error(errc::device_failed, st.name, e.what());
+      }
+      watch_peers(self, s);
+      return true;
+    },
+    [self](atoms::round_run_atom, uint64_t id, uint64_t round, uint64_t n,
+           std::vector<wire_arg>& slots) -> caf::result<std::vector<uint64_t>> {
+      auto& st = self->state;
+      auto i = st.sessions.find(id);
+      if (i == st.sessions.end())
+        return make_error(errc::device_failed, st.name, session_gone(st, id));
+      if (auto refused = not_the_client(self, id, i->second))
+        return std::move(*refused);
+      auto& s = i->second;
+      if (!s.rounds->deferred.empty() || !s.rounds->has_room(round)) {
+        // Behind a full queue: later, in order (an actor must not block).
+        if (s.rounds->deferred.size() >= detail::wire_limits::deferred_requests)
+          return make_error(errc::invalid_argument, "node " + st.name,
+                            fmt::format("round_run: {} holds {} replays waiting for room "
+                                        "already: replay {} refused",
+                                        s.guard->who, s.rounds->deferred.size(), n));
+        auto rp = self->make_response_promise<std::vector<uint64_t>>();
+        s.rounds->deferred.push_back({rp, round, n, std::move(slots)});
+        if (s.rounds->deferred.size() == 1)
+          self->delayed_send(self, std::chrono::milliseconds{1}, round_retry_atom::value, id);
+        return rp;
+      }
+      auto r = run_round(self, s, round, n, slots);
+      if (!r)
+        return std::move(r.error());
+      return std::move(*r);
+    },
+    [self](atoms::round_drop_atom, uint64_t id, uint64_t round) -> caf::result<bool> {
+      auto i = self->state.sessions.find(id);
+      if (i == self->state.sessions.end())
+        return false;
+      if (auto refused = not_the_client(self, id, i->second))
+        return std::move(*refused);
+      return i->second.rounds->drop(round);
+    },
+    [self](round_flush_atom, const std::shared_ptr<detail::round_outbox>& box) {
+      auto notices = box->take();
+      if (!notices.empty())
+        self->send(box->to, atoms::round_done_atom::value, box->session, std::move(notices));
+    },
+    [self](atoms::round_done_atom, uint64_t id, const std::vector<round_notice>& notices) {
+      auto& st = self->state;
+      auto i = st.sessions.find(id);
+      const auto& sender = self->current_sender();
+      if (i == st.sessions.end() || !sender)
+        return; // ended: its devices' queues were cancelled
+      auto& s = i->second;
+      auto drop = [&](const std::string& why) {
+        if (st.round_drops_logged < 8) {
+          ++st.round_drops_logged;
+          node_log(st, fmt::format("dropped a round_done: {}", why));
+        }
+      };
+      if (!s.guard->admits(sender->node()))
+        return drop(fmt::format("from node {}, which {} does not admit",
+                                caf::to_string(sender->node()), s.guard->who));
+      if (notices.size() > detail::wire_limits::round_steps)
+        return drop(fmt::format("{} notices from node {} exceed the limit of {}",
+                                notices.size(), caf::to_string(sender->node()),
+                                detail::wire_limits::round_steps));
+      for (const auto& x : notices)
+        if (auto dropped = s.rounds->done(sender->node(), x))
+          drop(*dropped);
+    },
+    [self](round_retry_atom, uint64_t id) {
+      auto& st = self->state;
+      auto i = st.sessions.find(id);
+      if (i == st.sessions.end())
+        return;
+      auto& s = i->second;
+      auto& q = s.rounds->deferred;
+      while (!q.empty() && s.rounds->has_room(q.front().round)) {
+        auto d = std::move(q.front());
+        q.pop_front();
+        auto r = run_round(self, s, d.round, d.n, d.slots);
+        if (r)
+          d.rp.deliver(std::move(*r));
+        else
+          d.rp.deliver(std::move(r.error()));
+      }
+      if (!q.empty())
+        self->delayed_send(self, std::chrono::milliseconds{1}, round_retry_atom::value, id);
+    },
     [self](atoms::debug_atom) -> std::string {
       auto& st = self->state;
       std::vector<sexp> sessions{sexp::atom("sessions")};
@@ -406,7 +578,17 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                                        sexp::field("queued", std::to_string(queued)),
                                        // The waits its devices hold (wait_budget).
                                        sexp::field("waits",
-                                                   std::to_string(s.guard->waits.held()))}));
+                                                   std::to_string(s.guard->waits.held())),
+                                       // Its recorded rounds (node_rounds.hpp).
+                                       sexp::list({sexp::atom("rounds"),
+                                                   sexp::field("parts",
+                                                               std::to_string(s.rounds->parts())),
+                                                   sexp::field("replays",
+                                                               std::to_string(s.rounds->replays())),
+                                                   sexp::field("early",
+                                                               std::to_string(s.rounds->early())),
+                                                   sexp::field("dropped",
+                                                               std::to_string(s.rounds->dropped()))})}));
       }
       return sexp::list({sexp::atom("node"), sexp::field("name", st.name),
                          sexp::field("identity", st.identity), sexp::list(std::move(sessions)),

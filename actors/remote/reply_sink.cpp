@@ -74,6 +74,10 @@ reply_sink::~reply_sink() {
 }
 
 bool reply_sink::wait(const caf::actor& target, uint64_t seq, handler h) {
+  return request(target, caf::make_message(atoms::wait_atom::value, seq), std::move(h));
+}
+
+bool reply_sink::request(const caf::actor& target, caf::message msg, handler h) {
   if (!target)
     return false;
   uint64_t id = 0;
@@ -87,8 +91,7 @@ bool reply_sink::wait(const caf::actor& target, uint64_t seq, handler h) {
     from = companion_;
   }
   caf::actor_cast<caf::abstract_actor*>(target)->enqueue(
-    caf::make_mailbox_element(std::move(from), caf::make_message_id(id), {},
-                              atoms::wait_atom::value, seq),
+    caf::make_mailbox_element(std::move(from), caf::make_message_id(id), {}, std::move(msg)),
     nullptr);
   return true;
 }

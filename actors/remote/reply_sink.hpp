@@ -45,6 +45,10 @@ public:
   /// only when it is an error (CAF bounces a request to an actor it cannot
   /// reach with one): it can fail a wait, never open it.
   bool wait(const caf::actor& target, uint64_t seq, handler h);
+  /// Sends `msg` to `target` as a request from the sink, with `wait`'s
+  /// rules for its reply (a recorded round's `round_put` and `round_run`
+  /// to a node's actor: one sender, so they arrive in the order sent).
+  bool request(const caf::actor& target, caf::message msg, handler h);
   /// Runs every pending handler with `err`, refuses later requests and ends
   /// the companion (peers that monitor it hear it went).
   void close(const caf::error& err);

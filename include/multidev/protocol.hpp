@@ -107,7 +107,105 @@ using renew_atom = caf::atom_constant<caf::atom("renew")>;
 using detach_atom = caf::atom_constant<caf::atom("detach")>;
 /// A session's client vouches for another node of its own.
 using trust_atom = caf::atom_constant<caf::atom("trust")>;
+/// A session's client gives the node its part of a recorded round.
+using round_put_atom = caf::atom_constant<caf::atom("round_put")>;
+/// A session's client replays a round whose part the node holds.
+using round_run_atom = caf::atom_constant<caf::atom("round_run")>;
+/// A node tells another that an item of a replay, which the other's part
+/// waits for, resolved.
+using round_done_atom = caf::atom_constant<caf::atom("round_done")>;
+/// A session's client lets go of a round (its last handle went).
+using round_drop_atom = caf::atom_constant<caf::atom("round_drop")>;
 } // namespace atoms
+
+/// A `kernel_arg` travels as a tagged record.
+struct wire_arg {
+  /// The `kernel_arg`'s variant index: which member below holds it.
+  uint8_t kind = 0; // the variant index
+  /// An `int` argument.
+  int64_t integer = 0;
+  /// A `float` argument.
+  double real = 0;
+  /// A `string` argument.
+  std::string text;
+  /// A buffer argument.
+  buffer_arg buffer;
+};
+
+/// `x` as a tagged record.
+wire_arg to_wire(const kernel_arg& x);
+/// The `kernel_arg` `w` holds.
+kernel_arg from_wire(const wire_arg& w);
+
+/// One entry of a node's part of a recorded round (`round_part`): a named
+/// task, a wait on an earlier step of the part on another of its devices, or
+/// a wait on an item of another node's part (a cross-node edge, resolved by
+/// that node's `round_done`, node to node).
+struct round_step {
+  /// Its item's index in the round (what provenance names, and what a
+  /// peer's `round_done` names when `peer_item` is this step's item).
+  uint32_t item = 0;
+  /// Its device: an index into `round_part::devices`.
+  uint32_t lane = 0;
+  /// -1: a task (`spec`); >= 0: a wait on that earlier step of the part, on
+  /// another lane; -2: a wait on item `peer_item` of peer `peer`.
+  int32_t wait_on = -1;
+  uint32_t peer = 0;
+  uint32_t peer_item = 0;
+  /// The item's name, for provenance ("replay 4 of round 'step', item 'grad 3'").
+  std::string name;
+  /// `wait_on` -2: the awaited item's device as the client names it
+  /// (`a/multidev_cpu:0:1`), for the failure path of the wait.
+  std::string peer_device;
+  /// A task's kernel and arguments (bound on the node at each replay).
+  task_spec spec;
+};
+
+/// Another node of the round, as the client attached it: its node actor,
+/// the client's session there, its name, and where it listens (the node
+/// connects there, so that `round_done`s go straight between the two).
+struct round_peer {
+  caf::actor node;
+  uint64_t session = 0;
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+};
+
+/// One item of a replay resolved, told by the node it ran on to a node
+/// whose part waits on it (`round_done`): `error` empty when done, else
+/// the failure, whole.
+struct round_notice {
+  uint64_t round = 0;
+  uint64_t replay = 0;
+  uint32_t item = 0;
+  /// The item's seq on its device (0: it was never pushed, a refusal).
+  uint64_t seq = 0;
+  caf::error error;
+};
+
+/// A node's part of a recorded round (docs/design.md, "Recorded rounds"):
+/// sent once (`round_put`); then each replay is one `round_run`.
+struct round_part {
+  /// The client's id of the round (unique in the client's process).
+  uint64_t round = 0;
+  /// The round's name, for provenance.
+  std::string name;
+  /// The part's devices (lanes): the session's device ordinals.
+  std::vector<uint32_t> devices;
+  /// The part's entries, in record order.
+  std::vector<round_step> steps;
+  /// The slot arguments: slot `k` is argument `slot_args[k]` of step
+  /// `slot_steps[k]`; a `round_run` carries their values in this order.
+  std::vector<uint32_t> slot_steps;
+  std::vector<uint32_t> slot_args;
+  /// The other nodes of the round this part waits on or tells.
+  std::vector<round_peer> peers;
+  /// Step `notify_steps[k]`'s item, once resolved in a replay, is told to
+  /// peer `notify_peers[k]` (`round_done`), which waits on it.
+  std::vector<uint32_t> notify_steps;
+  std::vector<uint32_t> notify_peers;
+};
 
 /// A device actor: the owner of one device's runner, events and pools.
 /// Replies carry a seq of this device's schedule (an event is `(device, seq)`);
@@ -283,6 +381,31 @@ using node_actor = caf::typed_actor<
   /// `renew` and `detach` are refused to a sender of another node than the
   /// session's client.
   caf::replies_to<atoms::detach_atom, uint64_t>::with<bool>,
+  /// The client of session `id` gives the node its part of a recorded round
+  /// (`round_part`), checked whole here (devices, steps, waits, peers,
+  /// sizes: an `invalid_argument` naming the field otherwise). Replies
+  /// true; a part of the same round again replaces it. At most
+  /// `wire_limits::session_rounds` rounds per session.
+  caf::replies_to<atoms::round_put_atom, uint64_t, round_part>::with<bool>,
+  /// Replay `replay` (1, 2, ...; increasing) of round `round` of session
+  /// `id`, with the slot arguments' values in the part's order: every step
+  /// pushed at once on the session's devices, or none (a device failed or
+  /// stopping refuses the whole replay). Replies with each lane's last seq
+  /// of the replay, in the part's device order. A full queue defers the
+  /// replay (and the session's later ones) until it has room.
+  caf::replies_to<atoms::round_run_atom, uint64_t, uint64_t, uint64_t,
+                  std::vector<wire_arg>>::with<std::vector<uint64_t>>,
+  /// From another node of session `id`'s client: items of replays, which
+  /// this session's parts wait on, resolved (`round_notice`; the items that
+  /// resolved while the sender's last message was under way go together).
+  /// Each is taken only from the node the part names for that item; no
+  /// reply.
+  caf::reacts_to<atoms::round_done_atom, uint64_t, std::vector<round_notice>>,
+  /// The client of session `id` lets go of round `round`: its part goes
+  /// (once the waits of its replays in flight have their notices), and its
+  /// place among the session's `wire_limits::session_rounds` with it.
+  /// Replies whether the session held it.
+  caf::replies_to<atoms::round_drop_atom, uint64_t, uint64_t>::with<bool>,
   /// Replies with the node's sessions, printed:
   /// `(node (name ..) (identity ..) (sessions (session (id ..) (client ..)
   /// (lease_left_ms ..) (used_memory ..) (queued ..)) ...) (ended ..)
@@ -358,25 +481,6 @@ typename Inspector::result_type inspect(Inspector& f, buffer_arg& x) {
   return f(caf::meta::type_name("buffer_arg"), x.loc, x.size_in_bytes);
 }
 
-/// A `kernel_arg` travels as a tagged record.
-struct wire_arg {
-  /// The `kernel_arg`'s variant index: which member below holds it.
-  uint8_t kind = 0; // the variant index
-  /// An `int` argument.
-  int64_t integer = 0;
-  /// A `float` argument.
-  double real = 0;
-  /// A `string` argument.
-  std::string text;
-  /// A buffer argument.
-  buffer_arg buffer;
-};
-
-/// `x` as a tagged record.
-wire_arg to_wire(const kernel_arg& x);
-/// The `kernel_arg` `w` holds.
-kernel_arg from_wire(const wire_arg& w);
-
 /// A `wire_arg` travels as its tag and every member.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, wire_arg& x) {
@@ -397,6 +501,32 @@ typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
     return caf::none;
   });
   return f(caf::meta::type_name("task_spec"), x.kernel, args, load);
+}
+
+/// A round step travels as its fields.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, round_step& x) {
+  return f(caf::meta::type_name("round_step"), x.item, x.lane, x.wait_on, x.peer, x.peer_item,
+           x.name, x.peer_device, x.spec);
+}
+
+/// A round notice travels as its fields.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, round_notice& x) {
+  return f(caf::meta::type_name("round_notice"), x.round, x.replay, x.item, x.seq, x.error);
+}
+
+/// A round peer travels as its fields.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, round_peer& x) {
+  return f(caf::meta::type_name("round_peer"), x.node, x.session, x.name, x.host, x.port);
+}
+
+/// A round part travels as its fields.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, round_part& x) {
+  return f(caf::meta::type_name("round_part"), x.round, x.name, x.devices, x.steps,
+           x.slot_steps, x.slot_args, x.peers, x.notify_steps, x.notify_peers);
 }
 
 /// A `failure_hop` travels as its waiter, device and seq.

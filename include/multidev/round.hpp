@@ -43,6 +43,7 @@ namespace multidev {
 namespace detail {
 struct round_state;   // actors/round_state.hpp
 struct replay_access; // actors/round.cpp
+struct node_replay;   // actors/round_state.hpp
 } // namespace detail
 
 /// A scalar argument of a recorded named task (`schedule_named` or one spec
@@ -100,6 +101,8 @@ private:
   /// devices' last seq once the replay was pushed (`replay_plan`).
   std::shared_ptr<const detail::round_state> st_;
   std::vector<uint64_t> ends_;
+  /// A replay on nodes: their replies, which `item` and `all_work` wait for.
+  std::shared_ptr<const detail::node_replay> nodes_;
 };
 
 /// Where `backend::replay(r, remap)` moves a round: each pair is

@@ -1,0 +1,353 @@
+// A session's recorded rounds on a node (node_rounds.hpp).
+#include "actors/remote/node_rounds.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+#include <caf/mailbox_element.hpp>
+#include <caf/message_id.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "actors/backend_impl.hpp"
+#include "actors/core/device_core.hpp"
+#include "actors/core/gate.hpp"
+#include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/message_checks.hpp"
+#include "actors/round_state.hpp"
+#include "multidev/backend.hpp"
+
+namespace multidev::detail {
+
+namespace {
+
+std::size_t part_notices(const round_part& p) { return p.notify_steps.size(); }
+
+/// Tells a peer that an item of a replay it waits on resolved: run by the
+/// item's device (a resolver, on its runner, or at once when resolved
+/// already), it adds the notice to the peer's outbox.
+struct notice {
+  std::shared_ptr<round_outbox> box;
+  uint64_t round = 0;
+  uint64_t n = 0;
+  uint32_t item = 0;
+  uint64_t seq = 0;
+
+  void operator()(const failure* cause) const {
+    try {
+      box->add(round_notice{round, n, item, seq, cause ? make_error(*cause) : caf::error{}},
+               box);
+    } catch (...) {
+      // Out of memory: the peer's wait fails when this node or its session goes.
+    }
+  }
+};
+
+} // namespace
+
+void round_outbox::add(round_notice n, const std::shared_ptr<round_outbox>& me) {
+  bool first = false;
+  {
+    std::lock_guard guard{mu};
+    first = notices.empty();
+    notices.push_back(std::move(n));
+  }
+  if (first)
+    if (auto a = caf::actor_cast<caf::actor>(node))
+      caf::anon_send(a, round_flush_atom::value, me);
+}
+
+std::vector<round_notice> round_outbox::take() {
+  std::lock_guard guard{mu};
+  return std::move(notices);
+}
+
+session_rounds::session_rounds(std::weak_ptr<backend> b, std::string who, caf::actor_addr node)
+  : b_(std::move(b)), who_(std::move(who)), node_(std::move(node)) {}
+
+session_rounds::~session_rounds() = default;
+
+void session_rounds::put(round_part part) {
+  if (rounds_.contains(part.round))
+    throw std::invalid_argument(
+      fmt::format("round_put: {} holds a part of round {} already", who_, part.round));
+  auto live = std::count_if(rounds_.begin(), rounds_.end(),
+                            [](const auto& kv) { return !kv.second.dropped; });
+  if (static_cast<std::size_t>(live) >= wire_limits::session_rounds)
+    throw std::invalid_argument(
+      fmt::format("round_put: {} holds parts of {} rounds already (at most {}): round {} refused",
+                  who_, rounds_.size(), wire_limits::session_rounds, part.round));
+  auto b = b_.lock();
+  if (!b)
+    throw device_error(who_, "round_put: the session ended");
+  part_state r;
+  for (auto ordinal : part.devices) {
+    auto d = b->get_device(static_cast<int>(ordinal));
+    auto& rec = record_of(d);
+    if (!rec.r.local_core())
+      throw std::invalid_argument(
+        fmt::format("round_put: {}: device {} is not a device of this node", who_, ordinal));
+    r.cores.push_back(rec.r.core());
+    r.lanes.push_back(rec.r.local_core());
+    r.lane_steps.push_back(0);
+  }
+  auto st = std::make_shared<round_state>();
+  st->name = part.name;
+  st->items.resize(part.steps.size());
+  for (std::size_t k = 0; k < part.steps.size(); ++k) {
+    const auto& s = part.steps[k];
+    st->items[k].name = s.name;
+    r.steps.push_back(bulk_step{s.lane, s.wait_on});
+    r.step_ordinal.push_back(++r.lane_steps[s.lane]);
+    if (s.wait_on != bulk_step::external)
+      continue;
+    r.externals.push_back(static_cast<uint32_t>(k));
+    auto [at, fresh] = r.expects.emplace(s.peer_item, s.peer);
+    if (!fresh && at->second != s.peer)
+      throw std::invalid_argument(fmt::format(
+        "round_put: round {}: item {} is awaited from peers {} and {}; an item is one node's",
+        part.round, s.peer_item, at->second, s.peer));
+  }
+  r.st = std::move(st);
+  r.dead.assign(part.peers.size(), std::string{});
+  r.part = std::move(part);
+  for (std::size_t k = 0; k < part_notices(r.part); ++k) {
+    const auto& peer = r.part.peers[r.part.notify_peers[k]];
+    auto& box = outboxes_[{peer.node.address(), peer.session}];
+    if (!box) {
+      box = std::make_shared<round_outbox>();
+      box->to = peer.node;
+      box->session = peer.session;
+      box->node = node_;
+    }
+    r.boxes.push_back(box);
+  }
+  auto& kept = rounds_.emplace(r.part.round, std::move(r)).first->second;
+  for (const auto& s : kept.part.steps)
+    kept.specs.push_back(s.wait_on == -1 ? &s.spec : nullptr);
+}
+
+bool session_rounds::drop(uint64_t round) {
+  auto it = rounds_.find(round);
+  if (it == rounds_.end() || it->second.dropped)
+    return false;
+  it->second.dropped = true;
+  erase_if_done(it);
+  return true;
+}
+
+void session_rounds::erase_if_done(std::map<uint64_t, part_state>::iterator it) {
+  auto& r = it->second;
+  if (!r.dropped || !r.pending.empty())
+    return;
+  early_ -= r.early.size();
+  rounds_.erase(it);
+}
+
+bool session_rounds::has_room(uint64_t round) const {
+  auto it = rounds_.find(round);
+  if (it == rounds_.end())
+    return true;
+  for (auto* c : it->second.lanes)
+    if (!c->has_room())
+      return false;
+  return true;
+}
+
+std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
+                                          const std::vector<wire_arg>& slots) {
+  auto it = rounds_.find(round);
+  if (it == rounds_.end())
+    throw std::invalid_argument(fmt::format(
+      "round_run: {} holds no part of round {} (round_put it first)", who_, round));
+  auto& r = it->second;
+  if (r.dropped)
+    throw std::invalid_argument(fmt::format(
+      "round_run: round '{}' ({}) was let go by the client (round_drop)", r.part.name, round));
+  if (n <= r.last)
+    throw std::invalid_argument(fmt::format(
+      "round_run: replay {} of round '{}' comes after replay {}: replays go in order", n,
+      r.part.name, r.last));
+  check_round_run(r.part, slots);
+  auto b = b_.lock();
+  if (!b)
+    throw device_error(who_, "round_run: the session ended");
+  for (std::size_t k = 0; k < slots.size(); ++k)
+    r.part.steps[r.part.slot_steps[k]].spec.args[r.part.slot_args[k]] = from_wire(slots[k]);
+  std::vector<std::shared_ptr<gate>> gates;
+  gates.reserve(r.externals.size());
+  for (auto k : r.externals) {
+    const auto& s = r.part.steps[k];
+    const auto& peer = r.part.peers[s.peer];
+    auto g = make_gate();
+    g->remote = true;
+    g->owner_name = s.peer_device.empty() ? peer.name + "/?" : s.peer_device;
+    g->label = fmt::format("item {} of replay {} of round '{}' on node {}", s.peer_item, n,
+                           r.part.name, peer.name);
+    gates.push_back(std::move(g));
+  }
+  std::vector<uint64_t> ends(r.lanes.size());
+  try {
+    push_part(b->impl(), r.st, r.lanes, r.cores, r.steps, r.specs, n, gates, ends);
+  } catch (const std::exception& e) {
+    r.last = n;
+    drop_early_up_to(r, n);
+    tell_refused(r, n, e.what());
+    throw;
+  }
+  r.last = n;
+  ++replays_;
+  for (std::size_t x = 0; x < r.externals.size(); ++x) {
+    const auto& s = r.part.steps[r.externals[x]];
+    held_gate h{r.cores[s.lane], gates[x]};
+    if (!r.broken.empty()) {
+      h.core->resolve_gate(*h.g, &r.broken);
+    } else if (!r.dead[s.peer].empty()) {
+      h.core->resolve_gate(*h.g, &r.dead[s.peer]);
+    } else if (auto e = r.early.find({n, s.peer_item}); e != r.early.end()) {
+      h.g->owner_seq = e->second.seq;
+      settle(r, h, s.peer, e->second.error); // its notice came first
+    } else {
+      r.pending[{n, s.peer_item}].push_back(std::move(h));
+    }
+  }
+  drop_early_up_to(r, n);
+  // The items other nodes wait on: each tells them once resolved.
+  for (std::size_t k = 0; k < r.part.notify_steps.size(); ++k) {
+    auto step = r.part.notify_steps[k];
+    const auto& s = r.part.steps[step];
+    auto seq = ends[s.lane] - r.lane_steps[s.lane] + r.step_ordinal[step];
+    r.lanes[s.lane]->events().when_resolved(seq,
+                                            notice{r.boxes[k], r.part.round, n, s.item, seq});
+  }
+  return ends;
+}
+
+void session_rounds::settle(part_state& r, const held_gate& h, uint32_t peer,
+                            const caf::error& err) {
+  if (!err) {
+    h.core->resolve_gate(*h.g, std::shared_ptr<const failure>{});
+    return;
+  }
+  if (auto f = failure_of(err)) {
+    // Named as the awaited node names its devices: `a/...` here.
+    to_our_names(*f, r.part.peers[peer].name + "/");
+    h.core->resolve_gate(*h.g, std::make_shared<const failure>(std::move(*f)));
+    return;
+  }
+  auto msg = describe_error(err);
+  h.core->resolve_gate(*h.g, &msg);
+}
+
+void session_rounds::tell_refused(part_state& r, uint64_t n, const std::string& why) {
+  for (std::size_t k = 0; k < r.part.notify_steps.size(); ++k) {
+    const auto& s = r.part.steps[r.part.notify_steps[k]];
+    r.boxes[k]->add(round_notice{r.part.round, n, s.item, 0,
+                                 make_error(errc::device_failed, who_,
+                                            fmt::format("replay {} of round '{}' was refused on "
+                                                        "{}: {}",
+                                                        n, r.part.name, who_, why))},
+                    r.boxes[k]);
+  }
+}
+
+void session_rounds::drop_early_up_to(part_state& r, uint64_t n) {
+  auto end = r.early.upper_bound({n, UINT32_MAX});
+  for (auto i = r.early.begin(); i != end;) {
+    i = r.early.erase(i);
+    --early_;
+  }
+}
+
+std::optional<std::string> session_rounds::done(const caf::node_id& from,
+                                                const round_notice& x) {
+  auto round = x.round;
+  auto n = x.replay;
+  auto item = x.item;
+  auto drop = [this](std::string why) -> std::optional<std::string> {
+    ++dropped_;
+    return why;
+  };
+  auto it = rounds_.find(round);
+  if (it == rounds_.end())
+    return drop(fmt::format("round_done for round {}, of which {} holds no part", round, who_));
+  auto& r = it->second;
+  auto e = r.expects.find(item);
+  if (e == r.expects.end())
+    return drop(fmt::format("round_done for item {} of round '{}', which no step here waits on",
+                            item, r.part.name));
+  auto peer = e->second;
+  if (r.part.peers[peer].node.node() != from)
+    return drop(fmt::format("round_done for item {} of round '{}' from node {}, not from {}",
+                            item, r.part.name, caf::to_string(from), r.part.peers[peer].name));
+  if (!r.broken.empty())
+    return std::nullopt; // its waits failed already
+  if (n <= r.last) {
+    auto pe = r.pending.find({n, item});
+    if (pe == r.pending.end())
+      return drop(fmt::format("round_done for item {} of replay {} of round '{}': none waits "
+                              "(the replay was refused here, or told already)",
+                              item, n, r.part.name));
+    for (const auto& h : pe->second) {
+      h.g->owner_seq = x.seq;
+      settle(r, h, peer, x.error);
+    }
+    r.pending.erase(pe);
+    erase_if_done(it);
+    return std::nullopt;
+  }
+  if (early_ >= wire_limits::round_early) {
+    // More than a peer running ahead would send: the round fails here.
+    r.broken = fmt::format("round '{}' failed on {}: more than {} notices from other nodes came "
+                           "before their replays",
+                           r.part.name, who_, wire_limits::round_early);
+    for (auto& [key, gates] : r.pending)
+      for (const auto& h : gates)
+        h.core->resolve_gate(*h.g, &r.broken);
+    r.pending.clear();
+    early_ -= r.early.size();
+    r.early.clear();
+    auto why = r.broken;
+    erase_if_done(it);
+    return drop(why);
+  }
+  if (r.early.emplace(std::pair{n, item}, x).second)
+    ++early_;
+  return std::nullopt;
+}
+
+void session_rounds::peer_down(const caf::actor_addr& peer, const std::string& why) {
+  for (auto it = rounds_.begin(); it != rounds_.end();) {
+    auto& r = it->second;
+    for (uint32_t p = 0; p < r.part.peers.size(); ++p) {
+      if (r.part.peers[p].node.address() != peer || !r.dead[p].empty())
+        continue;
+      r.dead[p] = fmt::format("node {} went down: {}", r.part.peers[p].name, why);
+      for (auto i = r.pending.begin(); i != r.pending.end();) {
+        if (r.expects[i->first.second] != p) {
+          ++i;
+          continue;
+        }
+        for (const auto& h : i->second)
+          h.core->resolve_gate(*h.g, &r.dead[p]);
+        i = r.pending.erase(i);
+      }
+    }
+    auto next = std::next(it);
+    erase_if_done(it);
+    it = next;
+  }
+}
+
+std::vector<round_peer> session_rounds::peers() const {
+  std::vector<round_peer> out;
+  for (const auto& [id, r] : rounds_)
+    for (const auto& p : r.part.peers)
+      if (std::none_of(out.begin(), out.end(), [&p](const auto& x) { return x.node == p.node; }))
+        out.push_back(p);
+  return out;
+}
+
+} // namespace multidev::detail

@@ -1,0 +1,428 @@
+// Recorded rounds replayed on the nodes (issue 41 point 2 across nodes): a
+// round whose items all run on attached nodes' devices goes to each node
+// once (`round_put`) and is then replayed by one `round_run` per node; a
+// wait between two nodes' devices is opened by the awaited node's
+// `round_done`, sent node to node. Two nodes and a client in this process
+// (three actor systems over 127.0.0.1, as `multidev node` processes and a
+// client are), so that the kernels the nodes run can be the test's own:
+// a note in a shared log, a hold on a flag.
+#define BOOST_TEST_MODULE rounds_on_nodes
+#include <boost/test/unit_test.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
+
+#include "test_support.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace multidev;
+using namespace std::chrono_literals;
+using test_support::contains;
+using test_support::expect_throw;
+
+namespace {
+
+/// What the nodes' `test_note` tasks wrote, in the order they ran.
+struct note_log {
+  std::mutex mu;
+  std::vector<std::string> notes;
+  void add(std::string s) {
+    std::lock_guard g{mu};
+    notes.push_back(std::move(s));
+  }
+  std::vector<std::string> take() {
+    std::lock_guard g{mu};
+    return std::move(notes);
+  }
+};
+note_log& the_log() {
+  static note_log l;
+  return l;
+}
+/// What `test_hold` waits for.
+test_support::latch_gate* hold_gate = nullptr;
+
+void register_test_kernels() {
+  static const bool done = [] {
+    kernel_def note;
+    note.params = {arg_kind::string};
+    note.body = [](kernel_call& c) { the_log().add(c.string(0)); };
+    note.doc = "test_note TEXT: adds TEXT to the test's log";
+    register_kernel("test_note", std::move(note));
+    kernel_def hold;
+    hold.body = [](kernel_call&) {
+      if (hold_gate)
+        hold_gate->wait();
+      the_log().add("held");
+    };
+    hold.doc = "test_hold: waits for the test's gate";
+    register_kernel("test_hold", std::move(hold));
+    kernel_def maybe;
+    maybe.params = {arg_kind::integer};
+    maybe.body = [](kernel_call& c) {
+      if (c.integer(0) != 0)
+        throw std::runtime_error("a planned failure");
+    };
+    maybe.doc = "test_maybe_fail N: throws when N is not 0";
+    register_kernel("test_maybe_fail", std::move(maybe));
+    return true;
+  }();
+  (void)done;
+}
+
+task_spec note(std::string text) { return {"test_note", {std::move(text)}}; }
+
+/// Nodes a (two devices) and b (one) and a client that attached both: three
+/// actor systems of this process. Built and destroyed on the test's thread.
+struct nodes_here {
+  explicit nodes_here(backend_options node_opts = {}) {
+    register_test_kernels();
+    for (auto* cfg : {&cfg_a, &cfg_b, &cfg_c}) {
+      configure_system(*cfg);
+      cfg->set("scheduler.max-threads", std::size_t{2});
+    }
+    sys_a.emplace(cfg_a);
+    sys_b.emplace(cfg_b);
+    sys_c.emplace(cfg_c);
+    auto oa = node_opts, ob = node_opts;
+    oa.num_devices = 2;
+    ob.num_devices = 1;
+    node_a.emplace(*sys_a, oa);
+    node_b.emplace(*sys_b, ob);
+    client.emplace(*sys_c, backend_options{.num_devices = 1});
+    actor_a = serve(*node_a, "a");
+    actor_b = serve(*node_b, "b");
+    auto da = attach_node(*client, "127.0.0.1", port_a);
+    auto db = attach_node(*client, "127.0.0.1", port_b);
+    a0 = da.at(0);
+    a1 = da.at(1);
+    b0 = db.at(0);
+  }
+  ~nodes_here() {
+    client.reset();
+    for (auto& n : {actor_a, actor_b})
+      caf::anon_send_exit(n, caf::exit_reason::user_shutdown);
+    node_a.reset();
+    node_b.reset();
+  }
+
+  caf::actor serve(backend& node, const char* name) {
+    auto n = spawn_node_actor(node, name);
+    auto port = publish_node(n, 0, "127.0.0.1");
+    BOOST_TEST_REQUIRE(bool(port));
+    (name[0] == 'a' ? port_a : port_b) = *port;
+    return caf::actor_cast<caf::actor>(n);
+  }
+
+  /// Node `n`'s debug text.
+  std::string debug(const caf::actor& n) {
+    caf::scoped_actor self{*sys_c};
+    std::string text;
+    self->request(n, 10s, atoms::debug_atom::value)
+      .receive([&](std::string& t) { text = std::move(t); },
+               [&](caf::error& e) { BOOST_ERROR("debug: " << sys_c->render(e)); });
+    return text;
+  }
+
+  caf::actor_system_config cfg_a, cfg_b, cfg_c;
+  std::optional<caf::actor_system> sys_a, sys_b, sys_c;
+  std::optional<backend> node_a, node_b, client;
+  caf::actor actor_a, actor_b;
+  uint16_t port_a = 0, port_b = 0;
+  device a0, a1, b0;
+};
+
+/// Syncs `e` on `b`, bounded.
+void sync(backend& b, const event& e) {
+  test_support::bounded([&] { b.sync(e); }, "sync");
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_runs_in_order_across_nodes) {
+  // a0 notes, b0 waits for it and notes, a1 waits for b0 and notes, a0
+  // waits for a1 (a wait inside node a) and notes: every replay is
+  // a0 -> b0 -> a1 -> a0, two edges between the nodes each way per replay.
+  nodes_here n;
+  auto& c = *n.client;
+  the_log().take();
+  event first;
+  auto r = c.record("step", [&] {
+    first = c.schedule_named(n.a0, note("a0 first"));
+    c.will_wait_for(c.make_context(n.b0), first);
+    auto on_b = c.schedule_named(n.b0, note("b0"));
+    c.will_wait_for(c.make_context(n.a1), on_b);
+    auto on_a1 = c.schedule_named(n.a1, note("a1"));
+    c.will_wait_for(c.make_context(n.a0), on_a1);
+    c.schedule_named(n.a0, note("a0 last"));
+  });
+  auto slot = r.slot(first, 0);
+  std::vector<replay_events> evs;
+  for (int k = 1; k <= 3; ++k) {
+    r.arg(slot) = "a0 first " + std::to_string(k);
+    evs.push_back(c.replay(r));
+  }
+  for (const auto& ev : evs)
+    for (const auto& [d, e] : ev.all_work())
+      sync(c, e);
+  std::vector<std::string> want;
+  for (int k = 1; k <= 3; ++k)
+    for (auto s : {"a0 first " + std::to_string(k), std::string{"b0"}, std::string{"a1"},
+                   std::string{"a0 last"}})
+      want.push_back(s);
+  BOOST_TEST(the_log().take() == want, boost::test_tools::per_element());
+  // Each item's event names its device, and replays take consecutive seqs
+  // on each device: a0 has 3 entries a replay (two notes, a wait).
+  BOOST_TEST((evs[0].item(0).key() == n.a0.key()));
+  BOOST_TEST((evs[0].item(2).key() == n.b0.key()));
+  BOOST_TEST((evs[0].item(4).key() == n.a1.key()));
+  BOOST_TEST(evs[1].item(6).seq() == evs[0].item(6).seq() + 3);
+  BOOST_TEST(evs[2].all_work_of(n.b0).seq() == evs[1].all_work_of(n.b0).seq() + 2);
+  for (std::size_t i = 0; i < evs[2].size(); ++i) {
+    sync(c, evs[2].item(i));
+    BOOST_TEST(c.is_done(evs[2].item(i)), "item " << i);
+  }
+  // One round_run per node per replay: the nodes say so.
+  for (const auto& node : {n.actor_a, n.actor_b}) {
+    auto text = n.debug(node);
+    BOOST_TEST(contains(text, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"), text);
+  }
+  // The round's last handle goes: the nodes let go of its parts.
+  evs.clear();
+  r = multidev::round{};
+  for (const auto& node : {n.actor_a, n.actor_b})
+    BOOST_TEST(test_support::eventually(
+                 [&] { return contains(n.debug(node), "(rounds (parts 0) (replays 3)"); }),
+               n.debug(node));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_replays_order_with_the_calls) {
+  // A wait sent before the replay (a `depend`, not answered yet) comes
+  // before its entries on b0; a call made after it comes after them.
+  nodes_here n;
+  auto& c = *n.client;
+  the_log().take();
+  auto r = c.record("on b", [&] { c.schedule_named(n.b0, note("replayed")); });
+  c.replay(r); // the part goes to b once
+  sync(c, c.all_work(n.b0));
+  the_log().take();
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  auto held = c.schedule_named(n.a0, {"test_hold", {}});
+  c.will_wait_for(c.make_context(n.b0), held);
+  auto ev = c.replay(r);
+  c.schedule_named(n.b0, note("after"));
+  gate.open();
+  sync(c, c.all_work(n.b0));
+  hold_gate = nullptr;
+  BOOST_TEST(the_log().take() == (std::vector<std::string>{"held", "replayed", "after"}),
+             boost::test_tools::per_element());
+  sync(c, ev.item(0));
+  BOOST_TEST(c.is_done(ev.item(0)));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_failure_reaches_the_waiting_node_with_provenance) {
+  nodes_here n;
+  auto& c = *n.client;
+  the_log().take();
+  event maybe;
+  auto r = c.record("step", [&] {
+    maybe = c.schedule_named(n.a0, {"test_maybe_fail", {int64_t{0}}});
+    c.will_wait_for(c.make_context(n.b0), maybe);
+    c.schedule_named(n.b0, note("after a0"));
+  });
+  auto slot = r.slot(maybe, 0);
+  sync(c, c.replay(r).all_work_of(n.b0));
+  r.arg(slot) = 1;
+  auto ev = c.replay(r);
+  auto on_a = expect_throw<device_error>([&] { sync(c, ev.item(0)); },
+                                         "replay 2 of round 'step', item '");
+  BOOST_TEST(contains(on_a, "a planned failure"), on_a);
+  // b0 waited on it: it fails with a0's failure, named as the client names a0.
+  auto on_b = expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "a planned failure");
+  BOOST_TEST(contains(on_b, "replay 2 of round 'step'"), on_b);
+  BOOST_TEST(contains(on_b, "waited for " + n.a0.name() + " seq "), on_b);
+  // Recovered, the next replay runs whole.
+  BOOST_TEST(c.recover(n.a0));
+  BOOST_TEST(c.recover(n.b0));
+  r.arg(slot) = 0;
+  the_log().take();
+  sync(c, c.replay(r).all_work_of(n.b0));
+  BOOST_TEST(the_log().take() == std::vector<std::string>{"after a0"},
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_refused_by_a_failed_device_says_so) {
+  nodes_here n;
+  auto& c = *n.client;
+  auto r = c.record("step", [&] {
+    auto e = c.schedule_named(n.a0, note("a0"));
+    c.will_wait_for(c.make_context(n.b0), e);
+    c.schedule_named(n.b0, note("b0"));
+  });
+  sync(c, c.replay(r).all_work_of(n.b0));
+  auto failed = c.schedule_named(n.a0, {"fail", {std::string{"down on purpose"}}});
+  BOOST_CHECK_THROW(sync(c, failed), device_error);
+  // Node a refuses the whole replay; b0's wait on it fails instead of
+  // waiting forever, and the events of a's items say why.
+  auto ev = c.replay(r);
+  expect_throw<device_error>([&] { ev.item(0); }, "replay 2 of round 'step' on node a");
+  expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "was refused on session");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_on_it) {
+  nodes_here n;
+  auto& c = *n.client;
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  auto r = c.record("step", [&] {
+    auto e = c.schedule_named(n.a0, {"test_hold", {}});
+    c.will_wait_for(c.make_context(n.b0), e);
+    c.schedule_named(n.b0, note("b0"));
+  });
+  auto ev = c.replay(r);
+  auto on_b = ev.item(2); // pushed on b: its wait holds it
+  // Node a's actor stops (its sessions end; the held item cannot be
+  // stopped, so a0's item is never told): b hears the actor go and fails
+  // the wait instead of holding it forever.
+  caf::anon_send_exit(n.actor_a, caf::exit_reason::user_shutdown);
+  expect_throw<device_error>([&] { sync(c, on_b); }, "node a went down");
+  gate.open();
+  hold_gate = nullptr;
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_notice_from_the_wrong_node_is_dropped) {
+  // The client (admitted to b's session) claims a0's item is done: b takes
+  // a notice only from the node its part names for the item.
+  nodes_here n;
+  auto& c = *n.client;
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  the_log().take();
+  auto r = c.record("step", [&] {
+    auto e = c.schedule_named(n.a0, {"test_hold", {}});
+    c.will_wait_for(c.make_context(n.b0), e);
+    c.schedule_named(n.b0, note("b0"));
+  });
+  auto ev = c.replay(r);
+  auto on_b = ev.item(2);
+  // The session's id on b is 1 (its first); the round is the client's.
+  auto text = n.debug(n.actor_b);
+  BOOST_TEST_REQUIRE(contains(text, "(session (id 1)"), text);
+  caf::scoped_actor self{*n.sys_c};
+  std::vector<round_notice> lie;
+  for (uint64_t round = 0; round < 65; ++round) { // whatever the client's round id is
+    round_notice x;
+    x.round = round;
+    x.replay = 1;
+    lie.push_back(x);
+  }
+  self->send(n.actor_b, atoms::round_done_atom::value, uint64_t{1}, lie);
+  // Ordered after the lie (one sender, one receiver): b's answer to debug.
+  text = n.debug(n.actor_b);
+  BOOST_TEST(contains(text, "(dropped 65)"), text);
+  BOOST_TEST(contains(text, "(queued 2)"), text); // b0's wait and note: still waiting
+  gate.open();
+  sync(c, on_b);
+  hold_gate = nullptr;
+  BOOST_TEST(the_log().take() == (std::vector<std::string>{"held", "b0"}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the_field) {
+  nodes_here n;
+  auto& c = *n.client;
+  // Attach once, so that session 1 on a is the client's.
+  auto r = c.record("step", [&] { c.schedule_named(n.a0, note("a0")); });
+  sync(c, c.replay(r).all_work_of(n.a0));
+  caf::scoped_actor self{*n.sys_c};
+  auto put = [&](round_part p) {
+    std::string text;
+    self->request(n.actor_a, 10s, atoms::round_put_atom::value, uint64_t{1}, std::move(p))
+      .receive([&](bool) { text = "accepted"; },
+               [&](caf::error& e) { text = n.sys_c->render(e); });
+    return text;
+  };
+  round_part good;
+  good.round = 1000;
+  good.name = "bad";
+  good.devices = {0, 1};
+  good.steps.push_back(round_step{0, 0, -1, 0, 0, "t", {}, note("x")});
+  good.steps.push_back(round_step{1, 1, 0, 0, 0, "w", {}, {}});
+  BOOST_TEST(put(good) == "accepted");
+  auto p = good;
+  p.round = 1001;
+  p.steps[1].wait_on = 1; // itself
+  BOOST_TEST(contains(put(p), "step 1 waits on step 1, not an earlier one"));
+  p = good;
+  p.round = 1002;
+  p.steps[0].lane = 7;
+  BOOST_TEST(contains(put(p), "step 0 is on device 7, the part has 2"));
+  p = good;
+  p.round = 1003;
+  p.devices = {0, 9};
+  BOOST_TEST(contains(put(p), "device 1 is ordinal 9, the session has 2 devices"));
+  p = good;
+  p.round = 1004;
+  p.steps[1].wait_on = -2;
+  p.steps[1].peer = 3;
+  BOOST_TEST(contains(put(p), "step 1 waits on peer 3, the part has 0"));
+  p = good;
+  p.round = 1005;
+  p.peers.push_back(round_peer{n.actor_a, 1, "itself", "", 0});
+  BOOST_TEST(contains(put(p), "peer 0 is this node itself"));
+  BOOST_TEST(contains(put(good), "holds a part of round 1000 already"));
+  // A replay with the wrong number of slot values, and one out of order.
+  auto run = [&](uint64_t round, uint64_t replay, std::vector<wire_arg> slots) {
+    std::string text;
+    self->request(n.actor_a, 10s, atoms::round_run_atom::value, uint64_t{1}, round, replay,
+                  std::move(slots))
+      .receive([&](std::vector<uint64_t>&) { text = "ran"; },
+               [&](caf::error& e) { text = n.sys_c->render(e); });
+    return text;
+  };
+  BOOST_TEST(contains(run(1000, 1, {wire_arg{}}), "1 slot values for 0 slots"));
+  BOOST_TEST(run(1000, 2, {}) == "ran");
+  BOOST_TEST(contains(run(1000, 2, {}), "replay 2 of round 'bad' comes after replay 2"));
+  BOOST_TEST(contains(run(2000, 1, {}), "holds no part of round 2000"));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_replays_behind_a_full_queue_wait_in_order) {
+  // A node's queue of 4 entries: the replays wait for room on the node, in
+  // order, without holding the node's actor (b's notices still come).
+  backend_options opts;
+  opts.queue_capacity = 4;
+  nodes_here n{opts};
+  auto& c = *n.client;
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  the_log().take();
+  auto r = c.record("step", [&] {
+    for (int i = 0; i < 6; ++i)
+      c.schedule_named(n.b0, note("b" + std::to_string(i)));
+  });
+  c.schedule_named(n.b0, {"test_hold", {}});
+  std::vector<replay_events> evs;
+  for (int k = 0; k < 3; ++k)
+    evs.push_back(c.replay(r));
+  gate.open();
+  sync(c, evs.back().all_work_of(n.b0));
+  hold_gate = nullptr;
+  std::vector<std::string> want{"held"};
+  for (int k = 0; k < 3; ++k)
+    for (int i = 0; i < 6; ++i)
+      want.push_back("b" + std::to_string(i));
+  BOOST_TEST(the_log().take() == want, boost::test_tools::per_element());
+}
