@@ -126,6 +126,13 @@ node_actor::behavior_type listing_impl(node_actor::pointer, std::string name,
     [](atoms::trust_atom, uint64_t, const caf::node_id&) { return false; },
     [](atoms::renew_atom, uint64_t, uint64_t, uint64_t) -> int64_t { return 0; },
     [](atoms::detach_atom, uint64_t) { return false; },
+    [](atoms::round_put_atom, uint64_t, const round_part&) { return false; },
+    [](atoms::round_run_atom, uint64_t, uint64_t, uint64_t,
+       const std::vector<wire_arg>&) -> caf::result<std::vector<uint64_t>> {
+      return make_error(errc::invalid_argument, "", "no sessions: no rounds");
+    },
+    [](atoms::round_done_atom, uint64_t, const std::vector<round_notice>&) {},
+    [](atoms::round_drop_atom, uint64_t, uint64_t) { return false; },
     [](atoms::debug_atom) { return std::string{}; },
   };
 }

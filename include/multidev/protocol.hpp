@@ -150,7 +150,9 @@ struct round_step {
   /// -1: a task (`spec`); >= 0: a wait on that earlier step of the part, on
   /// another lane; -2: a wait on item `peer_item` of peer `peer`.
   int32_t wait_on = -1;
+  /// `wait_on` -2: the awaited node, an index into `round_part::peers`.
   uint32_t peer = 0;
+  /// `wait_on` -2: the awaited item's index in the round.
   uint32_t peer_item = 0;
   /// The item's name, for provenance ("replay 4 of round 'step', item 'grad 3'").
   std::string name;
@@ -165,10 +167,15 @@ struct round_step {
 /// the client's session there, its name, and where it listens (the node
 /// connects there, so that `round_done`s go straight between the two).
 struct round_peer {
+  /// Its node actor.
   caf::actor node;
+  /// The client's session there.
   uint64_t session = 0;
+  /// The client's name for it (`a`): failures name its devices so.
   std::string name;
+  /// Where it listens (empty host: not known; no connection is made).
   std::string host;
+  /// Its port.
   uint16_t port = 0;
 };
 
@@ -176,11 +183,15 @@ struct round_peer {
 /// whose part waits on it (`round_done`): `error` empty when done, else
 /// the failure, whole.
 struct round_notice {
+  /// The client's id of the round.
   uint64_t round = 0;
+  /// The replay's number.
   uint64_t replay = 0;
+  /// The item's index in the round.
   uint32_t item = 0;
   /// The item's seq on its device (0: it was never pushed, a refusal).
   uint64_t seq = 0;
+  /// Empty: done; else why not (the failure, whole, when it carries one).
   caf::error error;
 };
 
@@ -198,12 +209,14 @@ struct round_part {
   /// The slot arguments: slot `k` is argument `slot_args[k]` of step
   /// `slot_steps[k]`; a `round_run` carries their values in this order.
   std::vector<uint32_t> slot_steps;
+  /// See `slot_steps`.
   std::vector<uint32_t> slot_args;
   /// The other nodes of the round this part waits on or tells.
   std::vector<round_peer> peers;
   /// Step `notify_steps[k]`'s item, once resolved in a replay, is told to
   /// peer `notify_peers[k]` (`round_done`), which waits on it.
   std::vector<uint32_t> notify_steps;
+  /// See `notify_steps`.
   std::vector<uint32_t> notify_peers;
 };
 
