@@ -846,15 +846,16 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
     if (!actor || session == 0)
       return std::nullopt; // a device attached alone, or a node without sessions
     uint32_t x = 0;
-    while (x < np.nodes.size() && np.nodes[x].actor != actor)
+    while (x < np.nodes.size() && np.nodes[x].actor != actor.address())
       ++x;
     if (x == np.nodes.size()) {
       node fresh;
-      fresh.actor = actor;
+      fresh.actor = actor.address();
       fresh.session = session;
       fresh.name = name;
       fresh.sender = record_of(first).r.endpoint();
       fresh.part.round = st.id;
+      fresh.round = st.id;
       fresh.part.name = st.name;
       np.nodes.push_back(std::move(fresh));
       last_step.emplace_back();
@@ -886,10 +887,11 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
     auto& peers = np.nodes[x].part.peers;
     const auto& other = np.nodes[y];
     for (uint32_t p = 0; p < peers.size(); ++p)
-      if (peers[p].node == other.actor)
+      if (peers[p].node.address() == other.actor)
         return p;
     auto [host, port] = detail::node_address(*other.sender);
-    peers.push_back(round_peer{other.actor, other.session, other.name, host, port});
+    peers.push_back(round_peer{caf::actor_cast<caf::actor>(other.actor), other.session,
+                               other.name, host, port});
     return static_cast<uint32_t>(peers.size() - 1);
   };
   for (std::size_t i = 0; i < st.items.size(); ++i) {
@@ -987,10 +989,10 @@ node_plan::~node_plan() {
     return;
   for (auto& nd : nodes)
     try {
-      request_node(*nd.sender, nd.actor,
-                   caf::make_message(atoms::round_drop_atom::value, nd.session,
-                                     uint64_t{nd.part.round}),
-                   [](const caf::message&) {});
+      if (auto actor = caf::actor_cast<caf::actor>(nd.actor))
+        request_node(*nd.sender, actor,
+                     caf::make_message(atoms::round_drop_atom::value, nd.session, nd.round),
+                     [](const caf::message&) {});
     } catch (...) {
       // Out of memory: the part stays until the session ends.
     }
@@ -1011,9 +1013,12 @@ void install_parts(detail::round_state& st) {
   for (auto& nd : np.nodes) {
     auto r = std::make_shared<detail::node_replay::reply>();
     auto h = fill(r, [](const caf::message& m, auto&) { return m.match_elements<bool>(); });
-    if (!detail::request_node(*nd.sender, nd.actor,
-                              caf::make_message(atoms::round_put_atom::value, nd.session, nd.part),
-                              std::move(h))) {
+    auto actor = caf::actor_cast<caf::actor>(nd.actor);
+    if (!actor
+        || !detail::request_node(*nd.sender, actor,
+                                 caf::make_message(atoms::round_put_atom::value, nd.session,
+                                                   nd.part),
+                                 std::move(h))) {
       r->err = make_error(errc::device_failed, nd.name, "its link is closed");
       r->flag.store(2);
     }
@@ -1028,6 +1033,10 @@ void install_parts(detail::round_state& st) {
                                      describe_error(replies[x]->err)));
   }
   np.installed = true;
+  // The nodes hold the parts now: no handle of another system's actor is
+  // kept here (a round may outlive its backend's actor system).
+  for (auto& nd : np.nodes)
+    nd.part = round_part{};
 }
 
 /// A replay on the nodes (`node_plan`): one `round_run` per node, not waited
@@ -1058,10 +1067,12 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
       to.ends = m.get_as<std::vector<uint64_t>>(0);
       return true;
     });
-    if (!detail::request_node(*nd.sender, nd.actor,
-                              caf::make_message(atoms::round_run_atom::value, nd.session,
-                                                uint64_t{st->id}, n, std::move(slots)),
-                              std::move(h))) {
+    auto actor = caf::actor_cast<caf::actor>(nd.actor);
+    if (!actor
+        || !detail::request_node(*nd.sender, actor,
+                                 caf::make_message(atoms::round_run_atom::value, nd.session,
+                                                   nd.round, n, std::move(slots)),
+                                 std::move(h))) {
       r->err = make_error(errc::device_failed, nd.name, "its link is closed");
       r->flag.store(2);
     }

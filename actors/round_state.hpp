@@ -115,8 +115,9 @@ struct replay_plan {
 struct node_plan {
   bool usable = false;
   struct node {
-    /// Its node actor and the session the client holds there.
-    caf::actor actor;
+    /// Its node actor (weak: a round may outlive the actor system) and the
+    /// session the client holds there.
+    caf::actor_addr actor;
     uint64_t session = 0;
     std::string name;
     /// The part's lanes: the devices, and their endpoints (events name them).
@@ -126,7 +127,10 @@ struct node_plan {
     /// the node's first device's, whatever the round, so that every round's
     /// `round_run`s reach the node in the order sent (one sender).
     std::shared_ptr<endpoint> sender;
-    /// The part sent (`round_put`), and its steps' places on their lanes.
+    /// The round's id there.
+    uint64_t round = 0;
+    /// The part to send (`round_put`; emptied once sent), and its steps'
+    /// places on their lanes.
     round_part part;
     std::vector<uint64_t> lane_steps;
     std::vector<uint64_t> step_ordinal;
