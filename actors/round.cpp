@@ -1045,7 +1045,6 @@ void install_parts(detail::round_state& st) {
 void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
                      replay_events& out) {
   auto& np = st->nodes;
-  install_parts(*st);
   // The requests that add work sent to these devices without waiting (a
   // `depend`, a copy) first: the node, not their actors, pushes the replay.
   for (auto& nd : np.nodes)
@@ -1247,6 +1246,8 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
         build_node_plan(*impl_, *st, st->nodes);
     });
     if (st->nodes.usable) {
+      install_parts(*st);
+      std::lock_guard in_order{st->nodes.send_mu};
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;
       replay_on_nodes(st, n, out);

@@ -150,6 +150,9 @@ struct node_plan {
   std::vector<std::pair<uint32_t, uint32_t>> device_lane;
   /// Whether the parts were sent (under `install_mu`).
   std::mutex install_mu;
+  /// Held while a replay takes its number and sends its messages: a node
+  /// takes a round's replays only in order, whatever thread replays.
+  std::mutex send_mu;
   bool installed = false;
   node_plan() = default;
   node_plan(const node_plan&) = delete;

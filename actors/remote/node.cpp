@@ -233,7 +233,12 @@ void watch_peers(node_ptr self, node_session& s) {
     if (!st.watched.insert(peer.node.address()).second)
       continue;
     self->monitor(peer.node);
-    if (peer.host.empty() || peer.port == 0 || !sys.has_middleman())
+    // One side of each pair connects (the one of the smaller node id): two
+    // nodes connecting to each other at once may have CAF drop one of the
+    // two connections, and the proxies it carried with it
+    // (`remote_link_unreachable`), failing the waits across it.
+    if (peer.host.empty() || peer.port == 0 || !sys.has_middleman()
+        || !(self->node() < peer.node.node()))
       continue;
     // As a device's `with_route` does: CAF routes to a node this one never
     // connected to through the node that introduced it (the client). The
