@@ -384,6 +384,18 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the
   p.peers.push_back(round_peer{n.actor_a, 1, "itself", "", 0});
   BOOST_TEST(contains(put(p), "peer 0 is this node itself"));
   BOOST_TEST(contains(put(good), "holds a part of round 1000 already"));
+  // Only the session's client sends it rounds: node b's system is refused.
+  {
+    caf::scoped_actor other{*n.sys_b};
+    std::string text;
+    auto p2 = good;
+    p2.round = 1006;
+    other->request(n.actor_a, 10s, atoms::round_put_atom::value, uint64_t{1}, p2)
+      .receive([&](bool) { text = "accepted"; },
+               [&](caf::error& e) { text = n.sys_b->render(e); });
+    BOOST_TEST(contains(text, "only its client may renew, detach, vouch or send it rounds"),
+               text);
+  }
   // A replay with the wrong number of slot values, and one out of order.
   auto run = [&](uint64_t round, uint64_t replay, std::vector<wire_arg> slots) {
     std::string text;

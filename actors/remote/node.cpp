@@ -264,7 +264,7 @@ std::optional<caf::error> not_the_client(node_ptr self, uint64_t id, const node_
                            from));
   return make_error(errc::invalid_argument, "node " + st.name,
                     fmt::format("session {} refused a message from {}: only its client may "
-                                "renew, detach or vouch",
+                                "renew, detach, vouch or send it rounds",
                                 id, from));
 }
 
