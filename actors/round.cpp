@@ -1033,6 +1033,14 @@ void install_parts(detail::round_state& st) {
                                      describe_error(replies[x]->err)));
   }
   np.installed = true;
+  // A node whose part waits on or tells another hears from us when we lose
+  // that one: the route between them may run through this process.
+  for (auto& nd : np.nodes)
+    for (const auto& peer : nd.part.peers)
+      for (auto& other : np.nodes)
+        if (other.actor == peer.node.address())
+          detail::watch_for_rounds(*other.sender, caf::actor_cast<caf::actor>(nd.actor),
+                                   nd.session, peer.node);
   // The nodes hold the parts now: no handle of another system's actor is
   // kept here (a round may outlive its backend's actor system).
   for (auto& nd : np.nodes)

@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-core='^(test_backend|test_rounds|test_rounds_fake|test_deadlock|test_hand_over|test_hand_over_help|test_hot_path|test_ordering|test_errors|test_errors_fake|test_transfers|test_transfers_fake|test_transfers_fake_cuda|test_async_driver|test_cuda|test_shutdown)$'
+core='^(test_backend|test_rounds|test_rounds_fake|test_rounds_on_nodes|test_rounds_nodes|test_deadlock|test_hand_over|test_hand_over_help|test_hot_path|test_ordering|test_errors|test_errors_fake|test_transfers|test_transfers_fake|test_transfers_fake_cuda|test_async_driver|test_cuda|test_shutdown)$'
 if [ "${1:-}" = --core-regex ]; then
   echo "$core"
   exit 0

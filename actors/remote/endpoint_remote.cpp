@@ -248,6 +248,28 @@ struct link_shared {
     std::lock_guard guard{mu};
     return std::move(watchers_);
   }
+  /// Has node actor `waiting` (session `session` there) told, when this
+  /// link closes, that node actor `lost` is (its recorded rounds wait on
+  /// it); false when closed already.
+  bool watch_for_rounds(const caf::actor& waiting, uint64_t session, const caf::actor& lost) {
+    std::lock_guard guard{mu};
+    if (!closed_.empty())
+      return false;
+    for (const auto& w : round_watchers_)
+      if (w.waiting == waiting && w.session == session && w.lost == lost)
+        return true;
+    round_watchers_.push_back({waiting, session, lost});
+    return true;
+  }
+  struct round_watcher {
+    caf::actor waiting;
+    uint64_t session = 0;
+    caf::actor lost;
+  };
+  std::vector<round_watcher> take_round_watchers() {
+    std::lock_guard guard{mu};
+    return std::move(round_watchers_);
+  }
   /// A session's device whose actor went down (`link_state::held`): why.
   void hold(std::string why) {
     std::lock_guard guard{mu};
@@ -290,6 +312,7 @@ private:
   bool idle_asking_ = false;
   uint64_t idle_sent_ = 0;
   std::map<caf::actor_addr, caf::actor> watchers_;
+  std::vector<round_watcher> round_watchers_;
   std::string host_;
   uint16_t port_ = 0;
   std::vector<std::function<void()>> deferred_;
@@ -602,6 +625,9 @@ void close_link(link_ptr self, const std::string& why) {
   auto lost = fmt::format("{}: {}", st.shared->name(), why);
   for (auto& [addr, waiting] : st.shared->take_watchers())
     self->send(waiting, lost_atom::value, caf::actor_cast<caf::actor>(st.target), lost);
+  // And the nodes whose recorded rounds wait on this device's node.
+  for (auto& w : st.shared->take_round_watchers())
+    self->send(w.waiting, lost_atom::value, w.session, w.lost, lost);
   auto err = st.shared->closed_error();
   auto pending = std::move(st.pending);
   st.pending.clear();
@@ -1265,6 +1291,12 @@ bool request_node(endpoint& ep, const caf::actor& node, caf::message msg,
   if (!r || !r->shared().sink)
     return false;
   return r->shared().sink->request(node, std::move(msg), std::move(h));
+}
+
+bool watch_for_rounds(endpoint& ep, const caf::actor& waiting, uint64_t session,
+                      const caf::actor& lost) {
+  auto* r = dynamic_cast<remote_endpoint*>(&ep);
+  return r && r->shared().watch_for_rounds(waiting, session, lost);
 }
 
 std::pair<std::string, uint16_t> node_address(const endpoint& ep) {

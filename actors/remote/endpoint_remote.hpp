@@ -88,6 +88,13 @@ void set_fence(endpoint& ep, std::shared_ptr<const replay_fence> f);
 /// false when `ep` is not a device of another process or its link closed.
 bool request_node(endpoint& ep, const caf::actor& node, caf::message msg,
                   reply_sink::handler h);
+/// When `ep`'s link closes (its node lost), node actor `waiting` hears
+/// `(lost, session, lost, why)`: the recorded rounds of the client's session
+/// `session` there wait on node actor `lost` (`ep`'s node), and a route
+/// through this process breaks without either node hearing it. False when
+/// `ep` is not a device of another process or its link closed already.
+bool watch_for_rounds(endpoint& ep, const caf::actor& waiting, uint64_t session,
+                      const caf::actor& lost);
 /// Where `ep`'s node listens, as this process attached it (empty host: not
 /// known, or a device of this process).
 std::pair<std::string, uint16_t> node_address(const endpoint& ep);

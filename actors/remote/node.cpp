@@ -288,6 +288,7 @@ void check_lease(node_ptr self, uint64_t id) {
 /// The node actor: sessions on `open`, its backend's devices on `list`.
 caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                         std::size_t memory_limit, backend_options opts) {
+  detail::tsan_turn turn{self}; // the actor's state, which the handlers share (tsan.hpp)
   auto& st = self->state;
   st.memory_limit = memory_limit;
   st.name = std::move(name);
@@ -302,6 +303,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
   self->set_error_handler([](caf::error&) {});
   // A node the sessions' rounds wait on went down: those waits fail.
   self->set_down_handler([self](caf::down_msg& dm) {
+    detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
     auto& st = self->state;
     st.watched.erase(dm.source);
     auto why = describe_error(self->system(), dm.reason);
@@ -309,6 +311,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       s.rounds->peer_down(dm.source, why);
   });
   self->set_exit_handler([self](caf::exit_msg& msg) {
+    detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
     // The node stops: every session ends with it.
     std::vector<uint64_t> ids;
     for (auto& [id, s] : self->state.sessions)
@@ -321,6 +324,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
     [self](atoms::open_atom, const std::string& client, int64_t lease_ns,
            const std::string& cookie) -> caf::result<std::string, std::string, uint64_t, int64_t,
                                                      std::vector<caf::actor>> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       const auto& sender = self->current_sender();
       // The secret first; never echoed (issue 38 point 1).
@@ -390,6 +394,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
     },
     [self](atoms::renew_atom, uint64_t id, uint64_t n,
            uint64_t acked) -> caf::result<int64_t> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       auto i = st.sessions.find(id);
       if (i != st.sessions.end())
@@ -428,6 +433,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       return s.lease_ns;
     },
     [self](atoms::detach_atom, uint64_t id) -> caf::result<bool> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto i = self->state.sessions.find(id);
       if (i == self->state.sessions.end())
         return false;
@@ -437,6 +443,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       return true;
     },
     [self](atoms::trust_atom, uint64_t id, const caf::node_id& peer) -> caf::result<bool> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto i = self->state.sessions.find(id);
       if (i == self->state.sessions.end())
         return false;
@@ -455,6 +462,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       return true;
     },
     [self](atoms::round_put_atom, uint64_t id, round_part& part) -> caf::result<bool> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       auto i = st.sessions.find(id);
       if (i == st.sessions.end())
@@ -475,6 +483,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
     },
     [self](atoms::round_run_atom, uint64_t id, uint64_t round, uint64_t n,
            std::vector<wire_arg>& slots) -> caf::result<std::vector<uint64_t>> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       auto i = st.sessions.find(id);
       if (i == st.sessions.end())
@@ -501,6 +510,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
       return std::move(*r);
     },
     [self](atoms::round_drop_atom, uint64_t id, uint64_t round) -> caf::result<bool> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto i = self->state.sessions.find(id);
       if (i == self->state.sessions.end())
         return false;
@@ -508,12 +518,26 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         return std::move(*refused);
       return i->second.rounds->drop(round);
     },
+    [self](atoms::lost_atom, uint64_t id, const caf::actor& peer, const std::string& why) {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      auto i = self->state.sessions.find(id);
+      if (i == self->state.sessions.end() || !peer || not_the_client(self, id, i->second))
+        return;
+      try {
+        detail::check_lost(why);
+      } catch (const std::invalid_argument&) {
+        return;
+      }
+      i->second.rounds->peer_down(peer.address(), fmt::format("its client lost it: {}", why));
+    },
     [self](round_flush_atom, const std::shared_ptr<detail::round_outbox>& box) {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto notices = box->take();
       if (!notices.empty())
         self->send(box->to, atoms::round_done_atom::value, box->session, std::move(notices));
     },
     [self](atoms::round_done_atom, uint64_t id, const std::vector<round_notice>& notices) {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       auto i = st.sessions.find(id);
       const auto& sender = self->current_sender();
@@ -538,6 +562,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
           drop(*dropped);
     },
     [self](round_retry_atom, uint64_t id) {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       auto i = st.sessions.find(id);
       if (i == st.sessions.end())
@@ -557,6 +582,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         self->delayed_send(self, std::chrono::milliseconds{1}, round_retry_atom::value, id);
     },
     [self](atoms::debug_atom) -> std::string {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
       std::vector<sexp> sessions{sexp::atom("sessions")};
       auto now = steady_ns();
@@ -601,7 +627,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                          sexp::field("cleaned", std::to_string(st.cleaned->load()))})
         .to_string();
     },
-    [self](check_atom, uint64_t id) { check_lease(self, id); },
+    [self](check_atom, uint64_t id) {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      check_lease(self, id);
+    },
   };
 }
 
@@ -753,9 +782,12 @@ void session_over(keeper_ptr self, const std::string& why) {
 }
 
 caf::behavior keeper_impl(keeper_ptr self, keeper_state init) {
+  detail::tsan_acquire(init.ended.get()); // `init`, made by the spawning thread
+  detail::tsan_turn turn{self}; // the actor's state, which its handlers share (tsan.hpp)
   auto ended = init.ended;
   self->state = std::move(init);
   self->set_exit_handler([self](caf::exit_msg& msg) {
+    detail::tsan_turn turn{self};
     // The backend stops: the node may free the session at once.
     self->state.ended->store(true);
     self->send(self->state.node, atoms::detach_atom::value, self->state.session);
@@ -765,12 +797,14 @@ caf::behavior keeper_impl(keeper_ptr self, keeper_state init) {
   self->delayed_send(self, self->state.lease + self->state.margin, due_atom::value);
   return {
     [self](tick_atom) {
+      detail::tsan_turn turn{self};
       auto& st = self->state;
       auto n = ++st.sent;
       self->request(st.node, caf::duration{st.lease}, atoms::renew_atom::value, st.session, n,
                     st.acked)
         .then(
           [self, n](int64_t granted) {
+            detail::tsan_turn turn{self};
             auto& st = self->state;
             if (n <= st.acked)
               return;
@@ -780,6 +814,7 @@ caf::behavior keeper_impl(keeper_ptr self, keeper_state init) {
             self->delayed_send(self, st.lease + st.margin, due_atom::value);
           },
           [self](caf::error& e) {
+            detail::tsan_turn turn{self};
             // The node refused: the session ended there, nothing of it runs
             // any more. Anything else (no answer, the connection lost) is
             // for the deadline to decide.
@@ -789,6 +824,7 @@ caf::behavior keeper_impl(keeper_ptr self, keeper_state init) {
       self->delayed_send(self, st.every, tick_atom::value);
     },
     [self](due_atom) {
+      detail::tsan_turn turn{self};
       auto& st = self->state;
       auto silent = std::chrono::steady_clock::now() - st.last_ack;
       if (silent < st.lease + st.margin)
@@ -1045,6 +1081,7 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
             ks.links.push_back(l->second);
       }
       detail::logger_tie_guard untie; // spawning ties this thread to the system
+      detail::tsan_release(ended.get()); // `ks`, handed to the keeper by CAF (tsan.hpp)
       keeper = sys.spawn(keeper_impl, std::move(ks));
     }
     std::lock_guard guard{impl.mu};

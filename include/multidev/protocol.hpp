@@ -419,6 +419,12 @@ using node_actor = caf::typed_actor<
   /// place among the session's `wire_limits::session_rounds` with it.
   /// Replies whether the session held it.
   caf::replies_to<atoms::round_drop_atom, uint64_t, uint64_t>::with<bool>,
+  /// The client of session `id` lost node actor `peer` (its connection
+  /// there closed, or its session there ended) because of `why`: the waits
+  /// of the session's rounds on `peer` fail, now and in later replays. A
+  /// route between two nodes through their client breaks without either
+  /// hearing it; this is how they hear it.
+  caf::reacts_to<atoms::lost_atom, uint64_t, caf::actor, std::string>,
   /// Replies with the node's sessions, printed:
   /// `(node (name ..) (identity ..) (sessions (session (id ..) (client ..)
   /// (lease_left_ms ..) (used_memory ..) (queued ..)) ...) (ended ..)
