@@ -219,6 +219,44 @@ std::vector<task_spec> specs(FuzzedDataProvider& in) {
   return v;
 }
 
+/// A recorded round's part for a node (`round_put`): mostly well formed
+/// (lanes of the session's devices, tasks and waits on earlier steps), with
+/// fields out of range where the input says so.
+round_part part(FuzzedDataProvider& in, const caf::actor& some) {
+  round_part p;
+  p.round = small_or_extreme<uint64_t>(in, 4);
+  p.name = text(in);
+  auto lanes = in.ConsumeIntegralInRange<int>(0, 3);
+  for (int l = 0; l < lanes; ++l)
+    p.devices.push_back(small_or_extreme<uint32_t>(in, 2));
+  auto steps = in.ConsumeIntegralInRange<int>(0, 8);
+  for (int k = 0; k < steps; ++k) {
+    round_step st;
+    st.item = small_or_extreme<uint32_t>(in, 16);
+    st.lane = small_or_extreme<uint32_t>(in, 2);
+    st.wait_on = in.ConsumeIntegralInRange<int32_t>(-3, k + 1);
+    st.peer = small_or_extreme<uint32_t>(in, 2);
+    st.peer_item = small_or_extreme<uint32_t>(in, 16);
+    st.name = text(in);
+    if (st.wait_on == -1)
+      st.spec = spec(in);
+    p.steps.push_back(std::move(st));
+  }
+  auto slots = in.ConsumeIntegralInRange<int>(0, 2);
+  for (int k = 0; k < slots; ++k) {
+    p.slot_steps.push_back(small_or_extreme<uint32_t>(in, 8));
+    p.slot_args.push_back(small_or_extreme<uint32_t>(in, 2));
+  }
+  if (in.ConsumeBool())
+    p.peers.push_back(round_peer{some, extreme<uint64_t>(in), text(in), text(in),
+                                 in.ConsumeIntegral<uint16_t>()});
+  if (in.ConsumeBool()) {
+    p.notify_steps.push_back(small_or_extreme<uint32_t>(in, 8));
+    p.notify_peers.push_back(small_or_extreme<uint32_t>(in, 1));
+  }
+  return p;
+}
+
 caf::node_id some_node(FuzzedDataProvider& in) {
   if (in.ConsumeBool())
     return {};
@@ -245,7 +283,7 @@ void one_message(FuzzedDataProvider& in, world& w, const session& s, caf::scoped
   auto offset = [&] { return small_or_extreme<uint64_t>(in, 4096); };
   auto size = [&] { return small_or_extreme<uint64_t>(in, 8192); };
   auto seq = [&] { return small_or_extreme<uint64_t>(in, 16); };
-  auto op = in.ConsumeIntegralInRange<int>(0, 31);
+  auto op = in.ConsumeIntegralInRange<int>(0, 35);
   static const bool verbose = std::getenv("MULTIDEV_FUZZ_VERBOSE") != nullptr;
   if (verbose)
     std::fprintf(stderr, "fuzz_protocol: message kind %d\n", op);
@@ -347,6 +385,59 @@ void one_message(FuzzedDataProvider& in, world& w, const session& s, caf::scoped
       }
       break;
     }
+    case 31: {
+      // A recorded round's part, of this session or another id.
+      auto id = in.ConsumeBool() ? s.id : extreme<uint64_t>(in);
+      self->request(w.node, answer_limit, round_put_atom::value, id, part(in, some_actor()))
+        .receive([](bool) {}, [](caf::error&) {});
+      break;
+    }
+    case 32: {
+      // A replay: of a round put before, or not; slots of any kind.
+      auto id = in.ConsumeBool() ? s.id : extreme<uint64_t>(in);
+      auto round = small_or_extreme<uint64_t>(in, 4);
+      auto n = small_or_extreme<uint64_t>(in, 8);
+      std::vector<wire_arg> slots;
+      auto k = in.ConsumeIntegralInRange<int>(0, 2);
+      for (int i = 0; i < k; ++i) {
+        wire_arg a;
+        a.kind = in.ConsumeIntegral<uint8_t>();
+        a.integer = extreme<int64_t>(in);
+        a.text = text(in);
+        slots.push_back(std::move(a));
+      }
+      self->request(w.node, answer_limit, round_run_atom::value, id, round, n, std::move(slots))
+        .receive([](std::vector<uint64_t>&) {}, [](caf::error&) {});
+      break;
+    }
+    case 33: {
+      // Notices from a node the parts do not name (this process's).
+      std::vector<round_notice> v;
+      auto k = in.ConsumeIntegralInRange<int>(0, 4);
+      for (int i = 0; i < k; ++i) {
+        round_notice x;
+        x.round = small_or_extreme<uint64_t>(in, 4);
+        x.replay = small_or_extreme<uint64_t>(in, 8);
+        x.item = small_or_extreme<uint32_t>(in, 16);
+        x.seq = seq();
+        if (in.ConsumeBool())
+          x.error = make_error(errc::device_failed, text(in), text(in));
+        v.push_back(std::move(x));
+      }
+      self->send(w.node, round_done_atom::value, in.ConsumeBool() ? s.id : extreme<uint64_t>(in),
+                 std::move(v));
+      break;
+    }
+    case 34:
+      self->request(w.node, answer_limit, round_drop_atom::value,
+                    in.ConsumeBool() ? s.id : extreme<uint64_t>(in),
+                    small_or_extreme<uint64_t>(in, 4))
+        .receive([](bool) {}, [](caf::error&) {});
+      break;
+    case 35:
+      self->send(w.node, lost_atom::value, in.ConsumeBool() ? s.id : extreme<uint64_t>(in),
+                 some_actor(), text(in));
+      break;
     default: {
       auto id = extreme<uint64_t>(in);
       if (id != s.id)
@@ -383,6 +474,8 @@ void bytes_input(const uint8_t* data, std::size_t size, world& w, const session&
   as(kernel_result{});
   as(device_key{});
   as(event{});
+  as(round_part{});
+  as(std::vector<round_notice>{});
 }
 
 } // namespace
