@@ -139,6 +139,62 @@ struct replayed_task {
   }
 };
 
+/// What a replay pushed at once makes, per thread, reused: the steps'
+/// work, the named tasks' bindings (their descriptions), the lanes' last
+/// seqs, the seqs whose wrappers read the round. Cleared of the work as
+/// each replay ends (`replay_scratch::use`).
+struct replay_scratch {
+  bulk_push push;
+  std::vector<bulk_task> tasks;
+  std::vector<task> bound;
+  std::vector<uint64_t> ends;
+  std::vector<std::pair<const device_core*, uint64_t>> kept;
+
+  /// This thread's, sized for `steps` steps and `lanes` lanes; the work is
+  /// dropped when the returned guard goes.
+  struct guard {
+    replay_scratch& s;
+    ~guard() {
+      s.tasks.clear();
+      s.bound.clear();
+    }
+  };
+  static guard use(std::size_t steps, std::size_t lanes) {
+    thread_local replay_scratch s;
+    s.tasks.resize(steps);
+    s.ends.resize(lanes);
+    s.bound.reserve(steps);
+    return guard{s};
+  }
+
+  /// `t`: named task `spec` bound on `core` now (its pools looked up, its
+  /// arguments as they are), wrapped with item `item`'s provenance in
+  /// replay `n` of `st`. Throws `std::invalid_argument` with that
+  /// provenance when it does not bind.
+  void bind(const std::shared_ptr<device_core>& core, const task_spec& spec,
+            const round_state& st, std::size_t item, uint64_t n, bulk_task& t) {
+    try {
+      auto b = bind_spec(core, spec);
+      auto& kept_task = bound.emplace_back(std::move(b.work));
+      t.work = with_provenance{std::move(kept_task.work), &st, item, n};
+      t.description = kept_task.description;
+      t.kind = kept_task.kind;
+      t.keep_alive = std::move(kept_task.keep_alive);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("replay: {}: {}", provenance(st, n, item), e.what()));
+    }
+  }
+
+  /// Each lane's last seq as the seqs the backend keeps `st` for.
+  void keep(backend_impl& impl, const std::shared_ptr<round_state>& st,
+            std::span<device_core* const> lanes) {
+    kept.clear();
+    for (std::size_t l = 0; l < lanes.size(); ++l)
+      kept.emplace_back(lanes[l], ends[l]);
+    keep_for_replays(impl, st, kept);
+  }
+};
+
 /// Checks that `d` is a device of `impl` (made or attached there).
 void check_device(const backend_impl& impl, const device& d) {
   impl.endpoint_of(d);
@@ -348,42 +404,14 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
                std::span<uint64_t> ends) {
-  struct scratch {
-    bulk_push push;
-    std::vector<bulk_task> tasks;
-    std::vector<task> bound;
-    std::vector<std::pair<const device_core*, uint64_t>> kept;
-  };
-  thread_local scratch s;
-  struct clear {
-    scratch& s;
-    ~clear() {
-      s.tasks.clear();
-      s.bound.clear();
-    }
-  } guard{s};
-  s.tasks.resize(steps.size());
-  s.bound.reserve(steps.size());
-  for (std::size_t k = 0; k < steps.size(); ++k) {
-    if (steps[k].wait_on != -1)
-      continue;
-    try {
-      auto bound = bind_spec(cores[steps[k].lane], *specs[k]);
-      auto& b = s.bound.emplace_back(std::move(bound.work));
-      auto& t = s.tasks[k];
-      t.work = with_provenance{std::move(b.work), st.get(), k, n};
-      t.description = b.description;
-      t.kind = b.kind;
-      t.keep_alive = std::move(b.keep_alive);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("replay: {}: {}", provenance(*st, n, k), e.what()));
-    }
-  }
-  s.push.push(lanes, steps, s.tasks, ends, external, false);
-  s.kept.clear();
-  for (std::size_t l = 0; l < lanes.size(); ++l)
-    s.kept.emplace_back(lanes[l], ends[l]);
-  keep_for_replays(impl, st, s.kept);
+  auto g = replay_scratch::use(steps.size(), lanes.size());
+  auto& s = g.s;
+  for (std::size_t k = 0; k < steps.size(); ++k)
+    if (steps[k].wait_on == -1)
+      s.bind(cores[steps[k].lane], *specs[k], *st, k, n, s.tasks[k]);
+  s.push.push(lanes, steps, s.tasks, s.ends, external, false);
+  std::copy(s.ends.begin(), s.ends.end(), ends.begin());
+  s.keep(impl, st, lanes);
 }
 
 } // namespace detail
@@ -748,24 +776,8 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
                        uint64_t n, replay_events& out) {
   using kind = detail::round_item::kind;
   const auto& p = st->plan;
-  struct scratch {
-    detail::bulk_push push;
-    std::vector<detail::bulk_task> tasks;
-    std::vector<task> bound; // the named tasks' (their descriptions)
-    std::vector<uint64_t> ends;
-    std::vector<std::pair<const detail::device_core*, uint64_t>> kept;
-  };
-  thread_local scratch s;
-  struct clear {
-    scratch& s;
-    ~clear() {
-      s.tasks.clear();
-      s.bound.clear();
-    }
-  } guard{s};
-  s.tasks.resize(p.steps.size());
-  s.ends.resize(p.lanes.size());
-  s.bound.reserve(p.steps.size());
+  auto g = detail::replay_scratch::use(p.steps.size(), p.lanes.size());
+  auto& s = g.s;
   for (std::size_t k = 0; k < p.steps.size(); ++k) {
     if (p.steps[k].wait_on >= 0)
       continue;
@@ -778,26 +790,13 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
       t.kind = it.work.kind;
       continue;
     }
-    try {
-      auto bound = detail::bind_spec(p.cores[p.steps[k].lane], it.spec);
-      auto& b = s.bound.emplace_back(std::move(bound.work));
-      t.work = detail::with_provenance{std::move(b.work), st.get(), i, n};
-      t.description = b.description;
-      t.kind = b.kind;
-      t.keep_alive = std::move(b.keep_alive);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(
-        fmt::format("replay: {}: {}", detail::provenance(*st, n, i), e.what()));
-    }
+    s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, t);
   }
   s.push.push(p.lanes, p.steps, s.tasks, s.ends);
   detail::replay_access::set(out, st, s.ends);
   // The lanes' last seqs bound the wrapped items' (a wait's entry reads
   // nothing of the round, so erring late only keeps it longer).
-  s.kept.clear();
-  for (std::size_t l = 0; l < p.lanes.size(); ++l)
-    s.kept.emplace_back(p.lanes[l], s.ends[l]);
-  detail::keep_for_replays(impl, st, s.kept);
+  s.keep(impl, st, p.lanes);
 }
 
 /// Builds `np` (node_plan): usable when every item is a named task or a

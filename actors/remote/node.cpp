@@ -268,6 +268,18 @@ std::optional<caf::error> not_the_client(node_ptr self, uint64_t id, const node_
                                 id, from));
 }
 
+/// Session `id`, when the sender is its client; otherwise why not (it is
+/// not open, or the sender is not its client).
+caf::expected<node_session*> client_session(node_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto i = st.sessions.find(id);
+  if (i == st.sessions.end())
+    return make_error(errc::device_failed, st.name, session_gone(st, id));
+  if (auto refused = not_the_client(self, id, i->second))
+    return std::move(*refused);
+  return &i->second;
+}
+
 /// Checks session `id`'s lease (a timer set at each grant): ends it once over.
 void check_lease(node_ptr self, uint64_t id) {
   auto& st = self->state;
@@ -464,12 +476,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
     [self](atoms::round_put_atom, uint64_t id, round_part& part) -> caf::result<bool> {
       detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
-      auto i = st.sessions.find(id);
-      if (i == st.sessions.end())
-        return make_error(errc::device_failed, st.name, session_gone(st, id));
-      if (auto refused = not_the_client(self, id, i->second))
-        return std::move(*refused);
-      auto& s = i->second;
+      auto found = client_session(self, id);
+      if (!found)
+        return std::move(found.error());
+      auto& s = **found;
       try {
         detail::check_round_part(part, s.devices.size(), self->node());
         s.rounds->put(std::move(part));
@@ -485,12 +495,10 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
            std::vector<wire_arg>& slots) -> caf::result<std::vector<uint64_t>> {
       detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto& st = self->state;
-      auto i = st.sessions.find(id);
-      if (i == st.sessions.end())
-        return make_error(errc::device_failed, st.name, session_gone(st, id));
-      if (auto refused = not_the_client(self, id, i->second))
-        return std::move(*refused);
-      auto& s = i->second;
+      auto found = client_session(self, id);
+      if (!found)
+        return std::move(found.error());
+      auto& s = **found;
       if (!s.rounds->deferred.empty() || !s.rounds->has_room(round)) {
         // Behind a full queue: later, in order (an actor must not block).
         if (s.rounds->deferred.size() >= detail::wire_limits::deferred_requests)
