@@ -31,7 +31,10 @@ struct replay_access {
                   std::span<const uint64_t> ends) {
     out.round_id_ = st->id;
     out.st_ = st;
-    out.ends_.assign(ends.begin(), ends.end());
+    if (ends.size() <= out.few_ends_.size())
+      std::copy(ends.begin(), ends.end(), out.few_ends_.begin());
+    else
+      out.ends_.assign(ends.begin(), ends.end());
   }
   static void set_nodes(replay_events& out, const std::shared_ptr<round_state>& st,
                         std::shared_ptr<const node_replay> nodes) {
@@ -549,7 +552,7 @@ event replay_events::item(std::size_t i) const {
   }
   const auto& p = st_->plan;
   const auto& ie = p.item_events[i];
-  auto base = ends_[ie.lane] - p.lane_steps[ie.lane];
+  auto base = end_of(ie.lane) - p.lane_steps[ie.lane];
   return event{p.eps[ie.lane],
                ie.step >= 0 ? base + p.step_ordinal[static_cast<std::size_t>(ie.step)] : base};
 }
@@ -586,7 +589,7 @@ std::vector<std::pair<device, event>> replay_events::all_work() const {
   const auto& p = st_->plan;
   for (std::size_t d = 0; d < st_->devices.size(); ++d)
     out.emplace_back(st_->devices[d],
-                     event{p.eps[p.device_lane[d]], ends_[p.device_lane[d]]});
+                     event{p.eps[p.device_lane[d]], end_of(p.device_lane[d])});
   return out;
 }
 
@@ -606,7 +609,7 @@ event replay_events::all_work_of(const device& d) const {
     const auto& p = st_->plan;
     for (std::size_t i = 0; i < st_->devices.size(); ++i)
       if (st_->devices[i] == d)
-        return event{p.eps[p.device_lane[i]], ends_[p.device_lane[i]]};
+        return event{p.eps[p.device_lane[i]], end_of(p.device_lane[i])};
   } else {
     for (const auto& [dev, e] : all_work_)
       if (dev == d)

@@ -470,3 +470,38 @@ BOOST_AUTO_TEST_CASE(test_hot_path_a_pool_freed_or_replaced_behind_queued_copies
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(test_hot_path_a_replay_on_the_devices_allocates_at_most_its_waits_entries) {
+  // A recorded round of closures and waits on two devices (issue 41 point
+  // 2: a replay allocates nothing on the hot path): once warm, replaying it
+  // allocates nothing on the replaying thread but, at most, a wait entry's
+  // extra when the runner has handed none back yet (as a single wait:
+  // test_hot_path_a_wait_allocates_at_most_its_entry_once_warm).
+  backend b{backend_options{.num_devices = 2}};
+  auto d0 = b.get_device(0);
+  auto d1 = b.get_device(1);
+  auto c0 = b.make_context(d0);
+  auto c1 = b.make_context(d1);
+  std::atomic<int> ran{0};
+  auto r = b.record("step", [&] {
+    for (int s = 0; s < 4; ++s) {
+      b.schedule_task(d0, {"t0", [&ran] { ++ran; }});
+      b.will_wait_for(c1, b.all_work(d0));
+      b.schedule_task(d1, {"t1", [&ran] { ++ran; }});
+      b.will_wait_for(c0, b.all_work(d1));
+    }
+  });
+  std::vector<long> counts, entries;
+  for (int i = 0; i < 120; ++i) {
+    replay_events ev;
+    counts.push_back(allocations_in([&] { ev = b.replay(r); }));
+    entries.push_back(aligned_allocations);
+    sync(b, ev.all_work_of(d0));
+    sync(b, ev.all_work_of(d1));
+  }
+  for (std::size_t i = 90; i < counts.size(); ++i)
+    BOOST_TEST(counts[i] - entries[i] == 0,
+               "replay " << i << " allocated " << counts[i] - entries[i]
+                         << " time(s) besides its waits' entries");
+  BOOST_TEST(ran.load() == 120 * 8);
+}

@@ -412,6 +412,14 @@ std::shared_ptr<remote_op> make_op(std::shared_ptr<link_shared> shared, caf::dur
                 handed_off<void(caf::error&)>([self, target, id, me, xs...](caf::error& e) {
                   if (e == caf::sec::request_timeout)
                     give_up(self, target, id, xs...);
+                  // Not the device's answer (its actor unreachable, the
+                  // request bounced before the link heard the actor go): a
+                  // session's device fails it only at the keeper's verdict,
+                  // as a `wait` (when_done) and the held calls do.
+                  auto& sh = me->shared();
+                  if (sh.session && e == caf::sec::request_receiver_down
+                      && sh.defer([me] { me->fail(me->shared().closed_error()); }))
+                    return;
                   me->fail(e);
                 }));
   };

@@ -25,6 +25,7 @@
 /// from several threads at once is safe, changing its slots (`arg`) while
 /// another thread replays it is not.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -101,6 +102,12 @@ private:
   /// devices' last seq once the replay was pushed (`replay_plan`).
   std::shared_ptr<const detail::round_state> st_;
   std::vector<uint64_t> ends_;
+  /// The same inline, for up to 8 devices (then `ends_` is empty): a
+  /// replay allocates no events.
+  std::array<uint64_t, 8> few_ends_{};
+  uint64_t end_of(std::size_t lane) const noexcept {
+    return ends_.empty() ? few_ends_[lane] : ends_[lane];
+  }
   /// A replay on nodes: their replies, which `item` and `all_work` wait for.
   std::shared_ptr<const detail::node_replay> nodes_;
 };
