@@ -528,21 +528,6 @@ void fail_owner(self_ptr self, const caf::actor_addr& owner, const std::string& 
     st.routes.erase(i);
 }
 
-/// Fails `g`, a gate on a device of another process named `owner_name`,
-/// with `err`: the owner's failure, provenance and all, or another error.
-void fail_gate(device_core& c, gate& g, const caf::error& err, caf::actor_system& sys,
-               const std::string& owner_name) {
-  if (auto f = failure_of(err)) { // the owner's provenance
-    // Named as the owner's process names its devices: in ours, so
-    // that the devices of that node keep its name on the next hop.
-    to_our_names(*f, owner_name);
-    c.resolve_gate(g, std::make_shared<const failure>(std::move(*f)));
-    return;
-  }
-  auto msg = describe_error(sys, err);
-  c.resolve_gate(g, &msg);
-}
-
 /// `depend`: a gate on `owner`'s `seq`, opened by the reply to a `wait`
 /// request; `owner_name` (may be empty) names it in the errors.
 caf::result<uint64_t> depend_on(self_ptr self, const caf::actor& owner, uint64_t seq,
@@ -1304,6 +1289,19 @@ device_actor spawn_device_actor(caf::actor_system& sys, std::shared_ptr<device_c
     return sys.spawn<guarded_device>(std::move(core), std::move(shared_id), std::move(guard));
   return sys.spawn(device_impl, std::move(core), std::move(shared_id),
                    std::shared_ptr<const peer_guard>{});
+}
+
+void fail_gate(device_core& c, gate& g, const caf::error& err, caf::actor_system& sys,
+               const std::string& owner_name) {
+  if (auto f = failure_of(err)) { // the owner's provenance
+    // Named as the owner's process names its devices: in ours, so
+    // that the devices of that node keep its name on the next hop.
+    to_our_names(*f, owner_name);
+    c.resolve_gate(g, std::make_shared<const failure>(std::move(*f)));
+    return;
+  }
+  auto msg = describe_error(sys, err);
+  c.resolve_gate(g, &msg);
 }
 
 } // namespace multidev::detail

@@ -95,6 +95,14 @@ private:
   std::vector<std::weak_ptr<const device_core>> cores_; // the backend owns them
 };
 
+/// Fails `g`, a gate queued on `c` waiting on a device of another process
+/// named `owner_name`, with `err`: the owner's failure, provenance and all
+/// (its devices named as that process names them, in ours), or another
+/// error's rendering. (A `depend`'s or a copy's gate, and a recorded
+/// round's wait on another node's item: actors/remote/node_rounds.cpp.)
+void fail_gate(device_core& c, gate& g, const caf::error& err, caf::actor_system& sys,
+               const std::string& owner_name);
+
 /// Spawns the device actor of `core`. The actor answers the protocol of
 /// `device_actor`; it does not stop the core when it exits (the backend does).
 /// With a `guard`, it drops the messages of the nodes `guard` does not admit.

@@ -188,12 +188,12 @@ struct replay_scratch {
     }
   }
 
-  /// Each lane's last seq as the seqs the backend keeps `st` for.
+  /// Each lane's last seq (`last`) as the seqs the backend keeps `st` for.
   void keep(backend_impl& impl, const std::shared_ptr<round_state>& st,
-            std::span<device_core* const> lanes) {
+            std::span<device_core* const> lanes, std::span<const uint64_t> last) {
     kept.clear();
     for (std::size_t l = 0; l < lanes.size(); ++l)
-      kept.emplace_back(lanes[l], ends[l]);
+      kept.emplace_back(lanes[l], last[l]);
     keep_for_replays(impl, st, kept);
   }
 };
@@ -412,9 +412,8 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
   for (std::size_t k = 0; k < steps.size(); ++k)
     if (steps[k].wait_on == -1)
       s.bind(cores[steps[k].lane], *specs[k], *st, k, n, s.tasks[k]);
-  s.push.push(lanes, steps, s.tasks, s.ends, external, false);
-  std::copy(s.ends.begin(), s.ends.end(), ends.begin());
-  s.keep(impl, st, lanes);
+  s.push.push(lanes, steps, s.tasks, ends, external, false);
+  s.keep(impl, st, lanes, ends);
 }
 
 } // namespace detail
@@ -472,11 +471,18 @@ round_slot round::slot(const event& recorded, std::size_t arg) {
 
 namespace {
 
-/// The device_error for node `nd`'s reply `r` to replay `n` of `st`.
-[[noreturn]] void node_refused(const detail::round_state& st, const detail::node_plan::node& nd,
-                               uint64_t n, const detail::node_replay::reply& r) {
-  throw device_error(nd.name, fmt::format("replay {} of round '{}' on node {}: {}", n, st.name,
-                                          nd.name, describe_error(r.err)));
+/// Node `x`'s lanes' last seqs of replay `nr` of `st`, once its answer is
+/// in; its refusal as a `device_error`.
+const std::vector<uint64_t>& node_ends(const detail::round_state& st,
+                                       const detail::node_replay& nr, uint32_t x) {
+  const auto& r = *nr.replies[x];
+  r.wait();
+  if (r.flag.load(std::memory_order_acquire) == 2) {
+    const auto& nd = st.nodes.nodes[x];
+    throw device_error(nd.name, fmt::format("replay {} of round '{}' on node {}: {}", nr.n,
+                                            st.name, nd.name, describe_error(r.err)));
+  }
+  return r.ends;
 }
 
 kernel_arg& slot_arg(detail::round_state& s, round_slot sl) {
@@ -542,11 +548,7 @@ event replay_events::item(std::size_t i) const {
     const auto& np = st_->nodes;
     const auto& ie = np.item_events[i];
     const auto& nd = np.nodes[ie.node];
-    const auto& r = *nodes_->replies[ie.node];
-    r.wait();
-    if (r.flag.load(std::memory_order_acquire) == 2)
-      node_refused(*st_, nd, nodes_->n, r);
-    auto base = r.ends[ie.lane] - nd.lane_steps[ie.lane];
+    auto base = node_ends(*st_, *nodes_, ie.node)[ie.lane] - nd.lane_steps[ie.lane];
     return event{nd.eps[ie.lane],
                  ie.step >= 0 ? base + nd.step_ordinal[static_cast<std::size_t>(ie.step)] : base};
   }
@@ -579,13 +581,15 @@ event replay_events::of(const event& recorded) const {
 std::vector<std::pair<device, event>> replay_events::all_work() const {
   if (!st_)
     return all_work_;
+  std::vector<std::pair<device, event>> out;
   if (nodes_) {
-    std::vector<std::pair<device, event>> out;
-    for (const auto& d : st_->devices)
-      out.emplace_back(d, all_work_of(d));
+    const auto& np = st_->nodes;
+    for (std::size_t d = 0; d < st_->devices.size(); ++d) {
+      auto [x, l] = np.device_lane[d];
+      out.emplace_back(st_->devices[d], event{np.nodes[x].eps[l], node_ends(*st_, *nodes_, x)[l]});
+    }
     return out;
   }
-  std::vector<std::pair<device, event>> out;
   const auto& p = st_->plan;
   for (std::size_t d = 0; d < st_->devices.size(); ++d)
     out.emplace_back(st_->devices[d],
@@ -599,11 +603,7 @@ event replay_events::all_work_of(const device& d) const {
     for (std::size_t i = 0; i < st_->devices.size(); ++i)
       if (st_->devices[i] == d) {
         auto [x, l] = np.device_lane[i];
-        const auto& r = *nodes_->replies[x];
-        r.wait();
-        if (r.flag.load(std::memory_order_acquire) == 2)
-          node_refused(*st_, np.nodes[x], nodes_->n, r);
-        return event{np.nodes[x].eps[l], r.ends[l]};
+        return event{np.nodes[x].eps[l], node_ends(*st_, *nodes_, x)[l]};
       }
   } else if (st_) {
     const auto& p = st_->plan;
@@ -799,7 +799,7 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
   detail::replay_access::set(out, st, s.ends);
   // The lanes' last seqs bound the wrapped items' (a wait's entry reads
   // nothing of the round, so erring late only keeps it longer).
-  s.keep(impl, st, p.lanes);
+  s.keep(impl, st, p.lanes, s.ends);
 }
 
 /// Builds `np` (node_plan): usable when every item is a named task or a

@@ -14,6 +14,7 @@
 #include "actors/backend_impl.hpp"
 #include "actors/core/device_core.hpp"
 #include "actors/core/gate.hpp"
+#include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/remote/message_checks.hpp"
 #include "actors/round_state.hpp"
@@ -23,7 +24,6 @@ namespace multidev::detail {
 
 namespace {
 
-std::size_t part_notices(const round_part& p) { return p.notify_steps.size(); }
 
 /// Tells a peer that an item of a replay it waits on resolved: run by the
 /// item's device (a resolver, on its runner, or at once when resolved
@@ -64,8 +64,9 @@ std::vector<round_notice> round_outbox::take() {
   return std::move(notices);
 }
 
-session_rounds::session_rounds(std::weak_ptr<backend> b, std::string who, caf::actor_addr node)
-  : b_(std::move(b)), who_(std::move(who)), node_(std::move(node)) {}
+session_rounds::session_rounds(caf::actor_system& sys, std::weak_ptr<backend> b, std::string who,
+                               caf::actor_addr node)
+  : sys_(&sys), b_(std::move(b)), who_(std::move(who)), node_(std::move(node)) {}
 
 session_rounds::~session_rounds() = default;
 
@@ -113,7 +114,7 @@ void session_rounds::put(round_part part) {
   r.st = std::move(st);
   r.dead.assign(part.peers.size(), std::string{});
   r.part = std::move(part);
-  for (std::size_t k = 0; k < part_notices(r.part); ++k) {
+  for (std::size_t k = 0; k < r.part.notify_steps.size(); ++k) {
     const auto& peer = r.part.peers[r.part.notify_peers[k]];
     auto& box = outboxes_[{peer.node.address(), peer.session}];
     if (!box) {
@@ -227,18 +228,10 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
 
 void session_rounds::settle(part_state& r, const held_gate& h, uint32_t peer,
                             const caf::error& err) {
-  if (!err) {
+  if (!err)
     h.core->resolve_gate(*h.g, std::shared_ptr<const failure>{});
-    return;
-  }
-  if (auto f = failure_of(err)) {
-    // Named as the awaited node names its devices: `a/...` here.
-    to_our_names(*f, r.part.peers[peer].name + "/");
-    h.core->resolve_gate(*h.g, std::make_shared<const failure>(std::move(*f)));
-    return;
-  }
-  auto msg = describe_error(err);
-  h.core->resolve_gate(*h.g, &msg);
+  else // named as the awaited node names its devices: `a/...` here
+    fail_gate(*h.core, *h.g, err, *sys_, r.part.peers[peer].name + "/");
 }
 
 void session_rounds::tell_refused(part_state& r, uint64_t n, const std::string& why) {

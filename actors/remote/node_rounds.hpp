@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/fwd.hpp>
 #include <caf/actor_addr.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
@@ -69,10 +70,11 @@ struct round_state;
 
 class session_rounds {
 public:
-  /// `b`: the session's backend (not kept: the session's teardown owns it);
-  /// `who`: "session 3 of node b", for errors; `node`: this node's actor,
-  /// the sender of its notices.
-  session_rounds(std::weak_ptr<backend> b, std::string who, caf::actor_addr node);
+  /// `sys`: the node's system (renders errors); `b`: the session's backend
+  /// (not kept: the session's teardown owns it); `who`: "session 3 of node
+  /// b", for errors; `node`: this node's actor, the sender of its notices.
+  session_rounds(caf::actor_system& sys, std::weak_ptr<backend> b, std::string who,
+                 caf::actor_addr node);
   ~session_rounds();
   session_rounds(const session_rounds&) = delete;
   session_rounds& operator=(const session_rounds&) = delete;
@@ -160,6 +162,7 @@ private:
   /// Erases `it` when dropped and nothing waits on it any more.
   void erase_if_done(std::map<uint64_t, part_state>::iterator it);
 
+  caf::actor_system* sys_;
   std::weak_ptr<backend> b_;
   std::string who_;
   caf::actor_addr node_;
