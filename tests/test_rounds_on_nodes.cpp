@@ -18,6 +18,7 @@
 #include <multidev/multidev.hpp>
 #include <multidev/protocol.hpp>
 
+#include "messages/tsan.hpp"
 #include "test_support.hpp"
 
 #include <atomic>
@@ -131,7 +132,11 @@ struct nodes_here {
     caf::scoped_actor self{*sys_c};
     std::string text;
     self->request(n, 10s, atoms::debug_atom::value)
-      .receive([&](std::string& t) { text = std::move(t); },
+      .receive(
+        [&](std::string& t) {
+          detail::tsan_acquire(t.data()); // the node's handler released it there
+          text = std::move(t);
+        },
                [&](caf::error& e) { BOOST_ERROR("debug: " << sys_c->render(e)); });
     return text;
   }

@@ -630,11 +630,12 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                                                    sexp::field("dropped",
                                                                std::to_string(s.rounds->dropped()))})}));
       }
-      return sexp::list({sexp::atom("node"), sexp::field("name", st.name),
-                         sexp::field("identity", st.identity), sexp::list(std::move(sessions)),
-                         sexp::field("ended", std::to_string(st.ended.size())),
-                         sexp::field("cleaned", std::to_string(st.cleaned->load()))})
-        .to_string();
+      return detail::handed_off_text(
+        sexp::list({sexp::atom("node"), sexp::field("name", st.name),
+                    sexp::field("identity", st.identity), sexp::list(std::move(sessions)),
+                    sexp::field("ended", std::to_string(st.ended.size())),
+                    sexp::field("cleaned", std::to_string(st.cleaned->load()))})
+          .to_string());
     },
     [self](check_atom, uint64_t id) {
       detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
