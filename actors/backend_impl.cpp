@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/node_rounds.hpp"
 #include "actors/logger_tie.hpp"
 #include "actors/reaper.hpp"
 
@@ -176,6 +177,13 @@ void backend_impl::shutdown() {
   }
   for (auto& c : all)
     c->shutdown();
+  std::shared_ptr<detail::host_rounds> rounds;
+  {
+    std::lock_guard guard{mu};
+    rounds = here_rounds;
+  }
+  if (rounds)
+    rounds->close(); // their waits on nodes were cancelled with the devices
   for (auto& a : handles)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   handles.clear();

@@ -23,6 +23,7 @@
 namespace multidev::detail {
 
 struct peer_guard; // actors/device_actor.hpp
+struct host_rounds; // actors/remote/node_rounds.hpp
 struct round_state; // actors/round_state.hpp
 
 /// OCANNL's device record: identity plus the transfer bookkeeping, guarded by
@@ -113,6 +114,9 @@ struct backend_impl {
   /// stopped at shutdown: one left running would hold its actor system
   /// (a backend's own: ~backend) forever. Weak: the backend keeps none alive.
   std::vector<caf::actor_addr> node_actors;
+  /// This process's parts of rounds that run on nodes too, once one was
+  /// replayed (`host_rounds_of`); closed at shutdown, after the devices.
+  std::shared_ptr<host_rounds> here_rounds;
 
   /// The rounds replayed here whose tasks may still read them (see
   /// `keep_for_replays` in actors/round_state.hpp), under `rounds_mu`.

@@ -13,6 +13,8 @@
 
 #include "actors/backend_impl.hpp"
 #include "actors/binding.hpp"
+#include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/node_rounds.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/kernels.hpp"
 
@@ -803,12 +805,14 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
 }
 
 /// Builds `np` (node_plan): usable when every item is a named task or a
-/// wait on a device of a node attached with a session, and every wait is on
-/// an item of the round (or on an event of this process done when
-/// recorded). A wait between two nodes' devices becomes a step of the
-/// waiting node that the awaited node's `round_done` opens.
-void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
-                     detail::node_plan& np) {
+/// wait, on a device of a node attached with a session or of this process
+/// (at least one on a node), and every wait is on an item of the round (or
+/// on an event of this process done when recorded). This process takes
+/// part as a node does (`host_rounds`). A wait between two participants'
+/// devices becomes a step of the waiting one that the awaited one's
+/// `round_done` opens.
+void build_node_plan(backend& b, const detail::round_state& st, detail::node_plan& np) {
+  auto& impl = b.impl();
   using kind = detail::round_item::kind;
   using node = detail::node_plan::node;
   auto refuse = [&np] {
@@ -824,14 +828,18 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
   };
   auto locate = [&](const device& d) -> std::optional<where> {
     auto& rec = record_of(d);
-    if (rec.r.local_core())
-      return std::nullopt;
+    const bool here = rec.r.local_core() != nullptr;
     caf::actor actor;
     uint64_t session = 0;
     std::string name;
     std::size_t ordinal = 0;
     device first;
-    {
+    if (here) {
+      if (!np.host)
+        np.host = detail::host_rounds_of(b);
+      actor = caf::actor_cast<caf::actor>(np.host->actor);
+      name = detail::this_process(); // as the nodes name this process's devices
+    } else {
       std::lock_guard guard{impl.mu};
       for (const auto& n : impl.nodes) {
         auto at = std::find(n.devices.begin(), n.devices.end(), d);
@@ -845,17 +853,19 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
         break;
       }
     }
-    if (!actor || session == 0)
+    if (!actor || (session == 0 && !here))
       return std::nullopt; // a device attached alone, or a node without sessions
     uint32_t x = 0;
     while (x < np.nodes.size() && np.nodes[x].actor != actor.address())
       ++x;
     if (x == np.nodes.size()) {
       node fresh;
+      fresh.here = here;
       fresh.actor = actor.address();
       fresh.session = session;
       fresh.name = name;
-      fresh.sender = record_of(first).r.endpoint();
+      if (!here)
+        fresh.sender = record_of(first).r.endpoint();
       fresh.part.round = st.id;
       fresh.round = st.id;
       fresh.part.name = st.name;
@@ -869,7 +879,8 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
     if (l == nd.lanes.size()) {
       nd.lanes.push_back(d);
       nd.eps.push_back(rec.r.endpoint());
-      nd.part.devices.push_back(static_cast<uint32_t>(ordinal));
+      // This process's lanes are given as devices (`session_rounds::put`).
+      nd.part.devices.push_back(static_cast<uint32_t>(here ? l : ordinal));
       nd.lane_steps.push_back(0);
       last_step[x].push_back(-1);
     }
@@ -891,7 +902,9 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
     for (uint32_t p = 0; p < peers.size(); ++p)
       if (peers[p].node.address() == other.actor)
         return p;
-    auto [host, port] = detail::node_address(*other.sender);
+    // This process: no address, the nodes reach it over their sessions.
+    auto [host, port] = other.here ? std::pair<std::string, uint16_t>{}
+                                   : detail::node_address(*other.sender);
     peers.push_back(round_peer{caf::actor_cast<caf::actor>(other.actor), other.session,
                                other.name, host, port});
     return static_cast<uint32_t>(peers.size() - 1);
@@ -958,8 +971,8 @@ void build_node_plan(detail::backend_impl& impl, const detail::round_state& st,
       return refuse(); // a closure, a routine, a copy or a pool call
     }
   }
-  if (np.nodes.empty())
-    return refuse();
+  if (std::none_of(np.nodes.begin(), np.nodes.end(), [](const node& x) { return !x.here; }))
+    return refuse(); // all here: a closure or an outside wait kept it off the devices' plan
   for (const auto& d : st.devices) {
     auto w = locate(d);
     np.device_lane.emplace_back(w->node, w->lane);
@@ -991,6 +1004,12 @@ node_plan::~node_plan() {
     return;
   for (auto& nd : nodes)
     try {
+      if (nd.here) {
+        std::lock_guard guard{host->mu};
+        if (host->rounds)
+          host->rounds->drop(nd.round);
+        continue;
+      }
       if (auto actor = caf::actor_cast<caf::actor>(nd.actor))
         request_node(*nd.sender, actor,
                      caf::make_message(atoms::round_drop_atom::value, nd.session, nd.round),
@@ -1011,9 +1030,26 @@ void install_parts(detail::round_state& st) {
   std::lock_guard guard{np.install_mu};
   if (np.installed)
     return;
+  // This process's part first (kept by its host_rounds, its nodes
+  // watched): refused, nothing was sent.
+  for (auto& nd : np.nodes) {
+    if (!nd.here)
+      continue;
+    std::lock_guard guard{np.host->mu};
+    if (!np.host->rounds)
+      throw device_error(nd.name, fmt::format("replay of round '{}': the backend shut down",
+                                              st.name));
+    np.host->rounds->put(nd.part, nd.lanes);
+    np.host->watch(nd.part.peers);
+  }
   std::vector<std::shared_ptr<detail::node_replay::reply>> replies;
   for (auto& nd : np.nodes) {
     auto r = std::make_shared<detail::node_replay::reply>();
+    if (nd.here) {
+      r->flag.store(1);
+      replies.push_back(std::move(r));
+      continue;
+    }
     auto h = fill(r, [](const caf::message& m, auto&) { return m.match_elements<bool>(); });
     auto actor = caf::actor_cast<caf::actor>(nd.actor);
     if (!actor
@@ -1037,10 +1073,11 @@ void install_parts(detail::round_state& st) {
   np.installed = true;
   // A node whose part waits on or tells another hears from us when we lose
   // that one: the route between them may run through this process.
+  // (This process watches its nodes itself, `host_rounds::watch`.)
   for (auto& nd : np.nodes)
     for (const auto& peer : nd.part.peers)
       for (auto& other : np.nodes)
-        if (other.actor == peer.node.address())
+        if (other.actor == peer.node.address() && !nd.here && !other.here)
           detail::watch_for_rounds(*other.sender, caf::actor_cast<caf::actor>(nd.actor),
                                    nd.session, peer.node);
   // The nodes hold the parts now: no handle of another system's actor is
@@ -1058,15 +1095,48 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
   // The requests that add work sent to these devices without waiting (a
   // `depend`, a copy) first: the node, not their actors, pushes the replay.
   for (auto& nd : np.nodes)
-    for (auto& ep : nd.eps)
-      detail::settle_async(*ep);
+    if (!nd.here)
+      for (auto& ep : nd.eps)
+        detail::settle_async(*ep);
   auto nr = std::make_shared<detail::node_replay>();
   nr->n = n;
-  for (auto& nd : np.nodes) {
+  auto slots_of = [&st](const detail::node_plan::node& nd) {
     std::vector<wire_arg> slots;
     slots.reserve(nd.slots.size());
     for (const auto& sl : nd.slots)
       slots.push_back(to_wire(st->items[sl.item].spec.args[sl.arg]));
+    return slots;
+  };
+  // This process's part first, pushed whole here: refused, nothing was sent.
+  std::vector<std::shared_ptr<detail::node_replay::reply>> here(np.nodes.size());
+  for (std::size_t x = 0; x < np.nodes.size(); ++x) {
+    const auto& nd = np.nodes[x];
+    if (!nd.here)
+      continue;
+    std::vector<detail::device_core*> lanes;
+    for (const auto& d : nd.lanes)
+      lanes.push_back(record_of(d).r.local_core());
+    // Room first, outside the lock that the nodes' notices take.
+    for (auto* c : lanes)
+      c->wait_for_room();
+    auto r = std::make_shared<detail::node_replay::reply>();
+    {
+      std::lock_guard guard{np.host->mu};
+      if (!np.host->rounds)
+        throw device_error(nd.name, fmt::format("replay {} of round '{}': the backend shut down",
+                                                n, st->name));
+      r->ends = np.host->rounds->run(nd.round, n, slots_of(nd));
+    }
+    r->flag.store(1, std::memory_order_release);
+    here[x] = std::move(r);
+  }
+  for (std::size_t x = 0; x < np.nodes.size(); ++x) {
+    auto& nd = np.nodes[x];
+    if (nd.here) {
+      nr->replies.push_back(std::move(here[x]));
+      continue;
+    }
+    auto slots = slots_of(nd);
     auto r = std::make_shared<detail::node_replay::reply>();
     auto lanes = nd.lanes.size();
     auto h = fill(r, [lanes](const caf::message& m, detail::node_replay::reply& to) {
@@ -1253,7 +1323,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
     std::call_once(st->plan_once, [&st, this] {
       build_plan(*st, st->plan);
       if (!st->plan.usable)
-        build_node_plan(*impl_, *st, st->nodes);
+        build_node_plan(*this, *st, st->nodes);
     });
     if (st->nodes.usable) {
       install_parts(*st);

@@ -34,6 +34,7 @@
 namespace multidev::detail {
 
 struct backend_impl;
+struct host_rounds; // actors/remote/node_rounds.hpp
 
 /// One recorded call. Only the fields of its kind are set.
 struct round_item {
@@ -115,6 +116,9 @@ struct replay_plan {
 struct node_plan {
   bool usable = false;
   struct node {
+    /// This process (`host_rounds`): its part is pushed by the replaying
+    /// thread, no message sent; `actor` is the host rounds' actor.
+    bool here = false;
     /// Its node actor (weak: a round may outlive the actor system) and the
     /// session the client holds there.
     caf::actor_addr actor;
@@ -138,6 +142,8 @@ struct node_plan {
     std::vector<round_slot> slots;
   };
   std::vector<node> nodes;
+  /// This process's part's keeper, when a node is `here`.
+  std::shared_ptr<host_rounds> host;
   /// Where item `i`'s event is: its node, lane, and the part's step whose
   /// seq it is (-1: the lane's last seq before the replay).
   struct item_event {

@@ -443,3 +443,130 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_replays_behind_a_full_queue_wait_in_or
       want.push_back("b" + std::to_string(i));
   BOOST_TEST(the_log().take() == want, boost::test_tools::per_element());
 }
+
+// -- rounds that run here too ---------------------------------------------------
+// A round on this process's devices and the nodes': this process takes part
+// as a node does (host_rounds), its part pushed whole by the replaying
+// thread, one `round_run` per node, and the edges between it and the nodes
+// go as `round_done` both ways.
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_and_on_nodes_is_one_message_per_node) {
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  the_log().take();
+  event first;
+  auto r = c.record("mixed", [&] {
+    first = c.schedule_named(h0, note("h0 first"));
+    c.will_wait_for(c.make_context(n.a0), first);
+    auto on_a = c.schedule_named(n.a0, note("a0"));
+    c.will_wait_for(c.make_context(n.b0), on_a);
+    auto on_b = c.schedule_named(n.b0, note("b0"));
+    c.will_wait_for(c.make_context(h0), on_b);
+    c.schedule_named(h0, note("h0 last"));
+  });
+  auto slot = r.slot(first, 0);
+  std::vector<replay_events> evs;
+  for (int k = 1; k <= 3; ++k) {
+    r.arg(slot) = "h0 first " + std::to_string(k);
+    evs.push_back(c.replay(r));
+  }
+  for (const auto& ev : evs)
+    for (const auto& [d, e] : ev.all_work())
+      sync(c, e);
+  std::vector<std::string> want;
+  for (int k = 1; k <= 3; ++k)
+    for (auto s : {"h0 first " + std::to_string(k), std::string{"a0"}, std::string{"b0"},
+                   std::string{"h0 last"}})
+      want.push_back(s);
+  BOOST_TEST(the_log().take() == want, boost::test_tools::per_element());
+  BOOST_TEST((evs[0].item(0).key() == h0.key()));
+  BOOST_TEST((evs[0].item(2).key() == n.a0.key()));
+  // h0 takes 3 entries a replay (two notes, a wait), a0 and b0 2 each.
+  BOOST_TEST(evs[1].item(6).seq() == evs[0].item(6).seq() + 3);
+  BOOST_TEST(evs[2].all_work_of(n.a0).seq() == evs[1].all_work_of(n.a0).seq() + 2);
+  for (std::size_t i = 0; i < evs[2].size(); ++i) {
+    sync(c, evs[2].item(i));
+    BOOST_TEST(c.is_done(evs[2].item(i)), "item " << i);
+  }
+  // One round_run per node per replay, not the items call by call.
+  for (const auto& node : {n.actor_a, n.actor_b}) {
+    auto text = n.debug(node);
+    BOOST_TEST(contains(text, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"), text);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_failures_cross_between_here_and_the_nodes) {
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  the_log().take();
+  event here, there;
+  auto r = c.record("mixed", [&] {
+    here = c.schedule_named(h0, {"test_maybe_fail", {int64_t{0}}});
+    c.will_wait_for(c.make_context(n.a0), here);
+    c.schedule_named(n.a0, note("a0 after h0"));
+    there = c.schedule_named(n.b0, {"test_maybe_fail", {int64_t{0}}});
+    c.will_wait_for(c.make_context(h0), there);
+    c.schedule_named(h0, note("h0 after b0"));
+  });
+  auto here_slot = r.slot(here, 0);
+  auto there_slot = r.slot(there, 0);
+  for (int k = 0; k < 2; ++k) // no failure: both notes
+    for (const auto& [d, e] : c.replay(r).all_work())
+      sync(c, e);
+  BOOST_TEST(the_log().take().size() == 4u);
+  // h0's item fails: a0's wait on it fails with it, named as we name h0.
+  r.arg(here_slot) = 1;
+  auto ev = c.replay(r);
+  auto on_a = expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "a planned failure");
+  BOOST_TEST(contains(on_a, "replay 3 of round 'mixed'"), on_a);
+  // (Named `a/<h0>` here: node a, in this process too, takes h0's name
+  // for one of its own; a node in another process names it `<host:pid>/<h0>`,
+  // which comes back as h0's name.)
+  BOOST_TEST(contains(on_a, h0.name() + " seq "), on_a);
+  BOOST_TEST(c.recover(h0));
+  BOOST_TEST(c.recover(n.a0));
+  sync(c, ev.item(3));
+  // b0's item fails: h0's wait on it fails with it, named as we name b0.
+  r.arg(here_slot) = 0;
+  r.arg(there_slot) = 1;
+  ev = c.replay(r);
+  auto on_h = expect_throw<device_error>([&] { sync(c, ev.item(5)); }, "a planned failure");
+  BOOST_TEST(contains(on_h, "replay 4 of round 'mixed'"), on_h);
+  BOOST_TEST(contains(on_h, "waited for " + n.b0.name() + " seq "), on_h);
+  sync(c, ev.item(2)); // a0's note: h0's item was done
+  BOOST_TEST(c.recover(n.b0));
+  BOOST_TEST(c.recover(h0));
+  // Recovered, the next replay runs whole.
+  r.arg(there_slot) = 0;
+  the_log().take();
+  for (const auto& [d, e] : c.replay(r).all_work())
+    sync(c, e);
+  auto notes = the_log().take();
+  std::sort(notes.begin(), notes.end());
+  BOOST_TEST(notes == (std::vector<std::string>{"a0 after h0", "h0 after b0"}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_here_on_it) {
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  auto r = c.record("mixed", [&] {
+    c.schedule_named(h0, note("h0"));
+    auto e = c.schedule_named(n.a0, {"test_hold", {}});
+    c.will_wait_for(c.make_context(h0), e);
+    c.schedule_named(h0, note("h0 after a0"));
+  });
+  auto ev = c.replay(r);
+  auto waits = ev.item(2); // pushed here: its wait holds it
+  // Node a's actor stops with its item held: this process hears the actor
+  // go and fails the wait instead of holding it forever.
+  caf::anon_send_exit(n.actor_a, caf::exit_reason::user_shutdown);
+  expect_throw<device_error>([&] { sync(c, waits); }, "node a went down");
+  gate.open();
+  hold_gate = nullptr;
+}

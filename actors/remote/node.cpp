@@ -382,8 +382,9 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         s.b = std::make_shared<backend>(self->system(), st.opts);
         s.b->impl().lease = s.lease;
         s.b->impl().guard = s.guard;
-        s.rounds = std::make_unique<detail::session_rounds>(self->system(), s.b, s.guard->who,
-                                                            self->address());
+        s.rounds = std::make_unique<detail::session_rounds>(
+          self->system(), [b = std::weak_ptr<backend>{s.b}] { return b.lock(); }, s.guard->who,
+          self->address());
         s.b->impl().lease_why = fmt::format(
           "session ended: session {} of node {} ({}): its lease ran out", id, st.name, client);
         for (int k = 0; k < s.b->num_devices(); ++k)

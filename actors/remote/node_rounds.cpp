@@ -2,6 +2,9 @@
 #include "actors/remote/node_rounds.hpp"
 
 #include <caf/actor_cast.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/message_id.hpp>
@@ -64,13 +67,13 @@ std::vector<round_notice> round_outbox::take() {
   return std::move(notices);
 }
 
-session_rounds::session_rounds(caf::actor_system& sys, std::weak_ptr<backend> b, std::string who,
+session_rounds::session_rounds(caf::actor_system& sys, home_fn home, std::string who,
                                caf::actor_addr node)
-  : sys_(&sys), b_(std::move(b)), who_(std::move(who)), node_(std::move(node)) {}
+  : sys_(&sys), home_(std::move(home)), who_(std::move(who)), node_(std::move(node)) {}
 
 session_rounds::~session_rounds() = default;
 
-void session_rounds::put(round_part part) {
+void session_rounds::put(round_part part, const std::vector<device>& lanes) {
   if (rounds_.contains(part.round))
     throw std::invalid_argument(
       fmt::format("round_put: {} holds a part of round {} already", who_, part.round));
@@ -80,16 +83,17 @@ void session_rounds::put(round_part part) {
     throw std::invalid_argument(
       fmt::format("round_put: {} holds parts of {} rounds already (at most {}): round {} refused",
                   who_, rounds_.size(), wire_limits::session_rounds, part.round));
-  auto b = b_.lock();
+  auto b = home_();
   if (!b)
     throw device_error(who_, "round_put: the session ended");
   part_state r;
-  for (auto ordinal : part.devices) {
-    auto d = b->get_device(static_cast<int>(ordinal));
+  for (std::size_t l = 0; l < part.devices.size(); ++l) {
+    auto d = lanes.empty() ? b->get_device(static_cast<int>(part.devices[l])) : lanes.at(l);
     auto& rec = record_of(d);
     if (!rec.r.local_core())
       throw std::invalid_argument(
-        fmt::format("round_put: {}: device {} is not a device of this node", who_, ordinal));
+        fmt::format("round_put: {}: device {} is not a device of this node", who_,
+                    part.devices[l]));
     r.cores.push_back(rec.r.core());
     r.lanes.push_back(rec.r.local_core());
     r.lane_steps.push_back(0);
@@ -172,7 +176,7 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
       "round_run: replay {} of round '{}' comes after replay {}: replays go in order", n,
       r.part.name, r.last));
   check_round_run(r.part, slots);
-  auto b = b_.lock();
+  auto b = home_();
   if (!b)
     throw device_error(who_, "round_run: the session ended");
   for (std::size_t k = 0; k < slots.size(); ++k)
@@ -341,6 +345,75 @@ std::vector<round_peer> session_rounds::peers() const {
       if (std::none_of(out.begin(), out.end(), [&p](const auto& x) { return x.node == p.node; }))
         out.push_back(p);
   return out;
+}
+
+namespace {
+
+/// The actor of a `host_rounds` (node_rounds.hpp).
+caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<host_rounds> h) {
+  self->set_down_handler([h](caf::down_msg& dm) {
+    std::lock_guard guard{h->mu};
+    if (h->rounds)
+      h->rounds->peer_down(dm.source, dm.reason ? to_string(dm.reason) : "it stopped");
+  });
+  return {
+    [self](round_watch_atom, const std::vector<caf::actor>& peers) {
+      for (const auto& p : peers)
+        self->monitor(p);
+    },
+    [self](round_flush_atom, const std::shared_ptr<round_outbox>& box) {
+      auto notices = box->take();
+      if (!notices.empty())
+        self->send(box->to, atoms::round_done_atom::value, box->session, std::move(notices));
+    },
+    [self, h](atoms::round_done_atom, uint64_t, const std::vector<round_notice>& notices) {
+      const auto& sender = self->current_sender();
+      if (!sender || notices.size() > wire_limits::round_steps)
+        return; // not from a node of ours
+      std::lock_guard guard{h->mu};
+      if (h->rounds)
+        for (const auto& x : notices)
+          h->rounds->done(sender->node(), x); // `done` checks the sender per item
+    },
+  };
+}
+
+} // namespace
+
+void host_rounds::watch(const std::vector<round_peer>& peers) const {
+  std::vector<caf::actor> nodes;
+  for (const auto& p : peers)
+    nodes.push_back(p.node);
+  if (auto a = caf::actor_cast<caf::actor>(actor))
+    caf::anon_send(a, round_watch_atom::value, std::move(nodes));
+}
+
+void host_rounds::close() {
+  caf::actor gone;
+  {
+    std::lock_guard guard{mu};
+    rounds.reset();
+    gone = std::move(alive);
+  }
+  if (gone)
+    caf::anon_send_exit(gone, caf::exit_reason::user_shutdown);
+}
+
+std::shared_ptr<host_rounds> host_rounds_of(backend& b) {
+  auto& impl = b.impl();
+  std::lock_guard guard{impl.mu};
+  if (impl.here_rounds)
+    return impl.here_rounds;
+  auto h = std::make_shared<host_rounds>();
+  auto actor = impl.sys->spawn(host_rounds_actor, h);
+  h->actor = actor.address();
+  h->alive = actor;
+  // Not owning: the backend outlives its rounds (`close`, at its teardown).
+  h->rounds = std::make_unique<session_rounds>(
+    *impl.sys, [p = &b] { return std::shared_ptr<backend>{std::shared_ptr<backend>{}, p}; },
+    fmt::format("this process ({})", this_process()), h->actor);
+  impl.here_rounds = h;
+  return h;
 }
 
 } // namespace multidev::detail

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,7 @@
 
 namespace multidev {
 class backend;
+class device;
 }
 
 namespace multidev::detail {
@@ -70,19 +72,23 @@ struct round_state;
 
 class session_rounds {
 public:
-  /// `sys`: the node's system (renders errors); `b`: the session's backend
-  /// (not kept: the session's teardown owns it); `who`: "session 3 of node
-  /// b", for errors; `node`: this node's actor, the sender of its notices.
-  session_rounds(caf::actor_system& sys, std::weak_ptr<backend> b, std::string who,
-                 caf::actor_addr node);
+  /// Where the parts' devices are: the session's backend, null once it
+  /// ended (a node keeps it weak: the session's teardown owns it).
+  using home_fn = std::function<std::shared_ptr<backend>()>;
+  /// `sys`: the node's system (renders errors); `home`: see `home_fn`;
+  /// `who`: "session 3 of node b", for errors; `node`: this node's actor,
+  /// the sender of its notices.
+  session_rounds(caf::actor_system& sys, home_fn home, std::string who, caf::actor_addr node);
   ~session_rounds();
   session_rounds(const session_rounds&) = delete;
   session_rounds& operator=(const session_rounds&) = delete;
 
   /// Keeps `part` (checked by `check_round_part`); throws
   /// `std::invalid_argument` for a round held already or past
-  /// `wire_limits::session_rounds`.
-  void put(round_part part);
+  /// `wire_limits::session_rounds`. `lanes`, when given, are the part's
+  /// devices (this process's part of a round, `host_rounds`), instead of
+  /// the ordinals `part.devices`.
+  void put(round_part part, const std::vector<device>& lanes = {});
   /// Lets go of round `round`'s part: at once when no wait of its replays
   /// is pending, else once the last is told (its replays are refused
   /// meanwhile). False when no part of it is held.
@@ -163,7 +169,7 @@ private:
   void erase_if_done(std::map<uint64_t, part_state>::iterator it);
 
   caf::actor_system* sys_;
-  std::weak_ptr<backend> b_;
+  home_fn home_;
   std::string who_;
   caf::actor_addr node_;
   std::map<uint64_t, part_state> rounds_;
@@ -173,6 +179,34 @@ private:
   std::size_t dropped_ = 0;
   uint64_t replays_ = 0;
 };
+
+/// This process's part of a round that runs on nodes too (docs/design.md,
+/// "Recorded rounds"): a `session_rounds` of the backend's own devices,
+/// replayed by the thread that replays the round, and the actor that takes
+/// the nodes' `round_done` for it, sends its own notices to them (as a
+/// node's actor does) and watches the nodes its waits are on.
+///
+/// Threads: `rounds` under `mu` (the replaying thread, the actor).
+struct host_rounds {
+  std::mutex mu;
+  /// Null once the backend shut down.
+  std::unique_ptr<session_rounds> rounds;
+  /// The actor, and a strong handle to it until `close` (an actor no
+  /// strong handle names is gone; a round may outlive the actor system).
+  caf::actor_addr actor;
+  caf::actor alive;
+  /// Monitors the nodes of a part put here (their losses fail its waits).
+  void watch(const std::vector<round_peer>& peers) const;
+  /// Lets go of the rounds and the actor (the backend's teardown, after
+  /// its devices).
+  void close();
+};
+
+/// The backend's `host_rounds`, made and its actor spawned on first use.
+std::shared_ptr<host_rounds> host_rounds_of(backend& b);
+
+/// Asks a `host_rounds` actor to monitor nodes (local only).
+using round_watch_atom = caf::atom_constant<caf::atom("round_wt")>;
 
 } // namespace multidev::detail
 
