@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace multidev;
@@ -569,4 +570,66 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_here_on_it
   expect_throw<device_error>([&] { sync(c, waits); }, "node a went down");
   gate.open();
   hold_gate = nullptr;
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_two_clients_replay_their_rounds_on_the_same_nodes) {
+  // A second client, of its own actor system, attaches both nodes too: each
+  // client's rounds live in its own sessions there, and the two replay at
+  // once, their notices between the nodes kept apart by session.
+  nodes_here n;
+  caf::actor_system_config cfg_d;
+  configure_system(cfg_d);
+  cfg_d.set("scheduler.max-threads", std::size_t{2});
+  caf::actor_system sys_d{cfg_d};
+  std::optional<backend> other;
+  other.emplace(sys_d, backend_options{.num_devices = 1});
+  auto da = attach_node(*other, "127.0.0.1", n.port_a);
+  auto db = attach_node(*other, "127.0.0.1", n.port_b);
+  the_log().take();
+  constexpr int replays = 20;
+  auto chain = [&](backend& c, const device& a0, const device& b0, const std::string& who) {
+    event at_a;
+    auto r = c.record("step", [&] {
+      at_a = c.schedule_named(a0, note(who + " a0"));
+      c.will_wait_for(c.make_context(b0), at_a);
+      auto at_b = c.schedule_named(b0, note(who + " b0"));
+      c.will_wait_for(c.make_context(a0), at_b);
+    });
+    auto slot = r.slot(at_a, 0);
+    replay_events last;
+    for (int k = 1; k <= replays; ++k) {
+      r.arg(slot) = who + " a0 " + std::to_string(k);
+      last = c.replay(r);
+    }
+    for (const auto& [d, e] : last.all_work())
+      sync(c, e);
+  };
+  std::thread second{[&] { chain(*other, da.at(0), db.at(0), "d"); }};
+  chain(*n.client, n.a0, n.b0, "c");
+  second.join();
+  auto log = the_log().take();
+  for (const std::string who : {"c", "d"}) {
+    std::vector<std::string> mine, want;
+    for (const auto& s : log)
+      if (s.starts_with(who + " "))
+        mine.push_back(s);
+    for (int k = 1; k <= replays; ++k) {
+      want.push_back(who + " a0 " + std::to_string(k));
+      want.push_back(who + " b0");
+    }
+    BOOST_TEST(mine == want, boost::test_tools::per_element());
+  }
+  // Each node: two sessions, each replayed its part 20 times, and let it
+  // go once the round was gone (`round_drop`, not waited for).
+  auto sessions_done = [](const std::string& text) {
+    std::size_t found = 0;
+    const std::string each = "(rounds (parts 0) (replays 20) (early 0) (dropped 0))";
+    for (auto at = text.find(each); at != std::string::npos; at = text.find(each, at + 1))
+      ++found;
+    return found;
+  };
+  for (const auto& node : {n.actor_a, n.actor_b})
+    BOOST_TEST(test_support::eventually([&] { return sessions_done(n.debug(node)) == 2; }),
+               n.debug(node));
+  other.reset();
 }
