@@ -408,14 +408,31 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<const std::shared_ptr<device_core>> cores,
                std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
-               std::span<uint64_t> ends) {
+               std::span<uint64_t> ends, const std::shared_ptr<round_state>& source,
+               std::span<const int32_t> closures) {
   auto g = replay_scratch::use(steps.size(), lanes.size());
   auto& s = g.s;
-  for (std::size_t k = 0; k < steps.size(); ++k)
-    if (steps[k].wait_on == -1)
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    if (steps[k].wait_on != -1)
+      continue;
+    if (specs[k]) {
       s.bind(cores[steps[k].lane], *specs[k], *st, k, n, s.tasks[k]);
+      continue;
+    }
+    // A closure of this process's part: as replay_on_devices runs one.
+    if (!source || k >= closures.size() || closures[k] < 0)
+      throw std::logic_error("push_part: a task step with neither a spec nor a closure");
+    auto i = static_cast<uint32_t>(closures[k]);
+    const auto& it = source->items[i];
+    auto& t = s.tasks[k];
+    t.work = replayed_task{source.get(), i, static_cast<uint32_t>(n)};
+    t.description = it.work.description;
+    t.kind = it.work.kind;
+  }
   s.push.push(lanes, steps, s.tasks, ends, external, false);
   s.keep(impl, st, lanes, ends);
+  if (source)
+    s.keep(impl, source, lanes, ends);
 }
 
 } // namespace detail
@@ -916,6 +933,16 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       return refuse();
     auto item = static_cast<uint32_t>(i);
     switch (it.k) {
+    case kind::task: {
+      auto& at = np.nodes[w->node];
+      if (!at.here)
+        return refuse(); // a closure cannot travel to a node
+      auto k = add_step(*w, round_step{item, 0, -1, 0, 0, it.name, {}, {}});
+      at.closures.resize(static_cast<std::size_t>(k), -1);
+      at.closures.push_back(static_cast<int32_t>(i));
+      np.item_events.push_back({w->node, w->lane, k});
+      break;
+    }
     case kind::named: {
       auto k = add_step(*w, round_step{item, 0, -1, 0, 0, it.name, {}, it.spec});
       auto& nd = np.nodes[w->node];
@@ -968,11 +995,14 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       break;
     }
     default:
-      return refuse(); // a closure, a routine, a copy or a pool call
+      return refuse(); // a routine, a copy or a pool call
     }
   }
   if (std::none_of(np.nodes.begin(), np.nodes.end(), [](const node& x) { return !x.here; }))
-    return refuse(); // all here: a closure or an outside wait kept it off the devices' plan
+    return refuse(); // all here: an outside wait kept it off the devices' plan
+  for (auto& nd : np.nodes)
+    if (nd.here)
+      nd.closures.resize(nd.part.steps.size(), -1);
   for (const auto& d : st.devices) {
     auto w = locate(d);
     np.device_lane.emplace_back(w->node, w->lane);
@@ -1025,7 +1055,8 @@ namespace {
 
 /// Sends each node its part, once (a round trip per node, at the first
 /// replay on the nodes).
-void install_parts(detail::round_state& st) {
+void install_parts(const std::shared_ptr<detail::round_state>& source) {
+  auto& st = *source;
   auto& np = st.nodes;
   std::lock_guard guard{np.install_mu};
   if (np.installed)
@@ -1039,7 +1070,7 @@ void install_parts(detail::round_state& st) {
     if (!np.host->rounds)
       throw device_error(nd.name, fmt::format("replay of round '{}': the backend shut down",
                                               st.name));
-    np.host->rounds->put(nd.part, nd.lanes);
+    np.host->rounds->put(nd.part, nd.lanes, source, nd.closures);
     np.host->watch(nd.part.peers);
   }
   std::vector<std::shared_ptr<detail::node_replay::reply>> replies;
@@ -1326,7 +1357,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
         build_node_plan(*this, *st, st->nodes);
     });
     if (st->nodes.usable) {
-      install_parts(*st);
+      install_parts(st);
       std::lock_guard in_order{st->nodes.send_mu};
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;

@@ -119,6 +119,9 @@ struct node_plan {
     /// This process (`host_rounds`): its part is pushed by the replaying
     /// thread, no message sent; `actor` is the host rounds' actor.
     bool here = false;
+    /// Here only: per step of the part, the round's item whose closure it
+    /// runs (-1: none; a closure cannot travel to a node).
+    std::vector<int32_t> closures;
     /// Its node actor (weak: a round may outlive the actor system) and the
     /// session the client holds there.
     caf::actor_addr actor;
@@ -277,13 +280,17 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
 /// pushed at once (`bulk_push`, never waiting for room: an actor's thread),
 /// `external` the gates of the waits on other nodes. `ends` gets each
 /// lane's last seq. Throws as `bulk_push` does, or `std::invalid_argument`
-/// for a spec that does not bind, with nothing queued.
+/// for a spec that does not bind, with nothing queued. This process's part
+/// (`host_rounds`) may hold closures too: a task step whose spec is null
+/// runs item `closures[k]` of `source` (the recorded round, kept while the
+/// replay's items may run, as a local replay keeps it).
 void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<device_core* const> lanes,
                std::span<const std::shared_ptr<device_core>> cores,
                std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
-               std::span<uint64_t> ends);
+               std::span<uint64_t> ends, const std::shared_ptr<round_state>& source = {},
+               std::span<const int32_t> closures = {});
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.

@@ -633,3 +633,52 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_two_clients_replay_their_rounds_on_the
                n.debug(node));
   other.reset();
 }
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_closure_here_replays_with_the_nodes) {
+  // A closure cannot travel to a node, but one on this process's devices
+  // takes part: it runs in place each replay, and a node waits on it.
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  the_log().take();
+  std::atomic<int> runs{0};
+  std::atomic<bool> fail{false};
+  event e;
+  auto r = c.record("mixed", [&] {
+    c.schedule_task(h0, {"count", [&] {
+                                    if (fail.load())
+                                      throw std::runtime_error("the closure failed");
+                                    the_log().add("closure " + std::to_string(++runs));
+                                  }});
+    e = c.all_work(h0); // the closure's item
+    c.will_wait_for(c.make_context(n.a0), e);
+    c.schedule_named(n.a0, note("a0"));
+  });
+  r.name_item(e, "count");
+  replay_events ev;
+  for (int k = 0; k < 3; ++k)
+    ev = c.replay(r);
+  sync(c, ev.all_work_of(n.a0));
+  // The closures in order, and each replay's a0 after its closure.
+  auto log = the_log().take();
+  std::vector<std::string> closures;
+  std::size_t a0s = 0;
+  for (const auto& s : log) {
+    if (s == "a0") {
+      ++a0s;
+      BOOST_TEST(closures.size() >= a0s, "a0 of replay " << a0s << " before its closure");
+    } else {
+      closures.push_back(s);
+    }
+  }
+  BOOST_TEST(a0s == 3u);
+  BOOST_TEST(closures == (std::vector<std::string>{"closure 1", "closure 2", "closure 3"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
+             n.debug(n.actor_a));
+  // It fails: a0's wait on it fails with its provenance.
+  fail = true;
+  ev = c.replay(r);
+  auto on_a = expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "the closure failed");
+  BOOST_TEST(contains(on_a, "replay 4 of round 'mixed', item 'count'"), on_a);
+}

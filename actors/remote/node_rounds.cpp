@@ -73,7 +73,9 @@ session_rounds::session_rounds(caf::actor_system& sys, home_fn home, std::string
 
 session_rounds::~session_rounds() = default;
 
-void session_rounds::put(round_part part, const std::vector<device>& lanes) {
+void session_rounds::put(round_part part, const std::vector<device>& lanes,
+                         const std::shared_ptr<round_state>& source,
+                         const std::vector<int32_t>& closures) {
   if (rounds_.contains(part.round))
     throw std::invalid_argument(
       fmt::format("round_put: {} holds a part of round {} already", who_, part.round));
@@ -129,9 +131,14 @@ void session_rounds::put(round_part part, const std::vector<device>& lanes) {
     }
     r.boxes.push_back(box);
   }
+  r.source = source;
+  r.closures = closures;
+  r.closures.resize(r.part.steps.size(), -1);
   auto& kept = rounds_.emplace(r.part.round, std::move(r)).first->second;
-  for (const auto& s : kept.part.steps)
-    kept.specs.push_back(s.wait_on == -1 ? &s.spec : nullptr);
+  for (std::size_t k = 0; k < kept.part.steps.size(); ++k) {
+    const auto& s = kept.part.steps[k];
+    kept.specs.push_back(s.wait_on == -1 && kept.closures[k] < 0 ? &s.spec : nullptr);
+  }
 }
 
 bool session_rounds::drop(uint64_t round) {
@@ -194,8 +201,10 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
     gates.push_back(std::move(g));
   }
   std::vector<uint64_t> ends(r.lanes.size());
+  auto source = r.source.lock(); // this process's part: the round replaying it
   try {
-    push_part(b->impl(), r.st, r.lanes, r.cores, r.steps, r.specs, n, gates, ends);
+    push_part(b->impl(), r.st, r.lanes, r.cores, r.steps, r.specs, n, gates, ends, source,
+              r.closures);
   } catch (const std::exception& e) {
     r.last = n;
     drop_early_up_to(r, n);

@@ -85,10 +85,14 @@ public:
 
   /// Keeps `part` (checked by `check_round_part`); throws
   /// `std::invalid_argument` for a round held already or past
-  /// `wire_limits::session_rounds`. `lanes`, when given, are the part's
-  /// devices (this process's part of a round, `host_rounds`), instead of
-  /// the ordinals `part.devices`.
-  void put(round_part part, const std::vector<device>& lanes = {});
+  /// `wire_limits::session_rounds`. This process's part of a round
+  /// (`host_rounds`) gives its devices as `lanes`, instead of the ordinals
+  /// `part.devices`, and may hold closures: step `k` with `closures[k]` >= 0
+  /// runs that item of `source` (the recorded round; held weak, a round's
+  /// own plan holds this).
+  void put(round_part part, const std::vector<device>& lanes = {},
+           const std::shared_ptr<round_state>& source = {},
+           const std::vector<int32_t>& closures = {});
   /// Lets go of round `round`'s part: at once when no wait of its replays
   /// is pending, else once the last is told (its replays are refused
   /// meanwhile). False when no part of it is held.
@@ -137,6 +141,10 @@ private:
     round_part part;
     /// The steps' names (as items), for provenance.
     std::shared_ptr<round_state> st;
+    /// This process's part: the recorded round and, per step, the item
+    /// whose closure it runs (-1: none).
+    std::weak_ptr<round_state> source;
+    std::vector<int32_t> closures;
     std::vector<std::shared_ptr<device_core>> cores;
     std::vector<device_core*> lanes;
     std::vector<bulk_step> steps;
