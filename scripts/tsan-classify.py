@@ -43,7 +43,10 @@ The rule.
     and a closure's destructor is `~<lambda>`). Such a frame does its caller's work: CAF copying
     or destroying a message holding a task_spec is CAF's access, project
     code copying one is the project's. A special member written out in the
-    source is not transparent.
+    source is not transparent. So is a message type's inspect function run
+    by CAF's serializer or deserializer (`multidev::inspect<caf::deserializer>`
+    and its lambdas): CAF filling a message it received on its I/O thread,
+    which a handler on another thread then reads through CAF's mailbox.
   * A report is KEPT when it has at least one side and every side counts as
     project code; otherwise it is NOISE. A side whose stack TSan could not
     restore ("[failed to restore the stack]") counts as project code, so that
@@ -155,6 +158,10 @@ class Report:
 # A replacement of the global allocation functions (a test that makes
 # allocations fail) is the allocator, as TSan's own operator new is.
 REPLACED_ALLOCATOR = re.compile(r"^operator (new|delete)(\[\])?(\(|$)")
+# A message's type's inspect function run by CAF's serializer or
+# deserializer (include/multidev/protocol.hpp): CAF writing a message it
+# received, or reading one it sends, on its I/O thread.
+CAF_INSPECT = re.compile(r"(?:^|[\s:])multidev::inspect<caf::(?:de)?serializer>\(")
 # A constructor, destructor or assignment operator: "ns::T::T(", "ns::T::~T(",
 # "ns::T::operator=(".
 SPECIAL_MEMBER = re.compile(r"(?:^|::)(\w+)::(?:~?\1|operator=)\(")
@@ -184,6 +191,8 @@ def is_transparent(frame, root):
     project's."""
     if REPLACED_ALLOCATOR.match(frame.func):
         return True
+    if CAF_INSPECT.search(frame.func):
+        return True  # CAF (de)serializing a message: its hand-off, not ours
     if frame.func.strip() == "~<lambda>" and in_repo(frame.file, root):
         return True  # a closure's destructor is always the compiler's
     m = SPECIAL_MEMBER.search(frame.func) or BARE_SPECIAL_MEMBER.match(frame.func.strip())

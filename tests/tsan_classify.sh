@@ -5,6 +5,9 @@
 #    "~T", "T", "~<lambda>"), called by CAF on both sides: noise, as the
 #    script's rule says (CAF I/O once left a stateful actor's state to the
 #    multiplexer thread, and CI kept that report);
+#  - noise_deserialized.log: a message's inspect function run by CAF's
+#    deserializer on one I/O thread, the handler reading the message on
+#    another: noise (CI kept it when two clients' messages reached a node);
 #  - kept_relative.log: every side in project code, written with the
 #    relative paths ccache's base_dir leaves in the debug info: kept (read
 #    as outside the repository, every local TSan run passed unseen).
@@ -18,6 +21,11 @@ if ! out=$(python3 "$root/scripts/tsan-classify.py" --root "$root" --build-dir "
   echo "FAIL: implicit special members inlined were kept:"; echo "$out"; fail=1
 fi
 grep -q "2 report(s): 2 noise" <<<"$out" || { echo "FAIL: expected 2 noise reports:"; echo "$out"; fail=1; }
+sed "s|@ROOT@|$root|g" "$root/tests/tsan_classify/noise_deserialized.log" >"$work/deserialized.log"
+if ! out=$(python3 "$root/scripts/tsan-classify.py" --root "$root" --build-dir "$root/build" "$work/deserialized.log"); then
+  echo "FAIL: a message deserialized by CAF and read by a handler was kept:"; echo "$out"; fail=1
+fi
+grep -q "1 report(s): 1 noise" <<<"$out" || { echo "FAIL: expected 1 noise report:"; echo "$out"; fail=1; }
 if out=$(python3 "$root/scripts/tsan-classify.py" --root "$root" --build-dir "$root/build" \
            "$root/tests/tsan_classify/kept_relative.log"); then
   echo "FAIL: a report with every side in the repository (relative paths) was not kept:"; echo "$out"; fail=1

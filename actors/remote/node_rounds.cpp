@@ -370,10 +370,18 @@ caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<ho
       for (const auto& p : peers)
         self->monitor(p);
     },
-    [self](round_flush_atom, const std::shared_ptr<round_outbox>& box) {
-      auto notices = box->take();
+    [self, h](round_flush_atom, const std::shared_ptr<round_outbox>& box) {
+      caf::actor to;
+      uint64_t session = 0;
+      std::vector<round_notice> notices;
+      {
+        std::lock_guard guard{h->mu}; // `put` made the box, on the replaying thread
+        to = box->to;
+        session = box->session;
+        notices = box->take();
+      }
       if (!notices.empty())
-        self->send(box->to, atoms::round_done_atom::value, box->session, std::move(notices));
+        self->send(to, atoms::round_done_atom::value, session, std::move(notices));
     },
     [self, h](atoms::round_done_atom, uint64_t, const std::vector<round_notice>& notices) {
       const auto& sender = self->current_sender();
