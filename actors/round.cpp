@@ -144,6 +144,23 @@ struct replayed_task {
   }
 };
 
+/// A replayed routine's work (a round's `backend::run`): as `replayed_task`,
+/// the recorded routine's task run in place.
+struct replayed_routine {
+  const round_state* st;
+  uint32_t item;
+  uint32_t n;
+  void operator()() const {
+    try {
+      st->items[item].r.schedule.work();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}: {}", provenance(*st, n, item), e.what()));
+    } catch (...) {
+      throw std::runtime_error(fmt::format("{}: unknown exception", provenance(*st, n, item)));
+    }
+  }
+};
+
 /// What a replay pushed at once makes, per thread, reused: the steps'
 /// work, the named tasks' bindings (their descriptions), the lanes' last
 /// seqs, the seqs whose wrappers read the round. Cleared of the work as
@@ -722,8 +739,9 @@ std::set<int> pools_of(detail::backend_impl& impl, const device& d) {
 }
 
 /// Builds `st.plan` (replay_plan): usable when every item is a task, a
-/// named task or a wait on devices of this process, and every wait is on
-/// an item of the round (or on an event already done when recorded).
+/// named task, a routine (neither a copy nor reading the merge buffer) or a
+/// wait on devices of this process, and every wait is on an item of the
+/// round (or on an event already done when recorded).
 void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   using kind = detail::round_item::kind;
   auto lane_of = [&p](const device& d) -> std::optional<uint32_t> {
@@ -761,6 +779,15 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
     case kind::named:
       p.item_events.push_back({*lane, add_step(*lane, -1, i)});
       break;
+    case kind::run: {
+      if (!detail::routine_push::takes(it.r))
+        return refuse(); // a copy, or a read of the merge buffer
+      auto k = add_step(*lane, -1, i);
+      p.item_events.push_back({*lane, k});
+      p.routine_steps.push_back(static_cast<uint32_t>(k));
+      p.routines.push_back(&it.r);
+      break;
+    }
     case kind::wait: {
       std::optional<detail::replay_plan::item_event> on;
       if (it.on_item) {
@@ -782,7 +809,7 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       break;
     }
     default:
-      return refuse(); // a routine, a copy or a pool call
+      return refuse(); // a copy or a pool call
     }
   }
   for (const auto& d : st.devices)
@@ -812,9 +839,34 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
       t.kind = it.work.kind;
       continue;
     }
+    if (it.k == kind::run) {
+      t.work = detail::replayed_routine{st.get(), i, static_cast<uint32_t>(n)};
+      t.description = it.r.schedule.description; // the round keeps the routine
+      t.kind = it.r.schedule.kind;
+      continue;
+    }
     s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, t);
   }
-  s.push.push(p.lanes, p.steps, s.tasks, s.ends);
+  if (p.routines.empty()) {
+    s.push.push(p.lanes, p.steps, s.tasks, s.ends);
+  } else {
+    // Routines: the transfers' bookkeeping around one push (routine_push).
+    for (std::size_t j = 0; j < p.routines.size(); ++j)
+      try {
+        detail::routine_push::check_pins(*p.routines[j]);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format(
+          "replay: {}: {}", detail::provenance(*st, n, p.step_item[p.routine_steps[j]]),
+          e.what()));
+      }
+    detail::routine_push held{p.routines, p.lanes};
+    s.push.push(p.lanes, p.steps, s.tasks, s.ends, {}, false);
+    for (std::size_t j = 0; j < p.routine_steps.size(); ++j) {
+      auto k = p.routine_steps[j];
+      auto l = p.steps[k].lane;
+      held.wrote(j, s.ends[l] - p.lane_steps[l] + p.step_ordinal[k]);
+    }
+  }
   detail::replay_access::set(out, st, s.ends);
   // The lanes' last seqs bound the wrapped items' (a wait's entry reads
   // nothing of the round, so erring late only keeps it longer).

@@ -34,6 +34,7 @@
 namespace multidev::detail {
 
 struct backend_impl;
+struct device_record;
 struct host_rounds; // actors/remote/node_rounds.hpp
 
 /// One recorded call. Only the fields of its kind are set.
@@ -104,6 +105,10 @@ struct replay_plan {
   std::vector<item_event> item_events;
   /// `round_state::devices[i]`'s lane.
   std::vector<uint32_t> device_lane;
+  /// The steps that run a routine (`backend::run`), and their routines:
+  /// pushed under `routine_push`.
+  std::vector<uint32_t> routine_steps;
+  std::vector<const routine*> routines;
 };
 
 /// How a round whose items all run on attached nodes' devices is replayed
@@ -291,6 +296,35 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
                std::span<uint64_t> ends, const std::shared_ptr<round_state>& source = {},
                std::span<const int32_t> closures = {});
+
+/// The routines of a replay pushed at once (`replay_plan`, a `host_rounds`
+/// part): what `backend::run` does around its push, for all of them under
+/// one hold of their devices' records (actors/transfers.cpp). Made before
+/// the push (once `check_pins` passed for each): waits for room on `lanes` (no waiting
+/// for room under the records' locks: the push must not wait then), locks
+/// the records, and queues on each routine's device the copies still
+/// reading its outputs that it must come after (write after read; ahead of
+/// the replay's entries there, which only orders more). After the push,
+/// `wrote(k, seq)` makes routine `k` its outputs' writer. Unlocks when it
+/// goes. A routine that copies or reads the merge buffer is not taken.
+class routine_push {
+public:
+  routine_push(std::span<const routine* const> routines, std::span<device_core* const> lanes);
+  ~routine_push();
+  routine_push(const routine_push&) = delete;
+  routine_push& operator=(const routine_push&) = delete;
+  /// Routine `k` (of the constructor's span) was pushed at `seq`.
+  void wrote(std::size_t k, uint64_t seq);
+  /// Throws `std::invalid_argument` when a pool `r` holds was freed or
+  /// replaced after linking (as `backend::run` does).
+  static void check_pins(const routine& r);
+  /// Whether a replay pushed at once may hold `r` (else call by call).
+  static bool takes(const routine& r) { return !r.copy_source && !r.merge_buffer_input; }
+
+private:
+  std::span<const routine* const> routines_;
+  std::vector<device_record*> locked_;
+};
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.

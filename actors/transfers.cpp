@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <span>
 #include <stdexcept>
 
@@ -192,6 +193,60 @@ uint64_t schedule_step(detail::device_record& rec, Push&& push, const Inputs& in
   return seq;
 }
 
+} // namespace
+
+detail::routine_push::routine_push(std::span<const routine* const> routines,
+                                   std::span<device_core* const> lanes)
+  : routines_(routines) {
+  for (auto* c : lanes)
+    c->wait_for_room();
+  for (const auto* r : routines)
+    locked_.push_back(&record_of(r->context.device));
+  std::sort(locked_.begin(), locked_.end());
+  locked_.erase(std::unique(locked_.begin(), locked_.end()), locked_.end());
+  for (auto* rec : locked_)
+    rec->mu.lock();
+  try {
+    static const std::set<tnode> none;
+    for (const auto* r : routines) {
+      auto& rec = record_of(r->context.device);
+      auto& core = rec.r.core();
+      for (const auto& w : unmet_waits(none, r->outputs, rec, nullptr, *core))
+        core->push_wait(w.e.core(), w.e.seq(), w.kind); // never waits for room
+    }
+  } catch (...) {
+    for (auto* rec : locked_)
+      rec->mu.unlock();
+    throw;
+  }
+}
+
+void detail::routine_push::check_pins(const routine& r) {
+  for (const auto& pin : r.pinned_pools)
+    if (pin.core->pools().find(pin.pool_id) != pin.pool)
+      throw std::invalid_argument(fmt::format(
+        "run: routine '{}' uses pool {} of {}, which was freed or replaced after linking; "
+        "link it again",
+        r.name, pin.pool_id, pin.core->name()));
+}
+
+detail::routine_push::~routine_push() {
+  for (auto it = locked_.rbegin(); it != locked_.rend(); ++it)
+    (*it)->mu.unlock();
+}
+
+void detail::routine_push::wrote(std::size_t k, uint64_t seq) {
+  const auto& r = *routines_[k];
+  auto& rec = record_of(r.context.device);
+  const auto& ep = rec.r.endpoint();
+  for (const auto& t : r.outputs) {
+    rec.readers.erase(t); // all waited for, or done
+    detail::event_access::advance(rec.updating_for[t], ep, seq);
+  }
+}
+
+namespace {
+
 /// Where a node was placed by `place_node`.
 struct placed_node {
   context ctx;
@@ -317,13 +372,7 @@ event backend::run(const routine& r) {
       "device_to_device itself: call it again)",
       r.name));
   auto& rec = local_record(r.context.device, "run", use_named);
-  for (const auto& pin : r.pinned_pools) {
-    if (pin.core->pools().find(pin.pool_id) != pin.pool)
-      throw std::invalid_argument(fmt::format(
-        "run: routine '{}' uses pool {} of {}, which was freed or replaced after "
-        "linking; link it again",
-        r.name, pin.pool_id, pin.core->name()));
-  }
+  detail::routine_push::check_pins(r);
   if (r.merge_buffer_input) {
     auto held = r.context.device.updating_for_merge_buffer();
     if (!held || !(held->first == *r.merge_buffer_input))

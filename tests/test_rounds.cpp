@@ -684,3 +684,51 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_events_on_the_devices_match_the_calls) {
   for (const auto& e : on_devices.items())
     BOOST_TEST(b.is_done(e));
 }
+
+// A round's routines (`link` + `run`) are replayed on the devices too, with
+// what `run` does around its push: a routine comes after the copies still
+// reading the node it overwrites, and becomes the node's writer.
+BOOST_AUTO_TEST_CASE(test_rounds_routines_replay_on_the_devices_after_the_copies_reading_them) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, 4);
+  auto c1 = b.alloc_node(b.make_context(d1), t);
+  b.run(b.link(c0, "fill", {t, 1.0}));
+  auto r = b.record("write", [&] {
+    b.run(b.link(c0, "scale", {t, 3.0}));
+    b.schedule_task(d0, {"after", [] {}});
+  });
+  BOOST_TEST(r.size() == 2u);
+  auto first = b.replay(r);
+  BOOST_TEST(r.state()->plan.usable); // on the devices, not call by call
+  sync(b, first.all_work_of(d0));
+  BOOST_TEST(read_back(b, c0, t) == std::vector<float>(4, 3.0f), boost::test_tools::per_element());
+  // A copy of t from d0 to d1 waits behind d1's held runner: the replay's
+  // routine, which overwrites t on d0, must wait for it to read.
+  auto release = block_runner(b, d1);
+  b.device_to_device(t, merge_buffer_use::no, c1, c0);
+  auto second = b.replay(r);
+  // d0 holds the wait for the copy, ahead of the replay's routine.
+  BOOST_TEST(info_field(b.get_debug_info(d0), "pending_waits") == "1");
+  BOOST_TEST(!b.is_done(second.item(0)));
+  release->open();
+  sync(b, second.all_work_of(d0));
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 3.0f), boost::test_tools::per_element());
+  BOOST_TEST(read_back(b, c0, t) == std::vector<float>(4, 9.0f), boost::test_tools::per_element());
+  // The replayed routine is t's writer on d0: a copy made while it waits
+  // (d0 held) waits for it, and reads what it wrote.
+  auto hold = block_runner(b, d0);
+  auto third = b.replay(r);
+  b.device_to_device(t, merge_buffer_use::no, c1, c0);
+  BOOST_TEST(info_field(b.get_debug_info(d1), "pending_waits") == "1"); // on the routine
+  hold->open();
+  sync(b, third.all_work_of(d0));
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 27.0f), boost::test_tools::per_element());
+  // A pool the routine holds freed: the replay is refused whole, naming it.
+  b.free_pool(d0, c0.buffers.at(t).pool_id);
+  auto d0_before = b.all_work(d0).seq(), d1_before = b.all_work(d1).seq();
+  expect_throw<std::invalid_argument>([&] { b.replay(r); },
+                                      "replay: replay 4 of round 'write', item 'run scale");
+  BOOST_TEST(b.all_work(d1).seq() == d1_before);
+  BOOST_TEST(b.all_work(d0).seq() == d0_before);
+}
