@@ -429,6 +429,8 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<const int32_t> closures) {
   auto g = replay_scratch::use(steps.size(), lanes.size());
   auto& s = g.s;
+  std::vector<const routine*> routines;
+  std::vector<std::size_t> routine_steps;
   for (std::size_t k = 0; k < steps.size(); ++k) {
     if (steps[k].wait_on != -1)
       continue;
@@ -436,17 +438,46 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
       s.bind(cores[steps[k].lane], *specs[k], *st, k, n, s.tasks[k]);
       continue;
     }
-    // A closure of this process's part: as replay_on_devices runs one.
+    // A closure or routine of this process's part: as replay_on_devices
+    // runs one.
     if (!source || k >= closures.size() || closures[k] < 0)
       throw std::logic_error("push_part: a task step with neither a spec nor a closure");
     auto i = static_cast<uint32_t>(closures[k]);
     const auto& it = source->items[i];
     auto& t = s.tasks[k];
+    if (it.k == round_item::kind::run) {
+      try {
+        routine_push::check_pins(it.r);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(
+          fmt::format("replay: {}: {}", provenance(*source, n, i), e.what()));
+      }
+      t.work = replayed_routine{source.get(), i, static_cast<uint32_t>(n)};
+      t.description = it.r.schedule.description;
+      t.kind = it.r.schedule.kind;
+      routines.push_back(&it.r);
+      routine_steps.push_back(k);
+      continue;
+    }
     t.work = replayed_task{source.get(), i, static_cast<uint32_t>(n)};
     t.description = it.work.description;
     t.kind = it.work.kind;
   }
-  s.push.push(lanes, steps, s.tasks, ends, external, false);
+  if (routines.empty()) {
+    s.push.push(lanes, steps, s.tasks, ends, external, false);
+  } else {
+    // The caller waited for room (it holds the lock the notices take).
+    routine_push held{routines, lanes, false};
+    s.push.push(lanes, steps, s.tasks, ends, external, false);
+    std::vector<uint64_t> lane_steps(lanes.size()), ordinal(steps.size());
+    for (std::size_t k = 0; k < steps.size(); ++k)
+      ordinal[k] = ++lane_steps[steps[k].lane];
+    for (std::size_t j = 0; j < routines.size(); ++j) {
+      auto k = routine_steps[j];
+      auto l = steps[k].lane;
+      held.wrote(j, ends[l] - lane_steps[l] + ordinal[k]);
+    }
+  }
   s.keep(impl, st, lanes, ends);
   if (source)
     s.keep(impl, source, lanes, ends);
@@ -985,6 +1016,10 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       return refuse();
     auto item = static_cast<uint32_t>(i);
     switch (it.k) {
+    case kind::run:
+      if (!detail::routine_push::takes(it.r))
+        return refuse(); // a copy, or a read of the merge buffer
+      [[fallthrough]]; // a routine runs on a device of this process: as a closure
     case kind::task: {
       auto& at = np.nodes[w->node];
       if (!at.here)
@@ -1047,7 +1082,7 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       break;
     }
     default:
-      return refuse(); // a routine, a copy or a pool call
+      return refuse(); // a copy or a pool call
     }
   }
   if (std::none_of(np.nodes.begin(), np.nodes.end(), [](const node& x) { return !x.here; }))

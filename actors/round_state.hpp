@@ -309,7 +309,10 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
 /// goes. A routine that copies or reads the merge buffer is not taken.
 class routine_push {
 public:
-  routine_push(std::span<const routine* const> routines, std::span<device_core* const> lanes);
+  /// `may_wait` false: the caller waited for room itself (it holds a lock
+  /// that what frees room may need).
+  routine_push(std::span<const routine* const> routines, std::span<device_core* const> lanes,
+               bool may_wait = true);
   ~routine_push();
   routine_push(const routine_push&) = delete;
   routine_push& operator=(const routine_push&) = delete;

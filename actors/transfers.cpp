@@ -196,10 +196,11 @@ uint64_t schedule_step(detail::device_record& rec, Push&& push, const Inputs& in
 } // namespace
 
 detail::routine_push::routine_push(std::span<const routine* const> routines,
-                                   std::span<device_core* const> lanes)
+                                   std::span<device_core* const> lanes, bool may_wait)
   : routines_(routines) {
-  for (auto* c : lanes)
-    c->wait_for_room();
+  if (may_wait)
+    for (auto* c : lanes)
+      c->wait_for_room();
   for (const auto* r : routines)
     locked_.push_back(&record_of(r->context.device));
   std::sort(locked_.begin(), locked_.end());

@@ -682,3 +682,30 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_closure_here_replays_with_the_nodes)
   auto on_a = expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "the closure failed");
   BOOST_TEST(contains(on_a, "replay 4 of round 'mixed', item 'count'"), on_a);
 }
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_routine_here_replays_with_the_nodes) {
+  // A routine (link + run) on this process's device takes part too, as
+  // `run` pushes it: its node's writer is the replay's routine.
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  the_log().take();
+  tnode y{1, "y", 4 * sizeof(float), memory_mode::on_device};
+  auto ch = c.alloc_node(c.make_context(h0), y);
+  c.run(c.link(ch, "fill", {y, 1.0}));
+  auto r = c.record("mixed", [&] {
+    c.run(c.link(ch, "scale", {y, 2.0}));
+    c.will_wait_for(c.make_context(n.a0), c.all_work(h0));
+    c.schedule_named(n.a0, note("a0"));
+  });
+  replay_events ev;
+  for (int k = 0; k < 3; ++k)
+    ev = c.replay(r);
+  sync(c, ev.all_work_of(n.a0));
+  BOOST_TEST(the_log().take() == (std::vector<std::string>{"a0", "a0", "a0"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
+             n.debug(n.actor_a));
+  BOOST_TEST(test_support::read_back(c, ch, y) == std::vector<float>(4, 8.0f),
+             boost::test_tools::per_element());
+}
