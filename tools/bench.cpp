@@ -1772,6 +1772,28 @@ void schedule_nodes_round(backend& c, const device& a, const device& b, const co
   }
 }
 
+/// One round of `round_mixed_replay`: `schedule_nodes_round`'s stages with
+/// 4 empty named tasks on `here` (a device of the client's own) too, which
+/// waits for each stage's last task on `b`: 96 tasks, 8 edges a -> b and 8
+/// b -> here. Replayed, the client's part is pushed by the replaying thread
+/// and b's notices come to the client's round actor.
+void schedule_mixed_round(backend& c, const device& a, const device& b, const device& here,
+                          const context& cb, const context& ch) {
+  constexpr int stages = 8, tasks_per_stage_and_device = 4;
+  const task_spec noop{"bench_noop", {}};
+  for (int s = 0; s < stages; ++s) {
+    event last_a, last_b;
+    for (int i = 0; i < tasks_per_stage_and_device; ++i)
+      last_a = c.schedule_named(a, noop);
+    for (int i = 0; i < tasks_per_stage_and_device; ++i)
+      last_b = c.schedule_named(b, noop);
+    for (int i = 0; i < tasks_per_stage_and_device; ++i)
+      c.schedule_named(here, noop);
+    c.will_wait_for(cb, last_a);
+    c.will_wait_for(ch, last_b);
+  }
+}
+
 /// `round_nodes_replay`: µs per round of `schedule_nodes_round` on `p`'s
 /// nodes, `rounds` of them, each a replay of `r` (recorded on the client),
 /// or, when `r` is empty, the round's calls made again (call by call);
@@ -1781,26 +1803,30 @@ void schedule_nodes_round(backend& c, const device& a, const device& b, const co
 /// replay on nodes returns before the nodes answer, and reading its events
 /// waits for their replies (a round trip), which a loop that syncs once
 /// per epoch, not per step, does not pay per replay.
-double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r, int rounds) {
+/// `calls`: the round's calls made again (`r` empty). `round_mixed_replay`
+/// passes its own, and syncs the client's device too.
+double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r, int rounds,
+                      const std::function<void()>& calls = {}) {
   auto& c = p.client();
+  auto here = c.get_device(0);
   auto t0 = clock_type::now();
-  event last_a, last_b;
+  std::vector<event> last;
   replay_events ev;
   for (int i = 0; i < rounds; ++i) {
-    if (!r)
-      schedule_nodes_round(c, p.a, p.b, cb);
-    else
+    if (r)
       ev = c.replay(r);
+    else if (calls)
+      calls();
+    else
+      schedule_nodes_round(c, p.a, p.b, cb);
   }
-  if (!r) {
-    last_a = c.all_work(p.a);
-    last_b = c.all_work(p.b);
-  } else {
-    last_a = ev.all_work_of(p.a);
-    last_b = ev.all_work_of(p.b);
-  }
-  c.sync(last_a);
-  c.sync(last_b);
+  std::vector<device> devices{p.a, p.b};
+  if (calls)
+    devices.push_back(here);
+  for (const auto& d : devices)
+    last.push_back(r ? ev.all_work_of(d) : c.all_work(d));
+  for (const auto& e : last)
+    c.sync(e);
   return seconds_since(t0) * 1e6 / rounds;
 }
 
@@ -1816,7 +1842,8 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
   bool hop = is_wanted(o, "node_hop") || is_wanted(o, "node_hop_vs_tcp");
   bool copy = is_wanted(o, "copy_node_to_node_64MiB") || is_wanted(o, "copy_node_to_node_call");
   bool replay = is_wanted(o, "round_nodes_replay");
-  if (!hop && !copy && !replay)
+  bool mixed = is_wanted(o, "round_mixed_replay");
+  if (!hop && !copy && !replay && !mixed)
     return;
   int reps = std::max(1, o.repeats);
   node_pair p{opts};
@@ -1876,6 +1903,25 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
     out.push_back(make("round_nodes_replay", "us/replay", ms[2],
                        "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", 2.0));
     out.push_back(make("round_nodes_replay", "us/replay", ms[2],
+                       "the same round scheduled call by call", ms[1], "lower", std::nullopt));
+  }
+  if (mixed) {
+    register_bench_noop();
+    int rounds = o.quick ? 20 : 200;
+    auto& c = p.client();
+    auto here = c.get_device(0);
+    auto cb = c.make_context(p.b), ch = c.make_context(here);
+    auto again = [&] { schedule_mixed_round(c, p.a, p.b, here, cb, ch); };
+    auto r = c.record("mixed", again);
+    auto nodes_only = c.record("nodes", [&] { schedule_nodes_round(c, p.a, p.b, cb); });
+    auto base = [&] { return nodes_round_us(p, cb, nodes_only, rounds); };
+    auto calls = [&] { return nodes_round_us(p, cb, multidev::round{}, rounds, again); };
+    auto ours = [&] { return nodes_round_us(p, cb, r, rounds, again); };
+    auto ms = medians_of(reps, {base, calls, ours});
+    out.push_back(make("round_mixed_replay", "us/replay", ms[2],
+                       "round_nodes_replay's round, on the nodes only", ms[0], "lower",
+                       std::nullopt));
+    out.push_back(make("round_mixed_replay", "us/replay", ms[2],
                        "the same round scheduled call by call", ms[1], "lower", std::nullopt));
   }
 }
@@ -2117,7 +2163,7 @@ const std::vector<std::string>& case_names() {
     "pool_calls",               "independent_tasks_trace",     "caf_remote_round_trip",
     "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
     "node_hop",                 "node_hop_vs_tcp",             "copy_node_to_node_64MiB",
-    "copy_node_to_node_call",   "round_nodes_replay",
+    "copy_node_to_node_call",   "round_nodes_replay",          "round_mixed_replay",
     "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_1dev_replay",
     "fan_dag_2dev",             "fan_dag_2dev_prebuilt",       "fan_dag_2dev_replay",
     "fan_dag_4dev",             "fan_dag_4dev_prebuilt",       "fan_dag_4dev_replay",
