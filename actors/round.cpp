@@ -226,6 +226,9 @@ void check_device(const backend_impl& impl, const device& d) {
 
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
                       std::span<const std::pair<const device_core*, uint64_t>> pushed) {
+  // The rounds let go of here go after the lock: a round's plan may take
+  // other locks as it goes (a node part's drop).
+  std::vector<std::shared_ptr<const round_state>> gone;
   std::lock_guard guard{impl.rounds_mu};
   for (const auto& [c, seq] : pushed) {
     auto at = std::find_if(st->last_local.begin(), st->last_local.end(),
@@ -236,12 +239,15 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
       at->second = std::max(at->second, seq);
   }
   auto& kept = impl.replayed_rounds;
-  std::erase_if(kept, [&st](const std::shared_ptr<const round_state>& x) {
+  std::erase_if(kept, [&st, &gone](std::shared_ptr<const round_state>& x) {
     if (x == st || x.use_count() > 1)
       return false;
-    return std::all_of(x->last_local.begin(), x->last_local.end(), [](const auto& cs) {
-      return cs.first->outcomes().finished() >= cs.second;
-    });
+    if (!std::all_of(x->last_local.begin(), x->last_local.end(), [](const auto& cs) {
+          return cs.first->outcomes().finished() >= cs.second;
+        }))
+      return false;
+    gone.push_back(std::move(x));
+    return true;
   });
   if (std::find(kept.begin(), kept.end(), st) == kept.end())
     kept.push_back(st);
@@ -1009,6 +1015,11 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
                                other.name, host, port});
     return static_cast<uint32_t>(peers.size() - 1);
   };
+  // A round all here that the devices' plan refused is not one for this
+  // plan either (nor worth this process's round actor).
+  if (std::all_of(st.items.begin(), st.items.end(),
+                  [](const detail::round_item& it) { return record_of(it.dev).r.local_core(); }))
+    return refuse();
   for (std::size_t i = 0; i < st.items.size(); ++i) {
     const auto& it = st.items[i];
     auto w = locate(it.dev);
@@ -1122,9 +1133,9 @@ node_plan::~node_plan() {
   for (auto& nd : nodes)
     try {
       if (nd.here) {
-        std::lock_guard guard{host->mu};
-        if (host->rounds)
-          host->rounds->drop(nd.round);
+        // Through the host actor, which takes its lock: this may run under
+        // it (a replay's `keep_for_replays` letting go of this round).
+        host->drop(nd.round);
         continue;
       }
       if (auto actor = caf::actor_cast<caf::actor>(nd.actor))
@@ -1180,13 +1191,33 @@ void install_parts(const std::shared_ptr<detail::round_state>& source) {
     }
     replies.push_back(std::move(r));
   }
+  std::optional<std::size_t> refused;
   for (std::size_t x = 0; x < replies.size(); ++x) {
     replies[x]->wait();
-    if (replies[x]->flag.load() == 2)
-      throw device_error(np.nodes[x].name,
-                         fmt::format("replay of round '{}': node {} refused its part: {}",
-                                     st.name, np.nodes[x].name,
-                                     describe_error(replies[x]->err)));
+    if (replies[x]->flag.load() == 2 && !refused)
+      refused = x;
+  }
+  if (refused) {
+    // The parts taken go again, so that a later replay installs them anew.
+    for (std::size_t x = 0; x < replies.size(); ++x) {
+      auto& nd = np.nodes[x];
+      if (replies[x]->flag.load() != 1)
+        continue;
+      if (nd.here) {
+        std::lock_guard guard{np.host->mu};
+        if (np.host->rounds)
+          np.host->rounds->drop(nd.round);
+      } else if (auto actor = caf::actor_cast<caf::actor>(nd.actor)) {
+        detail::request_node(*nd.sender, actor,
+                             caf::make_message(atoms::round_drop_atom::value, nd.session,
+                                               nd.round),
+                             [](const caf::message&) {});
+      }
+    }
+    const auto& nd = np.nodes[*refused];
+    throw device_error(nd.name, fmt::format("replay of round '{}': node {} refused its part: {}",
+                                            st.name, nd.name,
+                                            describe_error(replies[*refused]->err)));
   }
   np.installed = true;
   // A node whose part waits on or tells another hears from us when we lose
@@ -1243,7 +1274,7 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
       if (!np.host->rounds)
         throw device_error(nd.name, fmt::format("replay {} of round '{}': the backend shut down",
                                                 n, st->name));
-      r->ends = np.host->rounds->run(nd.round, n, slots_of(nd));
+      r->ends = np.host->rounds->run(nd.round, n, slots_of(nd), false);
     }
     r->flag.store(1, std::memory_order_release);
     here[x] = std::move(r);

@@ -19,6 +19,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 
+#include "actors/backend_impl.hpp"
 #include "actors/round_state.hpp"
 #include "multidev/multidev.hpp"
 #include "multidev/protocol.hpp"
@@ -345,6 +346,10 @@ BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_and_memset_are_replayed_in_order) {
     BOOST_REQUIRE(res.has_value());
     BOOST_TEST(res->sum == 2.0 * 4);
   }
+  // Call by call, all here: no round actor was made for it (that is for
+  // rounds with nodes' devices; spawning one ties this thread to the
+  // backend's actor system).
+  BOOST_TEST(!b.impl().here_rounds);
   // An item refused at replay names the replay, round and item; those before it stay.
   auto bad = b.record("bad", [&] { b.memset_zero(d0, 99, 0, 4); });
   expect_throw<std::invalid_argument>([&] { b.replay(bad); },

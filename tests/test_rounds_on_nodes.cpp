@@ -709,3 +709,36 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_routine_here_replays_with_the_nodes)
   BOOST_TEST(test_support::read_back(c, ch, y) == std::vector<float>(4, 8.0f),
              boost::test_tools::per_element());
 }
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_let_go_while_another_replays_does_not_hang) {
+  // Round A (here and on a node) is let go once its work is done; replaying
+  // round B then lets go of A's part here while it holds this process's
+  // part lock (A's plan goes as the backend stops keeping it): that drop
+  // must not take the lock again.
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  auto mixed = [&](const char* name) {
+    return c.record(name, [&] {
+      auto e = c.schedule_named(h0, note(std::string{name} + " h0"));
+      c.will_wait_for(c.make_context(n.a0), e);
+      c.schedule_named(n.a0, note(std::string{name} + " a0"));
+    });
+  };
+  {
+    auto a = mixed("A");
+    auto ev = c.replay(a);
+    for (const auto& [d, e] : ev.all_work())
+      sync(c, e);
+  }
+  auto b = mixed("B");
+  test_support::bounded([&] {
+    for (int k = 0; k < 3; ++k)
+      for (const auto& [d, e] : c.replay(b).all_work())
+        sync(c, e);
+  });
+  // A's part went from node a too; B's stays.
+  BOOST_TEST(test_support::eventually(
+               [&] { return contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 4)"); }),
+             n.debug(n.actor_a));
+}

@@ -18,6 +18,7 @@
 #include "actors/core/device_core.hpp"
 #include "actors/core/gate.hpp"
 #include "actors/device_actor.hpp"
+#include "actors/logger_tie.hpp"
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/remote/message_checks.hpp"
 #include "actors/round_state.hpp"
@@ -169,7 +170,7 @@ bool session_rounds::has_room(uint64_t round) const {
 }
 
 std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
-                                          const std::vector<wire_arg>& slots) {
+                                          const std::vector<wire_arg>& slots, bool tell_peers) {
   auto it = rounds_.find(round);
   if (it == rounds_.end())
     throw std::invalid_argument(fmt::format(
@@ -208,7 +209,8 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
   } catch (const std::exception& e) {
     r.last = n;
     drop_early_up_to(r, n);
-    tell_refused(r, n, e.what());
+    if (tell_peers)
+      tell_refused(r, n, e.what());
     throw;
   }
   r.last = n;
@@ -366,9 +368,24 @@ caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<ho
       h->rounds->peer_down(dm.source, dm.reason ? to_string(dm.reason) : "it stopped");
   });
   return {
-    [self](round_watch_atom, const std::vector<caf::actor>& peers) {
+    [self, h](round_watch_atom, const std::vector<caf::actor>& peers) {
+      std::lock_guard guard{h->mu};
       for (const auto& p : peers)
-        self->monitor(p);
+        if (p && std::find(h->watched.begin(), h->watched.end(), p.address()) == h->watched.end()) {
+          h->watched.push_back(p.address());
+          self->monitor(p);
+        }
+    },
+    [h](round_let_go_atom) {
+      std::vector<uint64_t> rounds;
+      {
+        std::lock_guard guard{h->drop_mu};
+        rounds.swap(h->dropping);
+      }
+      std::lock_guard guard{h->mu};
+      if (h->rounds)
+        for (auto r : rounds)
+          h->rounds->drop(r);
     },
     [self, h](round_flush_atom, const std::shared_ptr<round_outbox>& box) {
       caf::actor to;
@@ -405,6 +422,15 @@ void host_rounds::watch(const std::vector<round_peer>& peers) const {
     caf::anon_send(a, round_watch_atom::value, std::move(nodes));
 }
 
+void host_rounds::drop(uint64_t round) {
+  {
+    std::lock_guard guard{drop_mu};
+    dropping.push_back(round);
+  }
+  if (auto a = caf::actor_cast<caf::actor>(actor))
+    caf::anon_send(a, round_let_go_atom::value);
+}
+
 void host_rounds::close() {
   caf::actor gone;
   {
@@ -422,7 +448,12 @@ std::shared_ptr<host_rounds> host_rounds_of(backend& b) {
   if (impl.here_rounds)
     return impl.here_rounds;
   auto h = std::make_shared<host_rounds>();
-  auto actor = impl.sys->spawn(host_rounds_actor, h);
+  std::lock_guard init{h->mu}; // the actor's handlers take it
+  caf::actor actor;
+  {
+    logger_tie_guard untie; // spawning ties this thread to the system
+    actor = impl.sys->spawn(host_rounds_actor, h);
+  }
   h->actor = actor.address();
   h->alive = actor;
   // Not owning: the backend outlives its rounds (`close`, at its teardown).

@@ -104,8 +104,11 @@ public:
   /// and returns its lanes' last seqs. Throws `std::invalid_argument` (no
   /// such round, a replay number not above the last one, bad slots, a spec
   /// that does not bind) or `device_error` (a device refused), with nothing
-  /// queued; the peers that wait on the replay's items are told so.
-  std::vector<uint64_t> run(uint64_t round, uint64_t n, const std::vector<wire_arg>& slots);
+  /// queued; the peers that wait on the replay's items are told so, unless
+  /// `tell_peers` is false (this process's part, refused before the nodes
+  /// were sent the replay: they never push it).
+  std::vector<uint64_t> run(uint64_t round, uint64_t n, const std::vector<wire_arg>& slots,
+                            bool tell_peers = true);
   /// A `round_done` from node `from`; why it was dropped, if it was (not
   /// from the node the part names for the item, a replay refused here, a
   /// round held nowhere).
@@ -203,8 +206,17 @@ struct host_rounds {
   /// strong handle names is gone; a round may outlive the actor system).
   caf::actor_addr actor;
   caf::actor alive;
-  /// Monitors the nodes of a part put here (their losses fail its waits).
+  /// Monitors the nodes of a part put here (their losses fail its waits);
+  /// each once.
   void watch(const std::vector<round_peer>& peers) const;
+  /// Lets go of round `round`'s part, through the actor (which takes `mu`):
+  /// any thread, holding `mu` or not (a round's plan as it goes).
+  void drop(uint64_t round);
+  /// The rounds `drop` asked for (under `drop_mu`), and the nodes watched
+  /// (under `mu`).
+  std::mutex drop_mu;
+  std::vector<uint64_t> dropping;
+  std::vector<caf::actor_addr> watched;
   /// Lets go of the rounds and the actor (the backend's teardown, after
   /// its devices).
   void close();
@@ -215,6 +227,8 @@ std::shared_ptr<host_rounds> host_rounds_of(backend& b);
 
 /// Asks a `host_rounds` actor to monitor nodes (local only).
 using round_watch_atom = caf::atom_constant<caf::atom("round_wt")>;
+/// Asks a `host_rounds` actor to drop the parts in `host_rounds::dropping`.
+using round_let_go_atom = caf::atom_constant<caf::atom("round_lgo")>;
 
 } // namespace multidev::detail
 
