@@ -86,6 +86,36 @@ void register_test_kernels() {
 
 task_spec note(std::string text) { return {"test_note", {std::move(text)}}; }
 
+/// Waits for every device's work of replay `ev`.
+void sync_all(const backend& c, const replay_events& ev) {
+  for (const auto& [d, e] : ev.all_work())
+    test_support::sync(c, e);
+}
+
+/// Replays `r` 3 times, its slot `first` set to "<text> k" in replay k,
+/// then waits for all of them; the replays' events.
+std::vector<replay_events> replay_thrice(backend& c, multidev::round& r, round_slot first,
+                                         const std::string& text) {
+  std::vector<replay_events> evs;
+  for (int k = 1; k <= 3; ++k) {
+    r.arg(first) = text + " " + std::to_string(k);
+    evs.push_back(c.replay(r));
+  }
+  for (const auto& ev : evs)
+    sync_all(c, ev);
+  return evs;
+}
+
+/// The log of `replay_thrice`: "<text> k", then `rest`, for k = 1..3.
+std::vector<std::string> thrice(const std::string& text, const std::vector<std::string>& rest) {
+  std::vector<std::string> want;
+  for (int k = 1; k <= 3; ++k) {
+    want.push_back(text + " " + std::to_string(k));
+    want.insert(want.end(), rest.begin(), rest.end());
+  }
+  return want;
+}
+
 /// Nodes a (two devices) and b (one) and a client that attached both: three
 /// actor systems of this process. Built and destroyed on the test's thread.
 struct nodes_here {
@@ -155,6 +185,22 @@ void sync(backend& b, const event& e) {
   test_support::bounded([&] { b.sync(e); }, "sync");
 }
 
+/// Every item of replay `ev` is done.
+void expect_items_done(backend& c, const replay_events& ev) {
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    sync(c, ev.item(i));
+    BOOST_TEST(c.is_done(ev.item(i)), "item " << i);
+  }
+}
+
+/// Both nodes' debug text holds `rounds` (their `(rounds ...)` counts).
+void expect_rounds_on_both(nodes_here& n, const std::string& rounds) {
+  for (const auto& node : {n.actor_a, n.actor_b}) {
+    auto text = n.debug(node);
+    BOOST_TEST(contains(text, rounds), text);
+  }
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_runs_in_order_across_nodes) {
@@ -174,21 +220,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_runs_in_order_across_nodes) {
     c.will_wait_for(c.make_context(n.a0), on_a1);
     c.schedule_named(n.a0, note("a0 last"));
   });
-  auto slot = r.slot(first, 0);
-  std::vector<replay_events> evs;
-  for (int k = 1; k <= 3; ++k) {
-    r.arg(slot) = "a0 first " + std::to_string(k);
-    evs.push_back(c.replay(r));
-  }
-  for (const auto& ev : evs)
-    for (const auto& [d, e] : ev.all_work())
-      sync(c, e);
-  std::vector<std::string> want;
-  for (int k = 1; k <= 3; ++k)
-    for (auto s : {"a0 first " + std::to_string(k), std::string{"b0"}, std::string{"a1"},
-                   std::string{"a0 last"}})
-      want.push_back(s);
-  BOOST_TEST(the_log().take() == want, boost::test_tools::per_element());
+  auto evs = replay_thrice(c, r, r.slot(first, 0), "a0 first");
+  BOOST_TEST(the_log().take() == thrice("a0 first", {"b0", "a1", "a0 last"}),
+             boost::test_tools::per_element());
   // Each item's event names its device, and replays take consecutive seqs
   // on each device: a0 has 3 entries a replay (two notes, a wait).
   BOOST_TEST((evs[0].item(0).key() == n.a0.key()));
@@ -196,15 +230,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_runs_in_order_across_nodes) {
   BOOST_TEST((evs[0].item(4).key() == n.a1.key()));
   BOOST_TEST(evs[1].item(6).seq() == evs[0].item(6).seq() + 3);
   BOOST_TEST(evs[2].all_work_of(n.b0).seq() == evs[1].all_work_of(n.b0).seq() + 2);
-  for (std::size_t i = 0; i < evs[2].size(); ++i) {
-    sync(c, evs[2].item(i));
-    BOOST_TEST(c.is_done(evs[2].item(i)), "item " << i);
-  }
+  expect_items_done(c, evs[2]);
   // One round_run per node per replay: the nodes say so.
-  for (const auto& node : {n.actor_a, n.actor_b}) {
-    auto text = n.debug(node);
-    BOOST_TEST(contains(text, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"), text);
-  }
+  expect_rounds_on_both(n, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))");
   // The round's last handle goes: the nodes let go of its parts.
   evs.clear();
   r = multidev::round{};
@@ -466,35 +494,17 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_and_on_nodes_is_one_messa
     c.will_wait_for(c.make_context(h0), on_b);
     c.schedule_named(h0, note("h0 last"));
   });
-  auto slot = r.slot(first, 0);
-  std::vector<replay_events> evs;
-  for (int k = 1; k <= 3; ++k) {
-    r.arg(slot) = "h0 first " + std::to_string(k);
-    evs.push_back(c.replay(r));
-  }
-  for (const auto& ev : evs)
-    for (const auto& [d, e] : ev.all_work())
-      sync(c, e);
-  std::vector<std::string> want;
-  for (int k = 1; k <= 3; ++k)
-    for (auto s : {"h0 first " + std::to_string(k), std::string{"a0"}, std::string{"b0"},
-                   std::string{"h0 last"}})
-      want.push_back(s);
-  BOOST_TEST(the_log().take() == want, boost::test_tools::per_element());
+  auto evs = replay_thrice(c, r, r.slot(first, 0), "h0 first");
+  BOOST_TEST(the_log().take() == thrice("h0 first", {"a0", "b0", "h0 last"}),
+             boost::test_tools::per_element());
   BOOST_TEST((evs[0].item(0).key() == h0.key()));
   BOOST_TEST((evs[0].item(2).key() == n.a0.key()));
   // h0 takes 3 entries a replay (two notes, a wait), a0 and b0 2 each.
   BOOST_TEST(evs[1].item(6).seq() == evs[0].item(6).seq() + 3);
   BOOST_TEST(evs[2].all_work_of(n.a0).seq() == evs[1].all_work_of(n.a0).seq() + 2);
-  for (std::size_t i = 0; i < evs[2].size(); ++i) {
-    sync(c, evs[2].item(i));
-    BOOST_TEST(c.is_done(evs[2].item(i)), "item " << i);
-  }
+  expect_items_done(c, evs[2]);
   // One round_run per node per replay, not the items call by call.
-  for (const auto& node : {n.actor_a, n.actor_b}) {
-    auto text = n.debug(node);
-    BOOST_TEST(contains(text, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"), text);
-  }
+  expect_rounds_on_both(n, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))");
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_failures_cross_between_here_and_the_nodes) {
@@ -514,8 +524,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_failures_cross_between_here_and_the_no
   auto here_slot = r.slot(here, 0);
   auto there_slot = r.slot(there, 0);
   for (int k = 0; k < 2; ++k) // no failure: both notes
-    for (const auto& [d, e] : c.replay(r).all_work())
-      sync(c, e);
+    sync_all(c, c.replay(r));
   BOOST_TEST(the_log().take().size() == 4u);
   // h0's item fails: a0's wait on it fails with it, named as we name h0.
   r.arg(here_slot) = 1;
@@ -542,8 +551,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_failures_cross_between_here_and_the_no
   // Recovered, the next replay runs whole.
   r.arg(there_slot) = 0;
   the_log().take();
-  for (const auto& [d, e] : c.replay(r).all_work())
-    sync(c, e);
+  sync_all(c, c.replay(r));
   auto notes = the_log().take();
   std::sort(notes.begin(), notes.end());
   BOOST_TEST(notes == (std::vector<std::string>{"a0 after h0", "h0 after b0"}),
@@ -601,8 +609,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_two_clients_replay_their_rounds_on_the
       r.arg(slot) = who + " a0 " + std::to_string(k);
       last = c.replay(r);
     }
-    for (const auto& [d, e] : last.all_work())
-      sync(c, e);
+    sync_all(c, last);
   };
   std::thread second{[&] { chain(*other, da.at(0), db.at(0), "d"); }};
   chain(*n.client, n.a0, n.b0, "c");
@@ -727,15 +734,12 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_let_go_while_another_repl
   };
   {
     auto a = mixed("A");
-    auto ev = c.replay(a);
-    for (const auto& [d, e] : ev.all_work())
-      sync(c, e);
+    sync_all(c, c.replay(a));
   }
   auto b = mixed("B");
   test_support::bounded([&] {
     for (int k = 0; k < 3; ++k)
-      for (const auto& [d, e] : c.replay(b).all_work())
-        sync(c, e);
+      sync_all(c, c.replay(b));
   });
   // A's part went from node a too; B's stays.
   BOOST_TEST(test_support::eventually(
