@@ -11,10 +11,13 @@
 
 #include <multidev/multidev.hpp>
 
+#include "actors/round_state.hpp"
 #include "node_support.hpp"
+#include "test_certs.hpp"
 #include "test_support.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -116,4 +119,53 @@ BOOST_FIXTURE_TEST_CASE(test_rounds_nodes_a_killed_node_fails_the_other_nodes_wa
   BOOST_TEST(b.recover(b0));
   auto only_b = b.record("on b", [&] { b.schedule_named(b0, {"spin_ns", {int64_t{0}}}); });
   test_support::bounded([&] { b.sync(b.replay(only_b).all_work_of(b0)); }, "a replay on b");
+}
+
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(test_support::have_certificates))
+BOOST_AUTO_TEST_CASE(test_rounds_nodes_a_round_here_and_on_two_nodes_replays_over_tls) {
+  // Two `multidev node` processes over TLS and a client of that kind: a
+  // round on both nodes and this process's device replays on the nodes
+  // (one message per node), its edges a -> b node to node (the nodes
+  // connect to each other over TLS too) and b -> here.
+  BOOST_TEST_REQUIRE(test_support::test_certificates().has_value());
+  using multidev::scenario::node_process;
+  node_process na{test_support::tool(), 1, "a", true, test_support::node_tls_args()};
+  node_process nb{test_support::tool(), 1, "b", true, test_support::node_tls_args()};
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  register_types(cfg);
+  cfg.set("scheduler.max-threads", std::size_t{2});
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds{500}});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds{3}});
+  configure_tls(cfg, *test_support::test_certificates());
+  caf::actor_system sys{cfg};
+  backend b{sys, {.num_devices = 1}};
+  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  auto l0 = b.get_device(0);
+  std::atomic<int> here{0};
+  auto r = b.record("tls", [&] {
+    auto on_a = b.schedule_named(a0, {"spin_ns", {int64_t{1'000'000}}});
+    b.will_wait_for(b.make_context(b0), on_a);
+    auto on_b = b.schedule_named(b0, {"spin_ns", {int64_t{0}}});
+    b.will_wait_for(b.make_context(l0), on_b);
+    b.schedule_task(l0, {"count", [&] { ++here; }});
+  });
+  replay_events first, last;
+  for (int k = 0; k < 5; ++k) {
+    last = b.replay(r);
+    if (k == 0)
+      first = last;
+  }
+  for (const auto& [d, e] : last.all_work())
+    test_support::sync(b, e);
+  BOOST_TEST(here.load() == 5);
+  BOOST_TEST(r.state()->nodes.usable); // on the nodes, not call by call
+  for (std::size_t i = 0; i < last.size(); ++i) {
+    test_support::sync(b, last.item(i));
+    BOOST_TEST(b.is_done(last.item(i)), "item " << i);
+  }
+  // Each replay takes the same number of entries on each device.
+  BOOST_TEST(last.all_work_of(b0).seq() == first.all_work_of(b0).seq() + 4 * 2);
+  BOOST_TEST(last.all_work_of(l0).seq() == first.all_work_of(l0).seq() + 4 * 2);
 }
