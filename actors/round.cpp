@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -776,9 +777,13 @@ std::set<int> pools_of(detail::backend_impl& impl, const device& d) {
 }
 
 /// Builds `st.plan` (replay_plan): usable when every item is a task, a
-/// named task, a routine (neither a copy nor reading the merge buffer) or a
-/// wait on devices of this process, and every wait is on an item of the
-/// round (or on an event already done when recorded).
+/// named task, a routine (neither a copy nor reading the merge buffer), a
+/// copy between two devices, or a wait, on devices of this process, every
+/// wait is on an item of the round (or on an event already done when
+/// recorded), and no node a routine or copy writes on a device is touched
+/// by another routine or copy of the round on another lane (such a pair
+/// would need an edge the calls' bookkeeping makes between them: the
+/// round goes call by call).
 void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   using kind = detail::round_item::kind;
   auto lane_of = [&p](const device& d) -> std::optional<uint32_t> {
@@ -796,6 +801,19 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   };
   // An item the plan does not take: the round goes call by call.
   auto refuse = [&p] { p = detail::replay_plan{}; };
+  // The nodes the round's routines and copies read or write, per device:
+  // on which lanes, and whether written.
+  struct touched {
+    bool written = false;
+    std::set<uint32_t> lanes;
+  };
+  std::map<std::pair<const detail::device_record*, tnode>, touched> nodes;
+  auto touch = [&nodes](const detail::device_record* rec, const tnode& t, uint32_t lane,
+                        bool write) {
+    auto& x = nodes[{rec, t}];
+    x.written = x.written || write;
+    x.lanes.insert(lane);
+  };
   // The lane's last step so far (-1: none yet in the replay).
   std::vector<int32_t> last_step;
   auto add_step = [&](uint32_t lane, int32_t wait_on, std::size_t i) {
@@ -823,6 +841,25 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       p.item_events.push_back({*lane, k});
       p.routine_steps.push_back(static_cast<uint32_t>(k));
       p.routines.push_back(&it.r);
+      auto* rec = &record_of(it.dev);
+      for (const auto& t : it.r.outputs)
+        touch(rec, t, *lane, true);
+      for (const auto& t : it.r.inputs)
+        touch(rec, t, *lane, false);
+      break;
+    }
+    case kind::copy: {
+      // On the destination's lane (`it.dev`), from a device of this process.
+      if (!record_of(it.src.device).r.local_core())
+        return refuse();
+      auto k = add_step(*lane, -1, i);
+      p.item_events.push_back({*lane, k});
+      p.routine_steps.push_back(static_cast<uint32_t>(k));
+      p.routines.push_back(nullptr);
+      p.copies = true;
+      touch(&record_of(it.src.device), it.node, *lane, false);
+      if (it.into == merge_buffer_use::no)
+        touch(&record_of(it.dev), it.node, *lane, true);
       break;
     }
     case kind::wait: {
@@ -846,9 +883,12 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       break;
     }
     default:
-      return refuse(); // a copy or a pool call
+      return refuse(); // a pool call or a memset
     }
   }
+  for (const auto& [key, x] : nodes)
+    if (x.written && x.lanes.size() > 1)
+      return refuse(); // a hazard between lanes inside the round
   for (const auto& d : st.devices)
     p.device_lane.push_back(*lane_of(d));
   p.usable = true;
@@ -858,12 +898,44 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
 /// task's closure, a named task bound to its pools as they are now), then
 /// all pushed at once. Scratch per thread, reused: allocates nothing but a
 /// named task's binding and the events handed back.
-void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail::round_state>& st,
-                       uint64_t n, replay_events& out) {
+void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& st, uint64_t n,
+                       replay_events& out) {
   using kind = detail::round_item::kind;
+  auto& impl = b.impl();
   const auto& p = st->plan;
   auto g = detail::replay_scratch::use(p.steps.size(), p.lanes.size());
   auto& s = g.s;
+  // The copies' routines, built now (their pools looked up as a call does).
+  std::vector<routine> copies;
+  std::vector<const routine*> routines;
+  if (p.copies) {
+    copies.reserve(p.routines.size());
+    routines = p.routines;
+    for (std::size_t j = 0; j < routines.size(); ++j) {
+      if (routines[j])
+        continue;
+      auto i = p.step_item[p.routine_steps[j]];
+      const auto& it = st->items[i];
+      std::optional<routine> r;
+      try {
+        r = detail::local_copy(b, it.node, it.into, it.ctx, it.src, false);
+        if (!r)
+          throw std::invalid_argument(fmt::format(
+            "device_to_device: node {} is not in the context of {} or of {}", it.node.label,
+            it.src.device.name(), it.ctx.device.name()));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(
+          fmt::format("replay: {}: {}", detail::provenance(*st, n, i), e.what()));
+      }
+      auto& c = copies.emplace_back(std::move(*r));
+      routines[j] = &c;
+      auto& t = s.tasks[p.routine_steps[j]];
+      t.work = detail::with_provenance{std::move(c.schedule.work), st.get(), i, n};
+      t.description = c.schedule.description;
+      t.kind = c.schedule.kind;
+      t.keep_alive = c.schedule.keep_alive;
+    }
+  }
   for (std::size_t k = 0; k < p.steps.size(); ++k) {
     if (p.steps[k].wait_on >= 0)
       continue;
@@ -882,21 +954,25 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
       t.kind = it.r.schedule.kind;
       continue;
     }
+    if (it.k == kind::copy)
+      continue; // made above
     s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, t);
   }
   if (p.routines.empty()) {
     s.push.push(p.lanes, p.steps, s.tasks, s.ends);
   } else {
-    // Routines: the transfers' bookkeeping around one push (routine_push).
-    for (std::size_t j = 0; j < p.routines.size(); ++j)
+    // Routines and copies: the transfers' bookkeeping around one push
+    // (routine_push).
+    const auto& all = p.copies ? routines : p.routines;
+    for (std::size_t j = 0; j < all.size(); ++j)
       try {
-        detail::routine_push::check_pins(*p.routines[j]);
+        detail::routine_push::check_pins(*all[j]);
       } catch (const std::invalid_argument& e) {
         throw std::invalid_argument(fmt::format(
           "replay: {}: {}", detail::provenance(*st, n, p.step_item[p.routine_steps[j]]),
           e.what()));
       }
-    detail::routine_push held{p.routines, p.lanes};
+    detail::routine_push held{all, p.lanes};
     s.push.push(p.lanes, p.steps, s.tasks, s.ends, {}, false);
     for (std::size_t j = 0; j < p.routine_steps.size(); ++j) {
       auto k = p.routine_steps[j];
@@ -908,6 +984,21 @@ void replay_on_devices(detail::backend_impl& impl, const std::shared_ptr<detail:
   // The lanes' last seqs bound the wrapped items' (a wait's entry reads
   // nothing of the round, so erring late only keeps it longer).
   s.keep(impl, st, p.lanes, s.ends);
+}
+
+/// Whether every copy into a merge buffer of the devices' plan fits the
+/// buffer as it is: one that would grow it goes call by call (the growth
+/// replaces pool 0 ordered with the work, between the copies of the replay).
+bool merge_buffers_fit(const detail::round_state& st) {
+  if (!st.plan.copies)
+    return true;
+  for (auto k : st.plan.routine_steps) {
+    const auto& it = st.items[st.plan.step_item[k]];
+    if (it.k == detail::round_item::kind::copy && it.into == merge_buffer_use::copy
+        && !detail::merge_buffer_fits(it.ctx, it.node))
+      return false;
+  }
+  return true;
 }
 
 /// Builds `np` (node_plan): usable when every item is a named task or a
@@ -1482,10 +1573,10 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
       replay_on_nodes(st, n, out);
       return out;
     }
-    if (st->plan.usable) {
+    if (st->plan.usable && merge_buffers_fit(*st)) {
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;
-      replay_on_devices(*impl_, st, n, out);
+      replay_on_devices(*this, st, n, out);
       return out;
     }
   }

@@ -105,10 +105,14 @@ struct replay_plan {
   std::vector<item_event> item_events;
   /// `round_state::devices[i]`'s lane.
   std::vector<uint32_t> device_lane;
-  /// The steps that run a routine (`backend::run`), and their routines:
-  /// pushed under `routine_push`.
+  /// The steps that run a routine (`backend::run`) or a copy between two
+  /// devices of this process, in step order, and the routines (null for a
+  /// copy: built at each replay, its pools looked up then): pushed under
+  /// `routine_push`.
   std::vector<uint32_t> routine_steps;
   std::vector<const routine*> routines;
+  /// Whether a copy is among them.
+  bool copies = false;
 };
 
 /// How a round whose items all run on attached nodes' devices is replayed
@@ -306,7 +310,9 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
 /// reading its outputs that it must come after (write after read; ahead of
 /// the replay's entries there, which only orders more). After the push,
 /// `wrote(k, seq)` makes routine `k` its outputs' writer. Unlocks when it
-/// goes. A routine that copies or reads the merge buffer is not taken.
+/// goes. A copy (`local_copy`'s routine) also waits for its source's
+/// writer of the node, and is entered as a reader there. A routine the
+/// user runs that copies, or reads the merge buffer, is not taken.
 class routine_push {
 public:
   /// `may_wait` false: the caller waited for room itself (it holds a lock
@@ -328,6 +334,15 @@ private:
   std::span<const routine* const> routines_;
   std::vector<device_record*> locked_;
 };
+
+/// The routine of a copy between two devices of this process (what
+/// `device_to_device` runs there), not run; none when a context lacks `t`.
+/// Without `may_grow`, a merge buffer too small for `t` throws
+/// `std::invalid_argument` instead of growing (actors/transfers.cpp).
+std::optional<routine> local_copy(backend& b, const tnode& t, merge_buffer_use into,
+                                  const context& dst, const context& src, bool may_grow);
+/// Whether `dst`'s merge buffer holds `t` without growing.
+bool merge_buffer_fits(const context& dst, const tnode& t);
 
 /// `device_to_device` returning the copy's event on `dst` (actors/transfers.cpp);
 /// throws `std::invalid_argument` when a context lacks `t`.

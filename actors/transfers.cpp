@@ -201,18 +201,21 @@ detail::routine_push::routine_push(std::span<const routine* const> routines,
   if (may_wait)
     for (auto* c : lanes)
       c->wait_for_room();
-  for (const auto* r : routines)
+  for (const auto* r : routines) {
     locked_.push_back(&record_of(r->context.device));
+    if (r->copy_source)
+      locked_.push_back(&record_of(r->copy_source->device));
+  }
   std::sort(locked_.begin(), locked_.end());
   locked_.erase(std::unique(locked_.begin(), locked_.end()), locked_.end());
   for (auto* rec : locked_)
     rec->mu.lock();
   try {
-    static const std::set<tnode> none;
     for (const auto* r : routines) {
       auto& rec = record_of(r->context.device);
+      auto* src = r->copy_source ? &record_of(r->copy_source->device) : nullptr;
       auto& core = rec.r.core();
-      for (const auto& w : unmet_waits(none, r->outputs, rec, nullptr, *core))
+      for (const auto& w : unmet_waits(r->inputs, r->outputs, rec, src, *core))
         core->push_wait(w.e.core(), w.e.seq(), w.kind); // never waits for room
     }
   } catch (...) {
@@ -237,13 +240,23 @@ detail::routine_push::~routine_push() {
 }
 
 void detail::routine_push::wrote(std::size_t k, uint64_t seq) {
+  // As schedule_step records a step once pushed.
   const auto& r = *routines_[k];
   auto& rec = record_of(r.context.device);
+  auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
   const auto& ep = rec.r.endpoint();
   for (const auto& t : r.outputs) {
     rec.readers.erase(t); // all waited for, or done
     detail::event_access::advance(rec.updating_for[t], ep, seq);
   }
+  if (src && r.context.merge_buffer_node && r.outputs.empty())
+    rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, event{ep, seq});
+  if (src && src != &rec)
+    for (const auto& t : r.inputs) {
+      auto& readers = src->readers[t];
+      prune(readers);
+      readers.emplace_back(ep, seq);
+    }
 }
 
 namespace {
@@ -568,6 +581,15 @@ static std::optional<routine> copy_node(backend& b, const tnode& t, merge_buffer
     r.schedule = task{r.name, nullptr, {}, trace_kind::copy};
     return r;
   }
+  auto r = detail::local_copy(b, t, into, dst, src, true);
+  if (r)
+    copied = b.run(*r);
+  return r;
+}
+
+std::optional<routine> detail::local_copy(backend& b, const tnode& t, merge_buffer_use into,
+                                          const context& dst, const context& src,
+                                          bool may_grow) {
   auto& srec = local_record(src.device, "device_to_device", no_copy);
   auto& drec = local_record(dst.device, "device_to_device", no_copy);
   auto sloc = src.buffers.find(t);
@@ -608,6 +630,11 @@ static std::optional<routine> copy_node(backend& b, const tnode& t, merge_buffer
       std::lock_guard guard{drec.mu};
       grow = drec.merge_buffer_capacity < n || !mb || mb->size < n;
     }
+    if (grow && !may_grow)
+      throw std::invalid_argument(fmt::format(
+        "device_to_device: the merge buffer of {} is smaller than node {} ({} bytes) and a "
+        "replay pushed at once does not grow it",
+        drec.name, node_name(t), n));
     if (grow) {
       b.alloc_pool(dst.device, 0, n, node_alignment, memory_mode::device_only);
       mb = dcore->pools().find(0);
@@ -627,8 +654,17 @@ static std::optional<routine> copy_node(backend& b, const tnode& t, merge_buffer
                                                  std::shared_ptr<detail::pool>>>(sp, mb),
                       trace_kind::copy};
   }
-  copied = b.run(r);
   return r;
+}
+
+bool detail::merge_buffer_fits(const context& dst, const tnode& t) {
+  auto& drec = record_of(dst.device);
+  auto* core = drec.r.local_core();
+  if (!core)
+    return false;
+  auto mb = core->pools().find(0);
+  std::lock_guard guard{drec.mu};
+  return drec.merge_buffer_capacity >= t.size_in_bytes && mb && mb->size >= t.size_in_bytes;
 }
 
 std::optional<routine> backend::device_to_device(const tnode& t, merge_buffer_use into,

@@ -737,3 +737,101 @@ BOOST_AUTO_TEST_CASE(test_rounds_routines_replay_on_the_devices_after_the_copies
   BOOST_TEST(b.all_work(d1).seq() == d1_before);
   BOOST_TEST(b.all_work(d0).seq() == d0_before);
 }
+
+namespace {
+
+/// A toy training step on 3 devices (test_rounds_copies_...): each device
+/// adds w into g, device 0 sums the others' g through its merge buffer,
+/// updates w, and w is copied back to the others; replayed `replays` times,
+/// by the calls (`replay(r, {})`) or as the plan takes it. The w of every
+/// device after, and whether the devices' plan took the round.
+std::pair<std::vector<float>, bool> train_like(int replays, bool by_calls) {
+  backend b{on_test_driver(backend_options{.num_devices = 3})};
+  std::vector<device> d{b.get_device(0), b.get_device(1), b.get_device(2)};
+  auto g = test_support::node(1, "g", 4), w = test_support::node(2, "w", 4);
+  std::vector<context> ctx;
+  for (const auto& dev : d)
+    ctx.push_back(b.alloc_node(b.alloc_node(b.make_context(dev), g), w));
+  for (const auto& c : ctx) {
+    b.run(b.link(c, "fill", {w, 1.0}));
+    b.run(b.link(c, "fill", {g, 0.0}));
+  }
+  // The merge buffer, grown before the round (a replay on the devices does
+  // not grow it).
+  b.device_to_device(g, merge_buffer_use::copy, ctx[0], ctx[1]);
+  for (const auto& dev : d)
+    sync(b, b.all_work(dev));
+  auto r = b.record("step", [&] {
+    std::vector<event> grad(3);
+    for (int i = 0; i < 3; ++i)
+      grad[static_cast<std::size_t>(i)] =
+        b.schedule_named(d[static_cast<std::size_t>(i)],
+                         {"axpy", {buf(ctx[static_cast<std::size_t>(i)], g), 1.0,
+                                   buf(ctx[static_cast<std::size_t>(i)], w)}});
+    for (std::size_t i = 1; i < 3; ++i) {
+      b.will_wait_for(ctx[0], grad[i]);
+      b.device_to_device(g, merge_buffer_use::copy, ctx[0], ctx[i]);
+      b.schedule_named(d[0], {"add_from_merge", {buf(ctx[0], g), buf(ctx[0], g)}});
+    }
+    auto update = b.schedule_named(d[0], {"axpy", {buf(ctx[0], w), 0.5, buf(ctx[0], g)}});
+    for (std::size_t i = 1; i < 3; ++i) {
+      b.will_wait_for(ctx[i], update);
+      b.device_to_device(w, merge_buffer_use::no, ctx[i], ctx[0]);
+    }
+  });
+  for (int k = 0; k < replays; ++k) {
+    auto ev = by_calls ? b.replay(r, device_remap{}) : b.replay(r);
+    for (const auto& [dev, e] : ev.all_work())
+      sync(b, e);
+  }
+  std::vector<float> out;
+  for (const auto& c : ctx) {
+    auto v = read_back(b, c, w);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return {out, !by_calls && r.state()->plan.usable};
+}
+
+} // namespace
+
+// Copies between devices of this process replay on the devices too (a
+// training step's merge and broadcast): the same values as the calls.
+BOOST_AUTO_TEST_CASE(test_rounds_copies_replay_on_the_devices_as_the_calls_do) {
+  auto [calls, unused] = train_like(4, true);
+  auto [plan, usable] = train_like(4, false);
+  BOOST_TEST(usable);
+  BOOST_TEST(plan == calls, boost::test_tools::per_element());
+  // The values move: w is not what it started as.
+  BOOST_TEST(calls.front() != 1.0f);
+}
+
+// A replayed copy waits for its source's last writer from outside the
+// round, as the call does; a round whose copy reads what its own routine on
+// another device writes goes call by call (the calls' bookkeeping orders
+// them), with the same values.
+BOOST_AUTO_TEST_CASE(test_rounds_a_replayed_copy_waits_for_the_writer_of_its_source) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, 4);
+  auto c1 = b.alloc_node(b.make_context(d1), t);
+  b.run(b.link(c0, "fill", {t, 1.0}));
+  auto r = b.record("copy", [&] { b.device_to_device(t, merge_buffer_use::no, c1, c0); });
+  sync(b, b.replay(r).all_work_of(d1));
+  BOOST_TEST(r.state()->plan.usable);
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 1.0f), boost::test_tools::per_element());
+  auto hold = block_runner(b, d0);
+  b.run(b.link(c0, "fill", {t, 5.0})); // t's writer on d0, held
+  auto ev = b.replay(r);
+  BOOST_TEST(info_field(b.get_debug_info(d1), "pending_waits") == "1"); // on that writer
+  hold->open();
+  sync(b, ev.all_work_of(d1));
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 5.0f), boost::test_tools::per_element());
+
+  auto both = b.record("write and copy", [&] {
+    b.run(b.link(c0, "scale", {t, 2.0}));
+    b.device_to_device(t, merge_buffer_use::no, c1, c0);
+  });
+  sync(b, b.replay(both).all_work_of(d1));
+  BOOST_TEST(!both.state()->plan.usable);
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 10.0f), boost::test_tools::per_element());
+}
