@@ -690,15 +690,25 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_events_on_the_devices_match_the_calls) {
     BOOST_TEST(b.is_done(e));
 }
 
+namespace {
+
+/// Two devices of this process, and node t (4 floats) on each, 1.0 on d0.
+struct node_on_two {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  device d0 = b.get_device(0), d1 = b.get_device(1);
+  tnode t = test_support::node(1, "n1", 4);
+  context c0 = b.alloc_node(b.make_context(d0), t);
+  context c1 = b.alloc_node(b.make_context(d1), t);
+  node_on_two() { b.run(b.link(c0, "fill", {t, 1.0})); }
+};
+
+} // namespace
+
 // A round's routines (`link` + `run`) are replayed on the devices too, with
 // what `run` does around its push: a routine comes after the copies still
 // reading the node it overwrites, and becomes the node's writer.
-BOOST_AUTO_TEST_CASE(test_rounds_routines_replay_on_the_devices_after_the_copies_reading_them) {
-  backend b{on_test_driver(backend_options{.num_devices = 2})};
-  auto d0 = b.get_device(0), d1 = b.get_device(1);
-  auto [c0, t] = node_on(b, b.make_context(d0), 1, 4);
-  auto c1 = b.alloc_node(b.make_context(d1), t);
-  b.run(b.link(c0, "fill", {t, 1.0}));
+BOOST_FIXTURE_TEST_CASE(test_rounds_routines_replay_on_the_devices_after_the_copies_reading_them,
+                        node_on_two) {
   auto r = b.record("write", [&] {
     b.run(b.link(c0, "scale", {t, 3.0}));
     b.schedule_task(d0, {"after", [] {}});
@@ -809,12 +819,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_copies_replay_on_the_devices_as_the_calls_do) {
 // round, as the call does; a round whose copy reads what its own routine on
 // another device writes goes call by call (the calls' bookkeeping orders
 // them), with the same values.
-BOOST_AUTO_TEST_CASE(test_rounds_a_replayed_copy_waits_for_the_writer_of_its_source) {
-  backend b{on_test_driver(backend_options{.num_devices = 2})};
-  auto d0 = b.get_device(0), d1 = b.get_device(1);
-  auto [c0, t] = node_on(b, b.make_context(d0), 1, 4);
-  auto c1 = b.alloc_node(b.make_context(d1), t);
-  b.run(b.link(c0, "fill", {t, 1.0}));
+BOOST_FIXTURE_TEST_CASE(test_rounds_a_replayed_copy_waits_for_the_writer_of_its_source,
+                        node_on_two) {
   auto r = b.record("copy", [&] { b.device_to_device(t, merge_buffer_use::no, c1, c0); });
   sync(b, b.replay(r).all_work_of(d1));
   BOOST_TEST(r.state()->plan.usable);
