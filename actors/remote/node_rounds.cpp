@@ -22,6 +22,7 @@
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/remote/message_checks.hpp"
 #include "actors/round_state.hpp"
+#include "messages/tsan.hpp"
 #include "multidev/backend.hpp"
 
 namespace multidev::detail {
@@ -362,6 +363,7 @@ namespace {
 
 /// The actor of a `host_rounds` (node_rounds.hpp).
 caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<host_rounds> h) {
+  tsan_acquire(h.get()); // made by the spawning thread, handed over by CAF (tsan.hpp)
   self->set_down_handler([h](caf::down_msg& dm) {
     std::lock_guard guard{h->mu};
     if (h->rounds)
@@ -452,6 +454,7 @@ std::shared_ptr<host_rounds> host_rounds_of(backend& b) {
   caf::actor actor;
   {
     logger_tie_guard untie; // spawning ties this thread to the system
+    tsan_release(h.get()); // to the actor's init, on a worker (tsan.hpp)
     actor = impl.sys->spawn(host_rounds_actor, h);
   }
   h->actor = actor.address();
