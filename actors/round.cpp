@@ -126,17 +126,19 @@ struct with_provenance {
   }
 };
 
-/// A replayed task's work: the recorded closure itself, run in place (the
-/// round is kept while its replays run, see keep_for_replays), with the
-/// failure text of `with_provenance`. 16 trivially copyable bytes, so the
-/// task's `std::function` holds it without allocating.
+/// A replayed task's or routine's work: the recorded closure (or the
+/// routine's task) itself, run in place (the round is kept while its
+/// replays run, see keep_for_replays), with the failure text of
+/// `with_provenance`. 16 trivially copyable bytes, so the task's
+/// `std::function` holds it without allocating.
 struct replayed_task {
   const round_state* st;
   uint32_t item;
   uint32_t n; // the replay's number, modulo 2^32
   void operator()() const {
+    const auto& it = st->items[item];
     try {
-      st->items[item].work.work();
+      (it.k == round_item::kind::run ? it.r.schedule : it.work).work();
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("{}: {}", provenance(*st, n, item), e.what()));
     } catch (...) {
@@ -145,22 +147,25 @@ struct replayed_task {
   }
 };
 
-/// A replayed routine's work (a round's `backend::run`): as `replayed_task`,
-/// the recorded routine's task run in place.
-struct replayed_routine {
-  const round_state* st;
-  uint32_t item;
-  uint32_t n;
-  void operator()() const {
-    try {
-      st->items[item].r.schedule.work();
-    } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("{}: {}", provenance(*st, n, item), e.what()));
-    } catch (...) {
-      throw std::runtime_error(fmt::format("{}: unknown exception", provenance(*st, n, item)));
-    }
+/// `t`: item `i` of `st` (a closure or a routine) as replay `n`'s step.
+void replayed(const round_state& st, uint32_t i, uint64_t n, bulk_task& t) {
+  const auto& it = st.items[i];
+  const auto& recorded = it.k == round_item::kind::run ? it.r.schedule : it.work;
+  t.work = replayed_task{&st, i, static_cast<uint32_t>(n)};
+  t.description = recorded.description; // the round keeps the recorded keep_alive
+  t.kind = recorded.kind;
+}
+
+/// `f()`, its `std::invalid_argument` prefixed with item `i`'s provenance
+/// in replay `n` of `st` ("replay: replay 3 of round 'R', item 'I': ...").
+template <class F>
+decltype(auto) as_item(const round_state& st, uint64_t n, std::size_t i, F&& f) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("replay: {}: {}", provenance(st, n, i), e.what()));
   }
-};
+}
 
 /// What a replay pushed at once makes, per thread, reused: the steps'
 /// work, the named tasks' bindings (their descriptions), the lanes' last
@@ -196,16 +201,12 @@ struct replay_scratch {
   /// provenance when it does not bind.
   void bind(const std::shared_ptr<device_core>& core, const task_spec& spec,
             const round_state& st, std::size_t item, uint64_t n, bulk_task& t) {
-    try {
-      auto b = bind_spec(core, spec);
-      auto& kept_task = bound.emplace_back(std::move(b.work));
-      t.work = with_provenance{std::move(kept_task.work), &st, item, n};
-      t.description = kept_task.description;
-      t.kind = kept_task.kind;
-      t.keep_alive = std::move(kept_task.keep_alive);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("replay: {}: {}", provenance(st, n, item), e.what()));
-    }
+    auto b = as_item(st, n, item, [&] { return bind_spec(core, spec); });
+    auto& kept_task = bound.emplace_back(std::move(b.work));
+    t.work = with_provenance{std::move(kept_task.work), &st, item, n};
+    t.description = kept_task.description;
+    t.kind = kept_task.kind;
+    t.keep_alive = std::move(kept_task.keep_alive);
   }
 
   /// Each lane's last seq (`last`) as the seqs the backend keeps `st` for.
@@ -451,24 +452,12 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
       throw std::logic_error("push_part: a task step with neither a spec nor a closure");
     auto i = static_cast<uint32_t>(closures[k]);
     const auto& it = source->items[i];
-    auto& t = s.tasks[k];
+    replayed(*source, i, n, s.tasks[k]);
     if (it.k == round_item::kind::run) {
-      try {
-        routine_push::check_pins(it.r);
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(
-          fmt::format("replay: {}: {}", provenance(*source, n, i), e.what()));
-      }
-      t.work = replayed_routine{source.get(), i, static_cast<uint32_t>(n)};
-      t.description = it.r.schedule.description;
-      t.kind = it.r.schedule.kind;
+      as_item(*source, n, i, [&] { routine_push::check_pins(it.r); });
       routines.push_back(&it.r);
       routine_steps.push_back(k);
-      continue;
     }
-    t.work = replayed_task{source.get(), i, static_cast<uint32_t>(n)};
-    t.description = it.work.description;
-    t.kind = it.work.kind;
   }
   if (routines.empty()) {
     s.push.push(lanes, steps, s.tasks, ends, external, false);
@@ -916,18 +905,14 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
         continue;
       auto i = p.step_item[p.routine_steps[j]];
       const auto& it = st->items[i];
-      std::optional<routine> r;
-      try {
-        r = detail::local_copy(b, it.node, it.into, it.ctx, it.src, false);
+      auto& c = copies.emplace_back(detail::as_item(*st, n, i, [&] {
+        auto r = detail::local_copy(b, it.node, it.into, it.ctx, it.src, false);
         if (!r)
           throw std::invalid_argument(fmt::format(
             "device_to_device: node {} is not in the context of {} or of {}", it.node.label,
             it.src.device.name(), it.ctx.device.name()));
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(
-          fmt::format("replay: {}: {}", detail::provenance(*st, n, i), e.what()));
-      }
-      auto& c = copies.emplace_back(std::move(*r));
+        return std::move(*r);
+      }));
       routines[j] = &c;
       auto& t = s.tasks[p.routine_steps[j]];
       t.work = detail::with_provenance{std::move(c.schedule.work), st.get(), i, n};
@@ -941,22 +926,11 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
       continue;
     auto i = p.step_item[k];
     const auto& it = st->items[i];
-    auto& t = s.tasks[k];
-    if (it.k == kind::task) {
-      t.work = detail::replayed_task{st.get(), i, static_cast<uint32_t>(n)};
-      t.description = it.work.description; // the round keeps the recorded keep_alive
-      t.kind = it.work.kind;
-      continue;
-    }
-    if (it.k == kind::run) {
-      t.work = detail::replayed_routine{st.get(), i, static_cast<uint32_t>(n)};
-      t.description = it.r.schedule.description; // the round keeps the routine
-      t.kind = it.r.schedule.kind;
-      continue;
-    }
-    if (it.k == kind::copy)
-      continue; // made above
-    s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, t);
+    if (it.k == kind::task || it.k == kind::run)
+      detail::replayed(*st, i, n, s.tasks[k]);
+    else if (it.k == kind::named)
+      s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, s.tasks[k]);
+    // (a copy: made above)
   }
   if (p.routines.empty()) {
     s.push.push(p.lanes, p.steps, s.tasks, s.ends);
@@ -965,13 +939,8 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
     // (routine_push).
     const auto& all = p.copies ? routines : p.routines;
     for (std::size_t j = 0; j < all.size(); ++j)
-      try {
-        detail::routine_push::check_pins(*all[j]);
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(fmt::format(
-          "replay: {}: {}", detail::provenance(*st, n, p.step_item[p.routine_steps[j]]),
-          e.what()));
-      }
+      detail::as_item(*st, n, p.step_item[p.routine_steps[j]],
+                      [&] { detail::routine_push::check_pins(*all[j]); });
     detail::routine_push held{all, p.lanes};
     s.push.push(p.lanes, p.steps, s.tasks, s.ends, {}, false);
     for (std::size_t j = 0; j < p.routine_steps.size(); ++j) {
@@ -1187,8 +1156,6 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       return refuse(); // a copy or a pool call
     }
   }
-  if (std::none_of(np.nodes.begin(), np.nodes.end(), [](const node& x) { return !x.here; }))
-    return refuse(); // all here: an outside wait kept it off the devices' plan
   for (auto& nd : np.nodes)
     if (nd.here)
       nd.closures.resize(nd.part.steps.size(), -1);
@@ -1218,6 +1185,14 @@ detail::reply_sink::handler fill(std::shared_ptr<detail::node_replay::reply> r, 
 
 namespace detail {
 
+/// Tells node `nd` to let go of its part (`round_drop`), not waiting.
+void send_round_drop(const node_plan::node& nd) {
+  if (auto actor = caf::actor_cast<caf::actor>(nd.actor))
+    request_node(*nd.sender, actor,
+                 caf::make_message(atoms::round_drop_atom::value, nd.session, nd.round),
+                 [](const caf::message&) {});
+}
+
 node_plan::~node_plan() {
   if (!installed)
     return;
@@ -1229,10 +1204,7 @@ node_plan::~node_plan() {
         host->drop(nd.round);
         continue;
       }
-      if (auto actor = caf::actor_cast<caf::actor>(nd.actor))
-        request_node(*nd.sender, actor,
-                     caf::make_message(atoms::round_drop_atom::value, nd.session, nd.round),
-                     [](const caf::message&) {});
+      send_round_drop(nd);
     } catch (...) {
       // Out of memory: the part stays until the session ends.
     }
@@ -1298,11 +1270,8 @@ void install_parts(const std::shared_ptr<detail::round_state>& source) {
         std::lock_guard guard{np.host->mu};
         if (np.host->rounds)
           np.host->rounds->drop(nd.round);
-      } else if (auto actor = caf::actor_cast<caf::actor>(nd.actor)) {
-        detail::request_node(*nd.sender, actor,
-                             caf::make_message(atoms::round_drop_atom::value, nd.session,
-                                               nd.round),
-                             [](const caf::message&) {});
+      } else {
+        detail::send_round_drop(nd);
       }
     }
     const auto& nd = np.nodes[*refused];

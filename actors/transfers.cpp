@@ -150,6 +150,28 @@ struct detail::event_access {
 
 namespace {
 
+/// Records a step pushed at `seq` on `rec`'s device (with both records
+/// locked) as the writer of `outputs` there, a reader of `inputs` on `src`,
+/// and, a copy into the merge buffer (`outputs` empty), its holder.
+template <class Inputs, class Outputs>
+void record_step(detail::device_record& rec, const Inputs& inputs, const Outputs& outputs,
+                 detail::device_record* src, const std::optional<tnode>& merge_buffer_node,
+                 uint64_t seq) {
+  const auto& ep = rec.r.endpoint();
+  for (const auto& t : outputs) {
+    rec.readers.erase(t); // all waited for, or done
+    detail::event_access::advance(rec.updating_for[t], ep, seq);
+  }
+  if (src && merge_buffer_node && std::empty(outputs))
+    rec.updating_for_merge_buffer.emplace(*merge_buffer_node, event{ep, seq});
+  if (src && src != &rec)
+    for (const auto& t : inputs) {
+      auto& readers = src->readers[t];
+      prune(readers);
+      readers.emplace_back(ep, seq);
+    }
+}
+
 /// Pushes the step onto `rec`'s device after what it must wait for
 /// (`push(core)` appends it without waiting for room and returns its seq),
 /// and records it as the writer of `outputs` and a reader of `inputs` on
@@ -176,20 +198,8 @@ uint64_t schedule_step(detail::device_record& rec, Push&& push, const Inputs& in
   record_locks locks{rec, src};
   for (const auto& w : unmet_waits(inputs, outputs, rec, src, *core))
     core->push_wait(w.e.core(), w.e.seq(), w.kind); // never waits for room
-  const auto& ep = rec.r.endpoint();
   const uint64_t seq = push(*core);
-  for (const auto& t : outputs) {
-    rec.readers.erase(t); // all waited for, or done
-    detail::event_access::advance(rec.updating_for[t], ep, seq);
-  }
-  if (src && merge_buffer_node && std::empty(outputs))
-    rec.updating_for_merge_buffer.emplace(*merge_buffer_node, event{ep, seq});
-  if (src && src != &rec)
-    for (const auto& t : inputs) {
-      auto& readers = src->readers[t];
-      prune(readers);
-      readers.emplace_back(ep, seq);
-    }
+  record_step(rec, inputs, outputs, src, merge_buffer_node, seq);
   return seq;
 }
 
@@ -240,23 +250,10 @@ detail::routine_push::~routine_push() {
 }
 
 void detail::routine_push::wrote(std::size_t k, uint64_t seq) {
-  // As schedule_step records a step once pushed.
   const auto& r = *routines_[k];
-  auto& rec = record_of(r.context.device);
-  auto* src = r.copy_source ? &record_of(r.copy_source->device) : nullptr;
-  const auto& ep = rec.r.endpoint();
-  for (const auto& t : r.outputs) {
-    rec.readers.erase(t); // all waited for, or done
-    detail::event_access::advance(rec.updating_for[t], ep, seq);
-  }
-  if (src && r.context.merge_buffer_node && r.outputs.empty())
-    rec.updating_for_merge_buffer.emplace(*r.context.merge_buffer_node, event{ep, seq});
-  if (src && src != &rec)
-    for (const auto& t : r.inputs) {
-      auto& readers = src->readers[t];
-      prune(readers);
-      readers.emplace_back(ep, seq);
-    }
+  record_step(record_of(r.context.device), r.inputs, r.outputs,
+              r.copy_source ? &record_of(r.copy_source->device) : nullptr,
+              r.context.merge_buffer_node, seq);
 }
 
 namespace {
