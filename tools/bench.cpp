@@ -1759,26 +1759,14 @@ double node_copy_gbps(node_pair& p, const tnode& t, const context& ca, const con
 /// round's cost is what the client and the nodes spend on it, not a chain
 /// of crossings (edges both ways would make every round at least a round
 /// trip between the nodes, whatever the implementation).
-void schedule_nodes_round(backend& c, const device& a, const device& b, const context& cb) {
-  constexpr int stages = 8, tasks_per_stage_and_node = 4;
-  const task_spec noop{"bench_noop", {}};
-  for (int s = 0; s < stages; ++s) {
-    event last_a;
-    for (int i = 0; i < tasks_per_stage_and_node; ++i)
-      last_a = c.schedule_named(a, noop);
-    for (int i = 0; i < tasks_per_stage_and_node; ++i)
-      c.schedule_named(b, noop);
-    c.will_wait_for(cb, last_a);
-  }
-}
-
-/// One round of `round_mixed_replay`: `schedule_nodes_round`'s stages with
-/// 4 empty named tasks on `here` (a device of the client's own) too, which
-/// waits for each stage's last task on `b`: 96 tasks, 8 edges a -> b and 8
+///
+/// `round_mixed_replay` passes `here` (a device of the client's own, with
+/// its context `ch`): each stage has 4 empty named tasks there too, which
+/// wait for the stage's last task on `b`: 96 tasks, 8 edges a -> b and 8
 /// b -> here. Replayed, the client's part is pushed by the replaying thread
 /// and b's notices come to the client's round actor.
-void schedule_mixed_round(backend& c, const device& a, const device& b, const device& here,
-                          const context& cb, const context& ch) {
+void schedule_nodes_round(backend& c, const device& a, const device& b, const context& cb,
+                          const device* here = nullptr, const context* ch = nullptr) {
   constexpr int stages = 8, tasks_per_stage_and_device = 4;
   const task_spec noop{"bench_noop", {}};
   for (int s = 0; s < stages; ++s) {
@@ -1787,10 +1775,12 @@ void schedule_mixed_round(backend& c, const device& a, const device& b, const de
       last_a = c.schedule_named(a, noop);
     for (int i = 0; i < tasks_per_stage_and_device; ++i)
       last_b = c.schedule_named(b, noop);
-    for (int i = 0; i < tasks_per_stage_and_device; ++i)
-      c.schedule_named(here, noop);
+    if (here)
+      for (int i = 0; i < tasks_per_stage_and_device; ++i)
+        c.schedule_named(*here, noop);
     c.will_wait_for(cb, last_a);
-    c.will_wait_for(ch, last_b);
+    if (here)
+      c.will_wait_for(*ch, last_b);
   }
 }
 
@@ -1911,7 +1901,7 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
     auto& c = p.client();
     auto here = c.get_device(0);
     auto cb = c.make_context(p.b), ch = c.make_context(here);
-    auto again = [&] { schedule_mixed_round(c, p.a, p.b, here, cb, ch); };
+    auto again = [&] { schedule_nodes_round(c, p.a, p.b, cb, &here, &ch); };
     auto r = c.record("mixed", again);
     auto nodes_only = c.record("nodes", [&] { schedule_nodes_round(c, p.a, p.b, cb); });
     auto base = [&] { return nodes_round_us(p, cb, nodes_only, rounds); };
