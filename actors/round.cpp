@@ -767,12 +767,16 @@ std::set<int> pools_of(detail::backend_impl& impl, const device& d) {
 
 /// Builds `st.plan` (replay_plan): usable when every item is a task, a
 /// named task, a routine (neither a copy nor reading the merge buffer), a
-/// copy between two devices, or a wait, on devices of this process, every
-/// wait is on an item of the round (or on an event already done when
-/// recorded), and no node a routine or copy writes on a device is touched
-/// by another routine or copy of the round on another lane (such a pair
-/// would need an edge the calls' bookkeeping makes between them: the
-/// round goes call by call).
+/// copy between two devices, a memset or a wait, on devices of this
+/// process, and
+/// every wait is on an item of the round (or on an event already done when
+/// recorded). The edges the calls' bookkeeping makes between a round's own
+/// routines and copies (`unmet_waits`) become wait steps of the plan: a
+/// copy reading a node waits for the round's last writer of it on the
+/// source's lane (read after write, data), and a writer of a node waits
+/// for the round's copies reading it since its last writer on other lanes
+/// (write after read, ordering only). (A node's writers all run on its own
+/// device's lane: a routine there, or a copy into it.)
 void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   using kind = detail::round_item::kind;
   auto lane_of = [&p](const device& d) -> std::optional<uint32_t> {
@@ -790,27 +794,60 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   };
   // An item the plan does not take: the round goes call by call.
   auto refuse = [&p] { p = detail::replay_plan{}; };
-  // The nodes the round's routines and copies read or write, per device:
-  // on which lanes, and whether written.
-  struct touched {
-    bool written = false;
-    std::set<uint32_t> lanes;
+  // Per node of a device (the key), the round's last writer step of it so
+  // far (-1: none) and the steps reading it since, with their lanes.
+  struct hazards {
+    int32_t writer = -1;
+    uint32_t writer_lane = 0;
+    std::vector<std::pair<int32_t, uint32_t>> readers;
   };
-  std::map<std::pair<const detail::device_record*, tnode>, touched> nodes;
-  auto touch = [&nodes](const detail::device_record* rec, const tnode& t, uint32_t lane,
-                        bool write) {
+  std::map<std::pair<const detail::device_record*, tnode>, hazards> nodes;
+  // The waits the next item's step needs: on which step, ordering only
+  // or not (one per step, a data one when it is both).
+  std::vector<std::pair<int32_t, bool>> needs;
+  auto need = [&needs](int32_t step, bool order_only) {
+    for (auto& [k, order] : needs)
+      if (k == step) {
+        order = order && order_only;
+        return;
+      }
+    needs.emplace_back(step, order_only);
+  };
+  auto reads = [&](const detail::device_record* rec, const tnode& t, uint32_t lane) {
+    if (auto x = nodes.find({rec, t}); x != nodes.end() && x->second.writer >= 0
+                                       && x->second.writer_lane != lane)
+      need(x->second.writer, false);
+  };
+  auto writes = [&](const detail::device_record* rec, const tnode& t, uint32_t lane) {
+    if (auto x = nodes.find({rec, t}); x != nodes.end())
+      for (auto [k, l] : x->second.readers)
+        if (l != lane)
+          need(k, true);
+  };
+  auto read = [&](const detail::device_record* rec, const tnode& t, uint32_t lane, int32_t k) {
+    nodes[{rec, t}].readers.emplace_back(k, lane);
+  };
+  auto wrote = [&](const detail::device_record* rec, const tnode& t, uint32_t lane, int32_t k) {
     auto& x = nodes[{rec, t}];
-    x.written = x.written || write;
-    x.lanes.insert(lane);
+    x.writer = k;
+    x.writer_lane = lane;
+    x.readers.clear();
   };
   // The lane's last step so far (-1: none yet in the replay).
   std::vector<int32_t> last_step;
-  auto add_step = [&](uint32_t lane, int32_t wait_on, std::size_t i) {
-    p.steps.push_back(detail::bulk_step{lane, wait_on});
+  auto add_step = [&](uint32_t lane, int32_t wait_on, std::size_t i, bool order_only = false) {
+    p.steps.push_back(detail::bulk_step{lane, wait_on, order_only});
     p.step_item.push_back(static_cast<uint32_t>(i));
     p.step_ordinal.push_back(++p.lane_steps[lane]);
     last_step[lane] = static_cast<int32_t>(p.steps.size() - 1);
     return last_step[lane];
+  };
+  // The waits `needs` lists, as steps on `lane` before item `i`'s.
+  auto add_needs = [&](uint32_t lane, std::size_t i) {
+    std::sort(needs.begin(), needs.end());
+    for (auto [k, order_only] : needs)
+      add_step(lane, k, i, order_only);
+    needs.clear();
   };
   for (std::size_t i = 0; i < st.items.size(); ++i) {
     const auto& it = st.items[i];
@@ -826,29 +863,40 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
     case kind::run: {
       if (!detail::routine_push::takes(it.r))
         return refuse(); // a copy, or a read of the merge buffer
+      // Its inputs are read on its own device (its lane): only its outputs
+      // can wait, for the round's copies reading them elsewhere.
+      auto* rec = &record_of(it.dev);
+      for (const auto& t : it.r.outputs)
+        writes(rec, t, *lane);
+      add_needs(*lane, i);
       auto k = add_step(*lane, -1, i);
       p.item_events.push_back({*lane, k});
       p.routine_steps.push_back(static_cast<uint32_t>(k));
       p.routines.push_back(&it.r);
-      auto* rec = &record_of(it.dev);
-      for (const auto& t : it.r.outputs)
-        touch(rec, t, *lane, true);
       for (const auto& t : it.r.inputs)
-        touch(rec, t, *lane, false);
+        read(rec, t, *lane, k);
+      for (const auto& t : it.r.outputs)
+        wrote(rec, t, *lane, k);
       break;
     }
     case kind::copy: {
       // On the destination's lane (`it.dev`), from a device of this process.
       if (!record_of(it.src.device).r.local_core())
         return refuse();
+      auto* src = &record_of(it.src.device);
+      auto* dst = &record_of(it.dev);
+      reads(src, it.node, *lane);
+      if (it.into == merge_buffer_use::no)
+        writes(dst, it.node, *lane);
+      add_needs(*lane, i);
       auto k = add_step(*lane, -1, i);
       p.item_events.push_back({*lane, k});
       p.routine_steps.push_back(static_cast<uint32_t>(k));
       p.routines.push_back(nullptr);
       p.copies = true;
-      touch(&record_of(it.src.device), it.node, *lane, false);
+      read(src, it.node, *lane, k);
       if (it.into == merge_buffer_use::no)
-        touch(&record_of(it.dev), it.node, *lane, true);
+        wrote(dst, it.node, *lane, k);
       break;
     }
     case kind::wait: {
@@ -871,16 +919,39 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       p.item_events.push_back({*lane, add_step(*lane, on->step, i)});
       break;
     }
+    case kind::memset:
+      // An order entry (`push_order`'s), its pool looked up at each replay.
+      p.item_events.push_back({*lane, add_step(*lane, -1, i)});
+      break;
     default:
-      return refuse(); // a pool call or a memset
+      return refuse(); // a pool call
     }
   }
-  for (const auto& [key, x] : nodes)
-    if (x.written && x.lanes.size() > 1)
-      return refuse(); // a hazard between lanes inside the round
   for (const auto& d : st.devices)
     p.device_lane.push_back(*lane_of(d));
   p.usable = true;
+}
+
+/// `t`: memset item `i` of `st` as replay `n`'s step on `core`: the
+/// order `memset_zero` pushes, its pool looked up now (and held until it
+/// runs). Throws `std::invalid_argument` with the item's provenance when
+/// the span is not in a pool there.
+void memset_step(detail::device_core& core, const detail::round_state& st, std::size_t i,
+                 uint64_t n, detail::bulk_task& t) {
+  const auto& it = st.items[i];
+  auto pool = detail::as_item(st, n, i, [&] {
+    return core.pools().span(it.pool_id, it.offset, it.size, "memset_zero");
+  });
+  detail::work_order o;
+  o.dst = pool->base() + it.offset;
+  o.bytes = it.size;
+  o.what = "memset_zero";
+  o.id = it.pool_id;
+  o.naming = detail::work_order::pool_span;
+  o.offset = it.offset;
+  t.order = o;
+  t.kind = trace_kind::memset;
+  t.keep_alive = std::move(pool);
 }
 
 /// A replay on the devices (`replay_plan`): each item's entry made (a
@@ -930,6 +1001,8 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
       detail::replayed(*st, i, n, s.tasks[k]);
     else if (it.k == kind::named)
       s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, s.tasks[k]);
+    else if (it.k == kind::memset)
+      memset_step(*p.cores[p.steps[k].lane], *st, i, n, s.tasks[k]);
     // (a copy: made above)
   }
   if (p.routines.empty()) {

@@ -356,6 +356,56 @@ BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_and_memset_are_replayed_in_order) {
                                       "replay: replay 1 of round 'bad', item 'memset_zero 99 0'");
 }
 
+// A round's memsets replay on the devices too, as the orders `memset_zero`
+// pushes: in the device's order with its tasks, named and traced as the
+// call's, their pool looked up at each replay (a freed one refuses the
+// replay whole, naming the item).
+BOOST_AUTO_TEST_CASE(test_rounds_memsets_replay_on_the_devices) {
+  auto o = on_test_driver(backend_options{.num_devices = 2});
+  o.trace_capacity = 64;
+  backend b{o};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  constexpr int pool = 7;
+  constexpr std::size_t bytes = 8 * sizeof(float);
+  buffer_arg whole{buffer_loc{pool, 0}, bytes};
+  b.alloc_pool(d0, pool, bytes, 64);
+  b.alloc_pool(d1, pool, bytes, 64);
+  auto ctx1 = b.make_context(d1);
+  auto r = b.record("zero", [&] {
+    b.schedule_named(d0, {"fill", {whole, 2.0}});
+    b.memset_zero(d0, pool, 0, 4 * sizeof(float));
+    auto sum = b.schedule_named(d0, {"checksum", {whole, std::string{"zero0"}}});
+    b.memset_zero(d1, pool, 4, 8);
+    b.will_wait_for(ctx1, sum);
+    b.schedule_named(d1, {"checksum", {whole, std::string{"zero1"}}});
+  });
+  b.schedule_named(d1, {"fill", {whole, 1.0}});
+  for (int i = 0; i < 2; ++i) {
+    auto ev = b.replay(r);
+    BOOST_TEST(r.state()->plan.usable); // on the devices, not call by call
+    sync(b, ev.all_work_of(d0));
+    sync(b, ev.all_work_of(d1));
+    BOOST_REQUIRE(b.result("zero0").has_value());
+    BOOST_TEST(b.result("zero0")->sum == 2.0 * 4);
+    BOOST_REQUIRE(b.result("zero1").has_value());
+    BOOST_TEST(b.result("zero1")->sum == 1.0 * 6); // floats 1 and 2 zeroed
+    BOOST_TEST(b.is_done(ev.item(1)));
+  }
+  auto tr = b.trace(d0);
+  BOOST_TEST_REQUIRE(tr.records.size() >= 3u);
+  const auto& zero = tr.records[tr.records.size() - 2];
+  BOOST_TEST((zero.kind == trace_kind::memset));
+  BOOST_TEST(zero.description == "memset_zero pool 7 [0, 16)");
+  // Its pool freed: the replay is refused whole, naming the item.
+  b.free_pool(d1, pool);
+  sync(b, b.all_work(d1));
+  auto d0_before = b.all_work(d0).seq(), d1_before = b.all_work(d1).seq();
+  expect_throw<std::invalid_argument>(
+    [&] { b.replay(r); }, "replay: replay 3 of round 'zero', item 'memset_zero 7 3': memset_zero");
+  BOOST_TEST(b.all_work(d0).seq() == d0_before);
+  BOOST_TEST(b.all_work(d1).seq() == d1_before);
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_system) {
   // Node A's device a0, attached to backend b of another actor system: a
   // round allocates a pool there, fills and sums it (a slot sets the
@@ -816,9 +866,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_copies_replay_on_the_devices_as_the_calls_do) {
 }
 
 // A replayed copy waits for its source's last writer from outside the
-// round, as the call does; a round whose copy reads what its own routine on
-// another device writes goes call by call (the calls' bookkeeping orders
-// them), with the same values.
+// round, as the call does; and for the round's own writer on another
+// device (the edge the calls' bookkeeping makes between them is a wait
+// step of the plan), with the same values.
 BOOST_FIXTURE_TEST_CASE(test_rounds_a_replayed_copy_waits_for_the_writer_of_its_source,
                         node_on_two) {
   auto r = b.record("copy", [&] { b.device_to_device(t, merge_buffer_use::no, c1, c0); });
@@ -838,6 +888,40 @@ BOOST_FIXTURE_TEST_CASE(test_rounds_a_replayed_copy_waits_for_the_writer_of_its_
     b.device_to_device(t, merge_buffer_use::no, c1, c0);
   });
   sync(b, b.replay(both).all_work_of(d1));
-  BOOST_TEST(!both.state()->plan.usable);
+  BOOST_TEST(both.state()->plan.usable);
   BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 10.0f), boost::test_tools::per_element());
+  // d0 held: the replay's copy on d1 waits for the replay's own scale (the
+  // writer from before the replay is done).
+  hold = block_runner(b, d0);
+  auto second = b.replay(both);
+  BOOST_TEST(info_field(b.get_debug_info(d1), "pending_waits") == "1");
+  BOOST_TEST(!b.is_done(second.item(1)));
+  hold->open();
+  sync(b, second.all_work_of(d1));
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 20.0f), boost::test_tools::per_element());
+}
+
+// A round's routine that overwrites a node its own copy on another device
+// reads first waits for that copy (write after read: the edge is a wait
+// step of the plan, ordering only), as the calls do.
+BOOST_FIXTURE_TEST_CASE(test_rounds_a_replayed_writer_waits_for_the_rounds_copy_reading_it,
+                        node_on_two) {
+  auto r = b.record("copy then write", [&] {
+    b.device_to_device(t, merge_buffer_use::no, c1, c0);
+    b.run(b.link(c0, "scale", {t, 2.0}));
+  });
+  sync(b, b.replay(r).all_work_of(d0));
+  BOOST_TEST(r.state()->plan.usable);
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 1.0f), boost::test_tools::per_element());
+  BOOST_TEST(read_back(b, c0, t) == std::vector<float>(4, 2.0f), boost::test_tools::per_element());
+  // d1 held: the replay's scale on d0 waits for the replay's copy to read.
+  auto hold = block_runner(b, d1);
+  auto second = b.replay(r);
+  BOOST_TEST(info_field(b.get_debug_info(d0), "pending_waits") == "1");
+  BOOST_TEST(!b.is_done(second.item(1)));
+  hold->open();
+  sync(b, second.all_work_of(d0));
+  sync(b, second.all_work_of(d1));
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 2.0f), boost::test_tools::per_element());
+  BOOST_TEST(read_back(b, c0, t) == std::vector<float>(4, 4.0f), boost::test_tools::per_element());
 }

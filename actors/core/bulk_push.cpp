@@ -61,9 +61,14 @@ void bulk_push::push(std::span<device_core* const> lanes, std::span<const bulk_s
     } else if (s.wait_on >= 0) {
       auto g = make_gate();
       g->owner = lanes[steps[static_cast<std::size_t>(s.wait_on)].lane]->weak_from_this();
+      g->order_only = s.order_only;
       extra_[i] = extra_ptr{c.wait_extra(g)};
       gates_[i] = std::move(g);
-    } else if (auto& t = tasks[i]; t.keep_alive || t.description.size() > extra_ptr::max_text) {
+    } else if (auto& t = tasks[i]; t.order) {
+      auto [work, extra] = c.order_entry(*t.order, t.kind, {}, std::move(t.keep_alive));
+      t.work = std::move(work);
+      extra_[i] = extra_ptr{std::move(extra)};
+    } else if (t.keep_alive || t.description.size() > extra_ptr::max_text) {
       extra_[i] = extra_ptr{named_extra::make(t.description, std::move(t.keep_alive), t.kind)};
     }
   }

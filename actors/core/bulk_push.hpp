@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -59,6 +60,9 @@ struct bulk_step {
   /// caller makes and later opens or fails (`device_core::resolve_gate`).
   int32_t wait_on = -1;
   static constexpr int32_t external = -2;
+  /// A wait on a step of this push that is ordering only (`wait_kind::order`:
+  /// a write after a read, the awaited item's failure does not carry).
+  bool order_only = false;
 };
 
 /// A task step's work and what names it (as `task`'s fields, the text
@@ -67,8 +71,13 @@ struct bulk_task {
   std::function<void()> work;
   std::string_view description;
   trace_kind kind = trace_kind::task;
-  /// Released as the task resolves (a named task's pinned pools).
+  /// Released as the task resolves (a named task's pinned pools; an
+  /// order's pool).
   std::shared_ptr<const void> keep_alive;
+  /// An order step (a memset): `work` is ignored, the entry is the order's
+  /// (`work_submission::order_entry`, of trace kind `kind`), as
+  /// `push_order` makes it.
+  std::optional<work_order> order;
 };
 
 class bulk_push {

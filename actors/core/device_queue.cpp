@@ -58,6 +58,14 @@ extra_ptr work_submission::append_text(std::string& text, std::string_view descr
 
 uint64_t work_submission::push_order(const order& o, trace_kind kind, std::string_view label,
                                      std::shared_ptr<const void> hold) {
+  auto [work, extra] = order_entry(o, kind, label, std::move(hold));
+  return enqueue(std::move(work), [&](std::string&) { return extra_ptr{std::move(extra)}; },
+                 false);
+}
+
+std::pair<std::function<void()>, std::unique_ptr<item_extra>>
+work_submission::order_entry(const order& o, trace_kind kind, std::string_view label,
+                             std::shared_ptr<const void> hold) {
   auto& c = core();
   auto extra = c.extras_.take();
   extra->keep_alive = std::move(hold);
@@ -74,7 +82,7 @@ uint64_t work_submission::push_order(const order& o, trace_kind kind, std::strin
       return [drv, op] { drv->zero(op->dst, op->bytes); };
     return {};
   };
-  return enqueue(work(), [&](std::string&) { return extra_ptr{std::move(extra)}; }, false);
+  return {work(), std::move(extra)};
 }
 
 extra_ptr work_submission::described_extra(std::string& text, std::string_view description,

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -120,6 +121,12 @@ private:
                                    trace_kind kind);
   /// A wait's extra for `g`, from the core's cache (as an order's).
   std::unique_ptr<item_extra> wait_extra(std::shared_ptr<gate> g);
+  /// An order's entry (`push_order`'s): its work, which runs `o` on the
+  /// driver as `kind` says, and its extra from the core's cache, holding
+  /// `hold`. The work points into the extra: they go in together.
+  std::pair<std::function<void()>, std::unique_ptr<item_extra>>
+  order_entry(const order& o, trace_kind kind, std::string_view label,
+              std::shared_ptr<const void> hold);
 };
 
 } // namespace multidev::detail
