@@ -167,6 +167,28 @@ decltype(auto) as_item(const round_state& st, uint64_t n, std::size_t i, F&& f) 
   }
 }
 
+/// `t`: a memset of `[offset, offset + size)` of pool `pool_id` as replay
+/// `n`'s step for item `i` of `st` on `core`: the order `memset_zero`
+/// pushes, its pool looked up now (and held until it runs). Throws
+/// `std::invalid_argument` with the item's provenance when the span is not
+/// in a pool there.
+void memset_step(device_core& core, const round_state& st, std::size_t i, uint64_t n,
+                 int pool_id, std::size_t offset, std::size_t size, bulk_task& t) {
+  auto pool = as_item(st, n, i, [&] {
+    return core.pools().span(pool_id, offset, size, "memset_zero");
+  });
+  work_order o;
+  o.dst = pool->base() + offset;
+  o.bytes = size;
+  o.what = "memset_zero";
+  o.id = pool_id;
+  o.naming = work_order::pool_span;
+  o.offset = offset;
+  t.order = o;
+  t.kind = trace_kind::memset;
+  t.keep_alive = std::move(pool);
+}
+
 /// What a replay pushed at once makes, per thread, reused: the steps'
 /// work, the named tasks' bindings (their descriptions), the lanes' last
 /// seqs, the seqs whose wrappers read the round. Cleared of the work as
@@ -431,7 +453,7 @@ event recorded_all_work(const backend_impl& impl, const device& d) {
 void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<device_core* const> lanes,
                std::span<const std::shared_ptr<device_core>> cores,
-               std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
+               std::span<const bulk_step> steps, std::span<const round_step* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
                std::span<uint64_t> ends, const std::shared_ptr<round_state>& source,
                std::span<const int32_t> closures) {
@@ -442,8 +464,14 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
   for (std::size_t k = 0; k < steps.size(); ++k) {
     if (steps[k].wait_on != -1)
       continue;
-    if (specs[k]) {
-      s.bind(cores[steps[k].lane], *specs[k], *st, k, n, s.tasks[k]);
+    if (const auto* rs = specs[k]) {
+      if (rs->op == round_step::zero) {
+        const auto& span = std::get<buffer_arg>(rs->spec.args.at(0));
+        memset_step(*cores[steps[k].lane], *st, k, n, span.loc.pool_id, span.loc.offset,
+                    span.size_in_bytes, s.tasks[k]);
+      } else {
+        s.bind(cores[steps[k].lane], rs->spec, *st, k, n, s.tasks[k]);
+      }
       continue;
     }
     // A closure or routine of this process's part: as replay_on_devices
@@ -932,28 +960,6 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   p.usable = true;
 }
 
-/// `t`: memset item `i` of `st` as replay `n`'s step on `core`: the
-/// order `memset_zero` pushes, its pool looked up now (and held until it
-/// runs). Throws `std::invalid_argument` with the item's provenance when
-/// the span is not in a pool there.
-void memset_step(detail::device_core& core, const detail::round_state& st, std::size_t i,
-                 uint64_t n, detail::bulk_task& t) {
-  const auto& it = st.items[i];
-  auto pool = detail::as_item(st, n, i, [&] {
-    return core.pools().span(it.pool_id, it.offset, it.size, "memset_zero");
-  });
-  detail::work_order o;
-  o.dst = pool->base() + it.offset;
-  o.bytes = it.size;
-  o.what = "memset_zero";
-  o.id = it.pool_id;
-  o.naming = detail::work_order::pool_span;
-  o.offset = it.offset;
-  t.order = o;
-  t.kind = trace_kind::memset;
-  t.keep_alive = std::move(pool);
-}
-
 /// A replay on the devices (`replay_plan`): each item's entry made (a
 /// task's closure, a named task bound to its pools as they are now), then
 /// all pushed at once. Scratch per thread, reused: allocates nothing but a
@@ -1002,7 +1008,8 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
     else if (it.k == kind::named)
       s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, s.tasks[k]);
     else if (it.k == kind::memset)
-      memset_step(*p.cores[p.steps[k].lane], *st, i, n, s.tasks[k]);
+      detail::memset_step(*p.cores[p.steps[k].lane], *st, i, n, it.pool_id, it.offset, it.size,
+                          s.tasks[k]);
     // (a copy: made above)
   }
   if (p.routines.empty()) {
@@ -1043,8 +1050,8 @@ bool merge_buffers_fit(const detail::round_state& st) {
   return true;
 }
 
-/// Builds `np` (node_plan): usable when every item is a named task or a
-/// wait, on a device of a node attached with a session or of this process
+/// Builds `np` (node_plan): usable when every item is a named task, a
+/// memset or a wait (and, on this process's devices, a task or a routine), on a device of a node attached with a session or of this process
 /// (at least one on a node), and every wait is on an item of the round (or
 /// on an event of this process done when recorded). This process takes
 /// part as a node does (`host_rounds`). A wait between two participants'
@@ -1222,6 +1229,13 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
           npr.push_back(back);
         }
       }
+      np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(step))});
+      break;
+    }
+    case kind::memset: {
+      round_step step{item, 0, -1, 0, 0, it.name, {}, {}};
+      step.spec.args.emplace_back(buffer_arg{buffer_loc{it.pool_id, it.offset}, it.size});
+      step.op = round_step::zero;
       np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(step))});
       break;
     }

@@ -283,7 +283,8 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
                       std::span<const std::pair<const device_core*, uint64_t>> pushed);
 
 /// A node's replay of its part of a round (actors/remote/node_rounds.cpp):
-/// each task step's spec bound on its lane (`specs[k]`, null for a wait) and
+/// each task step's spec bound on its lane (`specs[k]`, null for a wait;
+/// a memset's order made, its pool looked up) and
 /// wrapped with the provenance of item `k` of `st` (whose items are the
 /// part's steps, named as the client named them) and replay `n`, then all
 /// pushed at once (`bulk_push`, never waiting for room: an actor's thread),
@@ -296,7 +297,7 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
 void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<device_core* const> lanes,
                std::span<const std::shared_ptr<device_core>> cores,
-               std::span<const bulk_step> steps, std::span<const task_spec* const> specs,
+               std::span<const bulk_step> steps, std::span<const round_step* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
                std::span<uint64_t> ends, const std::shared_ptr<round_state>& source = {},
                std::span<const int32_t> closures = {});

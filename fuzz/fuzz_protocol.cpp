@@ -240,6 +240,7 @@ round_part part(FuzzedDataProvider& in, const caf::actor& some) {
     st.name = text(in);
     if (st.wait_on == -1)
       st.spec = spec(in);
+    st.op = in.ConsumeIntegralInRange<uint8_t>(0, 2);
     p.steps.push_back(std::move(st));
   }
   auto slots = in.ConsumeIntegralInRange<int>(0, 2);

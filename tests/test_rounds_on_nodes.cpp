@@ -417,6 +417,23 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the
   p.round = 1005;
   p.peers.push_back(round_peer{n.actor_a, 1, "itself", "", 0});
   BOOST_TEST(contains(put(p), "peer 0 is this node itself"));
+  p = good;
+  p.round = 1007;
+  p.steps[0].op = 2;
+  BOOST_TEST(contains(put(p), "step 0 has op 2, not 0 (a task) or 1 (a memset)"));
+  p = good;
+  p.round = 1008;
+  p.steps[0].op = round_step::zero; // with the note's kernel and string
+  BOOST_TEST(contains(put(p), "step 0 is a memset but not one buffer argument and no kernel"));
+  p = good;
+  p.round = 1009;
+  p.steps[0].op = round_step::zero;
+  p.steps[0].spec = task_spec{{}, {buffer_arg{buffer_loc{1, 0}, 4}}};
+  BOOST_TEST(put(p) == "accepted");
+  p.round = 1010;
+  p.slot_steps = {0};
+  p.slot_args = {0};
+  BOOST_TEST(contains(put(p), "slot 0 names argument 0 of step 0, which has no such argument"));
   BOOST_TEST(contains(put(good), "holds a part of round 1000 already"));
   // Only the session's client sends it rounds: node b's system is refused.
   {
@@ -715,6 +732,55 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_routine_here_replays_with_the_nodes)
              n.debug(n.actor_a));
   BOOST_TEST(test_support::read_back(c, ch, y) == std::vector<float>(4, 8.0f),
              boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_memsets_replay_on_the_nodes_and_here) {
+  // A memset on a node's device is a step of its part (an order as
+  // `memset_zero` pushes it, its pool looked up on the node at each
+  // replay), one here of this process's part: the round still replays as
+  // one message per node.
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  constexpr int pool = 7;
+  constexpr std::size_t bytes = 8 * sizeof(float);
+  buffer_arg whole{buffer_loc{pool, 0}, bytes};
+  c.alloc_pool(n.a0, pool, bytes, 64);
+  c.alloc_pool(n.a0, pool + 1, 4, 64);
+  c.alloc_pool(h0, pool, bytes, 64);
+  c.schedule_named(h0, {"fill", {whole, 1.0}});
+  auto r = c.record("zero", [&] {
+    c.schedule_named(n.a0, {"fill", {whole, 2.0}});
+    c.memset_zero(n.a0, pool, 0, 4 * sizeof(float));
+    auto sum = c.schedule_named(n.a0, {"checksum", {whole, std::string{"node zero"}}});
+    c.memset_zero(h0, pool, 4, 8);
+    c.will_wait_for(c.make_context(h0), sum);
+    c.schedule_named(h0, {"checksum", {whole, std::string{"here zero"}}});
+    c.memset_zero(n.a0, pool + 1, 0, 4);
+  });
+  replay_events ev;
+  for (int k = 0; k < 3; ++k)
+    ev = c.replay(r);
+  expect_items_done(c, ev);
+  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
+             n.debug(n.actor_a));
+  auto on_node = c.result(n.a0, "node zero");
+  BOOST_REQUIRE(on_node.has_value());
+  BOOST_TEST(on_node->sum == 2.0 * 4);
+  auto here = c.result("here zero");
+  BOOST_REQUIRE(here.has_value());
+  BOOST_TEST(here->sum == 1.0 * 6); // floats 1 and 2 zeroed
+  // A memset's pool freed on the node: the node refuses its part of the
+  // next replay, naming the memset.
+  c.free_pool(n.a0, pool + 1);
+  sync(c, c.all_work(n.a0));
+  auto bad = c.replay(r);
+  expect_throw<device_error>([&] { (void)bad.all_work_of(n.a0); },
+                             "a: replay 4 of round 'zero' on node a: node a: replay: replay 4 of "
+                             "round 'zero', item 'memset_zero 8 6': memset_zero");
+  // h0's part of it waited on the node's checksum: it fails with that cause.
+  expect_throw<device_error>([&] { sync(c, bad.all_work_of(h0)); },
+                             "replay 4 of round 'zero' was refused on session 1 of node a");
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_let_go_while_another_replays_does_not_hang) {

@@ -119,7 +119,15 @@ void check_round_part(const round_part& p, std::size_t devices, const caf::node_
     if (s.lane >= p.devices.size())
       refuse(fmt::format("step {} is on device {}, the part has {}", i, s.lane,
                          p.devices.size()));
-    if (s.wait_on == -1) {
+    if (s.op > round_step::zero) {
+      refuse(fmt::format("step {} has op {}, not 0 (a task) or 1 (a memset)", i, s.op));
+    } else if (s.op == round_step::zero) {
+      if (s.wait_on != -1 || !s.spec.kernel.empty() || s.spec.args.size() != 1
+          || !std::holds_alternative<buffer_arg>(s.spec.args[0]))
+        refuse(fmt::format("step {} is a memset but not one buffer argument and no kernel, "
+                           "with no wait",
+                           i));
+    } else if (s.wait_on == -1) {
       check_schedule(s.spec);
     } else if (s.wait_on == -2) {
       if (s.peer >= p.peers.size())
@@ -136,7 +144,7 @@ void check_round_part(const round_part& p, std::size_t devices, const caf::node_
                        p.slot_args.size()));
   for (std::size_t k = 0; k < p.slot_steps.size(); ++k) {
     auto i = p.slot_steps[k];
-    if (i >= p.steps.size() || p.steps[i].wait_on != -1
+    if (i >= p.steps.size() || p.steps[i].wait_on != -1 || p.steps[i].op != round_step::run_spec
         || p.slot_args[k] >= p.steps[i].spec.args.size())
       refuse(fmt::format("slot {} names argument {} of step {}, which has no such argument", k,
                          p.slot_args[k], i));

@@ -139,7 +139,7 @@ void session_rounds::put(round_part part, const std::vector<device>& lanes,
   auto& kept = rounds_.emplace(r.part.round, std::move(r)).first->second;
   for (std::size_t k = 0; k < kept.part.steps.size(); ++k) {
     const auto& s = kept.part.steps[k];
-    kept.specs.push_back(s.wait_on == -1 && kept.closures[k] < 0 ? &s.spec : nullptr);
+    kept.specs.push_back(s.wait_on == -1 && kept.closures[k] < 0 ? &s : nullptr);
   }
 }
 

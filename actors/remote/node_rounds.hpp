@@ -151,7 +151,8 @@ private:
     std::vector<std::shared_ptr<device_core>> cores;
     std::vector<device_core*> lanes;
     std::vector<bulk_step> steps;
-    std::vector<const task_spec*> specs;
+    /// Per step: its named task or memset (null: a wait, or a closure).
+    std::vector<const round_step*> specs;
     std::vector<uint64_t> lane_steps;
     std::vector<uint64_t> step_ordinal;
     /// The steps that wait on other nodes, in order.

@@ -138,9 +138,9 @@ wire_arg to_wire(const kernel_arg& x);
 kernel_arg from_wire(const wire_arg& w);
 
 /// One entry of a node's part of a recorded round (`round_part`): a named
-/// task, a wait on an earlier step of the part on another of its devices, or
-/// a wait on an item of another node's part (a cross-node edge, resolved by
-/// that node's `round_done`, node to node).
+/// task, a memset, a wait on an earlier step of the part on another of its
+/// devices, or a wait on an item of another node's part (a cross-node edge,
+/// resolved by that node's `round_done`, node to node).
 struct round_step {
   /// Its item's index in the round (what provenance names, and what a
   /// peer's `round_done` names when `peer_item` is this step's item).
@@ -159,8 +159,14 @@ struct round_step {
   /// `wait_on` -2: the awaited item's device as the client names it
   /// (`a/multidev_cpu:0:1`), for the failure path of the wait.
   std::string peer_device;
-  /// A task's kernel and arguments (bound on the node at each replay).
+  /// A task's kernel and arguments (bound on the node at each replay). A
+  /// memset: no kernel, one buffer argument, the span it zeroes.
   task_spec spec;
+  /// What a step of `wait_on` -1 runs: `run_spec` (0) its named task,
+  /// `zero` (1) a `memset_zero` of the span `spec.args[0]` names.
+  uint8_t op = 0;
+  static constexpr uint8_t run_spec = 0;
+  static constexpr uint8_t zero = 1;
 };
 
 /// Another node of the round, as the client attached it: its node actor,
@@ -526,7 +532,7 @@ typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, round_step& x) {
   return f(caf::meta::type_name("round_step"), x.item, x.lane, x.wait_on, x.peer, x.peer_item,
-           x.name, x.peer_device, x.spec);
+           x.name, x.peer_device, x.spec, x.op);
 }
 
 /// A round notice travels as its fields.
