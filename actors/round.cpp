@@ -901,6 +901,7 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       p.item_events.push_back({*lane, k});
       p.routine_steps.push_back(static_cast<uint32_t>(k));
       p.routines.push_back(&it.r);
+      p.written_in_round.push_back(0);
       for (const auto& t : it.r.inputs)
         read(rec, t, *lane, k);
       for (const auto& t : it.r.outputs)
@@ -921,6 +922,8 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       p.item_events.push_back({*lane, k});
       p.routine_steps.push_back(static_cast<uint32_t>(k));
       p.routines.push_back(nullptr);
+      auto x = nodes.find({src, it.node});
+      p.written_in_round.push_back(x != nodes.end() && x->second.writer >= 0);
       p.copies = true;
       read(src, it.node, *lane, k);
       if (it.into == merge_buffer_use::no)
@@ -1021,7 +1024,7 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
     for (std::size_t j = 0; j < all.size(); ++j)
       detail::as_item(*st, n, p.step_item[p.routine_steps[j]],
                       [&] { detail::routine_push::check_pins(*all[j]); });
-    detail::routine_push held{all, p.lanes};
+    detail::routine_push held{all, p.lanes, true, p.written_in_round};
     s.push.push(p.lanes, p.steps, s.tasks, s.ends, {}, false);
     for (std::size_t j = 0; j < p.routine_steps.size(); ++j) {
       auto k = p.routine_steps[j];

@@ -111,6 +111,9 @@ struct replay_plan {
   /// `routine_push`.
   std::vector<uint32_t> routine_steps;
   std::vector<const routine*> routines;
+  /// Per routine: a copy whose source node the round wrote before it
+  /// (`routine_push`'s `written_in_round`).
+  std::vector<uint8_t> written_in_round;
   /// Whether a copy is among them.
   bool copies = false;
 };
@@ -312,14 +315,19 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
 /// the replay's entries there, which only orders more). After the push,
 /// `wrote(k, seq)` makes routine `k` its outputs' writer. Unlocks when it
 /// goes. A copy (`local_copy`'s routine) also waits for its source's
-/// writer of the node, and is entered as a reader there. A routine the
-/// user runs that copies, or reads the merge buffer, is not taken.
+/// writer of the node (unless `written_in_round[k]`: the round wrote that
+/// node before the copy, and the plan's wait step orders the copy after
+/// that writer; the writer from before the replay is not the copy's to
+/// wait for, as the calls would not, and its failure must not fail the
+/// copy), and is entered as a reader there. A routine the user runs that
+/// copies, or reads the merge buffer, is not taken.
 class routine_push {
 public:
   /// `may_wait` false: the caller waited for room itself (it holds a lock
-  /// that what frees room may need).
+  /// that what frees room may need). `written_in_round`: empty, or one
+  /// flag per routine.
   routine_push(std::span<const routine* const> routines, std::span<device_core* const> lanes,
-               bool may_wait = true);
+               bool may_wait = true, std::span<const uint8_t> written_in_round = {});
   ~routine_push();
   routine_push(const routine_push&) = delete;
   routine_push& operator=(const routine_push&) = delete;

@@ -206,7 +206,8 @@ uint64_t schedule_step(detail::device_record& rec, Push&& push, const Inputs& in
 } // namespace
 
 detail::routine_push::routine_push(std::span<const routine* const> routines,
-                                   std::span<device_core* const> lanes, bool may_wait)
+                                   std::span<device_core* const> lanes, bool may_wait,
+                                   std::span<const uint8_t> written_in_round)
   : routines_(routines) {
   if (may_wait)
     for (auto* c : lanes)
@@ -221,9 +222,12 @@ detail::routine_push::routine_push(std::span<const routine* const> routines,
   for (auto* rec : locked_)
     rec->mu.lock();
   try {
-    for (const auto* r : routines) {
+    for (std::size_t k = 0; k < routines.size(); ++k) {
+      const auto* r = routines[k];
       auto& rec = record_of(r->context.device);
-      auto* src = r->copy_source ? &record_of(r->copy_source->device) : nullptr;
+      auto* src = r->copy_source && (written_in_round.empty() || !written_in_round[k])
+                    ? &record_of(r->copy_source->device)
+                    : nullptr;
       auto& core = rec.r.core();
       for (const auto& w : unmet_waits(r->inputs, r->outputs, rec, src, *core))
         core->push_wait(w.e.core(), w.e.seq(), w.kind); // never waits for room

@@ -899,6 +899,18 @@ BOOST_FIXTURE_TEST_CASE(test_rounds_a_replayed_copy_waits_for_the_writer_of_its_
   hold->open();
   sync(b, second.all_work_of(d1));
   BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 20.0f), boost::test_tools::per_element());
+  // The wait is a data one: the scale cancelled, the copy's device fails.
+  hold = block_runner(b, d0);
+  auto third = b.replay(both);
+  b.cancel(d0);
+  hold->open();
+  expect_throw<device_error>([&] { sync(b, third.all_work_of(d1)); }, "cancelled");
+  BOOST_TEST(b.recover(d1));
+  // The next replay's copy waits for its own scale only, not for the
+  // cancelled one before it (the calls would not either).
+  auto fourth = b.replay(both);
+  sync(b, fourth.all_work_of(d1));
+  BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 40.0f), boost::test_tools::per_element());
 }
 
 // A round's routine that overwrites a node its own copy on another device
@@ -924,4 +936,12 @@ BOOST_FIXTURE_TEST_CASE(test_rounds_a_replayed_writer_waits_for_the_rounds_copy_
   sync(b, second.all_work_of(d1));
   BOOST_TEST(read_back(b, c1, t) == std::vector<float>(4, 2.0f), boost::test_tools::per_element());
   BOOST_TEST(read_back(b, c0, t) == std::vector<float>(4, 4.0f), boost::test_tools::per_element());
+  // The wait is ordering only: the copy cancelled, the scale still runs.
+  hold = block_runner(b, d1);
+  auto third = b.replay(r);
+  b.cancel(d1);
+  hold->open();
+  sync(b, third.all_work_of(d0));
+  BOOST_TEST(b.is_done(third.item(1)));
+  BOOST_TEST(read_back(b, c0, t) == std::vector<float>(4, 8.0f), boost::test_tools::per_element());
 }

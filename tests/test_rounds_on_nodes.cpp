@@ -426,6 +426,16 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the
   p.steps[0].op = round_step::zero; // with the note's kernel and string
   BOOST_TEST(contains(put(p), "step 0 is a memset but not one buffer argument and no kernel"));
   p = good;
+  p.round = 1011;
+  p.steps[1].op = round_step::zero; // a wait
+  p.steps[1].spec = task_spec{{}, {buffer_arg{buffer_loc{1, 0}, 4}}};
+  BOOST_TEST(contains(put(p), "step 1 is a memset but not one buffer argument and no kernel"));
+  p = good;
+  p.round = 1012;
+  p.steps[0].op = round_step::zero;
+  p.steps[0].spec = task_spec{{}, {buffer_arg{buffer_loc{1, 0}, 4}, int64_t{3}}};
+  BOOST_TEST(contains(put(p), "step 0 is a memset but not one buffer argument and no kernel"));
+  p = good;
   p.round = 1009;
   p.steps[0].op = round_step::zero;
   p.steps[0].spec = task_spec{{}, {buffer_arg{buffer_loc{1, 0}, 4}}};
