@@ -13,19 +13,41 @@
 # The packages of the build, of the tests and of the bench are installed
 # (scripts/setup.sh, MULTIDEV_SETUP=tests), and Chromium (Debian `chromium`)
 # for the test that renders a scenario's SVG timeline to a PNG.
+# Disk: the four build trees and ccache's cache take about 18 GB. With less
+# than MULTIDEV_LOW_DISK_GB (20) free at the start, ccache is off and each
+# tree but the last is removed once its step passed (rebuilt next time).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+free_gb() { df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }'; }
+low_disk=0
+if [ "$(free_gb)" -lt "${MULTIDEV_LOW_DISK_GB:-20}" ]; then
+  low_disk=1
+  export CCACHE_DISABLE=1
+  echo "run-tests: $(free_gb) GB free, under ${MULTIDEV_LOW_DISK_GB:-20}: ccache off, and each build tree removed once its step passed"
+fi
+# Removes tree $1 after its step passed, when the disk is short.
+done_with() {
+  if [ "$low_disk" = 1 ]; then
+    echo "run-tests: removing $1/ (its step passed; $(free_gb) GB free before)"
+    rm -rf "$1"
+  fi
+}
+
 MULTIDEV_SETUP=tests MULTIDEV_EXTRA_PACKAGES=chromium scripts/setup.sh
 ctest --preset default
+done_with build
 
 if [ "${MULTIDEV_SANITIZE:-1}" != 0 ]; then
   cmake --preset sanitize >/dev/null
   cmake --build --preset sanitize
   ctest --preset sanitize
+  done_with build-sanitize
 fi
 
 if [ "${MULTIDEV_FUZZ:-1}" != 0 ]; then
   scripts/run-fuzz.sh 60
+  done_with build-fuzz
 fi
 
 if [ "${MULTIDEV_TSAN:-1}" != 0 ]; then

@@ -146,3 +146,8 @@ if(HAVE_CUDA)
     message(FATAL_ERROR "package test: the multidev-cuda program failed (${rc})")
   endif()
 endif()
+
+# Passed: its scratch goes (a prefix and four programs with the library's
+# debug info: over 1 GB in a sanitizer build, which a CI machine's disk
+# may not have to spare). A failure above leaves it for a look.
+file(REMOVE_RECURSE "${WORK_DIR}")
