@@ -125,8 +125,8 @@ BOOST_TEST_DECORATOR(*boost::unit_test::precondition(test_support::have_certific
 BOOST_AUTO_TEST_CASE(test_rounds_nodes_a_round_here_and_on_two_nodes_replays_over_tls) {
   // Two `multidev node` processes over TLS and a client of that kind: a
   // round on both nodes and this process's device replays on the nodes
-  // (one message per node), its edges a -> b node to node (the nodes
-  // connect to each other over TLS too) and b -> here.
+  // (one message per node), its edges a -> b node to node (over TLS the
+  // notices take the client's route: node.cpp, watch_peers) and b -> here.
   BOOST_TEST_REQUIRE(test_support::test_certificates().has_value());
   using multidev::scenario::node_process;
   node_process na{test_support::tool(), 1, "a", true, test_support::node_tls_args()};
