@@ -238,9 +238,14 @@ round_part part(FuzzedDataProvider& in, const caf::actor& some) {
     st.peer = small_or_extreme<uint32_t>(in, 2);
     st.peer_item = small_or_extreme<uint32_t>(in, 16);
     st.name = text(in);
-    if (st.wait_on == -1)
-      st.spec = spec(in);
     st.op = in.ConsumeIntegralInRange<uint8_t>(0, 2);
+    if (st.op == round_step::zero && in.ConsumeBool())
+      st.spec = task_spec{{},
+                          {buffer_arg{buffer_loc{small_or_extreme<int>(in, 3),
+                                                 small_or_extreme<std::size_t>(in, 4096)},
+                                      small_or_extreme<std::size_t>(in, 4096)}}}; // a memset's span
+    else if (st.wait_on == -1)
+      st.spec = spec(in);
     p.steps.push_back(std::move(st));
   }
   auto slots = in.ConsumeIntegralInRange<int>(0, 2);
