@@ -165,7 +165,9 @@ struct round_step {
   /// What a step of `wait_on` -1 runs: `run_spec` (0) its named task,
   /// `zero` (1) a `memset_zero` of the span `spec.args[0]` names.
   uint8_t op = 0;
+  /// `op`: the step runs its named task (`spec`), or is a wait.
   static constexpr uint8_t run_spec = 0;
+  /// `op`: the step zeroes the span `spec.args[0]` names (`memset_zero`).
   static constexpr uint8_t zero = 1;
 };
 
