@@ -173,18 +173,19 @@ decltype(auto) as_item(const round_state& st, uint64_t n, std::size_t i, F&& f) 
 /// `std::invalid_argument` with the item's provenance when the span is not
 /// in a pool there.
 void memset_step(device_core& core, const round_state& st, std::size_t i, uint64_t n,
-                 int pool_id, std::size_t offset, std::size_t size, bulk_task& t) {
+                 int pool_id, std::size_t offset, std::size_t size, bulk_task& t,
+                 std::vector<work_order>& orders) {
   auto pool = as_item(st, n, i, [&] {
     return core.pools().span(pool_id, offset, size, "memset_zero");
   });
-  work_order o;
+  auto& o = orders.emplace_back(); // reserved for every step: no reallocation
   o.dst = pool->base() + offset;
   o.bytes = size;
   o.what = "memset_zero";
   o.id = pool_id;
   o.naming = work_order::pool_span;
   o.offset = offset;
-  t.order = o;
+  t.order = &o;
   t.kind = trace_kind::memset;
   t.keep_alive = std::move(pool);
 }
@@ -197,6 +198,7 @@ struct replay_scratch {
   bulk_push push;
   std::vector<bulk_task> tasks;
   std::vector<task> bound;
+  std::vector<work_order> orders; // the memsets' (`bulk_task::order`)
   std::vector<uint64_t> ends;
   std::vector<std::pair<const device_core*, uint64_t>> kept;
 
@@ -214,6 +216,8 @@ struct replay_scratch {
     s.tasks.resize(steps);
     s.ends.resize(lanes);
     s.bound.reserve(steps);
+    s.orders.clear();
+    s.orders.reserve(steps);
     return guard{s};
   }
 
@@ -468,7 +472,7 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
       if (rs->op == round_step::zero) {
         const auto& span = std::get<buffer_arg>(rs->spec.args.at(0));
         memset_step(*cores[steps[k].lane], *st, k, n, span.loc.pool_id, span.loc.offset,
-                    span.size_in_bytes, s.tasks[k]);
+                    span.size_in_bytes, s.tasks[k], s.orders);
       } else {
         s.bind(cores[steps[k].lane], rs->spec, *st, k, n, s.tasks[k]);
       }
@@ -1012,7 +1016,7 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
       s.bind(p.cores[p.steps[k].lane], it.spec, *st, i, n, s.tasks[k]);
     else if (it.k == kind::memset)
       detail::memset_step(*p.cores[p.steps[k].lane], *st, i, n, it.pool_id, it.offset, it.size,
-                          s.tasks[k]);
+                          s.tasks[k], s.orders);
     // (a copy: made above)
   }
   if (p.routines.empty()) {
