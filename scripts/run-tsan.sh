@@ -13,20 +13,32 @@
 # recorded rounds replayed on the devices (bulk_push),
 # the reuse of host copies' extras, async driver, fake CUDA; about a minute
 # on 2 cores once built, and the build
-# about 9 minutes; scripts/run-tests.sh runs it):
+# about 5 minutes with --core, which builds only the core tests' programs;
+# scripts/run-tests.sh runs it so):
 #
-#   scripts/run-tsan.sh -R "$(scripts/run-tsan.sh --core-regex)"
+#   scripts/run-tsan.sh --core       # build the core set only, run it
+#   scripts/run-tsan.sh -R "$(scripts/run-tsan.sh --core-regex)"  # same tests, whole build
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 core='^(test_backend|test_rounds|test_rounds_fake|test_rounds_on_nodes|test_rounds_nodes|test_deadlock|test_hand_over|test_hand_over_help|test_hot_path|test_ordering|test_errors|test_errors_fake|test_transfers|test_transfers_fake|test_transfers_fake_cuda|test_async_driver|test_cuda|test_shutdown)$'
+# The programs the core set runs (test_rounds_nodes starts the tool's nodes).
+core_targets='test_backend test_rounds test_rounds_on_nodes test_rounds_nodes multidev_tool test_deadlock test_hand_over test_hand_over_help test_hot_path test_ordering test_errors test_transfers test_async_driver test_cuda test_shutdown'
 if [ "${1:-}" = --core-regex ]; then
   echo "$core"
   exit 0
 fi
+targets=()
+if [ "${1:-}" = --core ]; then
+  shift
+  read -r -a names <<<"$core_targets"
+  targets=(--target "${names[@]}")
+  set -- -R "$core" "$@"
+fi
 
 cmake --preset tsan >/dev/null || exit 1
-cmake --build --preset tsan -j2 -- --quiet >/dev/null || cmake --build --preset tsan -j1 || exit 1
+cmake --build --preset tsan -j2 "${targets[@]}" -- --quiet >/dev/null \
+  || cmake --build --preset tsan -j1 "${targets[@]}" || exit 1
 
 logs=build-tsan/tsan-logs
 rm -rf "$logs"
