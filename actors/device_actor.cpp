@@ -997,15 +997,8 @@ device_actor_full::behavior_type device_impl(self_ptr self,
       if (auto err = refused(*c, [&] { check_alloc(id, alignment, mode); }))
         return std::move(*err);
       return ordered(self, [c, id, size, alignment, mode, guard] {
-        if (guard && guard->memory_limit > 0) {
-          // The session's quota, checked when the allocation is made.
-          auto used = guard->used_memory();
-          if (size > guard->memory_limit || used > guard->memory_limit - size)
-            throw std::invalid_argument(fmt::format(
-              "{}: alloc_pool {} of {} bytes refused: the session holds {} bytes and its "
-              "memory limit is {} bytes (multidev node --memory-limit)",
-              guard->who, id, size, used, guard->memory_limit));
-        }
+        if (guard) // the session's quota, checked when the allocation is made
+          guard->check_alloc_quota(id, size);
         std::optional<memory_mode> m;
         if (mode >= 0 && mode <= static_cast<int32_t>(memory_mode::materialized))
           m = static_cast<memory_mode>(mode);
@@ -1245,6 +1238,17 @@ std::size_t peer_guard::used_memory() const {
     if (auto c = weak.lock())
       n += c->pools().used_memory();
   return n;
+}
+
+void peer_guard::check_alloc_quota(int id, std::size_t size) const {
+  if (memory_limit == 0)
+    return;
+  auto used = used_memory();
+  if (size > memory_limit || used > memory_limit - size)
+    throw std::invalid_argument(
+      fmt::format("{}: alloc_pool {} of {} bytes refused: the session holds {} bytes and its "
+                  "memory limit is {} bytes (multidev node --memory-limit)",
+                  who, id, size, used, memory_limit));
 }
 
 void peer_guard::take_transfer(std::size_t n, const char* what) const {

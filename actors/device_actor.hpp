@@ -76,6 +76,11 @@ struct peer_guard {
   void count(std::shared_ptr<const device_core> core);
   /// What the pools of the session's devices hold, in bytes.
   std::size_t used_memory() const;
+  /// Throws `std::invalid_argument` naming the session, the request and the
+  /// limit when allocating pool `id` of `size` bytes would take the session
+  /// past its quota (the `alloc` message's check, and a recorded round's
+  /// `alloc_pool` step's); nothing without a limit.
+  void check_alloc_quota(int id, std::size_t size) const;
   /// Takes `n` bytes of the session's transfers in flight (a read's
   /// buffer, a write's bytes, between the request and its end): at most
   /// `memory_limit` bytes at once besides the pools, so a session holds at

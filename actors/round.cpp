@@ -14,6 +14,7 @@
 
 #include "actors/backend_impl.hpp"
 #include "actors/binding.hpp"
+#include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
 #include "actors/remote/node_rounds.hpp"
 #include "multidev/backend.hpp"
@@ -190,6 +191,51 @@ void memset_step(device_core& core, const round_state& st, std::size_t i, uint64
   t.keep_alive = std::move(pool);
 }
 
+/// A pool call of a replay pushed at once, undone when the replay is
+/// refused: pool `id` of `core` was `old` before it.
+struct pool_undo {
+  device_core* core;
+  int id;
+  std::shared_ptr<pool> old;
+};
+
+/// `t`: item `i` of `st`, an `alloc_pool` or a `free_pool` on `core`, as
+/// replay `n`'s step: the table changed now, as the call changes it, and an
+/// order of trace kind `pool` that releases the pool it replaced or freed
+/// once the work before it is done, as the call's (for an `alloc_pool` that
+/// replaced none, an order that releases nothing: a step per item keeps a
+/// lane's steps as many at each replay). The change is logged in `undo`
+/// first. Throws `std::invalid_argument` with the item's provenance (no
+/// pool to free, a request the device refuses), `device_error`.
+/// (`alloc`: an `alloc_pool` of `pool_id` with `size`, `alignment`,
+/// `mode`; else a `free_pool`. `quota`: a node session's, which an
+/// `alloc_pool` checks as the `alloc` message does.)
+void pool_step(device_core& core, const round_state& st, std::size_t i, uint64_t n, bool alloc,
+               int pool_id, std::size_t size, std::size_t alignment,
+               std::optional<memory_mode> mode, bulk_task& t, std::vector<work_order>& orders,
+               std::vector<pool_undo>& undo, const peer_guard* quota = nullptr) {
+  auto& u = undo.emplace_back(pool_undo{&core, pool_id, nullptr});
+  try {
+    u.old = as_item(st, n, i, [&] {
+      if (!alloc)
+        return core.memory().take_pool(pool_id);
+      if (quota)
+        quota->check_alloc_quota(pool_id, size);
+      return core.memory().replace_pool(pool_id, size, alignment, mode);
+    });
+  } catch (...) {
+    undo.pop_back(); // nothing changed
+    throw;
+  }
+  auto& o = orders.emplace_back(); // reserved for every step: no reallocation
+  o.what = !alloc ? "free_pool" : u.old ? "release replaced pool" : "alloc_pool";
+  o.id = pool_id;
+  o.naming = work_order::pool;
+  t.order = &o;
+  t.kind = trace_kind::pool;
+  t.keep_alive = u.old;
+}
+
 /// What a replay pushed at once makes, per thread, reused: the steps'
 /// work, the named tasks' bindings (their descriptions), the lanes' last
 /// seqs, the seqs whose wrappers read the round. Cleared of the work as
@@ -198,7 +244,8 @@ struct replay_scratch {
   bulk_push push;
   std::vector<bulk_task> tasks;
   std::vector<task> bound;
-  std::vector<work_order> orders; // the memsets' (`bulk_task::order`)
+  std::vector<work_order> orders; // the memsets' and pool calls' (`bulk_task::order`)
+  std::vector<pool_undo> undo;    // the pool calls' changes, until pushed
   std::vector<uint64_t> ends;
   std::vector<std::pair<const device_core*, uint64_t>> kept;
 
@@ -209,6 +256,16 @@ struct replay_scratch {
     ~guard() {
       s.tasks.clear();
       s.bound.clear();
+      // A replay refused after its pool calls changed the tables: they
+      // are as before it, newest first (the pools they made go now).
+      for (auto u = s.undo.rbegin(); u != s.undo.rend(); ++u) {
+        try {
+          u->core->memory().put_back(u->id, std::move(u->old));
+        } catch (...) {
+          // Out of memory: that pool stays out of the table.
+        }
+      }
+      s.undo.clear();
     }
   };
   static guard use(std::size_t steps, std::size_t lanes) {
@@ -473,6 +530,14 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
         const auto& span = std::get<buffer_arg>(rs->spec.args.at(0));
         memset_step(*cores[steps[k].lane], *st, k, n, span.loc.pool_id, span.loc.offset,
                     span.size_in_bytes, s.tasks[k], s.orders);
+      } else if (rs->op == round_step::alloc || rs->op == round_step::free) {
+        const auto& pool = std::get<buffer_arg>(rs->spec.args.at(0));
+        std::optional<memory_mode> mode;
+        if (rs->mode >= 0)
+          mode = static_cast<memory_mode>(rs->mode); // checked by check_round_part
+        pool_step(*cores[steps[k].lane], *st, k, n, rs->op == round_step::alloc,
+                  pool.loc.pool_id, pool.size_in_bytes, rs->alignment, mode, s.tasks[k],
+                  s.orders, s.undo, impl.guard.get());
       } else {
         s.bind(cores[steps[k].lane], rs->spec, *st, k, n, s.tasks[k]);
       }
@@ -506,6 +571,7 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
       held.wrote(j, ends[l] - lane_steps[l] + ordinal[k]);
     }
   }
+  s.undo.clear(); // pushed: the pool calls' changes stay
   s.keep(impl, st, lanes, ends);
   if (source)
     s.keep(impl, source, lanes, ends);
@@ -868,7 +934,7 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
   // The lane's last step so far (-1: none yet in the replay).
   std::vector<int32_t> last_step;
   auto add_step = [&](uint32_t lane, int32_t wait_on, std::size_t i, bool order_only = false) {
-    p.steps.push_back(detail::bulk_step{lane, wait_on, order_only});
+    p.steps.push_back(detail::bulk_step{lane, order_only, wait_on});
     p.step_item.push_back(static_cast<uint32_t>(i));
     p.step_ordinal.push_back(++p.lane_steps[lane]);
     last_step[lane] = static_cast<int32_t>(p.steps.size() - 1);
@@ -958,10 +1024,20 @@ void build_plan(const detail::round_state& st, detail::replay_plan& p) {
       // An order entry (`push_order`'s), its pool looked up at each replay.
       p.item_events.push_back({*lane, add_step(*lane, -1, i)});
       break;
-    default:
-      return refuse(); // a pool call
+    case kind::alloc_pool:
+    case kind::free_pool:
+      // The table changed as the step is made (`pool_step`), and an order
+      // entry for the release.
+      p.item_events.push_back({*lane, add_step(*lane, -1, i)});
+      p.pools = true;
+      break;
     }
   }
+  // Routines and copies look their pools up, and pin them, before the
+  // steps are made (in round order, which pool calls would have to
+  // follow): such a round with pool calls goes call by call.
+  if (p.pools && !p.routines.empty())
+    return refuse();
   for (const auto& d : st.devices)
     p.device_lane.push_back(*lane_of(d));
   p.usable = true;
@@ -1017,6 +1093,10 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
     else if (it.k == kind::memset)
       detail::memset_step(*p.cores[p.steps[k].lane], *st, i, n, it.pool_id, it.offset, it.size,
                           s.tasks[k], s.orders);
+    else if (it.k == kind::alloc_pool || it.k == kind::free_pool)
+      detail::pool_step(*p.cores[p.steps[k].lane], *st, i, n, it.k == kind::alloc_pool,
+                        it.pool_id, it.size, it.alignment, it.mode, s.tasks[k], s.orders,
+                        s.undo);
     // (a copy: made above)
   }
   if (p.routines.empty()) {
@@ -1036,6 +1116,7 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
       held.wrote(j, s.ends[l] - p.lane_steps[l] + p.step_ordinal[k]);
     }
   }
+  s.undo.clear(); // pushed: the pool calls' changes stay
   detail::replay_access::set(out, st, s.ends);
   // The lanes' last seqs bound the wrapped items' (a wait's entry reads
   // nothing of the round, so erring late only keeps it longer).
@@ -1162,6 +1243,7 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
                                other.name, host, port});
     return static_cast<uint32_t>(peers.size() - 1);
   };
+  bool routines_here = false, pools_here = false;
   // A round all here that the devices' plan refused is not one for this
   // plan either (nor worth this process's round actor).
   if (std::all_of(st.items.begin(), st.items.end(),
@@ -1177,6 +1259,7 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
     case kind::run:
       if (!detail::routine_push::takes(it.r))
         return refuse(); // a copy, or a read of the merge buffer
+      routines_here = true;
       [[fallthrough]]; // a routine runs on a device of this process: as a closure
     case kind::task: {
       auto& at = np.nodes[w->node];
@@ -1246,10 +1329,28 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(step))});
       break;
     }
+    case kind::alloc_pool:
+    case kind::free_pool: {
+      // Its table change made as the part's steps are, on the node (or
+      // here), as `replay_on_devices` makes it (`pool_step`).
+      pools_here = pools_here || np.nodes[w->node].here;
+      round_step step{item, 0, -1, 0, 0, it.name, {}, {}};
+      auto size = it.k == kind::alloc_pool ? it.size : 0;
+      step.spec.args.emplace_back(buffer_arg{buffer_loc{it.pool_id, 0}, size});
+      step.op = it.k == kind::alloc_pool ? round_step::alloc : round_step::free;
+      step.alignment = it.alignment;
+      step.mode = it.mode ? static_cast<int32_t>(*it.mode) : -1;
+      np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(step))});
+      break;
+    }
     default:
-      return refuse(); // a copy or a pool call
+      return refuse(); // a copy
     }
   }
+  // Routines pin their pools before this process's part is pushed: with
+  // pool calls there, call by call (as build_plan).
+  if (routines_here && pools_here)
+    return refuse();
   for (auto& nd : np.nodes)
     if (nd.here)
       nd.closures.resize(nd.part.steps.size(), -1);

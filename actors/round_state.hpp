@@ -116,6 +116,9 @@ struct replay_plan {
   std::vector<uint8_t> written_in_round;
   /// Whether a copy is among them.
   bool copies = false;
+  /// Whether the round calls `alloc_pool` or `free_pool` (then it has no
+  /// routine or copy).
+  bool pools = false;
 };
 
 /// How a round whose items all run on attached nodes' devices is replayed

@@ -238,13 +238,22 @@ round_part part(FuzzedDataProvider& in, const caf::actor& some) {
     st.peer = small_or_extreme<uint32_t>(in, 2);
     st.peer_item = small_or_extreme<uint32_t>(in, 16);
     st.name = text(in);
-    st.op = in.ConsumeIntegralInRange<uint8_t>(0, 2);
+    st.op = in.ConsumeIntegralInRange<uint8_t>(0, 4);
     if (st.op == round_step::zero && in.ConsumeBool())
       st.spec = task_spec{{},
                           {buffer_arg{buffer_loc{small_or_extreme<int>(in, 3),
                                                  small_or_extreme<std::size_t>(in, 4096)},
                                       small_or_extreme<std::size_t>(in, 4096)}}}; // a memset's span
-    else if (st.wait_on == -1)
+    else if ((st.op == round_step::alloc || st.op == round_step::free) && in.ConsumeBool()) {
+      // A pool call: the pool at offset 0 (mostly), its size, alignment and
+      // mode (the session's quota bounds what an alloc_pool takes).
+      st.spec = task_spec{{},
+                          {buffer_arg{buffer_loc{small_or_extreme<int>(in, 3),
+                                                 in.ConsumeBool() ? 0 : small_or_extreme<std::size_t>(in, 64)},
+                                      small_or_extreme<std::size_t>(in, 1 << 20)}}};
+      st.alignment = small_or_extreme<uint64_t>(in, 128);
+      st.mode = in.ConsumeIntegralInRange<int32_t>(-2, 8);
+    } else if (st.wait_on == -1)
       st.spec = spec(in);
     p.steps.push_back(std::move(st));
   }

@@ -346,10 +346,13 @@ BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_and_memset_are_replayed_in_order) {
     BOOST_REQUIRE(res.has_value());
     BOOST_TEST(res->sum == 2.0 * 4);
   }
-  // Call by call, all here: no round actor was made for it (that is for
+  // On the devices, all pushed at once (the pool calls' table changes made
+  // as their steps are); no round actor was made for it (that is for
   // rounds with nodes' devices; spawning one ties this thread to the
   // backend's actor system).
+  BOOST_TEST(r.state()->plan.usable);
   BOOST_TEST(!b.impl().here_rounds);
+  BOOST_TEST(b.get_used_memory(d0) == 0u); // each replay's pool released
   // An item refused at replay names the replay, round and item; those before it stay.
   auto bad = b.record("bad", [&] { b.memset_zero(d0, 99, 0, 4); });
   expect_throw<std::invalid_argument>([&] { b.replay(bad); },
@@ -404,6 +407,70 @@ BOOST_AUTO_TEST_CASE(test_rounds_memsets_replay_on_the_devices) {
     [&] { b.replay(r); }, "replay: replay 3 of round 'zero', item 'memset_zero 7 3': memset_zero");
   BOOST_TEST(b.all_work(d0).seq() == d0_before);
   BOOST_TEST(b.all_work(d1).seq() == d1_before);
+}
+
+// A round's pool calls replay on the devices: each changes the pool table
+// as its step is made (so the steps after it see the pool), with an order
+// releasing the pool replaced or freed once the work before it is done, as
+// the calls do. A replay refused whole (a pool call the device refuses
+// now, or another device failed) leaves every table as it was.
+BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_replay_on_the_devices_whole_or_not_at_all) {
+  auto o = on_test_driver(backend_options{.num_devices = 2});
+  o.trace_capacity = 64;
+  backend b{o};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  constexpr int pool = 9;
+  constexpr std::size_t bytes = 8 * sizeof(float);
+  buffer_arg whole{buffer_loc{pool, 0}, bytes};
+  b.alloc_pool(d0, 3, 64, 64); // freed by the round
+  auto r = b.record("pools", [&] {
+    b.alloc_pool(d0, pool, bytes, 64);
+    b.schedule_named(d0, {"fill", {whole, 1.0}});
+    b.schedule_named(d0, {"checksum", {whole, std::string{"pools"}}});
+    b.free_pool(d0, pool);
+    b.free_pool(d0, 3);
+    b.schedule_task(d1, {"other", [] {}});
+  });
+  auto ev = b.replay(r);
+  BOOST_TEST(r.state()->plan.usable);
+  sync(b, ev.all_work_of(d0));
+  BOOST_REQUIRE(b.result("pools").has_value());
+  BOOST_TEST(b.result("pools")->sum == 8.0);
+  BOOST_TEST(b.is_done(ev.item(0)));
+  BOOST_TEST(b.get_used_memory(d0) == 0u);
+  auto tr = b.trace(d0);
+  BOOST_TEST_REQUIRE(tr.records.size() >= 5u);
+  const auto* last = &tr.records[tr.records.size() - 5];
+  BOOST_TEST((last[0].kind == trace_kind::pool));
+  BOOST_TEST(last[0].description == "alloc_pool 9");
+  BOOST_TEST(last[3].description == "free_pool 9");
+  BOOST_TEST(last[4].description == "free_pool 3");
+
+  // Pool 3 is gone: the second replay is refused whole, naming the item;
+  // pool 9's allocation is undone and nothing was queued.
+  auto d0_before = b.all_work(d0).seq(), d1_before = b.all_work(d1).seq();
+  expect_throw<std::invalid_argument>([&] { b.replay(r); },
+                                      "replay: replay 2 of round 'pools', item 'free_pool 3 4'");
+  BOOST_TEST(b.all_work(d0).seq() == d0_before);
+  BOOST_TEST(b.all_work(d1).seq() == d1_before);
+  BOOST_TEST(b.get_used_memory(d0) == 0u);
+  expect_throw<std::invalid_argument>([&] { b.memset_zero(d0, pool, 0, 4); }, "pool 9");
+
+  // d1 failed: the push is refused after d0's pool calls changed its
+  // table; they are undone too (pool 3 is d0's again, pool 9 not).
+  b.alloc_pool(d0, 3, 64, 64);
+  b.schedule_task(d1, {"boom", [] { throw std::runtime_error("boom"); }});
+  expect_throw<device_error>([&] { bounded([&] { b.sync(b.all_work(d1)); }); }, "boom");
+  d0_before = b.all_work(d0).seq();
+  expect_throw<device_error>([&] { b.replay(r); }, "boom");
+  BOOST_TEST(b.all_work(d0).seq() == d0_before);
+  BOOST_TEST(b.get_used_memory(d0) == 64u);
+  b.memset_zero(d0, 3, 0, 64); // still in the table
+  expect_throw<std::invalid_argument>([&] { b.memset_zero(d0, pool, 0, 4); }, "pool 9");
+  BOOST_TEST(b.recover(d1));
+  sync(b, b.replay(r).all_work_of(d0));
+  BOOST_TEST(b.result("pools")->sum == 8.0);
+  BOOST_TEST(b.get_used_memory(d0) == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_replay_on_an_attached_device_of_another_actor_system) {

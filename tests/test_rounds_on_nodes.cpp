@@ -119,7 +119,9 @@ std::vector<std::string> thrice(const std::string& text, const std::vector<std::
 /// Nodes a (two devices) and b (one) and a client that attached both: three
 /// actor systems of this process. Built and destroyed on the test's thread.
 struct nodes_here {
-  explicit nodes_here(backend_options node_opts = {}) {
+  /// `memory_limit`: each session's quota on both nodes (0: the default).
+  explicit nodes_here(backend_options node_opts = {}, std::size_t memory_limit = 0)
+      : memory_limit_(memory_limit) {
     register_test_kernels();
     for (auto* cfg : {&cfg_a, &cfg_b, &cfg_c}) {
       configure_system(*cfg);
@@ -151,7 +153,7 @@ struct nodes_here {
   }
 
   caf::actor serve(backend& node, const char* name) {
-    auto n = spawn_node_actor(node, name);
+    auto n = spawn_node_actor(node, name, {}, memory_limit_);
     auto port = publish_node(n, 0, "127.0.0.1");
     BOOST_TEST_REQUIRE(bool(port));
     (name[0] == 'a' ? port_a : port_b) = *port;
@@ -172,6 +174,7 @@ struct nodes_here {
     return text;
   }
 
+  std::size_t memory_limit_ = 0;
   caf::actor_system_config cfg_a, cfg_b, cfg_c;
   std::optional<caf::actor_system> sys_a, sys_b, sys_c;
   std::optional<backend> node_a, node_b, client;
@@ -419,8 +422,32 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the
   BOOST_TEST(contains(put(p), "peer 0 is this node itself"));
   p = good;
   p.round = 1007;
-  p.steps[0].op = 2;
-  BOOST_TEST(contains(put(p), "step 0 has op 2, not 0 (a task) or 1 (a memset)"));
+  p.steps[0].op = 4;
+  BOOST_TEST(contains(put(p), "step 0 has op 4, not 0 (a task), 1 (a memset), 2 (an alloc_pool) "
+                              "or 3 (a free_pool)"));
+  p = good;
+  p.round = 1013;
+  p.steps[0].op = round_step::alloc;
+  p.steps[0].spec = task_spec{{}, {buffer_arg{buffer_loc{5, 0}, 64}}};
+  p.steps[0].alignment = 64;
+  p.steps[0].mode = 42;
+  BOOST_TEST(contains(put(p), "step 0: alloc: pool 5: mode 42 is not a memory mode"));
+  p.round = 1014;
+  p.steps[0].mode = -1;
+  p.steps[0].alignment = uint64_t{1} << 40;
+  BOOST_TEST(contains(put(p), "step 0: alloc: pool 5: alignment 1099511627776 exceeds the limit"));
+  p.round = 1015;
+  p.steps[0].alignment = 64;
+  p.steps[0].spec = task_spec{{}, {buffer_arg{buffer_loc{5, 8}, 64}}};
+  BOOST_TEST(contains(put(p), "step 0 is an alloc_pool at offset 8, not 0"));
+  p.round = 1016;
+  p.steps[0].op = round_step::free;
+  p.steps[0].spec = task_spec{"fill", {buffer_arg{buffer_loc{5, 0}, 0}}};
+  BOOST_TEST(
+    contains(put(p), "step 0 is a free_pool but not one buffer argument and no kernel"));
+  p.round = 1017;
+  p.steps[0].spec = task_spec{{}, {buffer_arg{buffer_loc{5, 0}, 0}}};
+  BOOST_TEST(put(p) == "accepted");
   p = good;
   p.round = 1008;
   p.steps[0].op = round_step::zero; // with the note's kernel and string
@@ -791,6 +818,60 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_memsets_replay_on_the_nodes_and_here) 
   // h0's part of it waited on the node's checksum: it fails with that cause.
   expect_throw<device_error>([&] { sync(c, bad.all_work_of(h0)); },
                              "replay 4 of round 'zero' was refused on session 1 of node a");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_pool_calls_replay_on_the_nodes_within_the_quota) {
+  // A round's alloc_pool and free_pool on a node's device are steps of its
+  // part (the node's table changed as the step is made, the release
+  // ordered with the work), checked against the session's memory quota as
+  // the `alloc` message is; here too: the round still replays as one
+  // message per node.
+  nodes_here n{{}, 4096};
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  constexpr int pool = 7;
+  constexpr std::size_t bytes = 8 * sizeof(float);
+  buffer_arg whole{buffer_loc{pool, 0}, bytes};
+  auto r = c.record("pools", [&] {
+    c.alloc_pool(n.a0, pool, bytes, 64);
+    c.schedule_named(n.a0, {"fill", {whole, 2.0}});
+    auto sum = c.schedule_named(n.a0, {"checksum", {whole, std::string{"node pools"}}});
+    c.free_pool(n.a0, pool);
+    c.alloc_pool(h0, pool, bytes, 64);
+    c.schedule_named(h0, {"fill", {whole, 1.0}});
+    c.will_wait_for(c.make_context(h0), sum);
+    c.schedule_named(h0, {"checksum", {whole, std::string{"here pools"}}});
+    c.free_pool(h0, pool);
+  });
+  replay_events ev;
+  for (int k = 0; k < 3; ++k)
+    ev = c.replay(r);
+  expect_items_done(c, ev);
+  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
+             n.debug(n.actor_a));
+  auto on_node = c.result(n.a0, "node pools");
+  BOOST_REQUIRE(on_node.has_value());
+  BOOST_TEST(on_node->sum == 2.0 * 8);
+  auto here = c.result("here pools");
+  BOOST_REQUIRE(here.has_value());
+  BOOST_TEST(here->sum == 1.0 * 8);
+  BOOST_TEST(c.get_used_memory(n.a0) == 0u);
+  BOOST_TEST(c.get_used_memory(h0) == 0u);
+
+  // Past the session's quota: the node refuses its part, naming the item
+  // and the limit, and its tables are as before the replay.
+  auto big = c.record("big", [&] {
+    c.alloc_pool(n.a0, 8, 1024, 64);
+    c.alloc_pool(n.a1, 9, 8192, 64);
+  });
+  auto bad = c.replay(big);
+  expect_throw<device_error>([&] { (void)bad.all_work_of(n.a0); },
+                             "replay 1 of round 'big', item 'alloc_pool 9 1': session 1 of node "
+                             "a: alloc_pool 9 of 8192 bytes refused: the session holds 1024 "
+                             "bytes and its memory limit is 4096 bytes");
+  BOOST_TEST(c.get_used_memory(n.a0) == 0u);
+  BOOST_TEST(c.get_used_memory(n.a1) == 0u);
+  expect_throw<std::invalid_argument>([&] { c.memset_zero(n.a0, 8, 0, 4); }, "pool 8");
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_let_go_while_another_replays_does_not_hang) {

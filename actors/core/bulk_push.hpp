@@ -50,8 +50,12 @@ class device_core;
 /// One entry of a bulk push: a task, or a wait of its device (`lane`) on
 /// an earlier step of another lane.
 struct bulk_step {
-  /// The index of its device in the push's lanes.
-  uint32_t lane = 0;
+  /// The index of its device in the push's lanes. (31 bits, beside
+  /// `order_only`: a step stays 8 bytes, as a replay reads every one.)
+  uint32_t lane : 31 = 0;
+  /// A wait on a step of this push that is ordering only (`wait_kind::order`:
+  /// a write after a read, the awaited item's failure does not carry).
+  uint32_t order_only : 1 = 0;
   /// A wait: the index of the earlier step, on another lane, whose item it
   /// waits for (a data dependency: that item's failure fails this device,
   /// as `will_wait_for`'s). -1: a task. `external`: a wait on something
@@ -59,10 +63,8 @@ struct bulk_step {
   /// caller makes and later opens or fails (`device_core::resolve_gate`).
   int32_t wait_on = -1;
   static constexpr int32_t external = -2;
-  /// A wait on a step of this push that is ordering only (`wait_kind::order`:
-  /// a write after a read, the awaited item's failure does not carry).
-  bool order_only = false;
 };
+static_assert(sizeof(bulk_step) == 8);
 
 /// A task step's work and what names it (as `task`'s fields, the text
 /// borrowed: it must outlive the push).

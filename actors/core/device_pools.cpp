@@ -13,6 +13,14 @@ namespace multidev::detail {
 
 void device_memory::alloc_pool(int id, std::size_t size, std::size_t alignment,
                                std::optional<memory_mode> mode) {
+  // A replaced pool lives until the work scheduled before now is done.
+  if (auto old = replace_pool(id, size, alignment, mode))
+    release_later(std::move(old), "release replaced pool");
+}
+
+std::shared_ptr<pool> device_memory::replace_pool(int id, std::size_t size,
+                                                  std::size_t alignment,
+                                                  std::optional<memory_mode> mode) {
   table_.check_request(id, size, alignment, "alloc_pool");
   core_.life().check();
   if (core_.life().stopping())
@@ -25,9 +33,15 @@ void device_memory::alloc_pool(int id, std::size_t size, std::size_t alignment,
       "alloc_pool on {}: pool {}: cannot allocate {} bytes aligned to {}", core_.name(),
       id, size, alignment));
   }
-  // A replaced pool lives until the work scheduled before now is done.
-  if (auto old = table_.install(id, size, alignment, mode, std::move(mem)))
-    release_later(std::move(old), "release replaced pool");
+  return table_.install(id, size, alignment, mode, std::move(mem));
+}
+
+std::shared_ptr<pool> device_memory::take_pool(int id) {
+  return table_.remove(id, "free_pool");
+}
+
+void device_memory::put_back(int id, std::shared_ptr<pool> old) {
+  table_.put_back(id, std::move(old));
 }
 
 void device_memory::release_later(std::shared_ptr<pool> old, const char* what) {

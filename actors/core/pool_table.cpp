@@ -71,6 +71,22 @@ std::shared_ptr<pool> pool_table::remove(int id, std::string_view who) {
   return old;
 }
 
+std::shared_ptr<pool> pool_table::put_back(int id, std::shared_ptr<pool> old) {
+  std::lock_guard guard{mu_};
+  auto i = pools_.find(id);
+  std::shared_ptr<pool> out;
+  if (i != pools_.end()) {
+    out = std::move(i->second);
+    if (old)
+      i->second = std::move(old);
+    else
+      pools_.erase(i);
+  } else if (old) {
+    pools_.emplace(id, std::move(old));
+  }
+  return out;
+}
+
 std::shared_ptr<pool> pool_table::find(int id) const {
   std::lock_guard guard{mu_};
   auto i = pools_.find(id);

@@ -58,6 +58,11 @@ public:
   /// Takes pool `id` out of the table and returns it; throws
   /// `std::invalid_argument` starting with `who` when there is none.
   std::shared_ptr<pool> remove(int id, std::string_view who);
+  /// Puts `old` back in the table as `id` (takes `id` out when `old` is
+  /// null): undoes an `install` or a `remove` whose work was not queued.
+  /// Returns the pool it takes out (null when none). Throws only
+  /// `std::bad_alloc`.
+  std::shared_ptr<pool> put_back(int id, std::shared_ptr<pool> old);
   /// The pool now in the table as `id`, or null.
   std::shared_ptr<pool> find(int id) const;
   /// The pool now in the table that holds bytes `[offset, offset + size)`.

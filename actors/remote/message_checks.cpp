@@ -119,14 +119,28 @@ void check_round_part(const round_part& p, std::size_t devices, const caf::node_
     if (s.lane >= p.devices.size())
       refuse(fmt::format("step {} is on device {}, the part has {}", i, s.lane,
                          p.devices.size()));
-    if (s.op > round_step::zero) {
-      refuse(fmt::format("step {} has op {}, not 0 (a task) or 1 (a memset)", i, s.op));
-    } else if (s.op == round_step::zero) {
+    if (s.op > round_step::free) {
+      refuse(fmt::format("step {} has op {}, not 0 (a task), 1 (a memset), 2 (an alloc_pool) "
+                         "or 3 (a free_pool)",
+                         i, s.op));
+    } else if (s.op != round_step::run_spec) {
+      static constexpr const char* what[] = {"", "a memset", "an alloc_pool", "a free_pool"};
       if (s.wait_on != -1 || !s.spec.kernel.empty() || s.spec.args.size() != 1
           || !std::holds_alternative<buffer_arg>(s.spec.args[0]))
-        refuse(fmt::format("step {} is a memset but not one buffer argument and no kernel, "
+        refuse(fmt::format("step {} is {} but not one buffer argument and no kernel, "
                            "with no wait",
-                           i));
+                           i, what[s.op]));
+      const auto& pool = std::get<buffer_arg>(s.spec.args[0]);
+      if (s.op != round_step::zero && pool.loc.offset != 0)
+        refuse(fmt::format("step {} is {} at offset {}, not 0", i, what[s.op],
+                           pool.loc.offset));
+      if (s.op == round_step::alloc) {
+        try {
+          check_alloc(pool.loc.pool_id, s.alignment, s.mode);
+        } catch (const std::invalid_argument& e) {
+          refuse(fmt::format("step {}: {}", i, e.what()));
+        }
+      }
     } else if (s.wait_on == -1) {
       check_schedule(s.spec);
     } else if (s.wait_on == -2) {

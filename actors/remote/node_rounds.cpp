@@ -108,7 +108,7 @@ void session_rounds::put(round_part part, const std::vector<device>& lanes,
   for (std::size_t k = 0; k < part.steps.size(); ++k) {
     const auto& s = part.steps[k];
     st->items[k].name = s.name;
-    r.steps.push_back(bulk_step{s.lane, s.wait_on});
+    r.steps.push_back(bulk_step{s.lane, 0, s.wait_on});
     r.step_ordinal.push_back(++r.lane_steps[s.lane]);
     if (s.wait_on != bulk_step::external)
       continue;

@@ -160,15 +160,27 @@ struct round_step {
   /// (`a/multidev_cpu:0:1`), for the failure path of the wait.
   std::string peer_device;
   /// A task's kernel and arguments (bound on the node at each replay). A
-  /// memset: no kernel, one buffer argument, the span it zeroes.
+  /// memset: no kernel, one buffer argument, the span it zeroes. A pool
+  /// call: no kernel, one buffer argument, the pool's id at offset 0 and
+  /// (`alloc_pool`) its size.
   task_spec spec;
   /// What a step of `wait_on` -1 runs: `run_spec` (0) its named task,
-  /// `zero` (1) a `memset_zero` of the span `spec.args[0]` names.
+  /// `zero` (1) a `memset_zero` of the span `spec.args[0]` names,
+  /// `alloc` (2) an `alloc_pool`, `free` (3) a `free_pool`.
   uint8_t op = 0;
   /// `op`: the step runs its named task (`spec`), or is a wait.
   static constexpr uint8_t run_spec = 0;
   /// `op`: the step zeroes the span `spec.args[0]` names (`memset_zero`).
   static constexpr uint8_t zero = 1;
+  /// `op`: the step allocates pool `spec.args[0]` names, of its size,
+  /// aligned to `alignment`, of memory mode `mode` (`alloc_pool`).
+  static constexpr uint8_t alloc = 2;
+  /// `op`: the step frees pool `spec.args[0]` names (`free_pool`).
+  static constexpr uint8_t free = 3;
+  /// An `alloc` step's alignment (a power of two).
+  uint64_t alignment = 0;
+  /// An `alloc` step's memory mode: -1 for none, else a `memory_mode`'s value.
+  int32_t mode = -1;
 };
 
 /// Another node of the round, as the client attached it: its node actor,
@@ -534,7 +546,7 @@ typename Inspector::result_type inspect(Inspector& f, task_spec& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, round_step& x) {
   return f(caf::meta::type_name("round_step"), x.item, x.lane, x.wait_on, x.peer, x.peer_item,
-           x.name, x.peer_device, x.spec, x.op);
+           x.name, x.peer_device, x.spec, x.op, x.alignment, x.mode);
 }
 
 /// A round notice travels as its fields.
