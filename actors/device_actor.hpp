@@ -69,7 +69,9 @@ struct peer_guard {
   /// what its devices' pools hold now: an `alloc` that would take the
   /// session past the quota is refused, naming the session, the request and
   /// the limit. Two devices of one session allocating at once may both
-  /// pass: the quota is exceeded by at most one allocation per device.
+  /// pass: the quota is exceeded by at most one allocation per device,
+  /// and a recorded round's part (its `alloc_pool` steps, made by the node
+  /// actor while the devices' actors may allocate).
   std::size_t memory_limit = 0;
   /// Counts `core` (a device of the session, made by its backend) in
   /// `used_memory`.

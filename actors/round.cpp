@@ -192,11 +192,13 @@ void memset_step(device_core& core, const round_state& st, std::size_t i, uint64
 }
 
 /// A pool call of a replay pushed at once, undone when the replay is
-/// refused: pool `id` of `core` was `old` before it.
+/// refused: pool `id` of `core` was `old` before it, and the call left
+/// `installed` there (null for a `free_pool`).
 struct pool_undo {
   device_core* core;
   int id;
   std::shared_ptr<pool> old;
+  std::shared_ptr<pool> installed;
 };
 
 /// `t`: item `i` of `st`, an `alloc_pool` or a `free_pool` on `core`, as
@@ -214,14 +216,14 @@ void pool_step(device_core& core, const round_state& st, std::size_t i, uint64_t
                int pool_id, std::size_t size, std::size_t alignment,
                std::optional<memory_mode> mode, bulk_task& t, std::vector<work_order>& orders,
                std::vector<pool_undo>& undo, const peer_guard* quota = nullptr) {
-  auto& u = undo.emplace_back(pool_undo{&core, pool_id, nullptr});
+  auto& u = undo.emplace_back(pool_undo{&core, pool_id, nullptr, nullptr});
   try {
     u.old = as_item(st, n, i, [&] {
       if (!alloc)
         return core.memory().take_pool(pool_id);
       if (quota)
         quota->check_alloc_quota(pool_id, size);
-      return core.memory().replace_pool(pool_id, size, alignment, mode);
+      return core.memory().replace_pool(pool_id, size, alignment, mode, &u.installed);
     });
   } catch (...) {
     undo.pop_back(); // nothing changed
@@ -257,10 +259,12 @@ struct replay_scratch {
       s.tasks.clear();
       s.bound.clear();
       // A replay refused after its pool calls changed the tables: they
-      // are as before it, newest first (the pools they made go now).
+      // are as before it, newest first (the pools they made go now), but
+      // for an id another thread's pool call changed since, which keeps
+      // that call's change (as if it came after the replay's).
       for (auto u = s.undo.rbegin(); u != s.undo.rend(); ++u) {
         try {
-          u->core->memory().put_back(u->id, std::move(u->old));
+          u->core->memory().put_back(u->id, std::move(u->old), u->installed);
         } catch (...) {
           // Out of memory: that pool stays out of the table.
         }
@@ -558,6 +562,7 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
   }
   if (routines.empty()) {
     s.push.push(lanes, steps, s.tasks, ends, external, false);
+    s.undo.clear(); // pushed: the pool calls' changes stay
   } else {
     // The caller waited for room (it holds the lock the notices take).
     routine_push held{routines, lanes, false};
@@ -571,7 +576,6 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
       held.wrote(j, ends[l] - lane_steps[l] + ordinal[k]);
     }
   }
-  s.undo.clear(); // pushed: the pool calls' changes stay
   s.keep(impl, st, lanes, ends);
   if (source)
     s.keep(impl, source, lanes, ends);
@@ -866,7 +870,9 @@ std::set<int> pools_of(detail::backend_impl& impl, const device& d) {
 /// Builds `st.plan` (replay_plan): usable when every item is a task, a
 /// named task, a routine (neither a copy nor reading the merge buffer), a
 /// copy between two devices, a memset or a wait, on devices of this
-/// process, and
+/// process, or a task, a named task, a memset, a pool call or a wait there
+/// (pool calls change the tables as the steps are made, so not beside
+/// routines and copies, which look their pools up first), and
 /// every wait is on an item of the round (or on an event already done when
 /// recorded). The edges the calls' bookkeeping makes between a round's own
 /// routines and copies (`unmet_waits`) become wait steps of the plan: a
@@ -1052,6 +1058,12 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
   using kind = detail::round_item::kind;
   auto& impl = b.impl();
   const auto& p = st->plan;
+  // Pool calls change the tables as their steps are made: room first, so
+  // that the changes are seen by other threads only while the steps are
+  // made and pushed, not while waiting for room.
+  if (p.pools)
+    for (auto* c : p.lanes)
+      c->wait_for_room();
   auto g = detail::replay_scratch::use(p.steps.size(), p.lanes.size());
   auto& s = g.s;
   // The copies' routines, built now (their pools looked up as a call does).
@@ -1100,7 +1112,8 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
     // (a copy: made above)
   }
   if (p.routines.empty()) {
-    s.push.push(p.lanes, p.steps, s.tasks, s.ends);
+    s.push.push(p.lanes, p.steps, s.tasks, s.ends, {}, !p.pools);
+    s.undo.clear(); // pushed: the pool calls' changes stay
   } else {
     // Routines and copies: the transfers' bookkeeping around one push
     // (routine_push).
@@ -1116,7 +1129,6 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
       held.wrote(j, s.ends[l] - p.lane_steps[l] + p.step_ordinal[k]);
     }
   }
-  s.undo.clear(); // pushed: the pool calls' changes stay
   detail::replay_access::set(out, st, s.ends);
   // The lanes' last seqs bound the wrapped items' (a wait's entry reads
   // nothing of the round, so erring late only keeps it longer).
@@ -1139,7 +1151,9 @@ bool merge_buffers_fit(const detail::round_state& st) {
 }
 
 /// Builds `np` (node_plan): usable when every item is a named task, a
-/// memset or a wait (and, on this process's devices, a task or a routine), on a device of a node attached with a session or of this process
+/// memset, a pool call or a wait (and, on this process's devices, a task or
+/// a routine, not beside pool calls there), on a device of a node attached
+/// with a session or of this process
 /// (at least one on a node), and every wait is on an item of the round (or
 /// on an event of this process done when recorded). This process takes
 /// part as a node does (`host_rounds`). A wait between two participants'
@@ -1723,6 +1737,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   }
   // The device-side replay, when the round runs in this process: every
   // entry pushed at once, or none (docs/design.md, "Recorded rounds").
+  std::optional<uint64_t> retry; // the replay's number, when it goes call by call after all
   if (!m) {
     std::call_once(st->plan_once, [&st, this] {
       build_plan(*st, st->plan);
@@ -1740,8 +1755,18 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
     if (st->plan.usable && merge_buffers_fit(*st)) {
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;
-      replay_on_devices(*this, st, n, out);
-      return out;
+      try {
+        replay_on_devices(*this, st, n, out);
+        return out;
+      } catch (const device_error&) {
+        // A device failed or stopping refuses the whole push, where its
+        // `free_pool` call would release the pool at once and succeed:
+        // a round with pool calls goes call by call then (the tables are
+        // as before), as the calls would run.
+        if (!st->plan.pools)
+          throw;
+        retry = n;
+      }
     }
   }
   // When an item is refused part way too, the backend keeps the round while
@@ -1756,7 +1781,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
         detail::keep_for_replays(impl, st, out.items_);
     }
   };
-  const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
+  const uint64_t n = retry ? *retry : st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
   replay_events out;
   out.round_id_ = st->id;
   keep_on_throw guard{*impl_, st, out};

@@ -75,6 +75,36 @@ BOOST_AUTO_TEST_CASE(test_pool_table_replacing_hands_the_old_pool_back) {
   BOOST_TEST(t.find(1)->size == 128u);
 }
 
+// A refused replay's undo (recorded rounds' pool calls): the pool before
+// it goes back only where the table still holds what the replay left, so
+// another thread's call made since stays.
+BOOST_AUTO_TEST_CASE(test_pool_table_put_back_keeps_a_change_made_since) {
+  pool_table t{"cpu:0:1"};
+  t.install(1, 32, 8, std::nullopt, block(32));
+  auto before = t.find(1);
+  std::shared_ptr<multidev::detail::pool> made;
+  auto old = t.install(1, 64, 8, std::nullopt, block(64), &made);
+  BOOST_TEST(old == before);
+  BOOST_TEST(t.find(1) == made);
+  BOOST_TEST(t.put_back(1, old, made) == made); // undone: the one made comes out
+  BOOST_TEST(t.find(1) == before);
+  // A free undone: absent, then back.
+  auto taken = t.remove(1, "free_pool");
+  BOOST_TEST(!t.put_back(1, taken, nullptr));
+  BOOST_TEST(t.find(1) == before);
+  // Changed since: another call allocated id 1 again after the free.
+  taken = t.remove(1, "free_pool");
+  t.install(1, 16, 8, std::nullopt, block(16));
+  auto theirs = t.find(1);
+  BOOST_TEST(t.put_back(1, taken, nullptr) == taken); // handed back, table left alone
+  BOOST_TEST(t.find(1) == theirs);
+  // And an alloc undone after another call freed the pool it made.
+  old = t.install(1, 8, 8, std::nullopt, block(8), &made);
+  t.remove(1, "free_pool");
+  BOOST_TEST(t.put_back(1, old, made) == old);
+  BOOST_TEST(!t.find(1));
+}
+
 BOOST_AUTO_TEST_CASE(test_pool_table_used_memory_counts_every_pool_alive) {
   pool_table t{"cpu:0:1"};
   BOOST_TEST(t.used_memory() == 0u);

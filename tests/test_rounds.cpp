@@ -456,20 +456,42 @@ BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_replay_on_the_devices_whole_or_not_a
   BOOST_TEST(b.get_used_memory(d0) == 0u);
   expect_throw<std::invalid_argument>([&] { b.memset_zero(d0, pool, 0, 4); }, "pool 9");
 
-  // d1 failed: the push is refused after d0's pool calls changed its
-  // table; they are undone too (pool 3 is d0's again, pool 9 not).
+  // A named task on d1 that does not bind (d1 has no pool 9), made after
+  // d0's pool calls changed its table: they are undone too (pool 3 is
+  // d0's again, pool 9 not), and nothing was queued.
   b.alloc_pool(d0, 3, 64, 64);
-  b.schedule_task(d1, {"boom", [] { throw std::runtime_error("boom"); }});
-  expect_throw<device_error>([&] { bounded([&] { b.sync(b.all_work(d1)); }); }, "boom");
+  auto unbound = b.record("unbound", [&] {
+    b.alloc_pool(d0, pool, bytes, 64);
+    b.free_pool(d0, 3);
+    b.schedule_named(d1, {"fill", {whole, 1.0}});
+  });
   d0_before = b.all_work(d0).seq();
-  expect_throw<device_error>([&] { b.replay(r); }, "boom");
+  expect_throw<std::invalid_argument>([&] { b.replay(unbound); },
+                                      "replay: replay 1 of round 'unbound', item 'fill 2'");
   BOOST_TEST(b.all_work(d0).seq() == d0_before);
+  BOOST_TEST(b.all_work(d1).seq() == d1_before);
   BOOST_TEST(b.get_used_memory(d0) == 64u);
   b.memset_zero(d0, 3, 0, 64); // still in the table
   expect_throw<std::invalid_argument>([&] { b.memset_zero(d0, pool, 0, 4); }, "pool 9");
-  BOOST_TEST(b.recover(d1));
-  sync(b, b.replay(r).all_work_of(d0));
+
+  // d1 failed: its queue refuses the push, where a free_pool call there
+  // would release the pool at once; such a round goes call by call, as
+  // the calls would run: d0's items are queued, the task on d1 refused.
+  b.alloc_pool(d1, 4, 64, 64);
+  auto teardown = b.record("teardown", [&] { b.free_pool(d1, 4); });
+  b.schedule_task(d1, {"boom", [] { throw std::runtime_error("boom"); }});
+  expect_throw<device_error>([&] { bounded([&] { b.sync(b.all_work(d1)); }); }, "boom");
+  b.replay(teardown); // released at once on the failed device, as the call does
+  BOOST_TEST(b.get_used_memory(d1) == 0u);
+  expect_throw<device_error>([&] { b.replay(r); }, "boom");
+  sync(b, b.all_work(d0));
   BOOST_TEST(b.result("pools")->sum == 8.0);
+  BOOST_TEST(b.get_used_memory(d0) == 0u); // pools 9 and 3 freed by the calls
+  BOOST_TEST(b.recover(d1));
+  b.alloc_pool(d0, 3, 64, 64);
+  auto again = b.replay(r);
+  sync(b, again.all_work_of(d0));
+  BOOST_TEST(b.is_done(again.item(5)));
   BOOST_TEST(b.get_used_memory(d0) == 0u);
 }
 

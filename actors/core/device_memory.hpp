@@ -46,15 +46,20 @@ public:
   void free_pool(int id);
   /// `alloc_pool`'s change of the table without its release: returns the
   /// pool it replaced (null when none), whose release the caller orders
-  /// (a replay pushed at once, `round.cpp`). Throws as `alloc_pool`.
+  /// (a replay pushed at once, `round.cpp`). `made`: where to put the pool
+  /// made (when not null). Throws as `alloc_pool`.
   std::shared_ptr<pool> replace_pool(int id, std::size_t size, std::size_t alignment,
-                                     std::optional<memory_mode> mode);
+                                     std::optional<memory_mode> mode,
+                                     std::shared_ptr<pool>* made = nullptr);
   /// `free_pool`'s change of the table without its release: returns the
   /// pool taken out. Throws `std::invalid_argument` when there is none.
   std::shared_ptr<pool> take_pool(int id);
   /// Undoes `replace_pool` or `take_pool` (their work was not queued):
-  /// pool `id` is `old` again (none when null). Throws only `std::bad_alloc`.
-  void put_back(int id, std::shared_ptr<pool> old);
+  /// pool `id` is `old` again (none when null), unless the table no longer
+  /// holds `installed` there (the pool the call made; null for a
+  /// `take_pool`): another call changed it since, and that change stays.
+  /// Throws only `std::bad_alloc`.
+  void put_back(int id, std::shared_ptr<pool> old, const std::shared_ptr<pool>& installed);
   /// Zeroes `size` bytes of pool `id` at `offset`, ordered with the work;
   /// returns its seq. Never waits for room.
   uint64_t memset_zero(int id, std::size_t offset, std::size_t size);

@@ -20,7 +20,8 @@ void device_memory::alloc_pool(int id, std::size_t size, std::size_t alignment,
 
 std::shared_ptr<pool> device_memory::replace_pool(int id, std::size_t size,
                                                   std::size_t alignment,
-                                                  std::optional<memory_mode> mode) {
+                                                  std::optional<memory_mode> mode,
+                                                  std::shared_ptr<pool>* made) {
   table_.check_request(id, size, alignment, "alloc_pool");
   core_.life().check();
   if (core_.life().stopping())
@@ -33,15 +34,16 @@ std::shared_ptr<pool> device_memory::replace_pool(int id, std::size_t size,
       "alloc_pool on {}: pool {}: cannot allocate {} bytes aligned to {}", core_.name(),
       id, size, alignment));
   }
-  return table_.install(id, size, alignment, mode, std::move(mem));
+  return table_.install(id, size, alignment, mode, std::move(mem), made);
 }
 
 std::shared_ptr<pool> device_memory::take_pool(int id) {
   return table_.remove(id, "free_pool");
 }
 
-void device_memory::put_back(int id, std::shared_ptr<pool> old) {
-  table_.put_back(id, std::move(old));
+void device_memory::put_back(int id, std::shared_ptr<pool> old,
+                             const std::shared_ptr<pool>& installed) {
+  table_.put_back(id, std::move(old), installed); // dropped here, outside the lock
 }
 
 void device_memory::release_later(std::shared_ptr<pool> old, const char* what) {

@@ -52,8 +52,11 @@ void pool_table::check_request(int id, std::size_t size, std::size_t alignment,
 
 std::shared_ptr<pool> pool_table::install(int id, std::size_t size, std::size_t alignment,
                                           std::optional<memory_mode> mode,
-                                          std::unique_ptr<allocation> mem) {
+                                          std::unique_ptr<allocation> mem,
+                                          std::shared_ptr<pool>* made) {
   auto p = std::make_shared<pool>(id, size, alignment, mode, std::move(mem), used_);
+  if (made)
+    *made = p;
   std::lock_guard guard{mu_};
   auto& slot = pools_[id];
   auto old = std::move(slot);
@@ -71,9 +74,12 @@ std::shared_ptr<pool> pool_table::remove(int id, std::string_view who) {
   return old;
 }
 
-std::shared_ptr<pool> pool_table::put_back(int id, std::shared_ptr<pool> old) {
+std::shared_ptr<pool> pool_table::put_back(int id, std::shared_ptr<pool> old,
+                                           const std::shared_ptr<pool>& installed) {
   std::lock_guard guard{mu_};
   auto i = pools_.find(id);
+  if ((i == pools_.end() ? nullptr : i->second) != installed)
+    return old; // changed since: left as it is
   std::shared_ptr<pool> out;
   if (i != pools_.end()) {
     out = std::move(i->second);

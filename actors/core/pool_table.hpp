@@ -52,17 +52,21 @@ public:
   void check_request(int id, std::size_t size, std::size_t alignment, std::string_view who) const;
   /// Makes a pool of `mem` and puts it in the table as `id`; returns the
   /// pool it replaces there (null when none), which the caller releases in
-  /// its turn.
+  /// its turn. `made`: where to put the pool made (when not null).
   std::shared_ptr<pool> install(int id, std::size_t size, std::size_t alignment,
-                                std::optional<memory_mode> mode, std::unique_ptr<allocation> mem);
+                                std::optional<memory_mode> mode, std::unique_ptr<allocation> mem,
+                                std::shared_ptr<pool>* made = nullptr);
   /// Takes pool `id` out of the table and returns it; throws
   /// `std::invalid_argument` starting with `who` when there is none.
   std::shared_ptr<pool> remove(int id, std::string_view who);
   /// Puts `old` back in the table as `id` (takes `id` out when `old` is
-  /// null): undoes an `install` or a `remove` whose work was not queued.
-  /// Returns the pool it takes out (null when none). Throws only
-  /// `std::bad_alloc`.
-  std::shared_ptr<pool> put_back(int id, std::shared_ptr<pool> old);
+  /// null) if `id` is still `installed` (null: absent): undoes an `install`
+  /// or a `remove` whose work was not queued, unless another call changed
+  /// `id` since (then the table is left as it is). Returns the pool it
+  /// takes out, or `old` when it left the table alone (null when none), for
+  /// the caller to drop outside the lock. Throws only `std::bad_alloc`.
+  std::shared_ptr<pool> put_back(int id, std::shared_ptr<pool> old,
+                                 const std::shared_ptr<pool>& installed);
   /// The pool now in the table as `id`, or null.
   std::shared_ptr<pool> find(int id) const;
   /// The pool now in the table that holds bytes `[offset, offset + size)`.

@@ -380,7 +380,9 @@ public:
   /// fails says `replay N of round 'R', item 'I': ` in front of its error.
   /// Throws `std::invalid_argument` for an empty round or one recorded by
   /// another backend, and, prefixed the same way, when an item is refused
-  /// (a pool it uses was freed): the items before it stay scheduled.
+  /// (a pool it uses was freed): a round replayed at once (docs/api.md,
+  /// "Recorded rounds") then schedules nothing (its pool calls undone),
+  /// one replayed call by call keeps the items before it scheduled.
   /// Before anything is scheduled, throws `device_error` naming the device,
   /// its node's loss and the round when a device the round touches is lost
   /// (its node was killed or its session ended): replay it with a remap.
