@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -731,6 +732,41 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_schedule
   });
   expect_throw<std::invalid_argument>([&] { b.replay(own, {{d0, d2}}); },
                                       "item 'memset_zero 9 3' uses pool 9 of " + d0.name());
+}
+
+// Two host threads replaying one round at once (the plan is shared, the
+// scratch per thread): every replay runs whole, once, each device's part
+// in its order, and the replays' numbers are all distinct.
+BOOST_AUTO_TEST_CASE(test_rounds_two_threads_replay_one_round_at_once) {
+  backend b{on_test_driver(backend_options{.num_devices = 2})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1);
+  std::atomic<int> first{0}, second{0}, out_of_order{0};
+  auto r = b.record("shared", [&] {
+    b.schedule_task(d0, {"first", [&] { ++first; }});
+    b.will_wait_for(b.make_context(d1), b.all_work(d0));
+    b.schedule_task(d1, {"second", [&] {
+                           // d1's item of a replay runs after d0's of it: never more
+                           // seconds than firsts.
+                           if (++second > first.load())
+                             ++out_of_order;
+                         }});
+  });
+  constexpr int per_thread = 300;
+  auto replay_many = [&] {
+    for (int k = 0; k < per_thread; ++k)
+      b.replay(r);
+  };
+  std::thread other{replay_many};
+  replay_many();
+  other.join();
+  sync(b, b.all_work(d0));
+  sync(b, b.all_work(d1));
+  BOOST_TEST(r.state()->plan.usable);
+  BOOST_TEST(first.load() == 2 * per_thread);
+  BOOST_TEST(second.load() == 2 * per_thread);
+  BOOST_TEST(out_of_order.load() == 0);
+  BOOST_TEST(r.replays() == uint64_t{2 * per_thread});
+  BOOST_TEST(info_field(b.get_debug_info(d1), "pending_waits") == "0");
 }
 
 // The device-side replay (a round whose items all run in this process):
