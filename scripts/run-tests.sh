@@ -35,22 +35,36 @@ done_with() {
   fi
 }
 
+# Each step's time, so a slow run shows which step grew.
+started=$SECONDS
+mark=$SECONDS
+timed() {
+  echo "run-tests: $1 took $((SECONDS - mark)) s ($((SECONDS - started)) s so far)"
+  mark=$SECONDS
+}
+
 MULTIDEV_SETUP=tests MULTIDEV_EXTRA_PACKAGES=chromium scripts/setup.sh
+timed "setup and the default build"
 ctest --preset default
+timed "the default suite"
 done_with build
 
 if [ "${MULTIDEV_SANITIZE:-1}" != 0 ]; then
   cmake --preset sanitize >/dev/null
   cmake --build --preset sanitize
+  timed "the sanitizer build"
   ctest --preset sanitize
+  timed "the sanitizer suite"
   done_with build-sanitize
 fi
 
 if [ "${MULTIDEV_FUZZ:-1}" != 0 ]; then
   scripts/run-fuzz.sh 60
+  timed "the fuzz build and run"
   done_with build-fuzz
 fi
 
 if [ "${MULTIDEV_TSAN:-1}" != 0 ]; then
   scripts/run-tsan.sh --core
+  timed "the TSan build and core suite"
 fi
