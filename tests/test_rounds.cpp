@@ -492,6 +492,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_replay_on_the_devices_whole_or_not_a
   b.alloc_pool(d0, 3, 64, 64);
   auto again = b.replay(r);
   sync(b, again.all_work_of(d0));
+  sync(b, again.all_work_of(d1));
   BOOST_TEST(b.is_done(again.item(5)));
   BOOST_TEST(b.get_used_memory(d0) == 0u);
 }
