@@ -414,7 +414,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_memsets_replay_on_the_devices) {
 // as its step is made (so the steps after it see the pool), with an order
 // releasing the pool replaced or freed once the work before it is done, as
 // the calls do. A replay refused whole (a pool call the device refuses
-// now, or another device failed) leaves every table as it was.
+// now, another item that does not bind) leaves every table as it was; one
+// on a failed device goes call by call, as the calls would run.
 BOOST_AUTO_TEST_CASE(test_rounds_pool_calls_replay_on_the_devices_whole_or_not_at_all) {
   auto o = on_test_driver(backend_options{.num_devices = 2});
   o.trace_capacity = 64;

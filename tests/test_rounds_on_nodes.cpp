@@ -196,6 +196,26 @@ void expect_items_done(backend& c, const replay_events& ev) {
   }
 }
 
+/// Replays `r` three times; every item of the last is done, node a holds
+/// the round's part and ran the three, and the named checksums `on_node`
+/// (of a0) and `here` (of this process) summed `node_sum` and `here_sum`.
+void replay_thrice_and_expect_sums(nodes_here& n, const multidev::round& r, const std::string& on_node,
+                                   double node_sum, const std::string& here, double here_sum) {
+  auto& c = *n.client;
+  replay_events ev;
+  for (int k = 0; k < 3; ++k)
+    ev = c.replay(r);
+  expect_items_done(c, ev);
+  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
+             n.debug(n.actor_a));
+  auto node_result = c.result(n.a0, on_node);
+  BOOST_REQUIRE(node_result.has_value());
+  BOOST_TEST(node_result->sum == node_sum);
+  auto here_result = c.result(here);
+  BOOST_REQUIRE(here_result.has_value());
+  BOOST_TEST(here_result->sum == here_sum);
+}
+
 /// Both nodes' debug text holds `rounds` (their `(rounds ...)` counts).
 void expect_rounds_on_both(nodes_here& n, const std::string& rounds) {
   for (const auto& node : {n.actor_a, n.actor_b}) {
@@ -795,18 +815,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_memsets_replay_on_the_nodes_and_here) 
     c.schedule_named(h0, {"checksum", {whole, std::string{"here zero"}}});
     c.memset_zero(n.a0, pool + 1, 0, 4);
   });
-  replay_events ev;
-  for (int k = 0; k < 3; ++k)
-    ev = c.replay(r);
-  expect_items_done(c, ev);
-  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
-             n.debug(n.actor_a));
-  auto on_node = c.result(n.a0, "node zero");
-  BOOST_REQUIRE(on_node.has_value());
-  BOOST_TEST(on_node->sum == 2.0 * 4);
-  auto here = c.result("here zero");
-  BOOST_REQUIRE(here.has_value());
-  BOOST_TEST(here->sum == 1.0 * 6); // floats 1 and 2 zeroed
+  replay_thrice_and_expect_sums(n, r, "node zero", 2.0 * 4,
+                                "here zero", 1.0 * 6); // here: floats 1 and 2 zeroed
   // A memset's pool freed on the node: the node refuses its part of the
   // next replay, naming the memset.
   c.free_pool(n.a0, pool + 1);
@@ -843,18 +853,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_pool_calls_replay_on_the_nodes_within_
     c.schedule_named(h0, {"checksum", {whole, std::string{"here pools"}}});
     c.free_pool(h0, pool);
   });
-  replay_events ev;
-  for (int k = 0; k < 3; ++k)
-    ev = c.replay(r);
-  expect_items_done(c, ev);
-  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 3) (early 0) (dropped 0))"),
-             n.debug(n.actor_a));
-  auto on_node = c.result(n.a0, "node pools");
-  BOOST_REQUIRE(on_node.has_value());
-  BOOST_TEST(on_node->sum == 2.0 * 8);
-  auto here = c.result("here pools");
-  BOOST_REQUIRE(here.has_value());
-  BOOST_TEST(here->sum == 1.0 * 8);
+  replay_thrice_and_expect_sums(n, r, "node pools", 2.0 * 8, "here pools", 1.0 * 8);
   BOOST_TEST(c.get_used_memory(n.a0) == 0u);
   BOOST_TEST(c.get_used_memory(h0) == 0u);
 
