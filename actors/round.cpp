@@ -191,6 +191,50 @@ void memset_step(device_core& core, const round_state& st, std::size_t i, uint64
   t.keep_alive = std::move(pool);
 }
 
+/// `t`: step `k` of `st`, one end of a copy (`round_step::send` or
+/// `write`) on `core`, as replay `n`'s step: a send reads the span `at`
+/// names into `bytes`, a write writes `bytes` into it, each through the
+/// device's driver in its order, the span's pool looked up now and held
+/// until it runs. Throws `std::invalid_argument` with the item's
+/// provenance when the span is not in a pool there.
+void copy_end_step(device_core& core, const round_state& st, std::size_t k, uint64_t n,
+                   bool send, const buffer_arg& at, const std::shared_ptr<round_bytes>& bytes,
+                   bulk_task& t) {
+  if (!bytes)
+    throw std::logic_error("push_part: a copy's step without its bytes");
+  auto pool = as_item(st, n, k, [&] {
+    return core.pools().span(at.loc.pool_id, at.loc.offset, at.size_in_bytes,
+                             send ? "device_to_device (source)"
+                                  : "device_to_device (destination)");
+  });
+  auto* drv = &core.drv();
+  std::byte* p = pool->base() + at.loc.offset;
+  auto size = at.size_in_bytes;
+  if (send) {
+    t.work = with_provenance{[drv, p, size, bytes] {
+                               bytes->data.resize(size);
+                               drv->copy(reinterpret_cast<std::byte*>(bytes->data.data()), p,
+                                         size);
+                             },
+                             &st, k, n};
+  } else {
+    // The gate before it opened once the bytes were whole (`done` checks
+    // each part): fewer here is a logic error, failed rather than copied.
+    t.work = with_provenance{[drv, p, size, bytes] {
+                               if (bytes->data.size() != size)
+                                 throw std::runtime_error(fmt::format(
+                                   "device_to_device: {} of the copy's {} bytes came",
+                                   bytes->data.size(), size));
+                               drv->copy(p, reinterpret_cast<const std::byte*>(bytes->data.data()),
+                                         size);
+                             },
+                             &st, k, n};
+  }
+  t.description = st.items[k].name;
+  t.kind = trace_kind::copy;
+  t.keep_alive = std::move(pool);
+}
+
 /// A pool call of a replay pushed at once, undone when the replay is
 /// refused: pool `id` of `core` was `old` before it, and the call left
 /// `installed` there (null for a `free_pool`).
@@ -521,7 +565,8 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<const bulk_step> steps, std::span<const round_step* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
                std::span<uint64_t> ends, const std::shared_ptr<round_state>& source,
-               std::span<const int32_t> closures) {
+               std::span<const int32_t> closures,
+               std::span<const std::shared_ptr<round_bytes>> bytes) {
   auto g = replay_scratch::use(steps.size(), lanes.size());
   auto& s = g.s;
   std::vector<const routine*> routines;
@@ -542,6 +587,10 @@ void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
         pool_step(*cores[steps[k].lane], *st, k, n, rs->op == round_step::alloc,
                   pool.loc.pool_id, pool.size_in_bytes, rs->alignment, mode, s.tasks[k],
                   s.orders, s.undo, impl.guard.get());
+      } else if (rs->op == round_step::send || rs->op == round_step::write) {
+        copy_end_step(*cores[steps[k].lane], *st, k, n, rs->op == round_step::send,
+                      std::get<buffer_arg>(rs->spec.args.at(0)),
+                      k < bytes.size() ? bytes[k] : nullptr, s.tasks[k]);
       } else {
         s.bind(cores[steps[k].lane], rs->spec, *st, k, n, s.tasks[k]);
       }
@@ -1357,8 +1406,59 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(step))});
       break;
     }
+    case kind::copy: {
+      // A send on the source's lane (a read in its order, as the call's)
+      // and, on the destination's, a wait for the bytes (on the send, the
+      // same node or process; or on the item from the source's node, whose
+      // notice carries them) and their write (in its order, the item's
+      // event) into the destination's buffer, or into its merge buffer
+      // (pool 0 at 0) when that is large enough already (the call grows
+      // it). Into a device of this process, each replay makes the write
+      // the node's writer there (`copies_here`), as the call does.
+      auto ws = locate(it.src.device);
+      if (!ws || it.src.device == it.dev)
+        return refuse();
+      const auto size = it.node.size_in_bytes;
+      auto from = it.src.buffers.find(it.node);
+      if (from == it.src.buffers.end())
+        return refuse(); // not recorded so (record_copy): the calls say why
+      buffer_loc to{0, 0};
+      if (it.into == merge_buffer_use::no) {
+        auto at = it.ctx.buffers.find(it.node);
+        if (at == it.ctx.buffers.end())
+          return refuse();
+        to = at->second;
+      } else {
+        auto& drec = record_of(it.dev);
+        std::lock_guard guard{drec.mu};
+        if (drec.merge_buffer_capacity < size)
+          return refuse();
+      }
+      round_step send{item, 0, -1, 0, 0, it.name, {}, {}};
+      send.spec.args.emplace_back(buffer_arg{from->second, size});
+      send.op = round_step::send;
+      auto sent = add_step(*ws, std::move(send));
+      round_step wait{item, 0, sent, 0, 0, it.name, {}, {}};
+      if (ws->node != w->node) {
+        wait.wait_on = detail::bulk_step::external;
+        wait.peer = peer_of(w->node, ws->node);
+        wait.peer_item = item;
+        wait.peer_device = np.nodes[ws->node].lanes[ws->lane].name();
+        auto& source = np.nodes[ws->node].part;
+        source.notify_steps.push_back(static_cast<uint32_t>(sent));
+        source.notify_peers.push_back(peer_of(ws->node, w->node));
+      }
+      add_step(*w, std::move(wait));
+      round_step write{item, 0, -1, 0, 0, it.name, {}, {}};
+      write.spec.args.emplace_back(buffer_arg{to, size});
+      write.op = round_step::write;
+      np.item_events.push_back({w->node, w->lane, add_step(*w, std::move(write))});
+      if (np.nodes[w->node].here)
+        np.copies_here.push_back(item);
+      break;
+    }
     default:
-      return refuse(); // a copy
+      return refuse();
     }
   }
   // Routines pin their pools before this process's part is pushed: with
@@ -1544,6 +1644,22 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
         throw device_error(nd.name, fmt::format("replay {} of round '{}': the backend shut down",
                                                 n, st->name));
       r->ends = np.host->rounds->run(nd.round, n, slots_of(nd), false);
+    }
+    // Its copies' writes are the nodes' writers here now, as the calls'.
+    for (auto i : np.copies_here) {
+      const auto& it = st->items[i];
+      const auto& at = np.item_events[i];
+      if (at.node != x)
+        continue;
+      event done{nd.eps[at.lane],
+                 r->ends[at.lane] - nd.lane_steps[at.lane]
+                   + nd.step_ordinal[static_cast<std::size_t>(at.step)]};
+      auto& rec = record_of(it.dev);
+      std::lock_guard guard{rec.mu};
+      if (it.into == merge_buffer_use::no)
+        rec.updating_for[it.node] = done;
+      else
+        rec.updating_for_merge_buffer.emplace(it.node, done);
     }
     r->flag.store(1, std::memory_order_release);
     here[x] = std::move(r);

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <mutex>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -172,6 +173,10 @@ struct node_plan {
   std::vector<item_event> item_events;
   /// `round_state::devices[i]`'s node and lane.
   std::vector<std::pair<uint32_t, uint32_t>> device_lane;
+  /// The copies into devices of this process: each replay makes its write
+  /// the destination's writer of the node (`updating_for`, or of its merge
+  /// buffer), as the call does, once this process's part is pushed.
+  std::vector<uint32_t> copies_here;
   /// Whether the parts were sent (under `install_mu`).
   std::mutex install_mu;
   /// Held while a replay takes its number and sends its messages: a node
@@ -288,6 +293,21 @@ event recorded_all_work(const backend_impl& impl, const device& d);
 void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st,
                       std::span<const std::pair<const device_core*, uint64_t>> pushed);
 
+/// The bytes of one copy of a replay on the nodes (`round_step::send` and
+/// `write`): the read fills them on the source's runner (same node) or
+/// the notices from the source's node do (`session_rounds::done`); the
+/// write reads them once the gate before it opened, which that filling
+/// happens before.
+struct round_bytes {
+  /// The span's size.
+  uint64_t size = 0;
+  std::string data;
+  /// The parts come so far (offset -> size) and their bytes in all (the
+  /// destination's node; a part may come before an earlier one).
+  std::map<uint64_t, uint64_t> parts;
+  uint64_t received = 0;
+};
+
 /// A node's replay of its part of a round (actors/remote/node_rounds.cpp):
 /// each task step's spec bound on its lane (`specs[k]`, null for a wait;
 /// a memset's order made, its pool looked up) and
@@ -299,14 +319,17 @@ void keep_for_replays(backend_impl& impl, const std::shared_ptr<round_state>& st
 /// for a spec that does not bind, with nothing queued. This process's part
 /// (`host_rounds`) may hold closures too: a task step whose spec is null
 /// runs item `closures[k]` of `source` (the recorded round, kept while the
-/// replay's items may run, as a local replay keeps it).
+/// replay's items may run, as a local replay keeps it). A copy's `send`
+/// and `write` steps read and write `bytes[k]` (per step; null for the
+/// others).
 void push_part(backend_impl& impl, const std::shared_ptr<round_state>& st,
                std::span<device_core* const> lanes,
                std::span<const std::shared_ptr<device_core>> cores,
                std::span<const bulk_step> steps, std::span<const round_step* const> specs,
                uint64_t n, std::span<const std::shared_ptr<gate>> external,
                std::span<uint64_t> ends, const std::shared_ptr<round_state>& source = {},
-               std::span<const int32_t> closures = {});
+               std::span<const int32_t> closures = {},
+               std::span<const std::shared_ptr<round_bytes>> bytes = {});
 
 /// The routines of a replay pushed at once (`replay_plan`, a `host_rounds`
 /// part): what `backend::run` does around its push, for all of them under

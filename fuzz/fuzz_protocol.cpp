@@ -238,12 +238,13 @@ round_part part(FuzzedDataProvider& in, const caf::actor& some) {
     st.peer = small_or_extreme<uint32_t>(in, 2);
     st.peer_item = small_or_extreme<uint32_t>(in, 16);
     st.name = text(in);
-    st.op = in.ConsumeIntegralInRange<uint8_t>(0, 4);
-    if (st.op == round_step::zero && in.ConsumeBool())
+    st.op = in.ConsumeIntegralInRange<uint8_t>(0, 6);
+    if ((st.op == round_step::zero || st.op == round_step::send || st.op == round_step::write)
+        && in.ConsumeBool())
       st.spec = task_spec{{},
                           {buffer_arg{buffer_loc{small_or_extreme<int>(in, 3),
                                                  small_or_extreme<std::size_t>(in, 4096)},
-                                      small_or_extreme<std::size_t>(in, 4096)}}}; // a memset's span
+                                      small_or_extreme<std::size_t>(in, 4096)}}}; // a memset's or a copy's span
     else if ((st.op == round_step::alloc || st.op == round_step::free) && in.ConsumeBool()) {
       // A pool call: the pool at offset 0 (mostly), its size, alignment and
       // mode (the session's quota bounds what an alloc_pool takes).
@@ -437,6 +438,10 @@ void one_message(FuzzedDataProvider& in, world& w, const session& s, caf::scoped
         x.seq = seq();
         if (in.ConsumeBool())
           x.error = make_error(errc::device_failed, text(in), text(in));
+        if (in.ConsumeBool()) { // a copy's bytes
+          x.offset = small_or_extreme<uint64_t>(in, 4096);
+          x.bytes = text(in);
+        }
         v.push_back(std::move(x));
       }
       self->send(w.node, round_done_atom::value, in.ConsumeBool() ? s.id : extreme<uint64_t>(in),

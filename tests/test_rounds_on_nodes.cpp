@@ -442,9 +442,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the
   BOOST_TEST(contains(put(p), "peer 0 is this node itself"));
   p = good;
   p.round = 1007;
-  p.steps[0].op = 4;
-  BOOST_TEST(contains(put(p), "step 0 has op 4, not 0 (a task), 1 (a memset), 2 (an alloc_pool) "
-                              "or 3 (a free_pool)"));
+  p.steps[0].op = 6;
+  BOOST_TEST(contains(put(p), "step 0 has op 6, not 0 (a task), 1 (a memset), 2 (an alloc_pool), "
+                              "3 (a free_pool), 4 (a copy's send) or 5 (a copy's write)"));
   p = good;
   p.round = 1013;
   p.steps[0].op = round_step::alloc;
@@ -491,6 +491,54 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_malformed_part_is_refused_naming_the
   p.slot_steps = {0};
   p.slot_args = {0};
   BOOST_TEST(contains(put(p), "slot 0 names argument 0 of step 0, which has no such argument"));
+  // A copy's ends: a send on device 0, a wait for it and the write on 1.
+  auto end = [](uint8_t op, uint32_t lane, std::size_t size) {
+    round_step s{5, lane, -1, 0, 0, "copy 5", {}, task_spec{{}, {buffer_arg{buffer_loc{1, 0}, size}}}};
+    s.op = op;
+    return s;
+  };
+  round_part copy;
+  copy.round = 1020;
+  copy.name = "copy";
+  copy.devices = {0, 1};
+  copy.steps = {end(round_step::send, 0, 4), round_step{5, 1, 0, 0, 0, "copy 5", {}, {}},
+                end(round_step::write, 1, 4)};
+  BOOST_TEST(put(copy) == "accepted");
+  p = copy;
+  p.round = 1021;
+  p.steps.erase(p.steps.begin() + 1);
+  BOOST_TEST(contains(put(p), "step 1 writes the bytes of item 5 with no earlier wait for them "
+                              "on its device"));
+  p = copy;
+  p.round = 1022;
+  p.steps.resize(1);
+  BOOST_TEST(contains(put(p), "step 0 sends item 5, which no write here and no peer takes"));
+  p = copy;
+  p.round = 1023;
+  p.steps[2] = end(round_step::write, 1, 8);
+  BOOST_TEST(contains(put(p), "step 2 writes 8 bytes of item 5, whose send (step 0) reads 4"));
+  p = copy;
+  p.round = 1024;
+  p.steps = {end(round_step::write, 1, 4)};
+  BOOST_TEST(contains(put(p), "step 0 writes item 5, which no step here awaits from a peer"));
+  p = copy;
+  p.round = 1025;
+  p.steps.push_back(end(round_step::write, 0, 4));
+  BOOST_TEST(contains(put(p), "steps 2 and 3 are both the write of item 5"));
+  p = copy;
+  p.round = 1026;
+  p.steps[0].lane = 1;
+  BOOST_TEST(contains(put(p), "step 1 waits on step 0 of its own device"));
+  p = copy;
+  p.round = 1027;
+  p.steps[2].spec.kernel = "fill";
+  BOOST_TEST(contains(put(p), "step 2 is a copy's write but not one buffer argument and no kernel"));
+  p = copy;
+  p.round = 1028;
+  p.peers.push_back(round_peer{n.actor_b, 1, "b", "", 0});
+  p.notify_steps = {0};
+  p.notify_peers = {0};
+  BOOST_TEST(contains(put(p), "step 0 sends item 5 to 2 takers (the part's write or one peer)"));
   BOOST_TEST(contains(put(good), "holds a part of round 1000 already"));
   // Only the session's client sends it rounds: node b's system is refused.
   {
@@ -901,4 +949,258 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_let_go_while_another_repl
   BOOST_TEST(test_support::eventually(
                [&] { return contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 4)"); }),
              n.debug(n.actor_a));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_copies_replay_on_the_nodes_one_message_per_node) {
+  // A copy between two devices of one node (a0 -> a1) and one between two
+  // nodes (a0 -> b0, 3 MiB and a bit: four notices of bytes) are steps of
+  // the nodes' parts: a read on a0 in a0's order, a write in the
+  // destination's order after a wait for the bytes (in node a's part; from
+  // node a, node to node). The round replays as one message per node, and
+  // each replay copies what its own iota wrote.
+  nodes_here n;
+  auto& c = *n.client;
+  constexpr std::size_t floats = (std::size_t{3} << 18) + 64;
+  auto t = test_support::node(1, "t", floats);
+  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
+  auto ca1 = c.alloc_node(c.make_context(n.a1), t);
+  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
+  const auto bytes = t.size_in_bytes;
+  buffer_arg on_a0{ca0.buffers.at(t), bytes}, on_a1{ca1.buffers.at(t), bytes},
+    on_b0{cb0.buffers.at(t), bytes};
+  event iota;
+  auto r = c.record("copies", [&] {
+    iota = c.schedule_named(n.a0, {"iota", {on_a0, 0.0}});
+    c.schedule_named(n.a0, {"checksum", {on_a0, std::string{"a0"}}});
+    c.device_to_device(t, merge_buffer_use::no, ca1, ca0);
+    c.device_to_device(t, merge_buffer_use::no, cb0, ca0);
+    c.schedule_named(n.a1, {"checksum", {on_a1, std::string{"a1"}}});
+    c.schedule_named(n.b0, {"checksum", {on_b0, std::string{"b0"}}});
+  });
+  auto start = r.slot(iota, 1);
+  replay_events ev;
+  uint64_t last_hash = 0;
+  for (int k = 1; k <= 3; ++k) {
+    r.arg(start) = 1000.0 * k;
+    ev = c.replay(r);
+    expect_items_done(c, ev);
+    auto a0 = c.result(n.a0, "a0"), a1 = c.result(n.a1, "a1"), b0 = c.result(n.b0, "b0");
+    BOOST_TEST_REQUIRE((a0 && a1 && b0));
+    BOOST_TEST(a0->count == floats);
+    BOOST_TEST(a0->hash != last_hash, "replay " << k); // this replay's iota
+    last_hash = a0->hash;
+    BOOST_TEST((*a1 == *a0), "replay " << k);
+    BOOST_TEST((*b0 == *a0), "replay " << k);
+  }
+  // The copies' events are their writes, on the destinations.
+  BOOST_TEST((ev.item(2).key() == n.a1.key()));
+  BOOST_TEST((ev.item(3).key() == n.b0.key()));
+  expect_rounds_on_both(n, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copy_fails_with_its_source_and_is_waited_on_across_nodes) {
+  // a0 fails before its copies read: the writes on a1 (same node) and b0
+  // (node b) fail with a0's failure, and a1's wait on b0's copy (node b to
+  // node a) carries it on; recovered, the next replay copies again.
+  nodes_here n;
+  auto& c = *n.client;
+  auto t = test_support::node(1, "t", 16);
+  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
+  auto ca1 = c.alloc_node(c.make_context(n.a1), t);
+  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
+  buffer_arg on_a0{ca0.buffers.at(t), t.size_in_bytes},
+    at_b0{cb0.buffers.at(t), t.size_in_bytes};
+  event maybe, to_b;
+  auto r = c.record("step", [&] {
+    c.schedule_named(n.a0, {"fill", {on_a0, 3.0}});
+    maybe = c.schedule_named(n.a0, {"test_maybe_fail", {int64_t{0}}});
+    c.device_to_device(t, merge_buffer_use::no, ca1, ca0);
+    c.device_to_device(t, merge_buffer_use::no, cb0, ca0);
+    to_b = c.all_work(n.b0);
+    c.will_wait_for(c.make_context(n.a1), to_b);
+    c.schedule_named(n.a1, note("a1 after b0's copy"));
+    c.schedule_named(n.b0, {"checksum", {at_b0, std::string{"b0"}}});
+  });
+  auto fail = r.slot(maybe, 0);
+  the_log().take();
+  sync_all(c, c.replay(r));
+  BOOST_TEST(the_log().take() == std::vector<std::string>{"a1 after b0's copy"},
+             boost::test_tools::per_element());
+  r.arg(fail) = 1;
+  auto ev = c.replay(r);
+  auto on_a1 = expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "a planned failure");
+  BOOST_TEST(contains(on_a1, "replay 2 of round 'step'"), on_a1);
+  auto on_b0 = expect_throw<device_error>([&] { sync(c, ev.item(3)); }, "a planned failure");
+  BOOST_TEST(contains(on_b0, "waited for " + n.a0.name() + " seq "), on_b0);
+  for (const auto& d : {n.a0, n.a1, n.b0})
+    BOOST_TEST(c.recover(d));
+  r.arg(fail) = 0;
+  auto again = c.replay(r);
+  sync_all(c, again);
+  auto b0 = c.result(n.b0, "b0");
+  BOOST_TEST_REQUIRE(b0.has_value());
+  BOOST_TEST(b0->sum == 3.0 * 16);
+  BOOST_TEST(the_log().take() == std::vector<std::string>{"a1 after b0's copy"},
+             boost::test_tools::per_element());
+}
+
+/// Node a's system (a peer of the rounds on b: its session there admits it)
+/// sending b notices of a copy's bytes for item `item` of replay `replay`:
+/// `parts` (offset, size) of `fill` bytes, for each round id the client's
+/// may be (0 to 64).
+void send_bytes_as_node_a(nodes_here& n, uint64_t replay, uint32_t item,
+                          const std::vector<std::pair<uint64_t, std::size_t>>& parts,
+                          char fill = 'x') {
+  caf::scoped_actor liar{*n.sys_a};
+  std::vector<round_notice> notices;
+  for (uint64_t round = 0; round < 65; ++round)
+    for (auto [offset, size] : parts) {
+      round_notice x;
+      x.round = round;
+      x.replay = replay;
+      x.item = item;
+      x.offset = offset;
+      x.bytes.assign(size, fill);
+      notices.push_back(std::move(x));
+    }
+  liar->send(n.actor_b, atoms::round_done_atom::value, uint64_t{1}, std::move(notices));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_peer_that_lies_about_a_copys_bytes_fails_the_copy) {
+  // Node a's system sends b bytes of replay 1's copy twice over, then (b0
+  // recovered) past the end of replay 2's, before a0 has read: b fails
+  // each copy naming what came, and the real bytes that follow are
+  // dropped; replay 3 copies.
+  nodes_here n;
+  auto& c = *n.client;
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  auto t = test_support::node(1, "t", 16);
+  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
+  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
+  buffer_arg on_a0{ca0.buffers.at(t), t.size_in_bytes};
+  auto r = c.record("copy", [&] {
+    c.schedule_named(n.a0, {"test_hold", {}});
+    c.schedule_named(n.a0, {"fill", {on_a0, 2.0}});
+    c.device_to_device(t, merge_buffer_use::no, cb0, ca0);
+  });
+  auto text = n.debug(n.actor_b);
+  BOOST_TEST_REQUIRE(contains(text, "(session (id 1)"), text);
+  auto first = c.replay(r);
+  auto copied = first.item(2); // b replied: pushed
+  send_bytes_as_node_a(n, 1, 2, {{0, 8}, {4, 8}});
+  expect_throw<device_error>([&] { sync(c, copied); },
+                             "node a sent bytes [4, 12) of copy 2 of replay 1 of round 'copy', "
+                             "some of which had come already (8 of its 64 bytes had come)");
+  BOOST_TEST(c.recover(n.b0));
+  auto second = c.replay(r);
+  copied = second.item(2);
+  send_bytes_as_node_a(n, 2, 2, {{0, t.size_in_bytes + 1}});
+  expect_throw<device_error>([&] { sync(c, copied); },
+                             "node a sent bytes [0, 65) of copy 2 of replay 2 of round 'copy', "
+                             "past its 64 bytes");
+  BOOST_TEST(c.recover(n.b0));
+  gate.open();
+  sync(c, second.all_work_of(n.a0));
+  hold_gate = nullptr;
+  // a's real bytes came for waits failed already: dropped, counted (with
+  // the notices for other round ids: 64 * 3).
+  BOOST_TEST(test_support::eventually([&] { return contains(n.debug(n.actor_b), "(dropped 194)"); }),
+             n.debug(n.actor_b));
+  auto third = c.replay(r);
+  sync(c, third.item(2));
+  auto sum = c.schedule_named(n.b0, {"checksum", {buffer_arg{cb0.buffers.at(t), t.size_in_bytes},
+                                                  std::string{"b0"}}});
+  sync(c, sum);
+  auto b0 = c.result(n.b0, "b0");
+  BOOST_TEST_REQUIRE(b0.has_value());
+  BOOST_TEST(b0->sum == 2.0 * 16);
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copys_bytes_may_come_before_their_replay_and_out_of_order) {
+  // Bytes of replay 2's copy come to b before b has pushed replay 2, their
+  // second half first: b holds them, and the replay's write takes them
+  // whole (here node a's system sends zeros before a0 has read its 2s: b0
+  // gets the zeros; a's own bytes, later, are dropped).
+  nodes_here n;
+  auto& c = *n.client;
+  auto t = test_support::node(1, "t", 16);
+  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
+  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
+  buffer_arg on_a0{ca0.buffers.at(t), t.size_in_bytes},
+    on_b0{cb0.buffers.at(t), t.size_in_bytes};
+  auto r = c.record("copy", [&] {
+    c.schedule_named(n.a0, {"test_hold", {}});
+    c.schedule_named(n.a0, {"fill", {on_a0, 2.0}});
+    c.device_to_device(t, merge_buffer_use::no, cb0, ca0);
+    c.schedule_named(n.b0, {"checksum", {on_b0, std::string{"b0"}}});
+  });
+  sync_all(c, c.replay(r)); // the parts are on the nodes
+  auto b0 = c.result(n.b0, "b0");
+  BOOST_TEST_REQUIRE(b0.has_value());
+  BOOST_TEST(b0->sum == 2.0 * 16);
+  send_bytes_as_node_a(n, 2, 2, {{32, 32}, {0, 32}}, '\0');
+  BOOST_TEST(test_support::eventually([&] { return contains(n.debug(n.actor_b), "(early 2)"); }),
+             n.debug(n.actor_b));
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  auto ev = c.replay(r);
+  sync(c, ev.item(3)); // b0's checksum, behind the write of the early bytes
+  b0 = c.result(n.b0, "b0");
+  BOOST_TEST_REQUIRE(b0.has_value());
+  BOOST_TEST(b0->sum == 0.0);
+  BOOST_TEST(b0->count == 16u);
+  gate.open();
+  sync(c, ev.all_work_of(n.a0));
+  hold_gate = nullptr;
+  BOOST_TEST(test_support::eventually([&] {
+               auto text = n.debug(n.actor_b);
+               return contains(text, "(early 0) (dropped 129)");
+             }),
+             n.debug(n.actor_b));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_copies_between_here_and_the_nodes_replay_with_the_nodes) {
+  // A copy from node a's device to this process's h0 and one from h0 to
+  // node b's, in one round: steps of this process's part and the nodes'
+  // (the bytes node to process to node), one message per node a replay.
+  // The write on h0 is t's writer there after each replay, as after the
+  // call (`updating_for`).
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  auto t = test_support::node(1, "t", 256);
+  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
+  auto ch0 = c.alloc_node(c.make_context(h0), t);
+  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
+  const auto bytes = t.size_in_bytes;
+  buffer_arg on_a0{ca0.buffers.at(t), bytes}, on_h0{ch0.buffers.at(t), bytes},
+    on_b0{cb0.buffers.at(t), bytes};
+  event iota;
+  auto r = c.record("through here", [&] {
+    iota = c.schedule_named(n.a0, {"iota", {on_a0, 0.0}});
+    c.schedule_named(n.a0, {"checksum", {on_a0, std::string{"a0"}}});
+    c.device_to_device(t, merge_buffer_use::no, ch0, ca0);
+    c.schedule_named(h0, {"checksum", {on_h0, std::string{"h0"}}});
+    c.device_to_device(t, merge_buffer_use::no, cb0, ch0);
+    c.schedule_named(n.b0, {"checksum", {on_b0, std::string{"b0"}}});
+  });
+  auto start = r.slot(iota, 1);
+  uint64_t last_hash = 0;
+  for (int k = 1; k <= 3; ++k) {
+    r.arg(start) = 10.0 * k;
+    auto ev = c.replay(r);
+    expect_items_done(c, ev);
+    auto written = h0.updating_for(t);
+    BOOST_TEST_REQUIRE(written.has_value());
+    BOOST_TEST((*written == ev.item(2)), "replay " << k);
+    BOOST_TEST((ev.item(2).key() == h0.key()));
+    auto a0 = c.result(n.a0, "a0"), here = c.result("h0"), b0 = c.result(n.b0, "b0");
+    BOOST_TEST_REQUIRE((a0 && here && b0));
+    BOOST_TEST(a0->hash != last_hash, "replay " << k);
+    last_hash = a0->hash;
+    BOOST_TEST((*here == *a0), "replay " << k);
+    BOOST_TEST((*b0 == *a0), "replay " << k);
+  }
+  expect_rounds_on_both(n, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))");
 }

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <stdexcept>
 #include <variant>
 
@@ -84,6 +85,80 @@ void check_trust(const caf::node_id& peer) {
     throw std::invalid_argument("trust: node is the invalid node id");
 }
 
+namespace {
+
+/// The copies of part `p` (`round_step::send`, `write`), whole: an item
+/// has at most one send and one write here; a write's bytes come from
+/// exactly one place, waited for on its lane before it: the part's send of
+/// the item (of the same size, on another lane), or the item from a peer
+/// (that wait the only one here on the item); a send's go to one taker (the
+/// part's write, or one peer it tells: a notice may move them). So a write
+/// never reads bytes that its lane did not wait for.
+template <class Refuse>
+void check_round_copies(const round_part& p, Refuse& refuse) {
+  std::map<uint32_t, std::size_t> sends, writes;
+  std::map<uint32_t, std::size_t> awaited; // item -> how many external waits on it
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    const auto& s = p.steps[i];
+    if (s.wait_on == -2)
+      ++awaited[s.peer_item];
+    if (s.wait_on != -1 || (s.op != round_step::send && s.op != round_step::write))
+      continue;
+    auto& ends = s.op == round_step::send ? sends : writes;
+    if (!ends.emplace(s.item, i).second)
+      refuse(fmt::format("steps {} and {} are both the {} of item {}", ends[s.item], i,
+                         s.op == round_step::send ? "send" : "write", s.item));
+  }
+  auto size = [&p](std::size_t k) {
+    return std::get<buffer_arg>(p.steps[k].spec.args[0]).size_in_bytes;
+  };
+  for (auto [item, w] : writes) {
+    const auto& ws = p.steps[w];
+    bool waited = false;
+    if (auto s = sends.find(item); s != sends.end()) {
+      if (s->second > w || p.steps[s->second].lane == ws.lane)
+        refuse(fmt::format("step {} writes item {}, whose send (step {}) is not an earlier step "
+                           "of another device",
+                           w, item, s->second));
+      if (size(s->second) != size(w))
+        refuse(fmt::format("step {} writes {} bytes of item {}, whose send (step {}) reads {}",
+                           w, size(w), item, s->second, size(s->second)));
+      if (awaited.contains(item))
+        refuse(fmt::format("step {} writes item {}, which is both sent here and awaited from a "
+                           "peer",
+                           w, item));
+      for (std::size_t k = s->second + 1; k < w && !waited; ++k)
+        waited = p.steps[k].lane == ws.lane && p.steps[k].wait_on == static_cast<int32_t>(s->second);
+    } else {
+      if (awaited[item] != 1)
+        refuse(fmt::format("step {} writes item {}, which {} step here awaits from a peer (one "
+                           "must)",
+                           w, item, awaited[item] == 0 ? "no" : "more than one"));
+      for (std::size_t k = 0; k < w && !waited; ++k)
+        waited = p.steps[k].lane == ws.lane && p.steps[k].wait_on == -2
+                 && p.steps[k].peer_item == item;
+    }
+    if (!waited)
+      refuse(fmt::format("step {} writes the bytes of item {} with no earlier wait for them on "
+                         "its device",
+                         w, item));
+  }
+  // One taker each: the notice that carries the bytes away may move them.
+  for (auto [item, k] : sends) {
+    std::size_t takers = writes.contains(item) ? 1 : 0;
+    for (std::size_t x = 0; x < p.notify_steps.size(); ++x)
+      takers += p.notify_steps[x] == k ? 1 : 0;
+    if (takers == 0)
+      refuse(fmt::format("step {} sends item {}, which no write here and no peer takes", k,
+                         item));
+    if (takers > 1)
+      refuse(fmt::format("step {} sends item {} to {} takers (the part's write or one peer)", k,
+                         item, takers));
+  }
+}
+
+} // namespace
+
 void check_round_part(const round_part& p, std::size_t devices, const caf::node_id& home) {
   auto refuse = [&p](const std::string& what) {
     throw std::invalid_argument(fmt::format("round_put: round {}: {}", p.round, what));
@@ -119,19 +194,20 @@ void check_round_part(const round_part& p, std::size_t devices, const caf::node_
     if (s.lane >= p.devices.size())
       refuse(fmt::format("step {} is on device {}, the part has {}", i, s.lane,
                          p.devices.size()));
-    if (s.op > round_step::free) {
-      refuse(fmt::format("step {} has op {}, not 0 (a task), 1 (a memset), 2 (an alloc_pool) "
-                         "or 3 (a free_pool)",
+    if (s.op > round_step::write) {
+      refuse(fmt::format("step {} has op {}, not 0 (a task), 1 (a memset), 2 (an alloc_pool), "
+                         "3 (a free_pool), 4 (a copy's send) or 5 (a copy's write)",
                          i, s.op));
     } else if (s.op != round_step::run_spec) {
-      static constexpr const char* what[] = {"", "a memset", "an alloc_pool", "a free_pool"};
+      static constexpr const char* what[] = {"",          "a memset",     "an alloc_pool",
+                                             "a free_pool", "a copy's send", "a copy's write"};
       if (s.wait_on != -1 || !s.spec.kernel.empty() || s.spec.args.size() != 1
           || !std::holds_alternative<buffer_arg>(s.spec.args[0]))
         refuse(fmt::format("step {} is {} but not one buffer argument and no kernel, "
                            "with no wait",
                            i, what[s.op]));
       const auto& pool = std::get<buffer_arg>(s.spec.args[0]);
-      if (s.op != round_step::zero && pool.loc.offset != 0)
+      if ((s.op == round_step::alloc || s.op == round_step::free) && pool.loc.offset != 0)
         refuse(fmt::format("step {} is {} at offset {}, not 0", i, what[s.op],
                            pool.loc.offset));
       if (s.op == round_step::alloc) {
@@ -173,6 +249,7 @@ void check_round_part(const round_part& p, std::size_t devices, const caf::node_
                          "peers",
                          k, p.notify_steps[k], p.notify_peers[k], p.steps.size(),
                          p.peers.size()));
+  check_round_copies(p, refuse);
 }
 
 void check_round_run(const round_part& p, const std::vector<wire_arg>& slots) {

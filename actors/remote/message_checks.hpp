@@ -65,6 +65,13 @@ inline constexpr std::size_t round_peers = vouched_nodes;
 /// peer's replay ran ahead of this node's): past that, the round is failed
 /// on this node instead of holding more.
 inline constexpr std::size_t round_early = std::size_t{1} << 16;
+/// The bytes of copies (`round_step::send`) those notices may carry, held
+/// by one session at once; past that, the same.
+inline constexpr std::size_t round_early_bytes = std::size_t{512} << 20;
+/// The bytes of a copy one `round_notice` carries (a copy's bytes go as
+/// parts), and that one `round_done` carries: every buffer stays small
+/// enough for the allocator to reuse, as a copy's `bytes` messages.
+inline constexpr std::size_t round_part_bytes = std::size_t{1} << 20;
 } // namespace wire_limits
 
 /// What the waits registered on one session's devices hold (issue 38

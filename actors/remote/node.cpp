@@ -547,8 +547,7 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
     },
     [self](round_flush_atom, const std::shared_ptr<detail::round_outbox>& box) {
       detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
-      auto notices = box->take();
-      if (!notices.empty())
+      for (auto& notices : box->take())
         self->send(box->to, atoms::round_done_atom::value, box->session, std::move(notices));
     },
     [self](atoms::round_done_atom, uint64_t id, const std::vector<round_notice>& notices) {

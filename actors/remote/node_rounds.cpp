@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 #include "actors/backend_impl.hpp"
@@ -32,20 +33,48 @@ namespace {
 
 /// Tells a peer that an item of a replay it waits on resolved: run by the
 /// item's device (a resolver, on its runner, or at once when resolved
-/// already), it adds the notice to the peer's outbox.
+/// already), it adds the notice to the peer's outbox. A copy's read
+/// (`round_step::send`) done: its bytes go with it, as parts of at most
+/// `wire_limits::round_part_bytes`.
 struct notice {
   std::shared_ptr<round_outbox> box;
   uint64_t round = 0;
   uint64_t n = 0;
   uint32_t item = 0;
   uint64_t seq = 0;
+  /// A send's bytes, and whether the part's own write reads them too
+  /// (then they are copied, not moved).
+  std::shared_ptr<round_bytes> bytes;
+  bool shared = false;
 
   void operator()(const failure* cause) const {
     try {
-      box->add(round_notice{round, n, item, seq, cause ? make_error(*cause) : caf::error{}},
-               box);
+      if (cause || !bytes) {
+        box->add(round_notice{round, n, item, seq, cause ? make_error(*cause) : caf::error{}},
+                 box);
+        return;
+      }
+      auto& data = bytes->data;
+      std::vector<round_notice> parts;
+      if (data.size() <= wire_limits::round_part_bytes) {
+        parts.push_back(round_notice{round, n, item, seq, {}, 0,
+                                     shared ? data : std::move(data)});
+      } else {
+        for (std::size_t at = 0; at < data.size(); at += wire_limits::round_part_bytes)
+          parts.push_back(round_notice{round, n, item, seq, {}, at,
+                                       data.substr(at, wire_limits::round_part_bytes)});
+      }
+      box->add(std::move(parts), box);
     } catch (...) {
-      // Out of memory: the peer's wait fails when this node or its session goes.
+      // Out of memory: a failure instead, small, if that can be told; else
+      // the peer's wait fails when this node or its session goes.
+      try {
+        box->add(round_notice{round, n, item, seq,
+                              make_error(errc::device_failed, "round notice",
+                                         "out of memory for the notice of this item")},
+                 box);
+      } catch (...) {
+      }
     }
   }
 };
@@ -64,9 +93,39 @@ void round_outbox::add(round_notice n, const std::shared_ptr<round_outbox>& me) 
       caf::anon_send(a, round_flush_atom::value, me);
 }
 
-std::vector<round_notice> round_outbox::take() {
-  std::lock_guard guard{mu};
-  return std::move(notices);
+void round_outbox::add(std::vector<round_notice> ns, const std::shared_ptr<round_outbox>& me) {
+  bool first = false;
+  {
+    std::lock_guard guard{mu};
+    first = notices.empty();
+    if (first)
+      notices = std::move(ns);
+    else
+      std::move(ns.begin(), ns.end(), std::back_inserter(notices));
+  }
+  if (first)
+    if (auto a = caf::actor_cast<caf::actor>(node))
+      caf::anon_send(a, round_flush_atom::value, me);
+}
+
+std::vector<std::vector<round_notice>> round_outbox::take() {
+  std::vector<round_notice> all;
+  {
+    std::lock_guard guard{mu};
+    all = std::move(notices);
+  }
+  std::vector<std::vector<round_notice>> out;
+  std::size_t bytes = 0;
+  for (auto& x : all) {
+    if (out.empty() || out.back().size() >= wire_limits::round_steps
+        || (bytes + x.bytes.size() > wire_limits::round_part_bytes && !x.bytes.empty())) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    bytes += x.bytes.size();
+    out.back().push_back(std::move(x));
+  }
+  return out;
 }
 
 session_rounds::session_rounds(caf::actor_system& sys, home_fn home, std::string who,
@@ -110,6 +169,10 @@ void session_rounds::put(round_part part, const std::vector<device>& lanes,
     st->items[k].name = s.name;
     r.steps.push_back(bulk_step{s.lane, 0, s.wait_on});
     r.step_ordinal.push_back(++r.lane_steps[s.lane]);
+    if (s.wait_on == -1 && s.op == round_step::write) // one each an item (check_round_part)
+      r.write_of.emplace(s.item, static_cast<uint32_t>(k));
+    if (s.wait_on == -1 && s.op == round_step::send)
+      r.send_of.emplace(s.item, static_cast<uint32_t>(k));
     if (s.wait_on != bulk_step::external)
       continue;
     r.externals.push_back(static_cast<uint32_t>(k));
@@ -156,7 +219,8 @@ void session_rounds::erase_if_done(std::map<uint64_t, part_state>::iterator it) 
   auto& r = it->second;
   if (!r.dropped || !r.pending.empty())
     return;
-  early_ -= r.early.size();
+  for (auto& [key, held] : r.early)
+    forget_early(held);
   rounds_.erase(it);
 }
 
@@ -190,6 +254,24 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
     throw device_error(who_, "round_run: the session ended");
   for (std::size_t k = 0; k < slots.size(); ++k)
     r.part.steps[r.part.slot_steps[k]].spec.args[r.part.slot_args[k]] = from_wire(slots[k]);
+  // This replay's copies: a write's bytes, shared with the part's send of
+  // the item (the same node) or filled by its notices (`done`).
+  r.bytes.assign(r.part.steps.size(), nullptr);
+  auto span_size = [&r](uint32_t k) {
+    return std::get<buffer_arg>(r.part.steps[k].spec.args.at(0)).size_in_bytes;
+  };
+  for (auto [item, w] : r.write_of) {
+    auto b = std::make_shared<round_bytes>();
+    b->size = span_size(w);
+    r.bytes[w] = b;
+    if (auto sent = r.send_of.find(item); sent != r.send_of.end())
+      r.bytes[sent->second] = std::move(b);
+  }
+  for (auto [item, k] : r.send_of)
+    if (!r.bytes[k]) {
+      r.bytes[k] = std::make_shared<round_bytes>();
+      r.bytes[k]->size = span_size(k);
+    }
   std::vector<std::shared_ptr<gate>> gates;
   gates.reserve(r.externals.size());
   for (auto k : r.externals) {
@@ -206,8 +288,9 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
   auto source = r.source.lock(); // this process's part: the round replaying it
   try {
     push_part(b->impl(), r.st, r.lanes, r.cores, r.steps, r.specs, n, gates, ends, source,
-              r.closures);
+              r.closures, r.bytes);
   } catch (const std::exception& e) {
+    r.bytes.clear();
     r.last = n;
     drop_early_up_to(r, n);
     if (tell_peers)
@@ -218,16 +301,22 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
   ++replays_;
   for (std::size_t x = 0; x < r.externals.size(); ++x) {
     const auto& s = r.part.steps[r.externals[x]];
-    held_gate h{r.cores[s.lane], gates[x]};
+    held_gate h{r.cores[s.lane], gates[x], nullptr};
+    if (auto w = r.write_of.find(s.peer_item); w != r.write_of.end())
+      h.bytes = r.bytes[w->second];
     if (!r.broken.empty()) {
       h.core->resolve_gate(*h.g, &r.broken);
     } else if (!r.dead[s.peer].empty()) {
       h.core->resolve_gate(*h.g, &r.dead[s.peer]);
-    } else if (auto e = r.early.find({n, s.peer_item}); e != r.early.end()) {
-      h.g->owner_seq = e->second.seq;
-      settle(r, h, s.peer, e->second.error); // its notice came first
     } else {
-      r.pending[{n, s.peer_item}].push_back(std::move(h));
+      // Its notices may have come first.
+      bool settled = false;
+      if (auto e = r.early.find({n, s.peer_item}); e != r.early.end())
+        for (const auto& told : e->second)
+          if (!settled)
+            settled = apply(r, h, s.peer, told);
+      if (!settled)
+        r.pending[{n, s.peer_item}].push_back(std::move(h));
     }
   }
   drop_early_up_to(r, n);
@@ -236,9 +325,14 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
     auto step = r.part.notify_steps[k];
     const auto& s = r.part.steps[step];
     auto seq = ends[s.lane] - r.lane_steps[s.lane] + r.step_ordinal[step];
-    r.lanes[s.lane]->events().when_resolved(seq,
-                                            notice{r.boxes[k], r.part.round, n, s.item, seq});
+    notice tell{r.boxes[k], r.part.round, n, s.item, seq, nullptr, false};
+    if (s.op == round_step::send && s.wait_on == -1) {
+      tell.bytes = r.bytes[step];
+      tell.shared = r.write_of.contains(s.item);
+    }
+    r.lanes[s.lane]->events().when_resolved(seq, std::move(tell));
   }
+  r.bytes.clear();
   return ends;
 }
 
@@ -248,6 +342,75 @@ void session_rounds::settle(part_state& r, const held_gate& h, uint32_t peer,
     h.core->resolve_gate(*h.g, std::shared_ptr<const failure>{});
   else // named as the awaited node names its devices: `a/...` here
     fail_gate(*h.core, *h.g, err, *sys_, r.part.peers[peer].name + "/");
+}
+
+bool session_rounds::apply(part_state& r, const held_gate& h, uint32_t peer,
+                           const round_notice& x) {
+  auto fail = [&](const std::string& why) {
+    h.core->resolve_gate(*h.g, &why);
+    return true;
+  };
+  if (!h.bytes || x.error) {
+    if (!x.bytes.empty())
+      return fail(fmt::format("node {} sent bytes for item {} of replay {} of round '{}', which "
+                              "is no copy here",
+                              r.part.peers[peer].name, x.item, x.replay, r.part.name));
+    h.g->owner_seq = x.seq;
+    settle(r, h, peer, x.error);
+    return true;
+  }
+  // A part at its offset: parts may come in any order (a peer's later
+  // `round_done`s may take a direct route its earlier ones did not), but
+  // each byte once, inside the span.
+  auto& b = *h.bytes;
+  const auto len = x.bytes.size();
+  auto what = [&] {
+    return fmt::format("node {} sent bytes [{}, {}) of copy {} of replay {} of round '{}'",
+                       r.part.peers[peer].name, x.offset, x.offset + len, x.item, x.replay,
+                       r.part.name);
+  };
+  if (x.offset > b.size || len > b.size - x.offset)
+    return fail(fmt::format("{}, past its {} bytes", what(), b.size));
+  auto next = b.parts.lower_bound(x.offset);
+  bool overlaps = next != b.parts.end() && next->first < x.offset + len;
+  if (next != b.parts.begin()) {
+    auto prev = std::prev(next);
+    overlaps = overlaps || prev->first + prev->second > x.offset;
+  }
+  if (overlaps)
+    return fail(fmt::format("{}, some of which had come already ({} of its {} bytes had come)",
+                            what(), b.received, b.size));
+  try {
+    if (b.data.size() != b.size)
+      b.data.resize(b.size);
+    b.parts.emplace(x.offset, len);
+  } catch (const std::bad_alloc&) {
+    return fail(fmt::format("{}: out of memory for its {} bytes", what(), b.size));
+  }
+  std::copy(x.bytes.begin(), x.bytes.end(), b.data.begin() + static_cast<std::ptrdiff_t>(x.offset));
+  b.received += len;
+  if (b.received < b.size)
+    return false; // more parts to come
+  h.g->owner_seq = x.seq;
+  settle(r, h, peer, {});
+  return true;
+}
+
+void session_rounds::forget_early(std::vector<round_notice>& held) {
+  for (const auto& x : held)
+    early_bytes_ -= x.bytes.size();
+  early_ -= held.size();
+}
+
+void session_rounds::break_round(part_state& r, std::string why) {
+  r.broken = std::move(why);
+  for (auto& [key, gates] : r.pending)
+    for (const auto& h : gates)
+      h.core->resolve_gate(*h.g, &r.broken);
+  r.pending.clear();
+  for (auto& [key, held] : r.early)
+    forget_early(held);
+  r.early.clear();
 }
 
 void session_rounds::tell_refused(part_state& r, uint64_t n, const std::string& why) {
@@ -265,8 +428,8 @@ void session_rounds::tell_refused(part_state& r, uint64_t n, const std::string& 
 void session_rounds::drop_early_up_to(part_state& r, uint64_t n) {
   auto end = r.early.upper_bound({n, UINT32_MAX});
   for (auto i = r.early.begin(); i != end;) {
+    forget_early(i->second);
     i = r.early.erase(i);
-    --early_;
   }
 }
 
@@ -299,31 +462,29 @@ std::optional<std::string> session_rounds::done(const caf::node_id& from,
       return drop(fmt::format("round_done for item {} of replay {} of round '{}': none waits "
                               "(the replay was refused here, or told already)",
                               item, n, r.part.name));
-    for (const auto& h : pe->second) {
-      h.g->owner_seq = x.seq;
-      settle(r, h, peer, x.error);
+    bool settled = true;
+    for (const auto& h : pe->second)
+      settled = apply(r, h, peer, x) && settled;
+    if (settled) {
+      r.pending.erase(pe);
+      erase_if_done(it);
     }
-    r.pending.erase(pe);
-    erase_if_done(it);
     return std::nullopt;
   }
-  if (early_ >= wire_limits::round_early) {
+  if (early_ >= wire_limits::round_early
+      || early_bytes_ + x.bytes.size() > wire_limits::round_early_bytes) {
     // More than a peer running ahead would send: the round fails here.
-    r.broken = fmt::format("round '{}' failed on {}: more than {} notices from other nodes came "
-                           "before their replays",
-                           r.part.name, who_, wire_limits::round_early);
-    for (auto& [key, gates] : r.pending)
-      for (const auto& h : gates)
-        h.core->resolve_gate(*h.g, &r.broken);
-    r.pending.clear();
-    early_ -= r.early.size();
-    r.early.clear();
+    break_round(r, fmt::format("round '{}' failed on {}: more than {} notices or {} bytes of "
+                               "copies from other nodes came before their replays",
+                               r.part.name, who_, wire_limits::round_early,
+                               wire_limits::round_early_bytes));
     auto why = r.broken;
     erase_if_done(it);
     return drop(why);
   }
-  if (r.early.emplace(std::pair{n, item}, x).second)
-    ++early_;
+  r.early[{n, item}].push_back(x);
+  ++early_;
+  early_bytes_ += x.bytes.size();
   return std::nullopt;
 }
 
@@ -392,14 +553,14 @@ caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<ho
     [self, h](round_flush_atom, const std::shared_ptr<round_outbox>& box) {
       caf::actor to;
       uint64_t session = 0;
-      std::vector<round_notice> notices;
+      std::vector<std::vector<round_notice>> messages;
       {
         std::lock_guard guard{h->mu}; // `put` made the box, on the replaying thread
         to = box->to;
         session = box->session;
-        notices = box->take();
+        messages = box->take();
       }
-      if (!notices.empty())
+      for (auto& notices : messages)
         self->send(to, atoms::round_done_atom::value, session, std::move(notices));
     },
     [self, h](atoms::round_done_atom, uint64_t, const std::vector<round_notice>& notices) {

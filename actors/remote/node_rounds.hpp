@@ -59,8 +59,13 @@ struct round_outbox {
   /// Adds `n` (any thread); the first since the last flush asks the node's
   /// actor to flush.
   void add(round_notice n, const std::shared_ptr<round_outbox>& me);
-  /// Takes the notices gathered (the node actor's thread, which sends them).
-  std::vector<round_notice> take();
+  /// Adds all of `ns`, in order, as `add` does.
+  void add(std::vector<round_notice> ns, const std::shared_ptr<round_outbox>& me);
+  /// Takes the notices gathered (the node actor's thread, which sends them),
+  /// cut into the `round_done`s that carry them: in order, each of at most
+  /// `wire_limits::round_steps` notices and, past its first, of at most
+  /// `wire_limits::round_part_bytes` bytes of copies.
+  std::vector<std::vector<round_notice>> take();
 };
 
 /// Asks the node's actor to flush an outbox (local only).
@@ -68,6 +73,7 @@ using round_flush_atom = caf::atom_constant<caf::atom("round_fl")>;
 
 class device_core;
 struct gate;
+struct round_bytes;
 struct round_state;
 
 class session_rounds {
@@ -139,6 +145,8 @@ private:
   struct held_gate {
     std::shared_ptr<device_core> core;
     std::shared_ptr<gate> g;
+    /// A wait for a copy's bytes (the part writes the item): where they go.
+    std::shared_ptr<round_bytes> bytes;
   };
   struct part_state {
     round_part part;
@@ -159,12 +167,18 @@ private:
     std::vector<uint32_t> externals;
     /// The awaited item -> its peer.
     std::unordered_map<uint32_t, uint32_t> expects;
+    /// The copies' ends here: item -> its `write` step, its `send` step.
+    std::unordered_map<uint32_t, uint32_t> write_of, send_of;
+    /// Per step, the replay being pushed's copy bytes (scratch: null but
+    /// for the copies' steps while `run` pushes).
+    std::vector<std::shared_ptr<round_bytes>> bytes;
     /// The last replay pushed or refused here.
     uint64_t last = 0;
     /// (replay, item) -> the gates waiting for it.
     std::map<std::pair<uint64_t, uint32_t>, std::vector<held_gate>> pending;
-    /// (replay, item) -> its notice, come before the replay.
-    std::map<std::pair<uint64_t, uint32_t>, round_notice> early;
+    /// (replay, item) -> its notices, come before the replay (a copy's
+    /// bytes are several).
+    std::map<std::pair<uint64_t, uint32_t>, std::vector<round_notice>> early;
     /// Per peer: why it is down (empty: up).
     std::vector<std::string> dead;
     /// Why the round cannot be replayed here any more (empty: it can).
@@ -175,6 +189,13 @@ private:
     std::vector<std::shared_ptr<round_outbox>> boxes;
   };
   void settle(part_state& r, const held_gate& h, uint32_t peer, const caf::error& err);
+  /// Notice `x` from peer `peer` for the wait `h`: settles it (true), or
+  /// takes a part of a copy's bytes and leaves it waiting for the rest.
+  bool apply(part_state& r, const held_gate& h, uint32_t peer, const round_notice& x);
+  /// Fails the round here (`broken`): its waits, and the notices held.
+  void break_round(part_state& r, std::string why);
+  /// Takes `held` (notices come early) off the counts.
+  void forget_early(std::vector<round_notice>& held);
   void tell_refused(part_state& r, uint64_t n, const std::string& why);
   void drop_early_up_to(part_state& r, uint64_t n);
   /// Erases `it` when dropped and nothing waits on it any more.
@@ -188,6 +209,7 @@ private:
   /// One per peer node and session there, shared by the parts.
   std::map<std::pair<caf::actor_addr, uint64_t>, std::shared_ptr<round_outbox>> outboxes_;
   std::size_t early_ = 0;
+  std::size_t early_bytes_ = 0;
   std::size_t dropped_ = 0;
   uint64_t replays_ = 0;
 };

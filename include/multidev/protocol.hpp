@@ -138,9 +138,10 @@ wire_arg to_wire(const kernel_arg& x);
 kernel_arg from_wire(const wire_arg& w);
 
 /// One entry of a node's part of a recorded round (`round_part`): a named
-/// task, a memset, a wait on an earlier step of the part on another of its
-/// devices, or a wait on an item of another node's part (a cross-node edge,
-/// resolved by that node's `round_done`, node to node).
+/// task, a memset, a pool call, one end of a copy, a wait on an earlier
+/// step of the part on another of its devices, or a wait on an item of
+/// another node's part (a cross-node edge, resolved by that node's
+/// `round_done`, node to node).
 struct round_step {
   /// Its item's index in the round (what provenance names, and what a
   /// peer's `round_done` names when `peer_item` is this step's item).
@@ -162,11 +163,13 @@ struct round_step {
   /// A task's kernel and arguments (bound on the node at each replay). A
   /// memset: no kernel, one buffer argument, the span it zeroes. A pool
   /// call: no kernel, one buffer argument, the pool's id at offset 0 and
-  /// (`alloc_pool`) its size.
+  /// (`alloc_pool`) its size. A copy's end: no kernel, one buffer
+  /// argument, the span it reads (`send`) or writes (`write`).
   task_spec spec;
   /// What a step of `wait_on` -1 runs: `run_spec` (0) its named task,
   /// `zero` (1) a `memset_zero` of the span `spec.args[0]` names,
-  /// `alloc` (2) an `alloc_pool`, `free` (3) a `free_pool`.
+  /// `alloc` (2) an `alloc_pool`, `free` (3) a `free_pool`, `send` (4) a
+  /// copy's read, `write` (5) a copy's write.
   uint8_t op = 0;
   /// `op`: the step runs its named task (`spec`), or is a wait.
   static constexpr uint8_t run_spec = 0;
@@ -177,6 +180,16 @@ struct round_step {
   static constexpr uint8_t alloc = 2;
   /// `op`: the step frees pool `spec.args[0]` names (`free_pool`).
   static constexpr uint8_t free = 3;
+  /// `op`: the step reads the span `spec.args[0]` names, a copy's source
+  /// (`device_to_device`), in its device's order: the bytes go to the
+  /// part's `write` step of the same item (the same node), or to the
+  /// peers its notices name (in `round_done`, node to node).
+  static constexpr uint8_t send = 4;
+  /// `op`: the step writes the bytes of its item's `send` into the span
+  /// `spec.args[0]` names, in its device's order; an earlier step of its
+  /// lane waits for them (on the part's `send` step of the item, or on
+  /// the item from the peer that sends them).
+  static constexpr uint8_t write = 5;
   /// An `alloc` step's alignment (a power of two).
   uint64_t alignment = 0;
   /// An `alloc` step's memory mode: -1 for none, else a `memory_mode`'s value.
@@ -213,6 +226,12 @@ struct round_notice {
   uint64_t seq = 0;
   /// Empty: done; else why not (the failure, whole, when it carries one).
   caf::error error;
+  /// A copy's bytes (the item is a `send`): where this part of them goes
+  /// in the span. The parts may come in any order, each byte once; the
+  /// one that completes the span opens the wait.
+  uint64_t offset = 0;
+  /// A copy's bytes: this part of them (empty for any other item).
+  std::string bytes;
 };
 
 /// A node's part of a recorded round (docs/design.md, "Recorded rounds"):
@@ -552,7 +571,8 @@ typename Inspector::result_type inspect(Inspector& f, round_step& x) {
 /// A round notice travels as its fields.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, round_notice& x) {
-  return f(caf::meta::type_name("round_notice"), x.round, x.replay, x.item, x.seq, x.error);
+  return f(caf::meta::type_name("round_notice"), x.round, x.replay, x.item, x.seq, x.error,
+           x.offset, x.bytes);
 }
 
 /// A round peer travels as its fields.
