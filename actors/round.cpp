@@ -1187,6 +1187,18 @@ void replay_on_devices(backend& b, const std::shared_ptr<detail::round_state>& s
 /// Whether every copy into a merge buffer of the devices' plan fits the
 /// buffer as it is: one that would grow it goes call by call (the growth
 /// replaces pool 0 ordered with the work, between the copies of the replay).
+/// Whether the merge buffers the node plan's copies write are large enough
+/// (as the calls made them).
+bool merge_buffers_fit(const detail::node_plan& np) {
+  for (const auto& [d, size] : np.merges) {
+    auto& rec = record_of(d);
+    std::lock_guard guard{rec.mu};
+    if (rec.merge_buffer_capacity < size)
+      return false;
+  }
+  return true;
+}
+
 bool merge_buffers_fit(const detail::round_state& st) {
   if (!st.plan.copies)
     return true;
@@ -1200,7 +1212,7 @@ bool merge_buffers_fit(const detail::round_state& st) {
 }
 
 /// Builds `np` (node_plan): usable when every item is a named task, a
-/// memset, a pool call or a wait (and, on this process's devices, a task or
+/// memset, a pool call, a copy or a wait (and, on this process's devices, a task or
 /// a routine, not beside pool calls there), on a device of a node attached
 /// with a session or of this process
 /// (at least one on a node), and every wait is on an item of the round (or
@@ -1412,9 +1424,10 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
       // same node or process; or on the item from the source's node, whose
       // notice carries them) and their write (in its order, the item's
       // event) into the destination's buffer, or into its merge buffer
-      // (pool 0 at 0) when that is large enough already (the call grows
-      // it). Into a device of this process, each replay makes the write
-      // the node's writer there (`copies_here`), as the call does.
+      // (pool 0 at 0; a replay goes call by call while that is too small,
+      // `merges`: the call grows it). Into a device of this process, each
+      // replay makes the write the node's writer there (`copies_here`), as
+      // the call does.
       auto ws = locate(it.src.device);
       if (!ws || it.src.device == it.dev)
         return refuse();
@@ -1429,10 +1442,7 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
           return refuse();
         to = at->second;
       } else {
-        auto& drec = record_of(it.dev);
-        std::lock_guard guard{drec.mu};
-        if (drec.merge_buffer_capacity < size)
-          return refuse();
+        np.merges.emplace_back(it.dev, size);
       }
       round_step send{item, 0, -1, 0, 0, it.name, {}, {}};
       send.spec.args.emplace_back(buffer_arg{from->second, size});
@@ -1860,7 +1870,7 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
       if (!st->plan.usable)
         build_node_plan(*this, *st, st->nodes);
     });
-    if (st->nodes.usable) {
+    if (st->nodes.usable && merge_buffers_fit(st->nodes)) {
       install_parts(st);
       std::lock_guard in_order{st->nodes.send_mu};
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;

@@ -173,6 +173,10 @@ struct node_plan {
   std::vector<item_event> item_events;
   /// `round_state::devices[i]`'s node and lane.
   std::vector<std::pair<uint32_t, uint32_t>> device_lane;
+  /// The copies into merge buffers: the destination and the node's size. A
+  /// replay goes on the nodes while every one is that large (records'
+  /// `merge_buffer_capacity`); otherwise call by call, which grows it.
+  std::vector<std::pair<device, std::size_t>> merges;
   /// The copies into devices of this process: each replay makes its write
   /// the destination's writer of the node (`updating_for`, or of its merge
   /// buffer), as the call does, once this process's part is pushed.

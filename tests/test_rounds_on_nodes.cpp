@@ -1204,3 +1204,36 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_copies_between_here_and_the_nodes_repl
   }
   expect_rounds_on_both(n, "(rounds (parts 1) (replays 3) (early 0) (dropped 0))");
 }
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copy_into_a_merge_buffer_replays_on_the_nodes_once_it_fits) {
+  // A gradient copied from a0 into b0's merge buffer, which b0 does not
+  // have yet: the first replay goes call by call (its copy makes the merge
+  // buffer, as the call does), the next ones on the nodes, writing it in
+  // place; each adds this replay's gradient.
+  nodes_here n;
+  auto& c = *n.client;
+  auto g = test_support::node(1, "g", 16);
+  auto ca0 = c.alloc_node(c.make_context(n.a0), g);
+  auto cb0 = c.alloc_node(c.make_context(n.b0), g);
+  buffer_arg on_a0{ca0.buffers.at(g), g.size_in_bytes},
+    on_b0{cb0.buffers.at(g), g.size_in_bytes};
+  BOOST_TEST(n.b0.merge_buffer_capacity() == 0u);
+  event grad;
+  auto r = c.record("merge", [&] {
+    grad = c.schedule_named(n.a0, {"fill", {on_a0, 0.0}});
+    c.schedule_named(n.b0, {"fill", {on_b0, 1.0}});
+    c.device_to_device(g, merge_buffer_use::copy, cb0, ca0);
+    c.schedule_named(n.b0, {"add_from_merge", {on_b0, on_b0}});
+    c.schedule_named(n.b0, {"checksum", {on_b0, std::string{"b0"}}});
+  });
+  auto value = r.slot(grad, 1);
+  for (int k = 1; k <= 3; ++k) {
+    r.arg(value) = double(k);
+    expect_items_done(c, c.replay(r));
+    auto b0 = c.result(n.b0, "b0");
+    BOOST_TEST_REQUIRE(b0.has_value());
+    BOOST_TEST(b0->sum == 16.0 * (1 + k), "replay " << k);
+  }
+  BOOST_TEST(n.b0.merge_buffer_capacity() == g.size_in_bytes);
+  expect_rounds_on_both(n, "(rounds (parts 1) (replays 2) (early 0) (dropped 0))");
+}
