@@ -137,6 +137,11 @@ std::vector<expected_entry> expected_suite() {
                "us/replay", "lower", none, none});
   e.push_back({"round_mixed_replay", "the same round scheduled call by call", "us/replay",
                "lower", none, none});
+  // Copies between the nodes in a round (its bytes node to node).
+  e.push_back({"round_nodes_copy_replay", "CAF remote ping-pong hop, same kind of connection",
+               "us/replay", "lower", 3.0, none});
+  e.push_back({"round_nodes_copy_replay", "the same round scheduled call by call", "us/replay",
+               "lower", none, none});
   for (int n : {1, 2, 4, 8}) {
     auto name = "fan_dag_" + std::to_string(n) + "dev";
     e.push_back({name, "oneTBB flow graph", "us/round", "lower", 1.0, none, tbb_skip()});
@@ -320,7 +325,8 @@ BOOST_AUTO_TEST_CASE(test_bench_baselines_of_a_case_share_one_measurement_of_mul
        {"independent_tasks", "will_wait_for_chain", "will_wait_for_chain_replay",
         "will_wait_for_chain_scheduled", "fan_dag_1dev", "fan_dag_2dev", "fan_dag_4dev",
         "fan_dag_8dev", "fan_dag_1dev_replay", "fan_dag_2dev_replay", "fan_dag_4dev_replay",
-        "fan_dag_8dev_replay", "round_nodes_replay", "round_mixed_replay"}) {
+        "fan_dag_8dev_replay", "round_nodes_replay", "round_mixed_replay",
+        "round_nodes_copy_replay"}) {
     BOOST_TEST_CONTEXT(name) {
       const auto& entries = by_case[name];
       BOOST_TEST_REQUIRE(!entries.empty());

@@ -1784,6 +1784,24 @@ void schedule_nodes_round(backend& c, const device& a, const device& b, const co
   }
 }
 
+/// One round of `round_nodes_copy_replay` on nodes a and b: 8 stages,
+/// each 2 empty named tasks on `a`, a copy of `t` (4 KiB, `ca` to `cb`)
+/// from `a` to `b`, then 2 on `b`: 32 tasks and 8 copies, all from a to b
+/// (a training step's transfers between nodes, small).
+void schedule_copy_round(backend& c, const device& a, const device& b, const tnode& t,
+                         const context& ca, const context& cb) {
+  constexpr int stages = 8;
+  const task_spec noop{"bench_noop", {}};
+  for (int s = 0; s < stages; ++s) {
+    c.schedule_named(a, noop);
+    c.schedule_named(a, noop);
+    if (!c.device_to_device(t, merge_buffer_use::no, cb, ca))
+      throw std::runtime_error("multidev bench: device_to_device between the nodes did nothing");
+    c.schedule_named(b, noop);
+    c.schedule_named(b, noop);
+  }
+}
+
 /// `round_nodes_replay`: µs per round of `schedule_nodes_round` on `p`'s
 /// nodes, `rounds` of them, each a replay of `r` (recorded on the client),
 /// or, when `r` is empty, the round's calls made again (call by call);
@@ -1794,9 +1812,9 @@ void schedule_nodes_round(backend& c, const device& a, const device& b, const co
 /// waits for their replies (a round trip), which a loop that syncs once
 /// per epoch, not per step, does not pay per replay.
 /// `calls`: the round's calls made again (`r` empty). `round_mixed_replay`
-/// passes its own, and syncs the client's device too.
+/// passes its own, and syncs the client's device too (`here_too`).
 double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r, int rounds,
-                      const std::function<void()>& calls = {}) {
+                      const std::function<void()>& calls = {}, bool here_too = true) {
   auto& c = p.client();
   auto here = c.get_device(0);
   auto t0 = clock_type::now();
@@ -1811,7 +1829,7 @@ double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r,
       schedule_nodes_round(c, p.a, p.b, cb);
   }
   std::vector<device> devices{p.a, p.b};
-  if (calls)
+  if (calls && here_too)
     devices.push_back(here);
   for (const auto& d : devices)
     last.push_back(r ? ev.all_work_of(d) : c.all_work(d));
@@ -1833,7 +1851,8 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
   bool copy = is_wanted(o, "copy_node_to_node_64MiB") || is_wanted(o, "copy_node_to_node_call");
   bool replay = is_wanted(o, "round_nodes_replay");
   bool mixed = is_wanted(o, "round_mixed_replay");
-  if (!hop && !copy && !replay && !mixed)
+  bool copies = is_wanted(o, "round_nodes_copy_replay");
+  if (!hop && !copy && !replay && !mixed && !copies)
     return;
   int reps = std::max(1, o.repeats);
   node_pair p{opts};
@@ -1912,6 +1931,27 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
                        "round_nodes_replay's round, on the nodes only", ms[0], "lower",
                        std::nullopt));
     out.push_back(make("round_mixed_replay", "us/replay", ms[2],
+                       "the same round scheduled call by call", ms[1], "lower", std::nullopt));
+  }
+  if (copies) {
+    register_bench_noop();
+    int rounds = o.quick ? 20 : 200;
+    int crossings = o.quick ? 100 : 1'000;
+    remote_pair pair{opts};
+    caf_remote_ping_pong caf_rt{pair};
+    auto& c = p.client();
+    tnode t{2, "bench_round_copy", 4096, memory_mode::on_device};
+    auto ca = c.alloc_node(c.make_context(p.a), t);
+    auto cb = c.alloc_node(c.make_context(p.b), t);
+    auto again = [&] { schedule_copy_round(c, p.a, p.b, t, ca, cb); };
+    auto r = c.record("copies", again);
+    auto caf_hop = [&] { return caf_rt.us_per_hop(crossings); };
+    auto calls = [&] { return nodes_round_us(p, cb, multidev::round{}, rounds, again, false); };
+    auto ours = [&] { return nodes_round_us(p, cb, r, rounds, again, false); };
+    auto ms = medians_of(reps, {caf_hop, calls, ours});
+    out.push_back(make("round_nodes_copy_replay", "us/replay", ms[2],
+                       "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", 3.0));
+    out.push_back(make("round_nodes_copy_replay", "us/replay", ms[2],
                        "the same round scheduled call by call", ms[1], "lower", std::nullopt));
   }
 }
@@ -2154,6 +2194,7 @@ const std::vector<std::string>& case_names() {
     "remote_hop",               "remote_hop_vs_tcp",           "remote_named_tasks",
     "node_hop",                 "node_hop_vs_tcp",             "copy_node_to_node_64MiB",
     "copy_node_to_node_call",   "round_nodes_replay",          "round_mixed_replay",
+    "round_nodes_copy_replay",
     "fan_dag_1dev",             "fan_dag_1dev_prebuilt",       "fan_dag_1dev_replay",
     "fan_dag_2dev",             "fan_dag_2dev_prebuilt",       "fan_dag_2dev_replay",
     "fan_dag_4dev",             "fan_dag_4dev_prebuilt",       "fan_dag_4dev_replay",
