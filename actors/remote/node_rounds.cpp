@@ -371,6 +371,8 @@ bool session_rounds::apply(part_state& r, const held_gate& h, uint32_t peer,
   };
   if (x.offset > b.size || len > b.size - x.offset)
     return fail(fmt::format("{}, past its {} bytes", what(), b.size));
+  if (len == 0 && b.size != 0)
+    return false; // nothing (a sender sends an empty part only for an empty copy)
   auto next = b.parts.lower_bound(x.offset);
   bool overlaps = next != b.parts.end() && next->first < x.offset + len;
   if (next != b.parts.begin()) {
