@@ -1838,6 +1838,25 @@ double nodes_round_us(node_pair& p, const context& cb, const multidev::round& r,
   return seconds_since(t0) * 1e6 / rounds;
 }
 
+/// Case `name`'s two rows, measured in turn: `ours` (µs a replay) beside
+/// a hop of the CAF remote ping-pong (a pair of systems of its own, the
+/// same kind of connection; `target` on the ratio) and beside `calls`, the
+/// same round call by call.
+void replay_beside_hop_and_calls(std::vector<bench_result>& out, const char* name,
+                                 double target, const backend_options& opts,
+                                 const bench_options& o, const std::function<double()>& calls,
+                                 const std::function<double()>& ours) {
+  int crossings = o.quick ? 100 : 1'000;
+  remote_pair pair{opts};
+  caf_remote_ping_pong caf_rt{pair};
+  auto caf_hop = [&] { return caf_rt.us_per_hop(crossings); };
+  auto ms = medians_of(std::max(1, o.repeats), {caf_hop, calls, ours});
+  out.push_back(make(name, "us/replay", ms[2],
+                     "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", target));
+  out.push_back(make(name, "us/replay", ms[2], "the same round scheduled call by call", ms[1],
+                     "lower", std::nullopt));
+}
+
 /// The figures between two nodes (`node_pair`) beside their baselines,
 /// measured alternately in this run: a crossing between the nodes' devices
 /// beside a CAF remote hop over the same kind of connection and a raw TCP
@@ -1899,20 +1918,13 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
   if (replay) {
     register_bench_noop();
     int rounds = o.quick ? 20 : 200;
-    int crossings = o.quick ? 100 : 1'000;
-    remote_pair pair{opts};
-    caf_remote_ping_pong caf_rt{pair};
     auto& c = p.client();
     auto cb = c.make_context(p.b);
     auto r = c.record("nodes", [&] { schedule_nodes_round(c, p.a, p.b, cb); });
-    auto caf_hop = [&] { return caf_rt.us_per_hop(crossings); };
-    auto calls = [&] { return nodes_round_us(p, cb, multidev::round{}, rounds); };
-    auto ours = [&] { return nodes_round_us(p, cb, r, rounds); };
-    auto ms = medians_of(reps, {caf_hop, calls, ours});
-    out.push_back(make("round_nodes_replay", "us/replay", ms[2],
-                       "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", 2.0));
-    out.push_back(make("round_nodes_replay", "us/replay", ms[2],
-                       "the same round scheduled call by call", ms[1], "lower", std::nullopt));
+    replay_beside_hop_and_calls(
+      out, "round_nodes_replay", 2.0, opts, o,
+      [&] { return nodes_round_us(p, cb, multidev::round{}, rounds); },
+      [&] { return nodes_round_us(p, cb, r, rounds); });
   }
   if (mixed) {
     register_bench_noop();
@@ -1936,23 +1948,16 @@ void node_figures(std::vector<bench_result>& out, const backend_options& opts,
   if (copies) {
     register_bench_noop();
     int rounds = o.quick ? 20 : 200;
-    int crossings = o.quick ? 100 : 1'000;
-    remote_pair pair{opts};
-    caf_remote_ping_pong caf_rt{pair};
     auto& c = p.client();
     tnode t{2, "bench_round_copy", 4096, memory_mode::on_device};
     auto ca = c.alloc_node(c.make_context(p.a), t);
     auto cb = c.alloc_node(c.make_context(p.b), t);
     auto again = [&] { schedule_copy_round(c, p.a, p.b, t, ca, cb); };
     auto r = c.record("copies", again);
-    auto caf_hop = [&] { return caf_rt.us_per_hop(crossings); };
-    auto calls = [&] { return nodes_round_us(p, cb, multidev::round{}, rounds, again, false); };
-    auto ours = [&] { return nodes_round_us(p, cb, r, rounds, again, false); };
-    auto ms = medians_of(reps, {caf_hop, calls, ours});
-    out.push_back(make("round_nodes_copy_replay", "us/replay", ms[2],
-                       "CAF remote ping-pong hop, same kind of connection", ms[0], "lower", 3.0));
-    out.push_back(make("round_nodes_copy_replay", "us/replay", ms[2],
-                       "the same round scheduled call by call", ms[1], "lower", std::nullopt));
+    replay_beside_hop_and_calls(
+      out, "round_nodes_copy_replay", 3.0, opts, o,
+      [&] { return nodes_round_us(p, cb, multidev::round{}, rounds, again, false); },
+      [&] { return nodes_round_us(p, cb, r, rounds, again, false); });
   }
 }
 
