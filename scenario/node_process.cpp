@@ -26,8 +26,9 @@ namespace multidev::scenario {
 using namespace std::chrono_literals;
 
 node_process::node_process(const std::string& tool, int devices, const std::string& name,
-                           bool keep_stderr, const std::vector<std::string>& extra) {
-  std::vector<std::string> args{tool,          "node", "--port", "0", "--cpu-devices",
+                           bool keep_stderr, const std::vector<std::string>& extra,
+                           uint16_t port) {
+  std::vector<std::string> args{tool, "node", "--port", std::to_string(port), "--cpu-devices",
                                 std::to_string(devices), "--stop-with-parent"};
   if (!name.empty()) {
     args.push_back("--name");

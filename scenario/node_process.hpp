@@ -1,6 +1,6 @@
 #pragma once
 // A `multidev node` process started by this one (`multidev run
-// --spawn-nodes`, the node tests): started on port 0, its address read from
+// --spawn-nodes`, the node tests): started on port 0 (or one given), its address read from
 // its "listening on ADDR:PORT" line, stopped and reaped when destroyed.
 
 #include <sys/types.h>
@@ -13,15 +13,16 @@ namespace multidev::scenario {
 
 class node_process {
 public:
-  /// Starts `tool node --port 0 --cpu-devices N [--name NAME]` and waits
+  /// Starts `tool node --port PORT --cpu-devices N [--name NAME]` and waits
   /// (30 s at most) for its address; throws `std::runtime_error` otherwise.
   /// The node's stderr is kept aside (see `errors`) unless `keep_stderr`,
   /// which lets it through.
   /// `extra` goes after those arguments. The node is started with
   /// `--stop-with-parent`: should this process die without stopping it, the
-  /// node stops too.
+  /// node stops too. `port` 0: one the system picks.
   node_process(const std::string& tool, int devices, const std::string& name,
-               bool keep_stderr = false, const std::vector<std::string>& extra = {});
+               bool keep_stderr = false, const std::vector<std::string>& extra = {},
+               uint16_t port = 0);
   /// SIGTERM, then SIGKILL after 10 s; reaps it.
   ~node_process();
   node_process(const node_process&) = delete;

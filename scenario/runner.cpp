@@ -212,8 +212,10 @@ private:
   }
 
   /// Attaches `n` (again, after a `detach` or a loss: a new session), and
-  /// puts its devices at their ordinals.
-  void attach_one(const node_decl& n) {
+  /// puts its devices at their ordinals. `again` (an `(attach NAME)` step):
+  /// a node that cannot be reached yet (a link healing, a node restarting)
+  /// is tried again until the step timeout.
+  void attach_one(const node_decl& n, bool again = false) {
     const auto& proc = process_of(n);
     std::string address;
     if (auto it = opts_.nodes.find(proc.name); it != opts_.nodes.end()) {
@@ -248,6 +250,11 @@ private:
       o.expected_name = proc.name;
       o.name = n.name;
       o.cookie_file = opts_.cookie_file;
+      if (again) {
+        o.retry_unreachable = true;
+        o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::duration<double>(opts_.step_timeout_s));
+      }
       ds = attach_node(b_, address.substr(0, colon), static_cast<uint16_t>(port), o);
     } catch (const std::exception& e) {
       throw script_error(n.where, fmt::format("node '{}': {}", n.name, e.what()));
@@ -270,7 +277,7 @@ private:
       detach_node(b_, n.name);
     } else {
       try {
-        attach_one(n);
+        attach_one(n, true);
       } catch (const script_error& e) {
         throw std::invalid_argument(e.what());
       }

@@ -15,7 +15,9 @@
 #     run sees its work fail ("session ended", after the lease and margin);
 #     once the node has ended the session (its lease ran out: its stderr
 #     says so) the link comes back up, and the same run attaches b again
-#     (`(attach b)`: a new session) and works on it.
+#     (`(attach b)`: a new session, tried again while the link is still
+#     down: under load the run may get there before the node's lease ran
+#     out) and works on it.
 #  5. SIGTERM stops the node (exit status 0).
 # Needs root, network namespaces (`ip netns`) and veth; exits 77 (skipped)
 # without. No step sleeps to synchronise: it waits on the node's "listening
@@ -228,7 +230,8 @@ cat >"$dir/rejoin.scn" <<'EOF'
 (kernel cb spin_ns 0 (as queued))       ; ...with work queued behind
 ; The link goes down now: no lease renewal gets through; lost after 4 s.
 (expect (sync queued) (fails (matches "session ended")))
-; The link is back once the node ended the session: a new one.
+; The link is back once the node ended the session: a new one. The
+; attach tries again while the link is still down (until the step timeout).
 (attach b)
 (context cb2 b/0)
 (expect (kernel cb2 spin_ns 0) ok)

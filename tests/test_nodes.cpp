@@ -744,6 +744,56 @@ BOOST_AUTO_TEST_CASE(test_nodes_attach_to_nothing_names_the_address) {
   }
 }
 
+/// A port of this machine that nothing listens on (bound and let go).
+uint16_t unused_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  BOOST_TEST_REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0
+            && getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  BOOST_TEST_REQUIRE(ok, "binding a port of 127.0.0.1");
+  return ntohs(a.sin_port);
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_an_attach_told_to_retry_tries_an_unreachable_node_until_its_timeout) {
+  cluster c;
+  auto port = unused_port();
+  node_attach_options o;
+  o.timeout = std::chrono::milliseconds{400};
+  o.retry_unreachable = true;
+  try {
+    attach_node(c.b, "127.0.0.1", port, o);
+    BOOST_ERROR("attached a node on a port nobody listens on");
+  } catch (const device_error& e) {
+    // Named, with the timeout and more than one try (50 ms apart, then 100...).
+    BOOST_TEST(contains(e.what(), "127.0.0.1:" + std::to_string(port) + " within 400 ms"), e.what());
+    BOOST_TEST(!contains(e.what(), "(1 tries)"), e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(test_nodes_an_attach_told_to_retry_attaches_a_node_that_comes_up_meanwhile) {
+  cluster c;
+  auto port = unused_port();
+  node_attach_options o;
+  o.timeout = std::chrono::seconds{60};
+  // Not told to: nothing listens there yet, so it fails at once.
+  BOOST_CHECK_EXCEPTION(attach_node(c.b, "127.0.0.1", port, o), device_error,
+                        [](const device_error& e) { return contains(e.what(), "cannot reach"); });
+  o.retry_unreachable = true;
+  auto attached = std::async(std::launch::async, [&] { return attach_node(c.b, "127.0.0.1", port, o); });
+  // The node comes up after the attach began (a process start: its first
+  // tries are refused); the attach takes it once it listens.
+  node_process node{tool(), 1, "b", true, {}, port};
+  BOOST_TEST_REQUIRE((attached.wait_for(std::chrono::seconds{90}) == std::future_status::ready));
+  auto ds = attached.get();
+  BOOST_TEST_REQUIRE(ds.size() == 1u);
+  test_support::sync(c.b, c.b.schedule_named(ds[0], {"spin_ns", {int64_t{0}}}));
+}
+
 BOOST_AUTO_TEST_CASE(test_nodes_a_backend_of_its_own_attaches_and_a_system_without_heartbeats_is_refused) {
   node_process node{tool(), 1, "b", true};
   {

@@ -33,6 +33,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -945,10 +946,22 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
   auto node = connect();
   // CAF gives up a handshake that hears nothing after one heartbeat
   // interval: a node that is slow to answer (stopped, busy) gets tries until
-  // the timeout (each at most one interval past it).
-  while (!node && node.error() == caf::sec::connection_timeout
-         && std::chrono::steady_clock::now() < deadline)
+  // the timeout (each at most one interval past it). One that cannot be
+  // reached gets them only when asked (`retry_unreachable`), a pause between
+  // two, doubling from 50 ms up to 1 s, cut at the deadline.
+  auto pause = std::chrono::milliseconds{50};
+  int tries = 1;
+  while (!node && std::chrono::steady_clock::now() < deadline) {
+    if (node.error() == caf::sec::cannot_connect_to_node && opts.retry_unreachable) {
+      ++tries;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        pause, deadline - std::chrono::steady_clock::now()));
+      pause = std::min(2 * pause, std::chrono::milliseconds{1000});
+    } else if (node.error() != caf::sec::connection_timeout) {
+      break;
+    }
     node = connect();
+  }
   if (!node) {
     auto why = sys.render(node.error());
     if (node.error() == caf::sec::disconnect_during_handshake)
@@ -959,6 +972,11 @@ std::vector<device> attach_node(backend& b, const std::string& host, uint16_t po
                                               "{} ms{}: {}",
                                               address, opts.timeout.count(),
                                               tls ? " over TLS" : "", why));
+    if (opts.retry_unreachable)
+      throw device_error(address, fmt::format("attach_node: cannot reach a node at {}{} within {} "
+                                              "ms ({} tries): {}",
+                                              address, tls ? " over TLS" : "",
+                                              opts.timeout.count(), tries, why));
     throw device_error(address, fmt::format("attach_node: cannot reach a node at {}{}: {}", address,
                                             tls ? " over TLS" : "", why));
   }

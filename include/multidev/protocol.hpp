@@ -815,6 +815,12 @@ struct node_attach_options {
   /// The file of the cookie the session is opened with (`load_cookie`);
   /// empty: the default file, which `multidev node` uses too.
   std::string cookie_file;
+  /// When set, a node that cannot be reached (the connection refused, the
+  /// network unreachable) is tried again, 50 ms apart and up to 1 s apart,
+  /// until `timeout`: a node that restarts, or a link that heals, in the
+  /// meantime is attached. Unset (the default), such a node fails the
+  /// attach at once.
+  bool retry_unreachable = false;
 };
 
 /// `attach_node` with `opts`. A node attached already under the same name
