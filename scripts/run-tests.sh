@@ -4,8 +4,8 @@
 # UndefinedBehaviorSanitizer (the `sanitize` preset, in build-sanitize/; about
 # 10-15 minutes from scratch on 2 cores). MULTIDEV_SANITIZE=0 skips the second.
 # Then the fuzz smoke run: each libFuzzer harness of fuzz/ (the s-expression
-# parser, the scenario loader, the actors' protocol) for 60 s
-# (scripts/run-fuzz.sh; 3 minutes of fuzzing, plus its build, which compiles
+# parser, the scenario loader, the actors' protocol) for 40 s
+# (scripts/run-fuzz.sh; 2 minutes of fuzzing, plus its build, which compiles
 # the whole library with clang once: ccache keeps it); MULTIDEV_FUZZ=0 skips it. Last, the core tests under
 # ThreadSanitizer (scripts/run-tsan.sh: the `tsan` preset in build-tsan/,
 # about 6 minutes with its build, which builds the core tests' programs
@@ -59,7 +59,7 @@ if [ "${MULTIDEV_SANITIZE:-1}" != 0 ]; then
 fi
 
 if [ "${MULTIDEV_FUZZ:-1}" != 0 ]; then
-  scripts/run-fuzz.sh 60
+  scripts/run-fuzz.sh 40
   timed "the fuzz build and run"
   done_with build-fuzz
 fi
