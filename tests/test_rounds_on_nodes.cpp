@@ -951,6 +951,14 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_round_here_let_go_while_another_repl
              n.debug(n.actor_a));
 }
 
+/// `t` allocated on `d` by `c`: the context that holds it, and the whole
+/// node as a kernel's buffer argument.
+std::pair<context, buffer_arg> placed(backend& c, const device& d, const tnode& t) {
+  auto ctx = c.alloc_node(c.make_context(d), t);
+  buffer_arg arg{ctx.buffers.at(t), t.size_in_bytes};
+  return {std::move(ctx), arg};
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_copies_replay_on_the_nodes_one_message_per_node) {
   // A copy between two devices of one node (a0 -> a1) and one between two
   // nodes (a0 -> b0, 1 MiB and a bit: two notices of bytes) are steps of
@@ -964,12 +972,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_copies_replay_on_the_nodes_one_message
   // 1 MiB and a bit, two parts, takes 2 s.)
   constexpr std::size_t floats = (std::size_t{1} << 18) + 64;
   auto t = test_support::node(1, "t", floats);
-  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
-  auto ca1 = c.alloc_node(c.make_context(n.a1), t);
-  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
-  const auto bytes = t.size_in_bytes;
-  buffer_arg on_a0{ca0.buffers.at(t), bytes}, on_a1{ca1.buffers.at(t), bytes},
-    on_b0{cb0.buffers.at(t), bytes};
+  auto [ca0, on_a0] = placed(c, n.a0, t);
+  auto [ca1, on_a1] = placed(c, n.a1, t);
+  auto [cb0, on_b0] = placed(c, n.b0, t);
   event iota;
   auto r = c.record("copies", [&] {
     iota = c.schedule_named(n.a0, {"iota", {on_a0, 0.0}});
@@ -1007,11 +1012,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copy_fails_with_its_source_and_is_wa
   nodes_here n;
   auto& c = *n.client;
   auto t = test_support::node(1, "t", 16);
-  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
-  auto ca1 = c.alloc_node(c.make_context(n.a1), t);
-  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
-  buffer_arg on_a0{ca0.buffers.at(t), t.size_in_bytes},
-    at_b0{cb0.buffers.at(t), t.size_in_bytes};
+  auto [ca0, on_a0] = placed(c, n.a0, t);
+  auto ca1 = placed(c, n.a1, t).first;
+  auto [cb0, at_b0] = placed(c, n.b0, t);
   event maybe, to_b;
   auto r = c.record("step", [&] {
     c.schedule_named(n.a0, {"fill", {on_a0, 3.0}});
@@ -1078,9 +1081,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_peer_that_lies_about_a_copys_bytes_f
   test_support::latch_gate gate;
   hold_gate = &gate;
   auto t = test_support::node(1, "t", 16);
-  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
-  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
-  buffer_arg on_a0{ca0.buffers.at(t), t.size_in_bytes};
+  auto [ca0, on_a0] = placed(c, n.a0, t);
+  auto [cb0, on_b0] = placed(c, n.b0, t);
   auto r = c.record("copy", [&] {
     c.schedule_named(n.a0, {"test_hold", {}});
     c.schedule_named(n.a0, {"fill", {on_a0, 2.0}});
@@ -1127,10 +1129,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copys_bytes_may_come_before_their_re
   nodes_here n;
   auto& c = *n.client;
   auto t = test_support::node(1, "t", 16);
-  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
-  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
-  buffer_arg on_a0{ca0.buffers.at(t), t.size_in_bytes},
-    on_b0{cb0.buffers.at(t), t.size_in_bytes};
+  auto [ca0, on_a0] = placed(c, n.a0, t);
+  auto [cb0, on_b0] = placed(c, n.b0, t);
   auto r = c.record("copy", [&] {
     c.schedule_named(n.a0, {"test_hold", {}});
     c.schedule_named(n.a0, {"fill", {on_a0, 2.0}});
@@ -1172,12 +1172,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_copies_between_here_and_the_nodes_repl
   auto& c = *n.client;
   auto h0 = c.get_device(0);
   auto t = test_support::node(1, "t", 256);
-  auto ca0 = c.alloc_node(c.make_context(n.a0), t);
-  auto ch0 = c.alloc_node(c.make_context(h0), t);
-  auto cb0 = c.alloc_node(c.make_context(n.b0), t);
-  const auto bytes = t.size_in_bytes;
-  buffer_arg on_a0{ca0.buffers.at(t), bytes}, on_h0{ch0.buffers.at(t), bytes},
-    on_b0{cb0.buffers.at(t), bytes};
+  auto [ca0, on_a0] = placed(c, n.a0, t);
+  auto [ch0, on_h0] = placed(c, h0, t);
+  auto [cb0, on_b0] = placed(c, n.b0, t);
   event iota;
   auto r = c.record("through here", [&] {
     iota = c.schedule_named(n.a0, {"iota", {on_a0, 0.0}});
@@ -1215,10 +1212,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copy_into_a_merge_buffer_replays_on_
   nodes_here n;
   auto& c = *n.client;
   auto g = test_support::node(1, "g", 16);
-  auto ca0 = c.alloc_node(c.make_context(n.a0), g);
-  auto cb0 = c.alloc_node(c.make_context(n.b0), g);
-  buffer_arg on_a0{ca0.buffers.at(g), g.size_in_bytes},
-    on_b0{cb0.buffers.at(g), g.size_in_bytes};
+  auto [ca0, on_a0] = placed(c, n.a0, g);
+  auto [cb0, on_b0] = placed(c, n.b0, g);
   BOOST_TEST(n.b0.merge_buffer_capacity() == 0u);
   event grad;
   auto r = c.record("merge", [&] {
