@@ -53,6 +53,11 @@ uint64_t next_backend_id() noexcept {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+uint32_t next_round_id() noexcept {
+  static std::atomic<uint32_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 node_ref recorded_node() {
   static const node_ref n{"multidev-recorded-round"};
   return n;
@@ -659,6 +664,8 @@ std::size_t round::index_of(const event& recorded) const {
 void round::name_item(const event& recorded, std::string name) {
   auto& s = st();
   s.items[s.index_of(recorded, "round::name_item")].name = std::move(name);
+  std::lock_guard guard{s.images_mu};
+  s.images.clear(); // they copied the names
 }
 
 round_slot round::slot(const event& recorded, std::size_t arg) {
@@ -680,6 +687,8 @@ round_slot round::slot(const event& recorded, std::size_t arg) {
       "scalar arguments can be slots",
       arg, it.name, s.name, it.spec.kernel));
   it.slots[arg] = true;
+  std::lock_guard guard{s.images_mu};
+  s.images.clear(); // their node parts list the slots they had
   return round_slot{i, arg};
 }
 
@@ -849,9 +858,8 @@ round backend::record(std::string name, const std::function<void()>& body) {
       c->round->name, name));
   if (!body)
     throw std::invalid_argument(fmt::format("record: round '{}' has no body", name));
-  static std::atomic<uint32_t> next_id{1};
   auto st = std::make_shared<detail::round_state>();
-  st->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  st->id = detail::next_round_id();
   st->backend_id = impl_->id;
   st->name = std::move(name);
   detail::capture cap{impl_.get(), st.get()};
@@ -883,6 +891,57 @@ const context& image(const device_remap* m, const context& c, std::optional<cont
   tmp = c;
   tmp->device = to;
   return *tmp;
+}
+
+/// `st0` as `m` moves it (`round_state::images`): made at the remap's first
+/// replay, then found, its slot arguments set to the round's now; `st0`
+/// itself when `m` moves none of its devices. Null when the round holds a
+/// closure or a routine (those replays go call by call). An image comes
+/// with `lock` holding the round's `images_mu`, for the replay: two threads
+/// replaying it would otherwise write its slots while the other binds them.
+std::shared_ptr<detail::round_state> image_of(const std::shared_ptr<detail::round_state>& st0,
+                                              const device_remap& m,
+                                              std::unique_lock<std::mutex>& lock) {
+  using kind = detail::round_item::kind;
+  auto& st = *st0;
+  device_remap key;
+  for (const auto& d : st.devices)
+    if (const auto& to = image(&m, d); !(to == d))
+      key.emplace_back(d, to);
+  if (key.empty())
+    return st0;
+  for (const auto& it : st.items)
+    if (it.k == kind::task || it.k == kind::run)
+      return nullptr;
+  lock = std::unique_lock{st.images_mu};
+  std::shared_ptr<detail::round_state> img;
+  for (const auto& [k, i] : st.images)
+    if (k == key)
+      img = i;
+  if (!img) {
+    img = std::make_shared<detail::round_state>();
+    img->id = detail::next_round_id();
+    img->backend_id = st.backend_id;
+    img->name = st.name;
+    img->items = st.items;
+    std::optional<context> tmp;
+    for (auto& it : img->items) {
+      it.dev = image(&m, it.dev);
+      it.ctx = image(&m, it.ctx, tmp);
+      it.src = image(&m, it.src, tmp);
+    }
+    for (const auto& d : st.devices)
+      img->devices.push_back(image(&m, d));
+    if (st.images.size() >= detail::round_state::max_images)
+      st.images.erase(st.images.begin());
+    st.images.emplace_back(std::move(key), img);
+  }
+  // The round's slot values of now (`round::arg` writes the round's items).
+  for (std::size_t i = 0; i < st.items.size(); ++i)
+    for (std::size_t a = 0; a < st.items[i].slots.size(); ++a)
+      if (st.items[i].slots[a])
+        img->items[i].spec.args[a] = st.items[i].spec.args[a];
+  return img;
 }
 
 /// Why `d`'s node is gone, if it is (a device of this process never is):
@@ -1846,8 +1905,14 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   if (st->backend_id != impl_->id)
     throw std::invalid_argument(fmt::format(
       "replay: round '{}' was recorded by another backend; replay it there", st->name));
-  if (m)
+  // Under a remap, the round as moved (when it holds no closure or
+  // routine): its plans replay it as the round's own replay it.
+  std::shared_ptr<detail::round_state> moved;
+  std::unique_lock<std::mutex> moved_lock; // held for the image's replay
+  if (m) {
     check_remap(*impl_, *st, *m);
+    moved = image_of(st, *m, moved_lock);
+  }
   // A lost device (its node killed, its session ended) is refused before
   // anything is scheduled: a replay either starts whole or not at all.
   for (const auto& d0 : st->devices) {
@@ -1864,32 +1929,37 @@ replay_events backend::replay_mapped(const round& r, const device_remap* m) {
   // The device-side replay, when the round runs in this process: every
   // entry pushed at once, or none (docs/design.md, "Recorded rounds").
   std::optional<uint64_t> retry; // the replay's number, when it goes call by call after all
-  if (!m) {
-    std::call_once(st->plan_once, [&st, this] {
-      build_plan(*st, st->plan);
-      if (!st->plan.usable)
-        build_node_plan(*this, *st, st->nodes);
+  if ((!m || moved) && !st->by_calls) {
+    // An image's replays are the round's: its number, and `replay_events::of`
+    // takes the round's recorded events.
+    const auto& run = moved ? moved : st;
+    std::call_once(run->plan_once, [&run, this] {
+      build_plan(*run, run->plan);
+      if (!run->plan.usable)
+        build_node_plan(*this, *run, run->nodes);
     });
-    if (st->nodes.usable && merge_buffers_fit(st->nodes)) {
-      install_parts(st);
-      std::lock_guard in_order{st->nodes.send_mu};
+    if (run->nodes.usable && merge_buffers_fit(run->nodes)) {
+      install_parts(run);
+      std::lock_guard in_order{run->nodes.send_mu};
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;
-      replay_on_nodes(st, n, out);
+      replay_on_nodes(run, n, out);
+      out.round_id_ = st->id;
       return out;
     }
-    if (st->plan.usable && merge_buffers_fit(*st)) {
+    if (run->plan.usable && merge_buffers_fit(*run)) {
       const uint64_t n = st->replays.fetch_add(1, std::memory_order_relaxed) + 1;
       replay_events out;
       try {
-        replay_on_devices(*this, st, n, out);
+        replay_on_devices(*this, run, n, out);
+        out.round_id_ = st->id;
         return out;
       } catch (const device_error&) {
         // A device failed or stopping refuses the whole push, where its
         // `free_pool` call would release the pool at once and succeed:
         // a round with pool calls goes call by call then (the tables are
         // as before), as the calls would run.
-        if (!st->plan.pools)
+        if (!run->plan.pools)
           throw;
         retry = n;
       }

@@ -232,6 +232,22 @@ struct round_state {
   std::once_flag plan_once;
   /// The node-side replay, built with it when `plan` does not take the round.
   node_plan nodes;
+  /// Its images under remaps (`backend::replay(r, remap)`): the round with
+  /// each item's device and contexts moved by the remap (the key: the pairs
+  /// that move a device of the round), whose own plans replay it as this
+  /// round's replay it, under this round's replay numbers. Made at a
+  /// remap's first replay when the round holds no closure or routine (an
+  /// image would run copies of them); the last `max_images` are kept, and
+  /// `name_item` and `slot` let them go (they copy names and slots).
+  /// Guarded by `images_mu`, which a replay of an image holds throughout
+  /// (it writes the image's slots).
+  std::vector<std::pair<std::vector<std::pair<device, device>>, std::shared_ptr<round_state>>>
+    images;
+  std::mutex images_mu;
+  static constexpr std::size_t max_images = 4;
+  /// Tests: every replay goes call by call (the plans' reference). Set
+  /// before replaying, on the replaying thread.
+  bool by_calls = false;
 
   /// Item `i`'s recorded event.
   event recorded_event(std::size_t i) const;
@@ -243,6 +259,9 @@ struct round_state {
   /// Appends `it` (naming it `"<label> <index>"`); returns its recorded event.
   event add(round_item it, std::string_view label);
 };
+
+/// A new round id (`round_state::id`), unique in the process.
+uint32_t next_round_id() noexcept;
 
 /// The node of recorded events: no device lives there, so they resolve to
 /// no endpoint (waiting on one outside its round throws).

@@ -620,6 +620,12 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_round_to_another_local_device) {
   }
   BOOST_TEST(ran.load() == 2);
   BOOST_TEST(b.all_work(d0).seq() == before0.seq());
+  {
+    // Its closures keep the remapped replays call by call (an image would
+    // run copies of them).
+    std::lock_guard guard{r.state()->images_mu};
+    BOOST_TEST(r.state()->images.empty());
+  }
   // Mapped back (d0 -> d0 is no move), it runs on d0 again. Every device
   // of the replay is synced: d2's task reads `b` and `seen`, which must
   // outlive it (TSan caught ~backend racing it when only d0 was synced).
@@ -671,6 +677,13 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copy_and_a_wait_with_their_device
     BOOST_TEST(read_back(b, c2, t) == std::vector<float>(n, static_cast<float>(v)));
   }
   BOOST_TEST(b.all_work(d1).seq() == before1);
+  // No closure, no routine: the round as moved (its image) replayed on the
+  // devices, as the round's own replays do.
+  auto& st = *r.state();
+  std::lock_guard guard{st.images_mu};
+  BOOST_TEST_REQUIRE(st.images.size() == 1u);
+  BOOST_TEST(st.images[0].second->plan.usable);
+  BOOST_TEST((st.images[0].second->devices == std::vector<device>{d0, d2}));
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_scheduled) {
@@ -803,8 +816,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_on_the_devices_is_whole_or_refused) {
 }
 
 // A replay on the devices makes its events on demand from each device's
-// last seq: they are the events a replay call by call gives (`replay(r,
-// {})` takes that path), seq for seq from each device's start, waits that
+// last seq: they are the events a replay call by call gives (the round's
+// `by_calls` takes that path), seq for seq from each device's start, waits that
 // need no entry (on the device's own work, on an event done before the
 // round) included.
 BOOST_AUTO_TEST_CASE(test_rounds_replay_events_on_the_devices_match_the_calls) {
@@ -855,7 +868,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_replay_events_on_the_devices_match_the_calls) {
     return ev;
   };
   std::array<uint64_t, 3> base_calls{}, base_devices{};
-  auto by_calls = replay_held([&] { return b.replay(r, device_remap{}); }, base_calls);
+  r.state()->by_calls = true;
+  auto by_calls = replay_held([&] { return b.replay(r); }, base_calls);
+  r.state()->by_calls = false;
   auto want = offsets(by_calls, base_calls);
   auto on_devices = replay_held([&] { return b.replay(r); }, base_devices);
   BOOST_TEST((offsets(on_devices, base_devices) == want));
@@ -930,7 +945,7 @@ namespace {
 /// A toy training step on 3 devices (test_rounds_copies_...): each device
 /// adds w into g, device 0 sums the others' g through its merge buffer,
 /// updates w, and w is copied back to the others; replayed `replays` times,
-/// by the calls (`replay(r, {})`) or as the plan takes it. The w of every
+/// by the calls (the round's `by_calls`) or as the plan takes it. The w of every
 /// device after, and whether the devices' plan took the round.
 std::pair<std::vector<float>, bool> train_like(int replays, bool by_calls) {
   backend b{on_test_driver(backend_options{.num_devices = 3})};
@@ -967,7 +982,8 @@ std::pair<std::vector<float>, bool> train_like(int replays, bool by_calls) {
     }
   });
   for (int k = 0; k < replays; ++k) {
-    auto ev = by_calls ? b.replay(r, device_remap{}) : b.replay(r);
+    r.state()->by_calls = by_calls;
+    auto ev = b.replay(r);
     for (const auto& [dev, e] : ev.all_work())
       sync(b, e);
   }

@@ -1234,3 +1234,42 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copy_into_a_merge_buffer_replays_on_
   BOOST_TEST(n.b0.merge_buffer_capacity() == g.size_in_bytes);
   expect_rounds_on_both(n, "(rounds (parts 1) (replays 2) (early 0) (dropped 0))");
 }
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_remapped_replay_goes_on_the_nodes_too) {
+  // A round on a0 and a1 (a1 waits for a0's item), remapped a0 -> b0 (as
+  // after a0's node was lost): the round as moved replays on the nodes, one
+  // message per node, b0 -> a1 node to node (not call by call), under the
+  // round's replay numbers and with each replay's slot values; the round's
+  // recorded events give the moved items' events.
+  nodes_here n;
+  auto& c = *n.client;
+  event maybe, last;
+  auto r = c.record("moved", [&] {
+    maybe = c.schedule_named(n.a0, {"test_maybe_fail", {int64_t{0}}});
+    c.will_wait_for(c.make_context(n.a1), maybe);
+    last = c.schedule_named(n.a1, note("a1 after a0"));
+  });
+  auto fail = r.slot(maybe, 0);
+  the_log().take();
+  sync_all(c, c.replay(r)); // replay 1, on a0 and a1
+  const device_remap to_b{{n.a0, n.b0}};
+  for (int k = 2; k <= 3; ++k) {
+    auto ev = c.replay(r, to_b);
+    BOOST_TEST((ev.of(maybe).key() == n.b0.key()));
+    BOOST_TEST((ev.of(last).key() == n.a1.key()));
+    sync_all(c, ev);
+  }
+  BOOST_TEST(the_log().take() == std::vector<std::string>(3, "a1 after a0"),
+             boost::test_tools::per_element());
+  auto text_b = n.debug(n.actor_b);
+  BOOST_TEST(contains(text_b, "(rounds (parts 1) (replays 2)"), text_b);
+  // Replay 4 fails on b0 (its slot set since): named with the round and the
+  // replay; a1's wait on it, across the nodes, fails with it.
+  r.arg(fail) = 1;
+  auto ev = c.replay(r, to_b);
+  auto on_b0 = expect_throw<device_error>([&] { sync(c, ev.of(maybe)); }, "a planned failure");
+  BOOST_TEST(contains(on_b0, "replay 4 of round 'moved'"), on_b0);
+  expect_throw<device_error>([&] { sync(c, ev.of(last)); }, "a planned failure");
+  BOOST_TEST(r.replays() == 4u);
+  BOOST_TEST(the_log().take().empty());
+}
