@@ -904,39 +904,58 @@ std::shared_ptr<detail::round_state> image_of(const std::shared_ptr<detail::roun
                                               std::unique_lock<std::mutex>& lock) {
   using kind = detail::round_item::kind;
   auto& st = *st0;
+  // The key: the pairs that move a device an item names, a copy's source
+  // too (which `devices`, the items' own devices, may not list).
   device_remap key;
-  for (const auto& d : st.devices)
-    if (const auto& to = image(&m, d); !(to == d))
+  auto note = [&](const device& d) {
+    const auto& to = image(&m, d);
+    if (d && !(to == d)
+        && std::find_if(key.begin(), key.end(), [&d](const auto& p) { return p.first == d; })
+             == key.end())
       key.emplace_back(d, to);
+  };
+  for (const auto& it : st.items) {
+    note(it.dev);
+    if (it.k == kind::copy)
+      note(it.src.device);
+  }
   if (key.empty())
     return st0;
   for (const auto& it : st.items)
     if (it.k == kind::task || it.k == kind::run)
       return nullptr;
-  lock = std::unique_lock{st.images_mu};
   std::shared_ptr<detail::round_state> img;
-  for (const auto& [k, i] : st.images)
-    if (k == key)
-      img = i;
-  if (!img) {
-    img = std::make_shared<detail::round_state>();
-    img->id = detail::next_round_id();
-    img->backend_id = st.backend_id;
-    img->name = st.name;
-    img->items = st.items;
-    std::optional<context> tmp;
-    for (auto& it : img->items) {
-      it.dev = image(&m, it.dev);
-      it.ctx = image(&m, it.ctx, tmp);
-      it.src = image(&m, it.src, tmp);
+  {
+    std::lock_guard cache{st.images_mu};
+    for (auto at = st.images.begin(); at != st.images.end(); ++at)
+      if (at->first == key) {
+        img = at->second;
+        // The most recently used last: the first one is let go first.
+        std::rotate(at, at + 1, st.images.end());
+        break;
+      }
+    if (!img) {
+      img = std::make_shared<detail::round_state>();
+      img->id = detail::next_round_id();
+      img->backend_id = st.backend_id;
+      img->name = st.name;
+      img->items = st.items;
+      std::optional<context> tmp;
+      for (auto& it : img->items) {
+        it.dev = image(&m, it.dev);
+        it.ctx = image(&m, it.ctx, tmp);
+        it.src = image(&m, it.src, tmp);
+      }
+      for (const auto& d : st.devices)
+        img->devices.push_back(image(&m, d));
+      if (st.images.size() >= detail::round_state::max_images)
+        st.images.erase(st.images.begin());
+      st.images.emplace_back(std::move(key), img);
     }
-    for (const auto& d : st.devices)
-      img->devices.push_back(image(&m, d));
-    if (st.images.size() >= detail::round_state::max_images)
-      st.images.erase(st.images.begin());
-    st.images.emplace_back(std::move(key), img);
   }
-  // The round's slot values of now (`round::arg` writes the round's items).
+  // The round's slot values of now (`round::arg` writes the round's items),
+  // under the image's own lock, held for its replay.
+  lock = std::unique_lock{img->image_replay_mu};
   for (std::size_t i = 0; i < st.items.size(); ++i)
     for (std::size_t a = 0; a < st.items[i].slots.size(); ++a)
       if (st.items[i].slots[a])
@@ -1770,8 +1789,14 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
 void check_remap(detail::backend_impl& impl, const detail::round_state& st,
                  const device_remap& m) {
   using kind = detail::round_item::kind;
-  auto touches = [&st](const device& d) {
-    return std::find(st.devices.begin(), st.devices.end(), d) != st.devices.end();
+  // The devices the round names: its items' own, and a copy's source (which
+  // may hold no item of its own).
+  std::vector<device> named = st.devices;
+  for (const auto& it : st.items)
+    if (it.k == kind::copy && std::find(named.begin(), named.end(), it.src.device) == named.end())
+      named.push_back(it.src.device);
+  auto touches = [&named](const device& d) {
+    return std::find(named.begin(), named.end(), d) != named.end();
   };
   for (std::size_t i = 0; i < m.size(); ++i) {
     const auto& [from, to] = m[i];
@@ -1787,7 +1812,7 @@ void check_remap(detail::backend_impl& impl, const detail::round_state& st,
       continue;
     // Where the round's devices end up: no two on one device (their pools
     // and orders would mix).
-    for (const auto& d : st.devices)
+    for (const auto& d : named)
       if (d != from && image(&m, d) == to)
         throw std::invalid_argument(fmt::format(
           "replay: remap of round '{}': {} and {} would both run on {}; map each device "

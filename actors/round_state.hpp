@@ -239,11 +239,13 @@ struct round_state {
   /// remap's first replay when the round holds no closure or routine (an
   /// image would run copies of them); the last `max_images` are kept, and
   /// `name_item` and `slot` let them go (they copy names and slots).
-  /// Guarded by `images_mu`, which a replay of an image holds throughout
-  /// (it writes the image's slots).
+  /// Guarded by `images_mu` (held only to find or make one). An image's
+  /// replay holds the image's `image_replay_mu` throughout: it writes the
+  /// image's slots, which another thread's replay of it would be binding.
   std::vector<std::pair<std::vector<std::pair<device, device>>, std::shared_ptr<round_state>>>
     images;
   std::mutex images_mu;
+  std::mutex image_replay_mu;
   static constexpr std::size_t max_images = 4;
   /// Tests: every replay goes call by call (the plans' reference). Set
   /// before replaying, on the replaying thread.

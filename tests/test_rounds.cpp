@@ -686,6 +686,43 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copy_and_a_wait_with_their_device
   BOOST_TEST((st.images[0].second->devices == std::vector<device>{d0, d2}));
 }
 
+BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copys_source_that_holds_no_item) {
+  // d1 copies t from d0 and sums it; d0 holds no item of the round. With
+  // d0 mapped to d2 the copy reads d2's t (7s), not d0's (1s); with d1
+  // moved too, a remap of its own (not the first one's image).
+  backend b{on_test_driver(backend_options{.num_devices = 4})};
+  auto d0 = b.get_device(0), d1 = b.get_device(1), d2 = b.get_device(2), d3 = b.get_device(3);
+  constexpr std::size_t n = 8;
+  auto [c0, t] = node_on(b, b.make_context(d0), 1, n);
+  auto c1 = node_on(b, b.make_context(d1), 1, n).first;
+  auto c2 = node_on(b, b.make_context(d2), 1, n).first;
+  auto c3 = node_on(b, b.make_context(d3), 1, n).first;
+  BOOST_TEST_REQUIRE((c2.buffers.at(t) == c0.buffers.at(t)));
+  BOOST_TEST_REQUIRE((c3.buffers.at(t) == c1.buffers.at(t)));
+  sync(b, b.schedule_named(d0, {"fill", {buf(c0, t), 1.0}}));
+  sync(b, b.schedule_named(d2, {"fill", {buf(c2, t), 7.0}}));
+  event summed;
+  auto r = b.record("pulled", [&] {
+    b.device_to_device(t, merge_buffer_use::no, c1, c0);
+    summed = b.schedule_named(d1, {"checksum", {buf(c1, t), std::string{"pulled_sum"}}});
+  });
+  auto sum_of = [&](const replay_events& ev) {
+    sync(b, ev.of(summed));
+    auto res = b.result("pulled_sum");
+    BOOST_TEST_REQUIRE(res.has_value());
+    return res->sum;
+  };
+  BOOST_TEST(sum_of(b.replay(r)) == 1.0 * n);
+  for (int k = 0; k < 2; ++k)
+    BOOST_TEST(sum_of(b.replay(r, {{d0, d2}})) == 7.0 * n);
+  BOOST_TEST(sum_of(b.replay(r, {{d0, d2}, {d1, d3}})) == 7.0 * n);
+  BOOST_TEST(read_back(b, c3, t) == std::vector<float>(n, 7.0f));
+  BOOST_TEST(sum_of(b.replay(r, {{d1, d3}})) == 1.0 * n);
+  // A source mapped onto the copy's own destination is refused as any two
+  // devices of the round on one.
+  expect_throw<std::invalid_argument>([&] { b.replay(r, {{d0, d1}}); }, "would both run on");
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_remap_checks_refuse_before_anything_is_scheduled) {
   // Each check of replay(r, remap) refuses with the round and the device
   // named, and nothing of the replay is scheduled.

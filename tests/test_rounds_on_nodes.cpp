@@ -1263,12 +1263,14 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_remapped_replay_goes_on_the_nodes_to
              boost::test_tools::per_element());
   auto text_b = n.debug(n.actor_b);
   BOOST_TEST(contains(text_b, "(rounds (parts 1) (replays 2)"), text_b);
-  // Replay 4 fails on b0 (its slot set since): named with the round and the
-  // replay; a1's wait on it, across the nodes, fails with it.
+  // Replay 4 fails on b0 (its slot set since, and the item named: the
+  // round as moved is made again): named with the round, the replay and
+  // the item; a1's wait on it, across the nodes, fails with it.
   r.arg(fail) = 1;
+  r.name_item(maybe, "the maybe");
   auto ev = c.replay(r, to_b);
   auto on_b0 = expect_throw<device_error>([&] { sync(c, ev.of(maybe)); }, "a planned failure");
-  BOOST_TEST(contains(on_b0, "replay 4 of round 'moved'"), on_b0);
+  BOOST_TEST(contains(on_b0, "replay 4 of round 'moved', item 'the maybe'"), on_b0);
   expect_throw<device_error>([&] { sync(c, ev.of(last)); }, "a planned failure");
   BOOST_TEST(r.replays() == 4u);
   BOOST_TEST(the_log().take().empty());
