@@ -41,6 +41,14 @@ buffer_arg buf(const context& c, const tnode& t) {
   return buffer_arg{c.buffers.at(t), t.size_in_bytes};
 }
 
+/// The sum `checksum` kept under `name`, once `e` (the checksum's event) is done.
+double sum_when(backend& b, const event& e, const std::string& name) {
+  sync(b, e);
+  auto res = b.result(name);
+  BOOST_TEST_REQUIRE(res.has_value());
+  return res->sum;
+}
+
 /// `(key value)` in a device's debug info, the value as an atom.
 std::string info_field(const sexp& s, const std::string& key) {
   auto* f = s.find(key);
@@ -176,12 +184,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_slot_argument_is_read_by_each_replay) {
   });
   BOOST_TEST(r.size() == 4u);
   auto s = r.slot(filled, 1);
-  auto sum_after = [&](const replay_events& ev) {
-    sync(b, ev.of(summed));
-    auto res = b.result("sum");
-    BOOST_REQUIRE(res.has_value());
-    return res->sum;
-  };
+  auto sum_after = [&](const replay_events& ev) { return sum_when(b, ev.of(summed), "sum"); };
   BOOST_TEST(sum_after(b.replay(r)) == 1.0 * n);
   r.arg(s) = 2.5;
   BOOST_TEST(sum_after(b.replay(r)) == 2.5 * n);
@@ -706,12 +709,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_remap_moves_a_copys_source_that_holds_no_item) 
     b.device_to_device(t, merge_buffer_use::no, c1, c0);
     summed = b.schedule_named(d1, {"checksum", {buf(c1, t), std::string{"pulled_sum"}}});
   });
-  auto sum_of = [&](const replay_events& ev) {
-    sync(b, ev.of(summed));
-    auto res = b.result("pulled_sum");
-    BOOST_TEST_REQUIRE(res.has_value());
-    return res->sum;
-  };
+  auto sum_of = [&](const replay_events& ev) { return sum_when(b, ev.of(summed), "pulled_sum"); };
   BOOST_TEST(sum_of(b.replay(r)) == 1.0 * n);
   for (int k = 0; k < 2; ++k)
     BOOST_TEST(sum_of(b.replay(r, {{d0, d2}})) == 7.0 * n);
