@@ -14,6 +14,7 @@
 #include <multidev/protocol.hpp>
 
 #include "scenario/node_process.hpp"
+#include "test_support.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -63,8 +64,10 @@ struct two_nodes {
   multidev::scenario::node_process nb{tool(), 1, "b", true};
   cluster c;
   multidev::backend& b = c.b;
-  multidev::device a0 = multidev::attach_node(b, "127.0.0.1", na->port()).at(0);
-  multidev::device b0 = multidev::attach_node(b, "127.0.0.1", nb.port()).at(0);
+  multidev::device a0 =
+    multidev::attach_node(b, "127.0.0.1", na->port(), test_attach_options()).at(0);
+  multidev::device b0 =
+    multidev::attach_node(b, "127.0.0.1", nb.port(), test_attach_options()).at(0);
 };
 
 } // namespace test_support

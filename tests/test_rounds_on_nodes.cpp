@@ -138,8 +138,8 @@ struct nodes_here {
     client.emplace(*sys_c, backend_options{.num_devices = 1});
     actor_a = serve(*node_a, "a");
     actor_b = serve(*node_b, "b");
-    auto da = attach_node(*client, "127.0.0.1", port_a);
-    auto db = attach_node(*client, "127.0.0.1", port_b);
+    auto da = attach_node(*client, "127.0.0.1", port_a, test_support::test_attach_options());
+    auto db = attach_node(*client, "127.0.0.1", port_b, test_support::test_attach_options());
     a0 = da.at(0);
     a1 = da.at(1);
     b0 = db.at(0);
@@ -713,8 +713,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_two_clients_replay_their_rounds_on_the
   caf::actor_system sys_d{cfg_d};
   std::optional<backend> other;
   other.emplace(sys_d, backend_options{.num_devices = 1});
-  auto da = attach_node(*other, "127.0.0.1", n.port_a);
-  auto db = attach_node(*other, "127.0.0.1", n.port_b);
+  auto da = attach_node(*other, "127.0.0.1", n.port_a, test_support::test_attach_options());
+  auto db = attach_node(*other, "127.0.0.1", n.port_b, test_support::test_attach_options());
   the_log().take();
   constexpr int replays = 20;
   auto chain = [&](backend& c, const device& a0, const device& b0, const std::string& who) {

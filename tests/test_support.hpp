@@ -11,6 +11,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <multidev/multidev.hpp>
+#include <multidev/protocol.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -208,6 +209,18 @@ inline std::string field_of(const multidev::sexp& info, const char* key) {
 inline std::string test_driver() {
   auto* name = std::getenv("MULTIDEV_TEST_DRIVER");
   return name && *name ? std::string{name} : std::string{"cpu"};
+}
+
+/// How the tests attach nodes: the defaults, with a lease of
+/// `MULTIDEV_TEST_LEASE_MS` milliseconds when set. The ThreadSanitizer
+/// preset sets 10 s: there a client slowed down by TSan, beside another
+/// test and the nodes on two cores, once went 3 s without a renewal at a
+/// test's start, and the node ended the session under it.
+inline multidev::node_attach_options test_attach_options() {
+  multidev::node_attach_options o;
+  if (auto* ms = std::getenv("MULTIDEV_TEST_LEASE_MS"); ms && *ms)
+    o.lease = std::chrono::milliseconds{std::atoll(ms)};
+  return o;
 }
 
 /// `opts` on the suite's driver (`test_driver()`).
