@@ -140,8 +140,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_nodes_a_round_here_and_on_two_nodes_replays_ove
   configure_tls(cfg, *test_support::test_certificates());
   caf::actor_system sys{cfg};
   backend b{sys, {.num_devices = 1}};
-  auto a0 = attach_node(b, "127.0.0.1", na.port()).at(0);
-  auto b0 = attach_node(b, "127.0.0.1", nb.port()).at(0);
+  auto a0 = attach_node(b, "127.0.0.1", na.port(), test_support::test_attach_options()).at(0);
+  auto b0 = attach_node(b, "127.0.0.1", nb.port(), test_support::test_attach_options()).at(0);
   auto l0 = b.get_device(0);
   std::atomic<int> here{0};
   auto r = b.record("tls", [&] {
