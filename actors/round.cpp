@@ -893,32 +893,34 @@ const context& image(const device_remap* m, const context& c, std::optional<cont
   return *tmp;
 }
 
+/// The devices `st` names: its items' own (`devices`), then each copy's
+/// source not among them (a source may hold no item of its own).
+std::vector<device> named_devices(const detail::round_state& st) {
+  std::vector<device> named = st.devices;
+  for (const auto& it : st.items)
+    if (it.k == detail::round_item::kind::copy
+        && std::find(named.begin(), named.end(), it.src.device) == named.end())
+      named.push_back(it.src.device);
+  return named;
+}
+
 /// `st0` as `m` moves it (`round_state::images`): made at the remap's first
 /// replay, then found, its slot arguments set to the round's now; `st0`
-/// itself when `m` moves none of its devices. Null when the round holds a
-/// closure or a routine (those replays go call by call). An image comes
-/// with `lock` holding the round's `images_mu`, for the replay: two threads
-/// replaying it would otherwise write its slots while the other binds them.
+/// itself when `m` moves none of the devices it names. Null when the round
+/// holds a closure or a routine (those replays go call by call). An image
+/// comes with `lock` holding its `image_replay_mu`, for the replay: two
+/// threads replaying it would otherwise write its slots while the other
+/// binds them.
 std::shared_ptr<detail::round_state> image_of(const std::shared_ptr<detail::round_state>& st0,
                                               const device_remap& m,
                                               std::unique_lock<std::mutex>& lock) {
   using kind = detail::round_item::kind;
   auto& st = *st0;
-  // The key: the pairs that move a device an item names, a copy's source
-  // too (which `devices`, the items' own devices, may not list).
+  // The key: the pairs that move a device the round names.
   device_remap key;
-  auto note = [&](const device& d) {
-    const auto& to = image(&m, d);
-    if (d && !(to == d)
-        && std::find_if(key.begin(), key.end(), [&d](const auto& p) { return p.first == d; })
-             == key.end())
+  for (const auto& d : named_devices(st))
+    if (const auto& to = image(&m, d); !(to == d))
       key.emplace_back(d, to);
-  };
-  for (const auto& it : st.items) {
-    note(it.dev);
-    if (it.k == kind::copy)
-      note(it.src.device);
-  }
   if (key.empty())
     return st0;
   for (const auto& it : st.items)
@@ -1789,12 +1791,7 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
 void check_remap(detail::backend_impl& impl, const detail::round_state& st,
                  const device_remap& m) {
   using kind = detail::round_item::kind;
-  // The devices the round names: its items' own, and a copy's source (which
-  // may hold no item of its own).
-  std::vector<device> named = st.devices;
-  for (const auto& it : st.items)
-    if (it.k == kind::copy && std::find(named.begin(), named.end(), it.src.device) == named.end())
-      named.push_back(it.src.device);
+  const auto named = named_devices(st);
   auto touches = [&named](const device& d) {
     return std::find(named.begin(), named.end(), d) != named.end();
   };

@@ -234,7 +234,7 @@ struct round_state {
   node_plan nodes;
   /// Its images under remaps (`backend::replay(r, remap)`): the round with
   /// each item's device and contexts moved by the remap (the key: the pairs
-  /// that move a device of the round), whose own plans replay it as this
+  /// that move a device it names, a copy's source included), whose own plans replay it as this
   /// round's replay it, under this round's replay numbers. Made at a
   /// remap's first replay when the round holds no closure or routine (an
   /// image would run copies of them); the last `max_images` are kept, and
