@@ -21,8 +21,9 @@ main_packages=(cmake g++ make ccache libcaf-dev libcli11-dev libfmt-dev nlohmann
 # through it); valgrind (the tests labelled valgrind run the examples and the
 # tool under memcheck: tests/valgrind.sh, skipped with a message without it);
 # doxygen (the API reference, target doc, and its test docs_api_reference);
-# oneTBB and StarPU (the bench's peers).
-test_packages=(libboost-test-dev openssl pkgconf valgrind doxygen libtbb-dev libstarpu-dev)
+# oneTBB and StarPU (the bench's peers); lld (links the test programs in a
+# third of GNU ld's time; CMake falls back to GNU ld without it).
+test_packages=(lld libboost-test-dev openssl pkgconf valgrind doxygen libtbb-dev libstarpu-dev)
 case "$setup" in
   main)
     packages=("${main_packages[@]}")
