@@ -16,6 +16,7 @@
 #include "actors/binding.hpp"
 #include "actors/device_actor.hpp"
 #include "actors/remote/endpoint_remote.hpp"
+#include "actors/remote/message_checks.hpp"
 #include "actors/remote/node_rounds.hpp"
 #include "multidev/backend.hpp"
 #include "multidev/kernels.hpp"
@@ -1565,18 +1566,78 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
   np.usable = true;
 }
 
+/// Replay `nr` failed on some nodes (each reply in, `unsettled` at 0: a
+/// refusal, or the link closed first): the nodes that pushed it, and this
+/// process's part, fail their waits on each such node's items
+/// (`session_rounds::refused`). Only the client hears of every refusal (a
+/// node whose session ended has no part left to name its peers), so it is
+/// the one that tells; without this, those waits would hang.
+void tell_refusals(const detail::node_replay& nr) {
+  const auto& rt = *nr.routes;
+  for (std::size_t x = 0; x < rt.nodes.size(); ++x) {
+    const auto& from = rt.nodes[x];
+    const auto& rx = *nr.replies[x];
+    if (from.here || rx.flag.load(std::memory_order_acquire) != 2
+        || rx.err == caf::sec::request_receiver_down)
+      continue; // (its node's actor went down: the monitors tell, naming that)
+    auto refusing = caf::actor_cast<caf::actor>(from.actor);
+    if (!refusing)
+      continue; // its actor is gone: its loss fails the waits on it
+    std::string why;
+    try {
+      why = fmt::format("replay {} of round '{}' failed on node {}: {}", nr.n,
+                        rt.round_name, from.name, describe_error(rx.err));
+      if (why.size() > detail::wire_limits::text_bytes)
+        why.resize(detail::wire_limits::text_bytes);
+    } catch (...) {
+      continue; // out of memory: the node's loss, if it is one, still tells
+    }
+    for (std::size_t y = 0; y < rt.nodes.size(); ++y) {
+      const auto& to = rt.nodes[y];
+      if (y == x || nr.replies[y]->flag.load(std::memory_order_acquire) != 1)
+        continue;
+      if (to.here) {
+        std::lock_guard guard{rt.host->mu};
+        if (rt.host->rounds)
+          rt.host->rounds->refused(to.round, nr.n, from.actor, why);
+        continue;
+      }
+      if (auto actor = caf::actor_cast<caf::actor>(to.actor))
+        detail::request_node(*to.sender, actor,
+                             caf::make_message(atoms::round_refused_atom::value, to.session,
+                                               to.round, nr.n, refusing, why),
+                             [](const caf::message&) {});
+    }
+  }
+}
+
+/// One of replay `nr`'s replies is in (or its sending is over): the last
+/// tells the nodes of the refusals, if any (`tell_refusals`).
+void settle_reply(detail::node_replay& nr) {
+  if (nr.unsettled.fetch_sub(1, std::memory_order_acq_rel) != 1 || !nr.routes)
+    return;
+  for (const auto& r : nr.replies)
+    if (r->flag.load(std::memory_order_acquire) == 2) {
+      tell_refusals(nr);
+      return;
+    }
+}
+
 /// The reply to a round message from a node, into `r`: `ok(msg)` takes a
 /// value (and says whether it was the one expected); an error or anything
-/// else fails it.
+/// else fails it. A replay's (`nr`, else null) settles it then.
 template <class Ok>
-detail::reply_sink::handler fill(std::shared_ptr<detail::node_replay::reply> r, Ok ok) {
-  return [r, ok](const caf::message& m) {
+detail::reply_sink::handler fill(std::shared_ptr<detail::node_replay::reply> r, Ok ok,
+                                 std::shared_ptr<detail::node_replay> nr = {}) {
+  return [r, ok, nr](const caf::message& m) {
     if (m.match_elements<caf::error>())
       r->err = m.get_as<caf::error>(0);
     else if (!ok(m, *r))
       r->err = make_error(errc::invalid_argument, {}, "the node's reply was not what was asked");
     r->flag.store(r->err ? 2 : 1, std::memory_order_release);
     r->flag.notify_all();
+    if (nr)
+      settle_reply(*nr);
   };
 }
 
@@ -1678,14 +1739,22 @@ void install_parts(const std::shared_ptr<detail::round_state>& source) {
                                             st.name, nd.name,
                                             describe_error(replies[*refused]->err)));
   }
+  auto routes = std::make_shared<detail::node_plan::routes_t>();
+  routes->round_name = st.name;
+  routes->host = np.host;
+  for (const auto& nd : np.nodes)
+    routes->nodes.push_back({nd.here, nd.actor, nd.session, nd.round, nd.sender, nd.name});
+  np.routes = std::move(routes);
   np.installed = true;
   // A node whose part waits on or tells another hears from us when we lose
-  // that one: the route between them may run through this process.
-  // (This process watches its nodes itself, `host_rounds::watch`.)
+  // that one: the route between them may run through this process. This
+  // process's part too (its actor, `host_rounds`): it monitors the nodes'
+  // actors (`host_rounds::watch`), but a session that ended leaves the
+  // node's actor up.
   for (auto& nd : np.nodes)
     for (const auto& peer : nd.part.peers)
       for (auto& other : np.nodes)
-        if (other.actor == peer.node.address() && !nd.here && !other.here)
+        if (other.actor == peer.node.address() && !other.here)
           detail::watch_for_rounds(*other.sender, caf::actor_cast<caf::actor>(nd.actor),
                                    nd.session, peer.node);
   // The nodes hold the parts now: no handle of another system's actor is
@@ -1708,6 +1777,11 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
         detail::settle_async(*ep);
   auto nr = std::make_shared<detail::node_replay>();
   nr->n = n;
+  nr->routes = np.routes;
+  nr->unsettled.store(
+    1 + static_cast<uint32_t>(std::count_if(np.nodes.begin(), np.nodes.end(),
+                                            [](const auto& nd) { return !nd.here; })),
+    std::memory_order_relaxed);
   auto slots_of = [&st](const detail::node_plan::node& nd) {
     std::vector<wire_arg> slots;
     slots.reserve(nd.slots.size());
@@ -1733,7 +1807,7 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
       if (!np.host->rounds)
         throw device_error(nd.name, fmt::format("replay {} of round '{}': the backend shut down",
                                                 n, st->name));
-      r->ends = np.host->rounds->run(nd.round, n, slots_of(nd), false);
+      r->ends = np.host->rounds->run(nd.round, n, slots_of(nd));
     }
     // Its copies' writes are the nodes' writers here now, as the calls'.
     for (auto i : np.copies_here) {
@@ -1763,13 +1837,18 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
     auto slots = slots_of(nd);
     auto r = std::make_shared<detail::node_replay::reply>();
     auto lanes = nd.lanes.size();
-    auto h = fill(r, [lanes](const caf::message& m, detail::node_replay::reply& to) {
-      if (!m.match_elements<std::vector<uint64_t>>()
-          || m.get_as<std::vector<uint64_t>>(0).size() != lanes)
-        return false;
-      to.ends = m.get_as<std::vector<uint64_t>>(0);
-      return true;
-    });
+    auto h = fill(
+      r,
+      [lanes](const caf::message& m, detail::node_replay::reply& to) {
+        if (!m.match_elements<std::vector<uint64_t>>()
+            || m.get_as<std::vector<uint64_t>>(0).size() != lanes)
+          return false;
+        to.ends = m.get_as<std::vector<uint64_t>>(0);
+        return true;
+      },
+      nr);
+    // In the list before it is sent: its reply may settle the replay.
+    nr->replies.push_back(r);
     auto actor = caf::actor_cast<caf::actor>(nd.actor);
     if (!actor
         || !detail::request_node(*nd.sender, actor,
@@ -1778,11 +1857,12 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
                                  std::move(h))) {
       r->err = make_error(errc::device_failed, nd.name, "its link is closed");
       r->flag.store(2);
+      settle_reply(*nr);
     }
     for (auto& ep : nd.eps)
       detail::set_fence(*ep, r);
-    nr->replies.push_back(std::move(r));
   }
+  settle_reply(*nr); // every message sent
   detail::replay_access::set_nodes(out, st, std::move(nr));
 }
 

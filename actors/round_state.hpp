@@ -163,6 +163,22 @@ struct node_plan {
   std::vector<node> nodes;
   /// This process's part's keeper, when a node is `here`.
   std::shared_ptr<host_rounds> host;
+  /// What a replay's replies need to tell the nodes of a refusal
+  /// (`node_replay::routes`): made when the parts are installed, read-only.
+  struct route {
+    bool here = false;
+    caf::actor_addr actor;
+    uint64_t session = 0;
+    uint64_t round = 0;
+    std::shared_ptr<endpoint> sender;
+    std::string name;
+  };
+  struct routes_t {
+    std::string round_name;
+    std::vector<route> nodes;
+    std::shared_ptr<host_rounds> host;
+  };
+  std::shared_ptr<const routes_t> routes;
   /// Where item `i`'s event is: its node, lane, and the part's step whose
   /// seq it is (-1: the lane's last seq before the replay).
   struct item_event {
@@ -210,6 +226,13 @@ struct node_replay {
   };
   uint64_t n = 0;
   std::vector<std::shared_ptr<reply>> replies; // per node of the plan
+  /// The replies not in yet, plus one while the replay sends its messages:
+  /// whoever settles the last tells the nodes that pushed the replay (and
+  /// this process's part) of each node that refused it (`tell_refusals`,
+  /// round.cpp), so that no wait on a refused replay's items is left
+  /// pending.
+  std::atomic<uint32_t> unsettled{1};
+  std::shared_ptr<const node_plan::routes_t> routes;
 };
 
 struct round_state {

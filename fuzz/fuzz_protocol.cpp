@@ -299,7 +299,7 @@ void one_message(FuzzedDataProvider& in, world& w, const session& s, caf::scoped
   auto offset = [&] { return small_or_extreme<uint64_t>(in, 4096); };
   auto size = [&] { return small_or_extreme<uint64_t>(in, 8192); };
   auto seq = [&] { return small_or_extreme<uint64_t>(in, 16); };
-  auto op = in.ConsumeIntegralInRange<int>(0, 35);
+  auto op = in.ConsumeIntegralInRange<int>(0, 36);
   static const bool verbose = std::getenv("MULTIDEV_FUZZ_VERBOSE") != nullptr;
   if (verbose)
     std::fprintf(stderr, "fuzz_protocol: message kind %d\n", op);
@@ -457,6 +457,13 @@ void one_message(FuzzedDataProvider& in, world& w, const session& s, caf::scoped
     case 35:
       self->send(w.node, lost_atom::value, in.ConsumeBool() ? s.id : extreme<uint64_t>(in),
                  some_actor(), text(in));
+      break;
+    case 36:
+      self->request(w.node, answer_limit, round_refused_atom::value,
+                    in.ConsumeBool() ? s.id : extreme<uint64_t>(in),
+                    small_or_extreme<uint64_t>(in, 4), small_or_extreme<uint64_t>(in, 8),
+                    some_actor(), text(in))
+        .receive([](bool) {}, [](caf::error&) {});
       break;
     default: {
       auto id = extreme<uint64_t>(in);

@@ -133,6 +133,8 @@ node_actor::behavior_type listing_impl(node_actor::pointer, std::string name,
     },
     [](atoms::round_done_atom, uint64_t, const std::vector<round_notice>&) {},
     [](atoms::round_drop_atom, uint64_t, uint64_t) { return false; },
+    [](atoms::round_refused_atom, uint64_t, uint64_t, uint64_t, const caf::actor&,
+       const std::string&) { return false; },
     [](atoms::lost_atom, uint64_t, const caf::actor&, const std::string&) {},
     [](atoms::debug_atom) { return std::string{}; },
   };

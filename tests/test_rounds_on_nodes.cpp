@@ -119,8 +119,10 @@ std::vector<std::string> thrice(const std::string& text, const std::vector<std::
 /// Nodes a (two devices) and b (one) and a client that attached both: three
 /// actor systems of this process. Built and destroyed on the test's thread.
 struct nodes_here {
-  /// `memory_limit`: each session's quota on both nodes (0: the default).
-  explicit nodes_here(backend_options node_opts = {}, std::size_t memory_limit = 0)
+  /// `memory_limit`: each session's quota on both nodes (0: the default);
+  /// `attach`: how the client attaches them.
+  explicit nodes_here(backend_options node_opts = {}, std::size_t memory_limit = 0,
+                      node_attach_options attach = test_support::test_attach_options())
       : memory_limit_(memory_limit) {
     register_test_kernels();
     for (auto* cfg : {&cfg_a, &cfg_b, &cfg_c}) {
@@ -138,8 +140,8 @@ struct nodes_here {
     client.emplace(*sys_c, backend_options{.num_devices = 1});
     actor_a = serve(*node_a, "a");
     actor_b = serve(*node_b, "b");
-    auto da = attach_node(*client, "127.0.0.1", port_a, test_support::test_attach_options());
-    auto db = attach_node(*client, "127.0.0.1", port_b, test_support::test_attach_options());
+    auto da = attach_node(*client, "127.0.0.1", port_a, attach);
+    auto db = attach_node(*client, "127.0.0.1", port_b, attach);
     a0 = da.at(0);
     a1 = da.at(1);
     b0 = db.at(0);
@@ -172,6 +174,20 @@ struct nodes_here {
         },
                [&](caf::error& e) { BOOST_ERROR("debug: " << sys_c->render(e)); });
     return text;
+  }
+
+  /// Ends the client's session on node `n` as the node sees it (a
+  /// `detach` from the client's system), the client not told: its next
+  /// renewal, not due for its lease's third, would find it out.
+  void end_session_unbeknown(const caf::actor& n) {
+    auto text = debug(n);
+    auto at = text.find("(session (id ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, text);
+    auto id = std::stoull(text.substr(at + 13));
+    caf::scoped_actor self{*sys_c};
+    self->request(n, 10s, atoms::detach_atom::value, uint64_t{id})
+      .receive([](bool ended) { BOOST_TEST_REQUIRE(ended); },
+               [&](caf::error& e) { BOOST_ERROR("detach: " << sys_c->render(e)); });
   }
 
   std::size_t memory_limit_ = 0;
@@ -336,7 +352,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_refused_by_a_failed_device_sa
   // waiting forever, and the events of a's items say why.
   auto ev = c.replay(r);
   expect_throw<device_error>([&] { ev.item(0); }, "replay 2 of round 'step' on node a");
-  expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "was refused on session");
+  auto waited = expect_throw<device_error>([&] { sync(c, ev.item(2)); },
+                                           "replay 2 of round 'step' failed on node a");
+  BOOST_TEST(contains(waited, "down on purpose"), waited);
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_on_it) {
@@ -702,6 +720,60 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_here_on_it
   hold_gate = nullptr;
 }
 
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_refused_where_the_session_ended_fails_the_waits_on_it) {
+  // Renewed rarely: the client does not find out that b's session ended
+  // before its replay reaches b.
+  auto quiet = test_support::test_attach_options();
+  quiet.lease = std::chrono::minutes{10};
+  quiet.renew_every = std::chrono::minutes{5};
+  nodes_here n({}, 0, quiet);
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  auto r = c.record("step", [&] {
+    auto e = c.schedule_named(n.b0, note("b0"));
+    c.will_wait_for(c.make_context(n.a0), e);
+    c.schedule_named(n.a0, note("a0 after b0"));
+    c.will_wait_for(c.make_context(h0), e);
+    c.schedule_named(h0, note("h0 after b0"));
+  });
+  sync_all(c, c.replay(r));
+  n.end_session_unbeknown(n.actor_b);
+  auto ev = c.replay(r);
+  // b refuses the replay, without reaching its part, so it tells no one:
+  // the client tells node a and this process's part, whose waits on b's
+  // item fail instead of hanging.
+  auto on_b = expect_throw<device_error>([&] { sync(c, ev.item(0)); }, "session ended");
+  BOOST_TEST(contains(on_b, "replay 2 of round 'step' on node b"), on_b);
+  for (auto i : {2u, 4u}) {
+    auto waited = expect_throw<device_error>([&] { sync(c, ev.item(i)); },
+                                             "replay 2 of round 'step' failed on node b");
+    BOOST_TEST(contains(waited, "session ended"), waited);
+  }
+  BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 2)"), n.debug(n.actor_a));
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_detached_fails_the_waits_here_on_it) {
+  nodes_here n;
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  auto r = c.record("mixed", [&] {
+    auto e = c.schedule_named(n.b0, {"test_hold", {}});
+    c.will_wait_for(c.make_context(h0), e);
+    c.schedule_named(h0, note("h0 after b0"));
+  });
+  auto ev = c.replay(r);
+  auto held = ev.item(0); // b's reply is in: b pushed the replay
+  // b's item is held; the client detaches b: b's actor stays up (this
+  // process's part sees no actor go down), the item runs on, and the wait
+  // here on it fails at once instead of waiting for the item.
+  detach_node(c, "b");
+  expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "this process lost it");
+  gate.open();
+  hold_gate = nullptr;
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_two_clients_replay_their_rounds_on_the_same_nodes) {
   // A second client, of its own actor system, attaches both nodes too: each
   // client's rounds live in its own sessions there, and the two replay at
@@ -875,7 +947,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_memsets_replay_on_the_nodes_and_here) 
                              "round 'zero', item 'memset_zero 8 6': memset_zero");
   // h0's part of it waited on the node's checksum: it fails with that cause.
   expect_throw<device_error>([&] { sync(c, bad.all_work_of(h0)); },
-                             "replay 4 of round 'zero' was refused on session 1 of node a");
+                             "replay 4 of round 'zero' failed on node a: node a: replay: replay 4 "
+                             "of round 'zero', item 'memset_zero 8 6': memset_zero");
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_pool_calls_replay_on_the_nodes_within_the_quota) {

@@ -534,6 +534,21 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
         return std::move(*refused);
       return i->second.rounds->drop(round);
     },
+    [self](atoms::round_refused_atom, uint64_t id, uint64_t round, uint64_t n,
+           const caf::actor& peer, const std::string& why) -> caf::result<bool> {
+      detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
+      auto& st = self->state;
+      auto found = client_session(self, id);
+      if (!found)
+        return std::move(found.error());
+      try {
+        detail::check_lost(why);
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::invalid_argument, "node " + st.name,
+                          fmt::format("round_refused: {}", e.what()));
+      }
+      return peer && (*found)->rounds->refused(round, n, peer.address(), why);
+    },
     [self](atoms::lost_atom, uint64_t id, const caf::actor& peer, const std::string& why) {
       detail::tsan_turn turn{self}; // the actor's state (tsan.hpp)
       auto i = self->state.sessions.find(id);

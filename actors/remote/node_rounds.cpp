@@ -235,7 +235,7 @@ bool session_rounds::has_room(uint64_t round) const {
 }
 
 std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
-                                          const std::vector<wire_arg>& slots, bool tell_peers) {
+                                          const std::vector<wire_arg>& slots) {
   auto it = rounds_.find(round);
   if (it == rounds_.end())
     throw std::invalid_argument(fmt::format(
@@ -293,8 +293,6 @@ std::vector<uint64_t> session_rounds::run(uint64_t round, uint64_t n,
     r.bytes.clear();
     r.last = n;
     drop_early_up_to(r, n);
-    if (tell_peers)
-      tell_refused(r, n, e.what());
     throw;
   }
   r.last = n;
@@ -415,18 +413,6 @@ void session_rounds::break_round(part_state& r, std::string why) {
   r.early.clear();
 }
 
-void session_rounds::tell_refused(part_state& r, uint64_t n, const std::string& why) {
-  for (std::size_t k = 0; k < r.part.notify_steps.size(); ++k) {
-    const auto& s = r.part.steps[r.part.notify_steps[k]];
-    r.boxes[k]->add(round_notice{r.part.round, n, s.item, 0,
-                                 make_error(errc::device_failed, who_,
-                                            fmt::format("replay {} of round '{}' was refused on "
-                                                        "{}: {}",
-                                                        n, r.part.name, who_, why))},
-                    r.boxes[k]);
-  }
-}
-
 void session_rounds::drop_early_up_to(part_state& r, uint64_t n) {
   auto end = r.early.upper_bound({n, UINT32_MAX});
   for (auto i = r.early.begin(); i != end;) {
@@ -513,6 +499,32 @@ void session_rounds::peer_down(const caf::actor_addr& peer, const std::string& w
   }
 }
 
+bool session_rounds::refused(uint64_t round, uint64_t n, const caf::actor_addr& peer,
+                             const std::string& why) {
+  auto it = rounds_.find(round);
+  if (it == rounds_.end() || n > it->second.last)
+    return false; // the client tells only nodes that pushed the replay
+  auto& r = it->second;
+  bool failed = false;
+  for (uint32_t p = 0; p < r.part.peers.size(); ++p) {
+    if (r.part.peers[p].node.address() != peer)
+      continue;
+    auto from = r.pending.lower_bound({n, 0});
+    for (auto i = from; i != r.pending.end() && i->first.first == n;) {
+      if (r.expects[i->first.second] != p) {
+        ++i;
+        continue;
+      }
+      for (const auto& h : i->second)
+        h.core->resolve_gate(*h.g, &why);
+      failed = true;
+      i = r.pending.erase(i);
+    }
+  }
+  erase_if_done(it);
+  return failed;
+}
+
 std::vector<round_peer> session_rounds::peers() const {
   std::vector<round_peer> out;
   for (const auto& [id, r] : rounds_)
@@ -540,6 +552,16 @@ caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<ho
           h->watched.push_back(p.address());
           self->monitor(p);
         }
+    },
+    [self, h](atoms::lost_atom, uint64_t, const caf::actor& peer, const std::string& why) {
+      // A link of this process closed (its node lost, its session there
+      // ended: `watch_for_rounds`); from no other process.
+      const auto& sender = self->current_sender();
+      if (!sender || sender->node() != self->node() || !peer)
+        return;
+      std::lock_guard guard{h->mu};
+      if (h->rounds)
+        h->rounds->peer_down(peer.address(), fmt::format("this process lost it: {}", why));
     },
     [h](round_let_go_atom) {
       std::vector<uint64_t> rounds;

@@ -110,11 +110,9 @@ public:
   /// and returns its lanes' last seqs. Throws `std::invalid_argument` (no
   /// such round, a replay number not above the last one, bad slots, a spec
   /// that does not bind) or `device_error` (a device refused), with nothing
-  /// queued; the peers that wait on the replay's items are told so, unless
-  /// `tell_peers` is false (this process's part, refused before the nodes
-  /// were sent the replay: they never push it).
-  std::vector<uint64_t> run(uint64_t round, uint64_t n, const std::vector<wire_arg>& slots,
-                            bool tell_peers = true);
+  /// queued. The peers that wait on the replay's items hear of a refusal
+  /// from the client, which the refusal reaches in every case (`refused`).
+  std::vector<uint64_t> run(uint64_t round, uint64_t n, const std::vector<wire_arg>& slots);
   /// A `round_done` from node `from`; why it was dropped, if it was (not
   /// from the node the part names for the item, a replay refused here, a
   /// round held nowhere).
@@ -122,6 +120,13 @@ public:
   /// Node actor `peer` went down (`why`): the waits on it fail, now and in
   /// later replays.
   void peer_down(const caf::actor_addr& peer, const std::string& why);
+  /// Replay `n` of round `round` failed on node actor `peer` (`why`): it
+  /// refused it (its session there ended, a device failed, ...) or its link
+  /// closed before it answered. The client tells the nodes that pushed the
+  /// replay (`round_refused`) and this process's part, once every node
+  /// answered: the waits of that replay here on `peer`'s items fail.
+  /// Whether a wait failed (none: told already, or no such replay here).
+  bool refused(uint64_t round, uint64_t n, const caf::actor_addr& peer, const std::string& why);
   /// The peers of every part (to monitor and connect to), once each.
   std::vector<round_peer> peers() const;
   /// Notices held for replays not pushed yet, and those dropped.
@@ -196,7 +201,6 @@ private:
   void break_round(part_state& r, std::string why);
   /// Takes `held` (notices come early) off the counts.
   void forget_early(std::vector<round_notice>& held);
-  void tell_refused(part_state& r, uint64_t n, const std::string& why);
   void drop_early_up_to(part_state& r, uint64_t n);
   /// Erases `it` when dropped and nothing waits on it any more.
   void erase_if_done(std::map<uint64_t, part_state>::iterator it);

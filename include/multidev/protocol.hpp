@@ -116,6 +116,9 @@ using round_run_atom = caf::atom_constant<caf::atom("round_run")>;
 using round_done_atom = caf::atom_constant<caf::atom("round_done")>;
 /// A session's client lets go of a round (its last handle went).
 using round_drop_atom = caf::atom_constant<caf::atom("round_drop")>;
+/// A session's client tells a node that a replay it pushed waits on a node
+/// that refused that replay.
+using round_refused_atom = caf::atom_constant<caf::atom("round_rfsd")>;
 } // namespace atoms
 
 /// A `kernel_arg` travels as a tagged record.
@@ -458,6 +461,15 @@ using node_actor = caf::typed_actor<
   /// place among the session's `wire_limits::session_rounds` with it.
   /// Replies whether the session held it.
   caf::replies_to<atoms::round_drop_atom, uint64_t, uint64_t>::with<bool>,
+  /// The client of session `id`: replay `replay` of round `round`, which
+  /// this node pushed, failed on node actor `peer` because of `why` (it
+  /// refused it: its session there ended, a device failed; or its link
+  /// closed first): the waits of that replay on `peer`'s items fail with
+  /// `why`. A refusing node tells no one itself; its client, which every
+  /// refusal reaches, tells the others once each answered. `why` is
+  /// bounded as `lost`'s. Replies whether a wait failed.
+  caf::replies_to<atoms::round_refused_atom, uint64_t, uint64_t, uint64_t, caf::actor,
+                  std::string>::with<bool>,
   /// The client of session `id` lost node actor `peer` (its connection
   /// there closed, or its session there ended) because of `why`: the waits
   /// of the session's rounds on `peer` fail, now and in later replays. A
