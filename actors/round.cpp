@@ -1566,70 +1566,97 @@ void build_node_plan(backend& b, const detail::round_state& st, detail::node_pla
   np.usable = true;
 }
 
-/// Replay `nr` failed on some nodes (each reply in, `unsettled` at 0: a
-/// refusal, or the link closed first): the nodes that pushed it, and this
-/// process's part, fail their waits on each such node's items
-/// (`session_rounds::refused`). Only the client hears of every refusal (a
-/// node whose session ended has no part left to name its peers), so it is
-/// the one that tells; without this, those waits would hang.
-void tell_refusals(const detail::node_replay& nr) {
+/// Tells participant `to` of replay `nr` (it pushed the replay) that
+/// participant `from` did not (it refused it, or its link closed before it
+/// answered): `to`'s waits of that replay on `from`'s items fail
+/// (`session_rounds::refused`; a node hears `round_refused`).
+void tell_refusal(const detail::node_replay& nr, std::size_t from, std::size_t to) {
   const auto& rt = *nr.routes;
-  for (std::size_t x = 0; x < rt.nodes.size(); ++x) {
-    const auto& from = rt.nodes[x];
-    const auto& rx = *nr.replies[x];
-    if (from.here || rx.flag.load(std::memory_order_acquire) != 2
-        || rx.err == caf::sec::request_receiver_down)
-      continue; // (its node's actor went down: the monitors tell, naming that)
-    auto refusing = caf::actor_cast<caf::actor>(from.actor);
-    if (!refusing)
-      continue; // its actor is gone: its loss fails the waits on it
-    std::string why;
-    try {
-      why = fmt::format("replay {} of round '{}' failed on node {}: {}", nr.n,
-                        rt.round_name, from.name, describe_error(rx.err));
-      if (why.size() > detail::wire_limits::text_bytes)
-        why.resize(detail::wire_limits::text_bytes);
-    } catch (...) {
-      continue; // out of memory: the node's loss, if it is one, still tells
-    }
-    for (std::size_t y = 0; y < rt.nodes.size(); ++y) {
-      const auto& to = rt.nodes[y];
-      if (y == x || nr.replies[y]->flag.load(std::memory_order_acquire) != 1)
-        continue;
-      if (to.here) {
-        std::lock_guard guard{rt.host->mu};
-        if (rt.host->rounds)
-          rt.host->rounds->refused(to.round, nr.n, from.actor, why);
-        continue;
-      }
-      if (auto actor = caf::actor_cast<caf::actor>(to.actor))
-        detail::request_node(*to.sender, actor,
-                             caf::make_message(atoms::round_refused_atom::value, to.session,
-                                               to.round, nr.n, refusing, why),
-                             [](const caf::message&) {});
-    }
+  const auto& f = rt.nodes[from];
+  const auto& t = rt.nodes[to];
+  auto refusing = caf::actor_cast<caf::actor>(f.actor);
+  if (!refusing)
+    return; // its actor is gone: its loss fails the waits on it
+  std::string why;
+  try {
+    why = fmt::format("replay {} of round '{}' failed on node {}: {}", nr.n, rt.round_name,
+                      f.name, describe_error(nr.replies[from]->err));
+    if (why.size() > detail::wire_limits::text_bytes)
+      why.resize(detail::wire_limits::text_bytes);
+  } catch (...) {
+    return; // out of memory: the node's loss, if it is one, still tells
   }
+  if (t.here) {
+    std::lock_guard guard{rt.host->mu};
+    if (rt.host->rounds)
+      rt.host->rounds->refused(t.round, nr.n, f.actor, why);
+    return;
+  }
+  if (auto actor = caf::actor_cast<caf::actor>(t.actor))
+    detail::request_node(*t.sender, actor,
+                         caf::make_message(atoms::round_refused_atom::value, t.session, t.round,
+                                           nr.n, refusing, why),
+                         [](const caf::message&) {});
 }
 
-/// One of replay `nr`'s replies is in (or its sending is over): the last
-/// tells the nodes of the refusals, if any (`tell_refusals`).
-void settle_reply(detail::node_replay& nr) {
-  if (nr.unsettled.fetch_sub(1, std::memory_order_acq_rel) != 1 || !nr.routes)
-    return;
-  for (const auto& r : nr.replies)
-    if (r->flag.load(std::memory_order_acquire) == 2) {
-      tell_refusals(nr);
+/// Participant `x`'s answer to replay `nr` is in (`flag` set; this
+/// process's part's is in from the start). Each pair of a participant that
+/// pushed the replay and one that did not is told once, when the later of
+/// the two answers comes (`tell_refusal`), so a refusal reaches the others
+/// as soon as each of them pushed, not after the slowest node. Only the
+/// client hears every refusal (a node whose session ended holds no part to
+/// name its peers), so it is the one that tells; without it, those waits
+/// would hang. Any thread: CAF's I/O thread, a link's actor (a link that
+/// closes fails its pending replies), the replaying thread.
+void arrive(detail::node_replay& nr, std::size_t x) {
+  // A node's actor that went down: the monitors of its peers (and of this
+  // process's part) fail the waits on it, naming that.
+  auto refused = [&nr](std::size_t k) {
+    const auto& r = *nr.replies[k];
+    return r.flag.load(std::memory_order_acquire) == 2
+           && r.err != caf::sec::request_receiver_down;
+  };
+  auto pushed = [&nr](std::size_t k) {
+    return nr.replies[k]->flag.load(std::memory_order_acquire) == 1;
+  };
+  std::pair<std::size_t, std::size_t> pairs[8];
+  std::vector<std::pair<std::size_t, std::size_t>> more;
+  std::size_t count = 0;
+  auto add = [&](std::size_t from, std::size_t to) {
+    if (count < std::size(pairs))
+      pairs[count++] = {from, to};
+    else
+      more.emplace_back(from, to);
+  };
+  {
+    std::lock_guard guard{nr.arrive_mu};
+    nr.replies[x]->in = true;
+    if (!nr.routes)
       return;
+    for (std::size_t k = 0; k < nr.replies.size(); ++k) {
+      if (k == x || !nr.replies[k]->in)
+        continue;
+      if (refused(x) && pushed(k))
+        add(x, k);
+      else if (pushed(x) && refused(k))
+        add(k, x);
     }
+  }
+  for (std::size_t k = 0; k < count; ++k)
+    tell_refusal(nr, pairs[k].first, pairs[k].second);
+  for (const auto& [from, to] : more)
+    tell_refusal(nr, from, to);
 }
 
 /// The reply to a round message from a node, into `r`: `ok(msg)` takes a
 /// value (and says whether it was the one expected); an error or anything
-/// else fails it. A replay's (`nr`, else null) settles it then.
+/// else fails it. A replay's (`nr`, its participant `x`, else null) takes
+/// the answer in then (`arrive`).
 template <class Ok>
 detail::reply_sink::handler fill(std::shared_ptr<detail::node_replay::reply> r, Ok ok,
-                                 std::shared_ptr<detail::node_replay> nr = {}) {
-  return [r, ok, nr](const caf::message& m) {
+                                 std::shared_ptr<detail::node_replay> nr = {},
+                                 std::size_t x = 0) {
+  return [r, ok, nr, x](const caf::message& m) {
     if (m.match_elements<caf::error>())
       r->err = m.get_as<caf::error>(0);
     else if (!ok(m, *r))
@@ -1637,7 +1664,7 @@ detail::reply_sink::handler fill(std::shared_ptr<detail::node_replay::reply> r, 
     r->flag.store(r->err ? 2 : 1, std::memory_order_release);
     r->flag.notify_all();
     if (nr)
-      settle_reply(*nr);
+      arrive(*nr, x);
   };
 }
 
@@ -1753,10 +1780,26 @@ void install_parts(const std::shared_ptr<detail::round_state>& source) {
   // node's actor up.
   for (auto& nd : np.nodes)
     for (const auto& peer : nd.part.peers)
-      for (auto& other : np.nodes)
-        if (other.actor == peer.node.address() && !other.here)
+      for (auto& other : np.nodes) {
+        if (other.actor != peer.node.address() || other.here)
+          continue;
+        if (!nd.here) {
           detail::watch_for_rounds(*other.sender, caf::actor_cast<caf::actor>(nd.actor),
                                    nd.session, peer.node);
+          continue;
+        }
+        std::weak_ptr<detail::host_rounds> host = np.host;
+        detail::watch_for_rounds_here(
+          *other.sender, np.host.get(), peer.node,
+          [host, lost = peer.node.address()](const std::string& why) {
+            auto h = host.lock();
+            if (!h)
+              return;
+            std::lock_guard guard{h->mu};
+            if (h->rounds)
+              h->rounds->peer_down(lost, fmt::format("this process lost it: {}", why));
+          });
+      }
   // The nodes hold the parts now: no handle of another system's actor is
   // kept here (a round may outlive its backend's actor system).
   for (auto& nd : np.nodes)
@@ -1778,10 +1821,6 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
   auto nr = std::make_shared<detail::node_replay>();
   nr->n = n;
   nr->routes = np.routes;
-  nr->unsettled.store(
-    1 + static_cast<uint32_t>(std::count_if(np.nodes.begin(), np.nodes.end(),
-                                            [](const auto& nd) { return !nd.here; })),
-    std::memory_order_relaxed);
   auto slots_of = [&st](const detail::node_plan::node& nd) {
     std::vector<wire_arg> slots;
     slots.reserve(nd.slots.size());
@@ -1828,41 +1867,67 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
     r->flag.store(1, std::memory_order_release);
     here[x] = std::move(r);
   }
+  // Every answer's place first: a reply may come while the others are
+  // sent, and `arrive` reads them all.
+  nr->replies.reserve(np.nodes.size());
   for (std::size_t x = 0; x < np.nodes.size(); ++x) {
-    auto& nd = np.nodes[x];
-    if (nd.here) {
+    if (np.nodes[x].here) {
+      here[x]->in = true;
       nr->replies.push_back(std::move(here[x]));
-      continue;
+    } else {
+      nr->replies.push_back(std::make_shared<detail::node_replay::reply>());
     }
-    auto slots = slots_of(nd);
-    auto r = std::make_shared<detail::node_replay::reply>();
-    auto lanes = nd.lanes.size();
-    auto h = fill(
-      r,
-      [lanes](const caf::message& m, detail::node_replay::reply& to) {
-        if (!m.match_elements<std::vector<uint64_t>>()
-            || m.get_as<std::vector<uint64_t>>(0).size() != lanes)
-          return false;
-        to.ends = m.get_as<std::vector<uint64_t>>(0);
-        return true;
-      },
-      nr);
-    // In the list before it is sent: its reply may settle the replay.
-    nr->replies.push_back(r);
-    auto actor = caf::actor_cast<caf::actor>(nd.actor);
-    if (!actor
-        || !detail::request_node(*nd.sender, actor,
-                                 caf::make_message(atoms::round_run_atom::value, nd.session,
-                                                   nd.round, n, std::move(slots)),
-                                 std::move(h))) {
-      r->err = make_error(errc::device_failed, nd.name, "its link is closed");
-      r->flag.store(2);
-      settle_reply(*nr);
-    }
-    for (auto& ep : nd.eps)
-      detail::set_fence(*ep, r);
   }
-  settle_reply(*nr); // every message sent
+  std::size_t x = 0;
+  bool sent = false; // node x was sent the replay
+  try {
+    for (; x < np.nodes.size(); ++x, sent = false) {
+      auto& nd = np.nodes[x];
+      if (nd.here)
+        continue;
+      const auto& r = nr->replies[x];
+      auto lanes = nd.lanes.size();
+      auto h = fill(
+        r,
+        [lanes](const caf::message& m, detail::node_replay::reply& to) {
+          if (!m.match_elements<std::vector<uint64_t>>()
+              || m.get_as<std::vector<uint64_t>>(0).size() != lanes)
+            return false;
+          to.ends = m.get_as<std::vector<uint64_t>>(0);
+          return true;
+        },
+        nr, x);
+      auto actor = caf::actor_cast<caf::actor>(nd.actor);
+      if (!actor
+          || !detail::request_node(*nd.sender, actor,
+                                   caf::make_message(atoms::round_run_atom::value, nd.session,
+                                                     nd.round, n, slots_of(nd)),
+                                   std::move(h))) {
+        r->err = make_error(errc::device_failed, nd.name, "its link is closed");
+        r->flag.store(2, std::memory_order_release);
+        arrive(*nr, x);
+      }
+      sent = true;
+      for (auto& ep : nd.eps)
+        detail::set_fence(*ep, r);
+    }
+  } catch (...) {
+    // Out of memory part way: the nodes not sent the replay did not push
+    // it, so the others are told (`arrive`) rather than wait on them.
+    for (x += sent ? 1 : 0; x < np.nodes.size(); ++x) {
+      if (np.nodes[x].here)
+        continue;
+      auto& r = *nr->replies[x];
+      try {
+        r.err = make_error(errc::device_failed, np.nodes[x].name, "the replay was not sent");
+      } catch (...) {
+      }
+      r.flag.store(2, std::memory_order_release);
+      r.flag.notify_all();
+      arrive(*nr, x);
+    }
+    throw;
+  }
   detail::replay_access::set_nodes(out, st, std::move(nr));
 }
 

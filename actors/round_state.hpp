@@ -218,6 +218,8 @@ struct node_replay {
     std::atomic<uint32_t> flag{0}; // 1: ends, 2: err
     std::vector<uint64_t> ends;
     caf::error err;
+    /// Its answer was taken in (`arrive`, round.cpp; under `arrive_mu`).
+    bool in = false;
     void wait() const override {
       uint32_t v;
       while ((v = flag.load(std::memory_order_acquire)) == 0)
@@ -226,12 +228,11 @@ struct node_replay {
   };
   uint64_t n = 0;
   std::vector<std::shared_ptr<reply>> replies; // per node of the plan
-  /// The replies not in yet, plus one while the replay sends its messages:
-  /// whoever settles the last tells the nodes that pushed the replay (and
-  /// this process's part) of each node that refused it (`tell_refusals`,
-  /// round.cpp), so that no wait on a refused replay's items is left
-  /// pending.
-  std::atomic<uint32_t> unsettled{1};
+  /// Taking an answer in (`arrive`, round.cpp): each participant that
+  /// pushed the replay hears of each one that did not, once, so that no
+  /// wait on a refused replay's items is left pending. `replies` is whole
+  /// before the first message goes out.
+  std::mutex arrive_mu;
   std::shared_ptr<const node_plan::routes_t> routes;
 };
 

@@ -752,6 +752,48 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_refused_where_the_session_end
   BOOST_TEST(contains(n.debug(n.actor_a), "(rounds (parts 1) (replays 2)"), n.debug(n.actor_a));
 }
 
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_refusal_is_told_before_the_slowest_node_answers) {
+  // Node a's queue is full (its replay waits for room behind a held item)
+  // while node b refuses the replay: this process's wait on b's item fails
+  // at once, not once a answers (a's room may depend on that very wait).
+  auto quiet = test_support::test_attach_options();
+  quiet.lease = std::chrono::minutes{10};
+  quiet.renew_every = std::chrono::minutes{5};
+  backend_options opts;
+  opts.queue_capacity = 4;
+  nodes_here n(opts, 0, quiet);
+  auto& c = *n.client;
+  auto h0 = c.get_device(0);
+  auto r = c.record("step", [&] {
+    auto e = c.schedule_named(n.b0, note("b0"));
+    c.will_wait_for(c.make_context(h0), e);
+    c.schedule_named(h0, note("h0 after b0"));
+    c.schedule_named(n.a0, note("a0"));
+  });
+  sync_all(c, c.replay(r));
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  c.schedule_named(n.a0, {"test_hold", {}});
+  for (int i = 0; i < 4; ++i)
+    c.schedule_named(n.a0, note("fill"));
+  // Until node a's queue holds them, past its capacity (its debug text's
+  // count).
+  test_support::bounded(
+    [&] {
+      while (!contains(n.debug(n.actor_a), "(queued 5)")) // the held item too
+        std::this_thread::sleep_for(1ms);
+    },
+    "node a's queue filling");
+  n.end_session_unbeknown(n.actor_b);
+  auto ev = c.replay(r);
+  expect_throw<device_error>([&] { sync(c, ev.item(2)); },
+                             "replay 2 of round 'step' failed on node b");
+  BOOST_TEST(contains(n.debug(n.actor_a), "(replays 1)"), n.debug(n.actor_a));
+  gate.open();
+  sync(c, ev.item(3)); // a's part, once it had room
+  hold_gate = nullptr;
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_detached_fails_the_waits_here_on_it) {
   nodes_here n;
   auto& c = *n.client;

@@ -261,10 +261,27 @@ struct link_shared {
     round_watchers_.push_back({waiting, session, lost});
     return true;
   }
+  /// Has this process's part of the rounds (`key`: its `host_rounds`)
+  /// called `here` with the reason when this link closes (its rounds wait
+  /// on node actor `lost`; a call, not a message, so that no other process
+  /// can send it); false when closed already.
+  bool watch_for_rounds_here(const void* key, const caf::actor& lost,
+                             std::function<void(const std::string&)> here) {
+    std::lock_guard guard{mu};
+    if (!closed_.empty())
+      return false;
+    for (const auto& w : round_watchers_)
+      if (w.key == key && w.lost == lost)
+        return true;
+    round_watchers_.push_back({{}, 0, lost, key, std::move(here)});
+    return true;
+  }
   struct round_watcher {
     caf::actor waiting;
     uint64_t session = 0;
     caf::actor lost;
+    const void* key = nullptr;
+    std::function<void(const std::string&)> here;
   };
   std::vector<round_watcher> take_round_watchers() {
     std::lock_guard guard{mu};
@@ -634,8 +651,12 @@ void close_link(link_ptr self, const std::string& why) {
   for (auto& [addr, waiting] : st.shared->take_watchers())
     self->send(waiting, lost_atom::value, caf::actor_cast<caf::actor>(st.target), lost);
   // And the nodes whose recorded rounds wait on this device's node.
-  for (auto& w : st.shared->take_round_watchers())
-    self->send(w.waiting, lost_atom::value, w.session, w.lost, lost);
+  for (auto& w : st.shared->take_round_watchers()) {
+    if (w.here)
+      w.here(lost);
+    else
+      self->send(w.waiting, lost_atom::value, w.session, w.lost, lost);
+  }
   auto err = st.shared->closed_error();
   auto pending = std::move(st.pending);
   st.pending.clear();
@@ -1305,6 +1326,12 @@ bool watch_for_rounds(endpoint& ep, const caf::actor& waiting, uint64_t session,
                       const caf::actor& lost) {
   auto* r = dynamic_cast<remote_endpoint*>(&ep);
   return r && r->shared().watch_for_rounds(waiting, session, lost);
+}
+
+bool watch_for_rounds_here(endpoint& ep, const void* key, const caf::actor& lost,
+                           std::function<void(const std::string&)> here) {
+  auto* r = dynamic_cast<remote_endpoint*>(&ep);
+  return r && r->shared().watch_for_rounds_here(key, lost, std::move(here));
 }
 
 std::pair<std::string, uint16_t> node_address(const endpoint& ep) {

@@ -18,6 +18,7 @@
 /// thread that delivers it; the link closes the sink when it closes.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +96,11 @@ bool request_node(endpoint& ep, const caf::actor& node, caf::message msg,
 /// `ep` is not a device of another process or its link closed already.
 bool watch_for_rounds(endpoint& ep, const caf::actor& waiting, uint64_t session,
                       const caf::actor& lost);
+/// The same for this process's part of the rounds (`host_rounds`, `key`):
+/// `here` is called (on the link's actor) with the reason, once; a call,
+/// not a message, so that no other process can fake it.
+bool watch_for_rounds_here(endpoint& ep, const void* key, const caf::actor& lost,
+                           std::function<void(const std::string&)> here);
 /// Where `ep`'s node listens, as this process attached it (empty host: not
 /// known, or a device of this process).
 std::pair<std::string, uint16_t> node_address(const endpoint& ep);

@@ -130,6 +130,13 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
                              s.client, why);
   st.ended[id] = message;
   s.lease->store(0, std::memory_order_release);
+  // The replays waiting for room are refused: a promise dropped unanswered
+  // sends nothing in CAF 0.17, and the client tells the other nodes of a
+  // refusal only once it hears it.
+  for (auto& d : s.rounds->deferred)
+    d.rp.deliver(make_error(errc::device_failed, st.name,
+                            fmt::format("round_run: replay {} refused: {}", d.n, message)));
+  s.rounds->deferred.clear();
   for (const auto& n : s.admitted) {
     auto named = std::any_of(st.sessions.begin(), st.sessions.end(), [&](const auto& kv) {
       const auto& a = kv.second.admitted;

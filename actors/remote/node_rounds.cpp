@@ -553,16 +553,6 @@ caf::behavior host_rounds_actor(caf::event_based_actor* self, std::shared_ptr<ho
           self->monitor(p);
         }
     },
-    [self, h](atoms::lost_atom, uint64_t, const caf::actor& peer, const std::string& why) {
-      // A link of this process closed (its node lost, its session there
-      // ended: `watch_for_rounds`); from no other process.
-      const auto& sender = self->current_sender();
-      if (!sender || sender->node() != self->node() || !peer)
-        return;
-      std::lock_guard guard{h->mu};
-      if (h->rounds)
-        h->rounds->peer_down(peer.address(), fmt::format("this process lost it: {}", why));
-    },
     [h](round_let_go_atom) {
       std::vector<uint64_t> rounds;
       {

@@ -123,8 +123,8 @@ public:
   /// Replay `n` of round `round` failed on node actor `peer` (`why`): it
   /// refused it (its session there ended, a device failed, ...) or its link
   /// closed before it answered. The client tells the nodes that pushed the
-  /// replay (`round_refused`) and this process's part, once every node
-  /// answered: the waits of that replay here on `peer`'s items fail.
+  /// replay (`round_refused`) and this process's part, each once both
+  /// answers are in: the waits of that replay here on `peer`'s items fail.
   /// Whether a wait failed (none: told already, or no such replay here).
   bool refused(uint64_t round, uint64_t n, const caf::actor_addr& peer, const std::string& why);
   /// The peers of every part (to monitor and connect to), once each.

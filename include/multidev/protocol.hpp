@@ -466,8 +466,9 @@ using node_actor = caf::typed_actor<
   /// refused it: its session there ended, a device failed; or its link
   /// closed first): the waits of that replay on `peer`'s items fail with
   /// `why`. A refusing node tells no one itself; its client, which every
-  /// refusal reaches, tells the others once each answered. `why` is
-  /// bounded as `lost`'s. Replies whether a wait failed.
+  /// refusal reaches, tells each node that pushed the replay as soon as
+  /// both answers are in. `why` is bounded as `lost`'s. Replies whether a
+  /// wait failed.
   caf::replies_to<atoms::round_refused_atom, uint64_t, uint64_t, uint64_t, caf::actor,
                   std::string>::with<bool>,
   /// The client of session `id` lost node actor `peer` (its connection
