@@ -794,6 +794,47 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_refusal_is_told_before_the_slowest_n
   hold_gate = nullptr;
 }
 
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_when_the_session_ends) {
+  // Node a holds the replay for room when its session ends: it answers
+  // the replay with the end (a promise dropped would answer nothing, and
+  // the client would find out only at its next renewal), and b's wait on
+  // a's item fails with it.
+  auto quiet = test_support::test_attach_options();
+  quiet.lease = std::chrono::minutes{10};
+  quiet.renew_every = std::chrono::minutes{5};
+  backend_options opts;
+  opts.queue_capacity = 4;
+  nodes_here n(opts, 0, quiet);
+  auto& c = *n.client;
+  auto r = c.record("step", [&] {
+    auto e = c.schedule_named(n.a0, note("a0"));
+    c.will_wait_for(c.make_context(n.b0), e);
+    c.schedule_named(n.b0, note("b0 after a0"));
+  });
+  sync_all(c, c.replay(r));
+  test_support::latch_gate gate;
+  hold_gate = &gate;
+  c.schedule_named(n.a0, {"test_hold", {}});
+  for (int i = 0; i < 4; ++i)
+    c.schedule_named(n.a0, note("fill"));
+  auto ev = c.replay(r);
+  test_support::bounded(
+    [&] {
+      while (!contains(n.debug(n.actor_a), "(deferred_replays 1)"))
+        std::this_thread::sleep_for(1ms);
+    },
+    "node a deferring the replay");
+  n.end_session_unbeknown(n.actor_a);
+  auto on_a = expect_throw<device_error>(
+    [&] { test_support::bounded([&] { (void)ev.item(0); }, "node a's answer"); },
+    "replay 2 refused");
+  BOOST_TEST(contains(on_a, "the client detached"), on_a);
+  expect_throw<device_error>([&] { sync(c, ev.item(2)); },
+                             "replay 2 of round 'step' failed on node a");
+  gate.open();
+  hold_gate = nullptr;
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_detached_fails_the_waits_here_on_it) {
   nodes_here n;
   auto& c = *n.client;

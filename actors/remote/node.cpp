@@ -647,6 +647,9 @@ caf::behavior node_impl(node_ptr self, std::string name, std::string cookie,
                                        // The waits its devices hold (wait_budget).
                                        sexp::field("waits",
                                                    std::to_string(s.guard->waits.held())),
+                                       // Its replays waiting for room (round_run).
+                                       sexp::field("deferred_replays",
+                                                   std::to_string(s.rounds->deferred.size())),
                                        // Its recorded rounds (node_rounds.hpp).
                                        sexp::list({sexp::atom("rounds"),
                                                    sexp::field("parts",
