@@ -9,6 +9,8 @@
 #define BOOST_TEST_MODULE rounds_on_nodes
 #include <boost/test/unit_test.hpp>
 
+#include <functional>
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
@@ -23,6 +25,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -190,6 +193,25 @@ struct nodes_here {
                [&](caf::error& e) { BOOST_ERROR("detach: " << sys_c->render(e)); });
   }
 
+  /// Until node `n`'s debug text holds `text` (bounded: reports `what`).
+  void await_debug(const caf::actor& n, const std::string& text, std::string_view what) {
+    test_support::bounded(
+      [&] {
+        while (!contains(debug(n), text))
+          std::this_thread::sleep_for(1ms);
+      },
+      what);
+  }
+
+  /// Fills `d`'s queue (of capacity 4) past its capacity: a held item
+  /// (`hold_gate`) and 4 notes behind it, queued on its node.
+  void fill_past_capacity(const device& d, const caf::actor& node) {
+    client->schedule_named(d, {"test_hold", {}});
+    for (int i = 0; i < 4; ++i)
+      client->schedule_named(d, note("fill"));
+    await_debug(node, "(queued 5)", "the node's queue filling"); // the held item too
+  }
+
   std::size_t memory_limit_ = 0;
   caf::actor_system_config cfg_a, cfg_b, cfg_c;
   std::optional<caf::actor_system> sys_a, sys_b, sys_c;
@@ -198,6 +220,23 @@ struct nodes_here {
   uint16_t port_a = 0, port_b = 0;
   device a0, a1, b0;
 };
+
+/// Attach options that renew the lease rarely: the client does not find
+/// out that a session ended on a node (`end_session_unbeknown`) before its
+/// next messages reach the node.
+node_attach_options quiet_attach() {
+  auto quiet = test_support::test_attach_options();
+  quiet.lease = std::chrono::minutes{10};
+  quiet.renew_every = std::chrono::minutes{5};
+  return quiet;
+}
+
+/// Node options with queues of 4 entries (`nodes_here::fill_past_capacity`).
+backend_options small_queues() {
+  backend_options opts;
+  opts.queue_capacity = 4;
+  return opts;
+}
 
 /// Syncs `e` on `b`, bounded.
 void sync(backend& b, const event& e) {
@@ -698,35 +737,47 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_failures_cross_between_here_and_the_no
              boost::test_tools::per_element());
 }
 
-BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_here_on_it) {
-  nodes_here n;
+/// A round whose item on `held` (a node's device) is held while this
+/// process's device waits on it, replayed once and its node's answer in;
+/// then `lose` loses that node, its item still held: the wait here fails
+/// with `why` instead of holding the device until the item ends.
+void expect_the_wait_here_fails(nodes_here& n, const device& held,
+                                const std::function<void()>& lose, const std::string& why) {
   auto& c = *n.client;
   auto h0 = c.get_device(0);
   test_support::latch_gate gate;
   hold_gate = &gate;
   auto r = c.record("mixed", [&] {
-    c.schedule_named(h0, note("h0"));
-    auto e = c.schedule_named(n.a0, {"test_hold", {}});
+    auto e = c.schedule_named(held, {"test_hold", {}});
     c.will_wait_for(c.make_context(h0), e);
-    c.schedule_named(h0, note("h0 after a0"));
+    c.schedule_named(h0, note("h0 after the node"));
   });
   auto ev = c.replay(r);
-  auto waits = ev.item(2); // pushed here: its wait holds it
-  // Node a's actor stops with its item held: this process hears the actor
-  // go and fails the wait instead of holding it forever.
-  caf::anon_send_exit(n.actor_a, caf::exit_reason::user_shutdown);
-  expect_throw<device_error>([&] { sync(c, waits); }, "node a went down");
+  (void)ev.item(0); // the node's answer is in: it pushed the replay
+  lose();
+  expect_throw<device_error>([&] { sync(c, ev.item(2)); }, why);
   gate.open();
   hold_gate = nullptr;
 }
 
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_here_on_it) {
+  // Node a's actor stops: this process hears the actor go.
+  nodes_here n;
+  expect_the_wait_here_fails(
+    n, n.a0, [&] { caf::anon_send_exit(n.actor_a, caf::exit_reason::user_shutdown); },
+    "node a went down");
+}
+
+BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_detached_fails_the_waits_here_on_it) {
+  // The client detaches b: b's actor stays up (no actor goes down), but
+  // the client's link to it closes, which calls this process's part.
+  nodes_here n;
+  expect_the_wait_here_fails(n, n.b0, [&] { detach_node(*n.client, "b"); },
+                             "this process lost it");
+}
+
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_refused_where_the_session_ended_fails_the_waits_on_it) {
-  // Renewed rarely: the client does not find out that b's session ended
-  // before its replay reaches b.
-  auto quiet = test_support::test_attach_options();
-  quiet.lease = std::chrono::minutes{10};
-  quiet.renew_every = std::chrono::minutes{5};
-  nodes_here n({}, 0, quiet);
+  nodes_here n({}, 0, quiet_attach());
   auto& c = *n.client;
   auto h0 = c.get_device(0);
   auto r = c.record("step", [&] {
@@ -756,12 +807,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_refusal_is_told_before_the_slowest_n
   // Node a's queue is full (its replay waits for room behind a held item)
   // while node b refuses the replay: this process's wait on b's item fails
   // at once, not once a answers (a's room may depend on that very wait).
-  auto quiet = test_support::test_attach_options();
-  quiet.lease = std::chrono::minutes{10};
-  quiet.renew_every = std::chrono::minutes{5};
-  backend_options opts;
-  opts.queue_capacity = 4;
-  nodes_here n(opts, 0, quiet);
+  nodes_here n(small_queues(), 0, quiet_attach());
   auto& c = *n.client;
   auto h0 = c.get_device(0);
   auto r = c.record("step", [&] {
@@ -773,17 +819,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_refusal_is_told_before_the_slowest_n
   sync_all(c, c.replay(r));
   test_support::latch_gate gate;
   hold_gate = &gate;
-  c.schedule_named(n.a0, {"test_hold", {}});
-  for (int i = 0; i < 4; ++i)
-    c.schedule_named(n.a0, note("fill"));
-  // Until node a's queue holds them, past its capacity (its debug text's
-  // count).
-  test_support::bounded(
-    [&] {
-      while (!contains(n.debug(n.actor_a), "(queued 5)")) // the held item too
-        std::this_thread::sleep_for(1ms);
-    },
-    "node a's queue filling");
+  n.fill_past_capacity(n.a0, n.actor_a);
   n.end_session_unbeknown(n.actor_b);
   auto ev = c.replay(r);
   expect_throw<device_error>([&] { sync(c, ev.item(2)); },
@@ -799,12 +835,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_w
   // the replay with the end (a promise dropped would answer nothing, and
   // the client would find out only at its next renewal), and b's wait on
   // a's item fails with it.
-  auto quiet = test_support::test_attach_options();
-  quiet.lease = std::chrono::minutes{10};
-  quiet.renew_every = std::chrono::minutes{5};
-  backend_options opts;
-  opts.queue_capacity = 4;
-  nodes_here n(opts, 0, quiet);
+  nodes_here n(small_queues(), 0, quiet_attach());
   auto& c = *n.client;
   auto r = c.record("step", [&] {
     auto e = c.schedule_named(n.a0, note("a0"));
@@ -814,16 +845,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_w
   sync_all(c, c.replay(r));
   test_support::latch_gate gate;
   hold_gate = &gate;
-  c.schedule_named(n.a0, {"test_hold", {}});
-  for (int i = 0; i < 4; ++i)
-    c.schedule_named(n.a0, note("fill"));
+  n.fill_past_capacity(n.a0, n.actor_a);
   auto ev = c.replay(r);
-  test_support::bounded(
-    [&] {
-      while (!contains(n.debug(n.actor_a), "(deferred_replays 1)"))
-        std::this_thread::sleep_for(1ms);
-    },
-    "node a deferring the replay");
+  n.await_debug(n.actor_a, "(deferred_replays 1)", "node a deferring the replay");
   n.end_session_unbeknown(n.actor_a);
   auto on_a = expect_throw<device_error>(
     [&] { test_support::bounded([&] { (void)ev.item(0); }, "node a's answer"); },
@@ -831,28 +855,6 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_w
   BOOST_TEST(contains(on_a, "the client detached"), on_a);
   expect_throw<device_error>([&] { sync(c, ev.item(2)); },
                              "replay 2 of round 'step' failed on node a");
-  gate.open();
-  hold_gate = nullptr;
-}
-
-BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_detached_fails_the_waits_here_on_it) {
-  nodes_here n;
-  auto& c = *n.client;
-  auto h0 = c.get_device(0);
-  test_support::latch_gate gate;
-  hold_gate = &gate;
-  auto r = c.record("mixed", [&] {
-    auto e = c.schedule_named(n.b0, {"test_hold", {}});
-    c.will_wait_for(c.make_context(h0), e);
-    c.schedule_named(h0, note("h0 after b0"));
-  });
-  auto ev = c.replay(r);
-  auto held = ev.item(0); // b's reply is in: b pushed the replay
-  // b's item is held; the client detaches b: b's actor stays up (this
-  // process's part sees no actor go down), the item runs on, and the wait
-  // here on it fails at once instead of waiting for the item.
-  detach_node(c, "b");
-  expect_throw<device_error>([&] { sync(c, ev.item(2)); }, "this process lost it");
   gate.open();
   hold_gate = nullptr;
 }
