@@ -1608,7 +1608,7 @@ void tell_refusal(const detail::node_replay& nr, std::size_t from, std::size_t t
 /// name its peers), so it is the one that tells; without it, those waits
 /// would hang. Any thread: CAF's I/O thread, a link's actor (a link that
 /// closes fails its pending replies), the replaying thread.
-void arrive(detail::node_replay& nr, std::size_t x) {
+void arrive(detail::node_replay& nr, std::size_t x) noexcept {
   // A node's actor that went down: the monitors of its peers (and of this
   // process's part) fail the waits on it, naming that.
   auto refused = [&nr](std::size_t k) {
@@ -1623,10 +1623,16 @@ void arrive(detail::node_replay& nr, std::size_t x) {
   std::vector<std::pair<std::size_t, std::size_t>> more;
   std::size_t count = 0;
   auto add = [&](std::size_t from, std::size_t to) {
-    if (count < std::size(pairs))
+    if (count < std::size(pairs)) {
       pairs[count++] = {from, to};
-    else
+      return;
+    }
+    try {
       more.emplace_back(from, to);
+    } catch (...) {
+      // Out of memory: that pair goes untold (the node's loss, if it is
+      // one, still fails the waits).
+    }
   };
   {
     std::lock_guard guard{nr.arrive_mu};
@@ -1642,10 +1648,18 @@ void arrive(detail::node_replay& nr, std::size_t x) {
         add(k, x);
     }
   }
+  // Each pair on its own: one that cannot be told (out of memory) leaves
+  // the others told.
+  auto tell = [&nr](std::size_t from, std::size_t to) noexcept {
+    try {
+      tell_refusal(nr, from, to);
+    } catch (...) {
+    }
+  };
   for (std::size_t k = 0; k < count; ++k)
-    tell_refusal(nr, pairs[k].first, pairs[k].second);
+    tell(pairs[k].first, pairs[k].second);
   for (const auto& [from, to] : more)
-    tell_refusal(nr, from, to);
+    tell(from, to);
 }
 
 /// The reply to a round message from a node, into `r`: `ok(msg)` takes a
@@ -1869,13 +1883,18 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
   }
   // Every answer's place first: a reply may come while the others are
   // sent, and `arrive` reads them all.
-  nr->replies.reserve(np.nodes.size());
-  for (std::size_t x = 0; x < np.nodes.size(); ++x) {
-    if (np.nodes[x].here) {
-      here[x]->in = true;
-      nr->replies.push_back(std::move(here[x]));
-    } else {
-      nr->replies.push_back(std::make_shared<detail::node_replay::reply>());
+  // (Under the lock that `arrive` takes: the answers come on CAF's
+  // threads, through uninstrumented CAF, which ThreadSanitizer cannot see.)
+  {
+    std::lock_guard guard{nr->arrive_mu};
+    nr->replies.reserve(np.nodes.size());
+    for (std::size_t x = 0; x < np.nodes.size(); ++x) {
+      if (np.nodes[x].here) {
+        here[x]->in = true;
+        nr->replies.push_back(std::move(here[x]));
+      } else {
+        nr->replies.push_back(std::make_shared<detail::node_replay::reply>());
+      }
     }
   }
   std::size_t x = 0;
@@ -1903,6 +1922,7 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
                                    caf::make_message(atoms::round_run_atom::value, nd.session,
                                                      nd.round, n, slots_of(nd)),
                                    std::move(h))) {
+        sent = true; // (taken in below: not again by the catch)
         r->err = make_error(errc::device_failed, nd.name, "its link is closed");
         r->flag.store(2, std::memory_order_release);
         arrive(*nr, x);

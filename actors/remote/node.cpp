@@ -134,8 +134,13 @@ void end_session(node_ptr self, uint64_t id, const std::string& why) {
   // sends nothing in CAF 0.17, and the client tells the other nodes of a
   // refusal only once it hears it.
   for (auto& d : s.rounds->deferred)
-    d.rp.deliver(make_error(errc::device_failed, st.name,
-                            fmt::format("round_run: replay {} refused: {}", d.n, message)));
+    try {
+      d.rp.deliver(make_error(errc::device_failed, st.name,
+                              fmt::format("round_run: replay {} refused: {}", d.n, message)));
+    } catch (...) {
+      // Out of memory: the client finds the session's end at its next
+      // renewal; the session's teardown goes on.
+    }
   s.rounds->deferred.clear();
   for (const auto& n : s.admitted) {
     auto named = std::any_of(st.sessions.begin(), st.sessions.end(), [&](const auto& kv) {
