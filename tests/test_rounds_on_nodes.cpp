@@ -56,8 +56,9 @@ note_log& the_log() {
   static note_log l;
   return l;
 }
-/// What `test_hold` waits for.
+/// What `test_hold` waits for, and how many holds started waiting.
 test_support::latch_gate* hold_gate = nullptr;
+std::atomic<int> holds_started{0};
 
 void register_test_kernels() {
   static const bool done = [] {
@@ -68,6 +69,7 @@ void register_test_kernels() {
     register_kernel("test_note", std::move(note));
     kernel_def hold;
     hold.body = [](kernel_call&) {
+      ++holds_started;
       if (hold_gate)
         hold_gate->wait();
       the_log().add("held");
@@ -203,10 +205,18 @@ struct nodes_here {
       what);
   }
 
-  /// Fills `d`'s queue (of capacity 4) past its capacity: a held item
-  /// (`hold_gate`) and 4 notes behind it, queued on its node.
+  /// Fills `d`'s queue (of capacity 4): a held item (`hold_gate`), running,
+  /// and 4 notes queued behind it on its node. (Queued before the hold
+  /// runs, the runner would take them out with it, leaving room.)
   void fill_past_capacity(const device& d, const caf::actor& node) {
+    auto started = holds_started.load();
     client->schedule_named(d, {"test_hold", {}});
+    test_support::bounded(
+      [&] {
+        while (holds_started.load() == started)
+          std::this_thread::sleep_for(1ms);
+      },
+      "the hold starting");
     for (int i = 0; i < 4; ++i)
       client->schedule_named(d, note("fill"));
     await_debug(node, "(queued 5)", "the node's queue filling"); // the held item too
