@@ -26,6 +26,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -56,9 +57,26 @@ note_log& the_log() {
   static note_log l;
   return l;
 }
-/// What `test_hold` waits for, and how many holds started waiting.
-test_support::latch_gate* hold_gate = nullptr;
+/// What `test_hold` waits for (under `hold_mu`; the kernel keeps it alive
+/// while it waits, so a test may let go of it while a hold is starting),
+/// and how many holds started waiting.
+std::mutex hold_mu;
+std::shared_ptr<test_support::latch_gate> hold_gate;
 std::atomic<int> holds_started{0};
+
+/// A new gate for `test_hold`s to wait on.
+std::shared_ptr<test_support::latch_gate> hold_here() {
+  auto g = std::make_shared<test_support::latch_gate>();
+  std::lock_guard guard{hold_mu};
+  hold_gate = g;
+  return g;
+}
+
+/// `test_hold`s no longer wait.
+void release_hold() {
+  std::lock_guard guard{hold_mu};
+  hold_gate.reset();
+}
 
 void register_test_kernels() {
   static const bool done = [] {
@@ -70,8 +88,13 @@ void register_test_kernels() {
     kernel_def hold;
     hold.body = [](kernel_call&) {
       ++holds_started;
-      if (hold_gate)
-        hold_gate->wait();
+      std::shared_ptr<test_support::latch_gate> g;
+      {
+        std::lock_guard guard{hold_mu};
+        g = hold_gate;
+      }
+      if (g)
+        g->wait();
       the_log().add("held");
     };
     hold.doc = "test_hold: waits for the test's gate";
@@ -340,15 +363,14 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_replays_order_with_the_calls) {
   c.replay(r); // the part goes to b once
   sync(c, c.all_work(n.b0));
   the_log().take();
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   auto held = c.schedule_named(n.a0, {"test_hold", {}});
   c.will_wait_for(c.make_context(n.b0), held);
   auto ev = c.replay(r);
   c.schedule_named(n.b0, note("after"));
-  gate.open();
+  gate->open();
   sync(c, c.all_work(n.b0));
-  hold_gate = nullptr;
+  release_hold();
   BOOST_TEST(the_log().take() == (std::vector<std::string>{"held", "replayed", "after"}),
              boost::test_tools::per_element());
   sync(c, ev.item(0));
@@ -409,8 +431,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_refused_by_a_failed_device_sa
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_on_it) {
   nodes_here n;
   auto& c = *n.client;
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   auto r = c.record("step", [&] {
     auto e = c.schedule_named(n.a0, {"test_hold", {}});
     c.will_wait_for(c.make_context(n.b0), e);
@@ -423,8 +444,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_on_it) {
   // the wait instead of holding it forever.
   caf::anon_send_exit(n.actor_a, caf::exit_reason::user_shutdown);
   expect_throw<device_error>([&] { sync(c, on_b); }, "node a went down");
-  gate.open();
-  hold_gate = nullptr;
+  gate->open();
+  release_hold();
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_notice_from_the_wrong_node_is_dropped) {
@@ -432,8 +453,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_notice_from_the_wrong_node_is_droppe
   // a notice only from the node its part names for the item.
   nodes_here n;
   auto& c = *n.client;
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   the_log().take();
   auto r = c.record("step", [&] {
     auto e = c.schedule_named(n.a0, {"test_hold", {}});
@@ -458,9 +478,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_notice_from_the_wrong_node_is_droppe
   text = n.debug(n.actor_b);
   BOOST_TEST(contains(text, "(dropped 65)"), text);
   BOOST_TEST(contains(text, "(queued 2)"), text); // b0's wait and note: still waiting
-  gate.open();
+  gate->open();
   sync(c, on_b);
-  hold_gate = nullptr;
+  release_hold();
   BOOST_TEST(the_log().take() == (std::vector<std::string>{"held", "b0"}),
              boost::test_tools::per_element());
 }
@@ -641,8 +661,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_replays_behind_a_full_queue_wait_in_or
   opts.queue_capacity = 4;
   nodes_here n{opts};
   auto& c = *n.client;
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   the_log().take();
   auto r = c.record("step", [&] {
     for (int i = 0; i < 6; ++i)
@@ -652,9 +671,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_replays_behind_a_full_queue_wait_in_or
   std::vector<replay_events> evs;
   for (int k = 0; k < 3; ++k)
     evs.push_back(c.replay(r));
-  gate.open();
+  gate->open();
   sync(c, evs.back().all_work_of(n.b0));
-  hold_gate = nullptr;
+  release_hold();
   std::vector<std::string> want{"held"};
   for (int k = 0; k < 3; ++k)
     for (int i = 0; i < 6; ++i)
@@ -755,8 +774,7 @@ void expect_the_wait_here_fails(nodes_here& n, const device& held,
                                 const std::function<void()>& lose, const std::string& why) {
   auto& c = *n.client;
   auto h0 = c.get_device(0);
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   auto r = c.record("mixed", [&] {
     auto e = c.schedule_named(held, {"test_hold", {}});
     c.will_wait_for(c.make_context(h0), e);
@@ -766,8 +784,8 @@ void expect_the_wait_here_fails(nodes_here& n, const device& held,
   (void)ev.item(0); // the node's answer is in: it pushed the replay
   lose();
   expect_throw<device_error>([&] { sync(c, ev.item(2)); }, why);
-  gate.open();
-  hold_gate = nullptr;
+  gate->open();
+  release_hold();
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_node_gone_fails_the_waits_here_on_it) {
@@ -827,17 +845,16 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_refusal_is_told_before_the_slowest_n
     c.schedule_named(n.a0, note("a0"));
   });
   sync_all(c, c.replay(r));
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   n.fill_past_capacity(n.a0, n.actor_a);
   n.end_session_unbeknown(n.actor_b);
   auto ev = c.replay(r);
   expect_throw<device_error>([&] { sync(c, ev.item(2)); },
                              "replay 2 of round 'step' failed on node b");
   BOOST_TEST(contains(n.debug(n.actor_a), "(replays 1)"), n.debug(n.actor_a));
-  gate.open();
+  gate->open();
   sync(c, ev.item(3)); // a's part, once it had room
-  hold_gate = nullptr;
+  release_hold();
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_when_the_session_ends) {
@@ -853,8 +870,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_w
     c.schedule_named(n.b0, note("b0 after a0"));
   });
   sync_all(c, c.replay(r));
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   n.fill_past_capacity(n.a0, n.actor_a);
   auto ev = c.replay(r);
   n.await_debug(n.actor_a, "(deferred_replays 1)", "node a deferring the replay");
@@ -865,8 +881,8 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_replay_waiting_for_room_is_refused_w
   BOOST_TEST(contains(on_a, "the client detached"), on_a);
   expect_throw<device_error>([&] { sync(c, ev.item(2)); },
                              "replay 2 of round 'step' failed on node a");
-  gate.open();
-  hold_gate = nullptr;
+  gate->open();
+  release_hold();
 }
 
 BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_two_clients_replay_their_rounds_on_the_same_nodes) {
@@ -1246,8 +1262,7 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_peer_that_lies_about_a_copys_bytes_f
   // dropped; replay 3 copies.
   nodes_here n;
   auto& c = *n.client;
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   auto t = test_support::node(1, "t", 16);
   auto [ca0, on_a0] = placed(c, n.a0, t);
   auto [cb0, on_b0] = placed(c, n.b0, t);
@@ -1272,9 +1287,9 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_peer_that_lies_about_a_copys_bytes_f
                              "node a sent bytes [0, 65) of copy 2 of replay 2 of round 'copy', "
                              "past its 64 bytes");
   BOOST_TEST(c.recover(n.b0));
-  gate.open();
+  gate->open();
   sync(c, second.all_work_of(n.a0));
-  hold_gate = nullptr;
+  release_hold();
   // a's real bytes came for waits failed already: dropped, counted (with
   // the notices for other round ids: 64 * 3).
   BOOST_TEST(test_support::eventually([&] { return contains(n.debug(n.actor_b), "(dropped 194)"); }),
@@ -1312,17 +1327,16 @@ BOOST_AUTO_TEST_CASE(test_rounds_on_nodes_a_copys_bytes_may_come_before_their_re
   send_bytes_as_node_a(n, 2, 2, {{32, 32}, {0, 32}}, '\0');
   BOOST_TEST(test_support::eventually([&] { return contains(n.debug(n.actor_b), "(early 2)"); }),
              n.debug(n.actor_b));
-  test_support::latch_gate gate;
-  hold_gate = &gate;
+  auto gate = hold_here();
   auto ev = c.replay(r);
   sync(c, ev.item(3)); // b0's checksum, behind the write of the early bytes
   b0 = c.result(n.b0, "b0");
   BOOST_TEST_REQUIRE(b0.has_value());
   BOOST_TEST(b0->sum == 0.0);
   BOOST_TEST(b0->count == 16u);
-  gate.open();
+  gate->open();
   sync(c, ev.all_work_of(n.a0));
-  hold_gate = nullptr;
+  release_hold();
   BOOST_TEST(test_support::eventually([&] {
                auto text = n.debug(n.actor_b);
                return contains(text, "(early 0) (dropped 129)");
