@@ -1619,16 +1619,11 @@ void arrive(detail::node_replay& nr, std::size_t x) noexcept {
   auto pushed = [&nr](std::size_t k) {
     return nr.replies[k]->flag.load(std::memory_order_acquire) == 1;
   };
-  std::pair<std::size_t, std::size_t> pairs[8];
-  std::vector<std::pair<std::size_t, std::size_t>> more;
-  std::size_t count = 0;
+  // (Allocates only when a pair is to be told: a refusal.)
+  std::vector<std::pair<std::size_t, std::size_t>> pairs;
   auto add = [&](std::size_t from, std::size_t to) {
-    if (count < std::size(pairs)) {
-      pairs[count++] = {from, to};
-      return;
-    }
     try {
-      more.emplace_back(from, to);
+      pairs.emplace_back(from, to);
     } catch (...) {
       // Out of memory: that pair goes untold (the node's loss, if it is
       // one, still fails the waits).
@@ -1656,9 +1651,7 @@ void arrive(detail::node_replay& nr, std::size_t x) noexcept {
     } catch (...) {
     }
   };
-  for (std::size_t k = 0; k < count; ++k)
-    tell(pairs[k].first, pairs[k].second);
-  for (const auto& [from, to] : more)
+  for (const auto& [from, to] : pairs)
     tell(from, to);
 }
 
@@ -1917,17 +1910,18 @@ void replay_on_nodes(const std::shared_ptr<detail::round_state>& st, uint64_t n,
         },
         nr, x);
       auto actor = caf::actor_cast<caf::actor>(nd.actor);
-      if (!actor
-          || !detail::request_node(*nd.sender, actor,
-                                   caf::make_message(atoms::round_run_atom::value, nd.session,
-                                                     nd.round, n, slots_of(nd)),
-                                   std::move(h))) {
-        sent = true; // (taken in below: not again by the catch)
+      bool taken = actor
+                   && detail::request_node(*nd.sender, actor,
+                                           caf::make_message(atoms::round_run_atom::value,
+                                                             nd.session, nd.round, n,
+                                                             slots_of(nd)),
+                                           std::move(h));
+      sent = true; // its answer is taken in below or by its handler, not by the catch
+      if (!taken) {
         r->err = make_error(errc::device_failed, nd.name, "its link is closed");
         r->flag.store(2, std::memory_order_release);
         arrive(*nr, x);
       }
-      sent = true;
       for (auto& ep : nd.eps)
         detail::set_fence(*ep, r);
     }

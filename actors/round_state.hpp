@@ -164,7 +164,9 @@ struct node_plan {
   /// This process's part's keeper, when a node is `here`.
   std::shared_ptr<host_rounds> host;
   /// What a replay's replies need to tell the nodes of a refusal
-  /// (`node_replay::routes`): made when the parts are installed, read-only.
+  /// (`node_replay::routes`): made when the parts are installed, read-only;
+  /// a copy of `nodes`' addressing, because the answers may come after the
+  /// round (and this plan) is gone.
   struct route {
     bool here = false;
     caf::actor_addr actor;

@@ -483,15 +483,7 @@ void session_rounds::peer_down(const caf::actor_addr& peer, const std::string& w
       if (r.part.peers[p].node.address() != peer || !r.dead[p].empty())
         continue;
       r.dead[p] = fmt::format("node {} went down: {}", r.part.peers[p].name, why);
-      for (auto i = r.pending.begin(); i != r.pending.end();) {
-        if (r.expects[i->first.second] != p) {
-          ++i;
-          continue;
-        }
-        for (const auto& h : i->second)
-          h.core->resolve_gate(*h.g, &r.dead[p]);
-        i = r.pending.erase(i);
-      }
+      fail_waits_on(r, p, r.dead[p], 0, UINT64_MAX);
     }
     auto next = std::next(it);
     erase_if_done(it);
@@ -506,22 +498,27 @@ bool session_rounds::refused(uint64_t round, uint64_t n, const caf::actor_addr& 
     return false; // the client tells only nodes that pushed the replay
   auto& r = it->second;
   bool failed = false;
-  for (uint32_t p = 0; p < r.part.peers.size(); ++p) {
-    if (r.part.peers[p].node.address() != peer)
-      continue;
-    auto from = r.pending.lower_bound({n, 0});
-    for (auto i = from; i != r.pending.end() && i->first.first == n;) {
-      if (r.expects[i->first.second] != p) {
-        ++i;
-        continue;
-      }
-      for (const auto& h : i->second)
-        h.core->resolve_gate(*h.g, &why);
-      failed = true;
-      i = r.pending.erase(i);
-    }
-  }
+  for (uint32_t p = 0; p < r.part.peers.size(); ++p)
+    if (r.part.peers[p].node.address() == peer)
+      failed = fail_waits_on(r, p, why, n, n) || failed;
   erase_if_done(it);
+  return failed;
+}
+
+bool session_rounds::fail_waits_on(part_state& r, uint32_t peer, const std::string& why,
+                                   uint64_t first, uint64_t last) {
+  bool failed = false;
+  auto i = r.pending.lower_bound({first, 0});
+  while (i != r.pending.end() && i->first.first <= last) {
+    if (r.expects[i->first.second] != peer) {
+      ++i;
+      continue;
+    }
+    for (const auto& h : i->second)
+      h.core->resolve_gate(*h.g, &why);
+    failed = true;
+    i = r.pending.erase(i);
+  }
   return failed;
 }
 

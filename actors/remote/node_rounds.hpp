@@ -202,6 +202,10 @@ private:
   /// Takes `held` (notices come early) off the counts.
   void forget_early(std::vector<round_notice>& held);
   void drop_early_up_to(part_state& r, uint64_t n);
+  /// Fails the pending waits of replays `first`..`last` on peer `peer`'s
+  /// items with `why` (`peer_down`, `refused`); whether one failed.
+  bool fail_waits_on(part_state& r, uint32_t peer, const std::string& why, uint64_t first,
+                     uint64_t last);
   /// Erases `it` when dropped and nothing waits on it any more.
   void erase_if_done(std::map<uint64_t, part_state>::iterator it);
 
